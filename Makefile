@@ -1,0 +1,53 @@
+# erlcuda: the one build. `make demo` and `make test` are the README's commands;
+# both install what is missing first (.ci/setup).
+REBAR ?= rebar3
+CARGO ?= cargo
+BENCH_EBIN := _build/bench/ebin
+EBIN := _build/default/lib/erlcuda/ebin
+
+.PHONY: all setup native nif gpud compile demo test test-rust test-erlang bench clean
+
+all: compile
+
+setup:
+	@bash .ci/setup
+
+# Native outputs in priv/ (called by rebar3's pre-compile hook).
+native: nif gpud
+
+nif:
+	$(MAKE) -C c_src
+
+gpud:
+	$(CARGO) build --release -p gpud
+	@mkdir -p priv
+	cp target/release/gpud priv/gpud.tmp && mv priv/gpud.tmp priv/gpud
+
+compile:
+	$(REBAR) compile
+
+$(BENCH_EBIN): compile $(wildcard bench/*.erl)
+	@mkdir -p $(BENCH_EBIN)
+	erlc -o $(BENCH_EBIN) -pa $(EBIN) bench/*.erl
+
+demo: setup $(BENCH_EBIN)
+	erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_demo:main(), halt().'
+
+test: setup
+	$(MAKE) test-rust
+	$(MAKE) test-erlang
+
+test-rust:
+	$(CARGO) test --release -p gpud
+
+test-erlang: compile
+	$(REBAR) eunit
+	$(REBAR) ct
+
+bench: setup $(BENCH_EBIN)
+	erl -noshell +S 2 -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_bench:main(), halt().'
+
+clean:
+	$(MAKE) -C c_src clean
+	$(CARGO) clean
+	rm -rf _build priv/gpud

@@ -1,0 +1,45 @@
+/*
+ * arena.h: the allocator for job regions inside the shared arena.
+ *
+ * The VM owns the arena (see erlcuda_ring.h); this allocator hands out
+ * EC_ARENA_ALIGN-aligned byte ranges. It keeps the free space as an array of
+ * spans sorted by offset and coalesces neighbours on free, so fragmentation
+ * stays bounded by the number of live regions. First fit: O(free spans) per
+ * call, which stays small because jobs are short-lived. Not thread-safe: the
+ * caller holds the device lock.
+ */
+#ifndef ERLCUDA_ARENA_H
+#define ERLCUDA_ARENA_H
+
+#include <stdint.h>
+
+struct arena_span {
+    uint64_t off;
+    uint64_t len;
+};
+
+struct arena {
+    uint64_t size;    /* bytes managed */
+    uint64_t used;    /* bytes handed out */
+    uint64_t peak;    /* high-water mark of used */
+    uint32_t nspans;  /* free spans in use */
+    uint32_t cap;     /* capacity of spans */
+    struct arena_span *spans;
+};
+
+/* Rounds a byte count up to the region alignment; 0 stays 0. Returns 0 on
+ * overflow too, which callers treat as "too large" because they never ask
+ * for 0 bytes (see arena_alloc). */
+uint64_t arena_round(uint64_t bytes);
+
+int arena_init(struct arena *a, uint64_t size);
+void arena_destroy(struct arena *a);
+/* Allocates max(bytes, 1) rounded up; returns 0 and sets *off, or -1 when no
+ * span is large enough. */
+int arena_alloc(struct arena *a, uint64_t bytes, uint64_t *off);
+/* Returns a region obtained from arena_alloc with the same byte count. */
+void arena_free(struct arena *a, uint64_t off, uint64_t bytes);
+/* Frees everything (used by tests and by a device reset with no live regions). */
+void arena_reset(struct arena *a);
+
+#endif

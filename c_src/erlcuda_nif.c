@@ -1,0 +1,1014 @@
+/*
+ * erlcuda_nif.c: the VM side of one device's shared memory.
+ *
+ *   submit   validates a job, copies its vectors into an arena region and
+ *            publishes a descriptor on the SQ (the caller's scheduler does
+ *            the copy; large inputs move to a dirty scheduler first).
+ *   completion thread
+ *            drains the CQ and sends {erlcuda, Ref, Result} straight to the
+ *            process that called launch; no Erlang server is in the path.
+ *   reset    answers every job in flight when gpud has died and zeroes the
+ *            rings for the next gpud.
+ *   close    does the same for good and releases the memory and fds.
+ *
+ * Locks, in the order they are taken:
+ *   life (rwlock)  read by every user of the mapping, written by close;
+ *   cq_lock        held by whoever consumes the CQ (the thread, reset);
+ *   lock           slots, arena allocator, SQ tail.
+ * A job slot's state moves FREE -> INFLIGHT (submit, under lock) ->
+ * COMPLETING (CAS by the consumer or cancel) -> FREE (under lock). Only the
+ * one that wins the CAS out of INFLIGHT sends a message, so every job gets
+ * exactly one answer, or none at all when launch_sync cancelled it first.
+ */
+#define _GNU_SOURCE
+#include <erl_nif.h>
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "erlcuda_ring.h"
+#include "shm.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() __asm__ __volatile__("" ::: "memory")
+#endif
+
+/* Above these sizes a submit moves to a dirty scheduler, so a normal
+ * scheduler is never held much past ~1 ms: list conversion runs at roughly
+ * 100-200 elements/us, memcpy at several GB/s (first touch of arena pages
+ * included). */
+#define LIST_ELEMS_ON_SCHEDULER 20000u
+#define BINARY_BYTES_ON_SCHEDULER (1u << 20)
+
+enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
+
+struct job {
+    uint32_t gen;
+    int state; /* enum job_state, accessed with __atomic */
+    uint32_t kernel;
+    int as_binary;
+    ErlNifPid pid;
+    ErlNifEnv *env; /* keeps ref alive; process independent */
+    ERL_NIF_TERM ref;
+    uint64_t region_off, region_bytes;
+    uint64_t out_off;
+    uint32_t out_len;
+};
+
+struct counters {
+    uint64_t submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
+        dirty_submits;
+};
+
+struct device {
+    ErlNifRWLock *life;
+    ErlNifMutex *cq_lock;
+    ErlNifMutex *lock;
+    int closed;
+    struct shm shm;
+    struct arena arena;
+    uint32_t id, nslots, spin_us;
+    struct job *jobs;
+    uint32_t *free_stack;
+    uint32_t nfree;
+    uint32_t in_flight, in_flight_peak; /* under lock */
+    ErlNifTid thread;
+    int thread_started;
+    int ctl_efd; /* wakes the completion thread for shutdown */
+    int stop;    /* __atomic */
+    ErlNifEnv *msg_env; /* the completion thread's */
+    struct counters c;  /* __atomic adds */
+};
+
+static ErlNifResourceType *DEVICE_RT;
+
+static ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_closed,
+    ATOM_unknown_kernel, ATOM_args, ATOM_arg, ATOM_length_mismatch, ATOM_shape, ATOM_too_large,
+    ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
+    ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false;
+
+#define KERNEL_ATOM_DECL(NAME, ID, ATOM, NIN) static ERL_NIF_TERM ATOM_k_##ATOM;
+EC_KERNELS(KERNEL_ATOM_DECL)
+#undef KERNEL_ATOM_DECL
+
+static ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
+
+static const unsigned KERNEL_INPUTS[EC_KERNEL_COUNT] = {
+#define KERNEL_NIN(NAME, ID, ATOM, NIN) [ID] = NIN,
+    EC_KERNELS(KERNEL_NIN)
+#undef KERNEL_NIN
+};
+
+static ERL_NIF_TERM make_error(ErlNifEnv *env, ERL_NIF_TERM reason)
+{
+    return enif_make_tuple2(env, ATOM_error, reason);
+}
+
+static ERL_NIF_TERM make_badarg(ErlNifEnv *env, ERL_NIF_TERM what)
+{
+    return make_error(env, enif_make_tuple2(env, ATOM_badarg, what));
+}
+
+/* {error, enomem}-style reason from a negative errno, like file:open/2's. */
+static ERL_NIF_TERM make_errno(ErlNifEnv *env, int neg_errno)
+{
+    const char *name = strerrorname_np(-neg_errno);
+    char buf[32];
+    size_t i = 0;
+    for (; name && name[i] && i < sizeof buf - 1; i++)
+        buf[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] - 'A' + 'a' : name[i]);
+    buf[i] = 0;
+    return make_error(env, enif_make_atom(env, i ? buf : "unknown"));
+}
+
+static void count(uint64_t *c, uint64_t n) { __atomic_add_fetch(c, n, __ATOMIC_RELAXED); }
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- terms -- */
+
+static ERL_NIF_TERM float_term(ErlNifEnv *env, float f)
+{
+    if (isnan(f))
+        return ATOM_nan;
+    if (isinf(f))
+        return f > 0 ? ATOM_infinity : ATOM_neg_infinity;
+    return enif_make_double(env, (double)f);
+}
+
+static int term_to_f32(ErlNifEnv *env, ERL_NIF_TERM t, float *out)
+{
+    double d;
+    ErlNifSInt64 i;
+    if (enif_get_double(env, t, &d)) {
+        *out = (float)d;
+        return 1;
+    }
+    if (enif_get_int64(env, t, &i)) {
+        *out = (float)i;
+        return 1;
+    }
+    if (enif_is_identical(t, ATOM_nan)) {
+        *out = NAN;
+        return 1;
+    }
+    if (enif_is_identical(t, ATOM_infinity)) {
+        *out = INFINITY;
+        return 1;
+    }
+    if (enif_is_identical(t, ATOM_neg_infinity)) {
+        *out = -INFINITY;
+        return 1;
+    }
+    return 0;
+}
+
+/* One vector argument as given by the caller. */
+struct vec {
+    int is_binary;
+    ErlNifBinary bin;
+    ERL_NIF_TERM list;
+    uint64_t len; /* elements; valid once known */
+    int len_known;
+};
+
+/* Classifies a vector argument. Lists are measured only up to `limit` cells
+ * so that a normal scheduler never walks a huge list just to learn that it
+ * must go dirty. Returns 0 if the term is not a vector. */
+static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct vec *v)
+{
+    memset(v, 0, sizeof *v);
+    if (enif_is_binary(env, t)) {
+        if (!enif_inspect_binary(env, t, &v->bin) || v->bin.size % sizeof(float) != 0)
+            return 0;
+        v->is_binary = 1;
+        v->len = v->bin.size / sizeof(float);
+        v->len_known = 1;
+        return 1;
+    }
+    if (!enif_is_list(env, t))
+        return 0;
+    v->list = t;
+    ERL_NIF_TERM head, tail = t;
+    uint64_t n = 0;
+    while (n <= limit && enif_get_list_cell(env, tail, &head, &tail))
+        n++;
+    if (n <= limit) {
+        if (!enif_is_empty_list(env, tail))
+            return 0; /* improper list */
+        v->len = n;
+        v->len_known = 1;
+    }
+    return 1;
+}
+
+/* Copies a vector into the arena, converting list elements. Returns 0 if an
+ * element is not a number (the region is then partly written; the caller
+ * frees it). */
+static int copy_vec(ErlNifEnv *env, const struct vec *v, float *dst)
+{
+    if (v->is_binary) {
+        memcpy(dst, v->bin.data, v->bin.size);
+        return 1;
+    }
+    ERL_NIF_TERM head, tail = v->list;
+    uint64_t i = 0;
+    while (enif_get_list_cell(env, tail, &head, &tail)) {
+        if (!term_to_f32(env, head, &dst[i++]))
+            return 0;
+    }
+    return 1;
+}
+
+static ERL_NIF_TERM result_term(ErlNifEnv *env, const struct job *j, const float *out)
+{
+    if (j->kernel == EC_KERNEL_REDUCE || j->kernel == EC_KERNEL_DOT_PRODUCT)
+        return float_term(env, out[0]);
+    if (j->as_binary) {
+        ERL_NIF_TERM bin;
+        unsigned char *p = enif_make_new_binary(env, (size_t)j->out_len * sizeof(float), &bin);
+        if (p)
+            memcpy(p, out, (size_t)j->out_len * sizeof(float));
+        return bin;
+    }
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (uint64_t i = j->out_len; i > 0; i--)
+        list = enif_make_list_cell(env, float_term(env, out[i - 1]), list);
+    return list;
+}
+
+/* --------------------------------------------------------------- device -- */
+
+static struct device *get_device(ErlNifEnv *env, ERL_NIF_TERM t)
+{
+    void *p;
+    return enif_get_resource(env, t, DEVICE_RT, &p) ? p : NULL;
+}
+
+/* Returns a finished job's region and slot. Caller holds d->lock. */
+static void release_job_locked(struct device *d, uint32_t idx)
+{
+    struct job *j = &d->jobs[idx];
+    arena_free(&d->arena, j->region_off, j->region_bytes);
+    enif_clear_env(j->env);
+    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
+    d->free_stack[d->nfree++] = idx;
+    d->in_flight--;
+}
+
+/* Takes ownership of an in-flight job for answering it. Returns 1 when the
+ * caller must send the answer, 0 when launch_sync already cancelled it (no
+ * message wanted), -1 when the job is not in flight (a bogus or duplicate
+ * completion: ignore it). */
+static int claim_job(struct device *d, uint32_t idx, uint32_t gen)
+{
+    struct job *j = &d->jobs[idx];
+    int expect = JOB_INFLIGHT;
+    if (__atomic_compare_exchange_n(&j->state, &expect, JOB_COMPLETING, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        if (j->gen == gen)
+            return 1;
+        __atomic_store_n(&j->state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+        return -1;
+    }
+    if (expect == JOB_CANCELLED &&
+        __atomic_compare_exchange_n(&j->state, &expect, JOB_COMPLETING, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        if (j->gen == gen)
+            return 0;
+        __atomic_store_n(&j->state, JOB_CANCELLED, __ATOMIC_RELEASE);
+    }
+    return -1;
+}
+
+static void send_answer(ErlNifEnv *caller_env, ErlNifEnv *msg_env, struct job *j,
+                        ERL_NIF_TERM result)
+{
+    ERL_NIF_TERM msg =
+        enif_make_tuple3(msg_env, ATOM_erlcuda, enif_make_copy(msg_env, j->ref), result);
+    enif_send(caller_env, &j->pid, msg_env, msg);
+    enif_clear_env(msg_env);
+}
+
+static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_cqe *cqe)
+{
+    uint32_t idx = (uint32_t)cqe->user_data;
+    uint32_t gen = (uint32_t)(cqe->user_data >> 32);
+    if (idx >= d->nslots) {
+        count(&d->c.bogus_cqes, 1);
+        return;
+    }
+    int claim = claim_job(d, idx, gen);
+    if (claim < 0) {
+        count(&d->c.bogus_cqes, 1);
+        return;
+    }
+    struct job *j = &d->jobs[idx];
+    if (claim == 1) {
+        ErlNifEnv *m = d->msg_env;
+        ERL_NIF_TERM result;
+        if (cqe->status == EC_STATUS_OK) {
+            const float *out = (const float *)(d->shm.arena + j->out_off);
+            result = enif_make_tuple2(m, ATOM_ok, result_term(m, j, out));
+        } else {
+            ERL_NIF_TERM why = cqe->status > 0 && cqe->status < (int32_t)EC_STATUS_COUNT
+                                   ? STATUS_ATOMS[cqe->status]
+                                   : enif_make_int(m, cqe->status);
+            result = make_error(m, enif_make_tuple2(m, ATOM_gpud, why));
+        }
+        send_answer(caller_env, m, j, result);
+    }
+    enif_mutex_lock(d->lock);
+    release_job_locked(d, idx);
+    enif_mutex_unlock(d->lock);
+    count(&d->c.completed, 1);
+}
+
+/* Consumes every CQE present. Caller holds cq_lock. A hostile tail can claim
+ * at most nslots entries: more cannot be legitimate. */
+static uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env)
+{
+    struct ec_header *h = d->shm.hdr;
+    uint32_t head = __atomic_load_n(&h->cq_head, __ATOMIC_RELAXED);
+    uint32_t tail = __atomic_load_n(&h->cq_tail, __ATOMIC_ACQUIRE);
+    uint32_t n = tail - head;
+    if (n > d->nslots) {
+        count(&d->c.bogus_cqes, n - d->nslots);
+        n = d->nslots;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        struct ec_cqe cqe;
+        memcpy(&cqe, &d->shm.cq[(head + i) & (d->nslots - 1)], sizeof cqe);
+        handle_cqe(d, caller_env, &cqe);
+    }
+    __atomic_store_n(&h->cq_head, head + n, __ATOMIC_RELEASE);
+    return n;
+}
+
+static int cq_pending(struct device *d)
+{
+    struct ec_header *h = d->shm.hdr;
+    return __atomic_load_n(&h->cq_tail, __ATOMIC_ACQUIRE) !=
+           __atomic_load_n(&h->cq_head, __ATOMIC_RELAXED);
+}
+
+/* Waits for completions: spins for spin_us, then sleeps on the CQ eventfd
+ * under the NEED_WAKEUP protocol of erlcuda_ring.h. */
+static void wait_cq(struct device *d)
+{
+    struct ec_header *h = d->shm.hdr;
+    int64_t until = now_ns() + (int64_t)d->spin_us * 1000;
+    while (now_ns() < until) {
+        for (int i = 0; i < 64; i++) {
+            if (cq_pending(d) || __atomic_load_n(&d->stop, __ATOMIC_RELAXED))
+                return;
+            cpu_relax();
+        }
+    }
+    __atomic_fetch_or(&h->cq_flags, EC_NEED_WAKEUP, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!cq_pending(d)) {
+        struct pollfd p[2] = {{.fd = d->shm.cq_efd, .events = POLLIN},
+                              {.fd = d->ctl_efd, .events = POLLIN}};
+        count(&d->c.cq_sleeps, 1);
+        while (poll(p, 2, -1) < 0 && errno == EINTR)
+            ;
+        if (p[0].revents & POLLIN)
+            shm_drain(d->shm.cq_efd);
+    }
+    __atomic_fetch_and(&h->cq_flags, ~EC_NEED_WAKEUP, __ATOMIC_RELAXED);
+}
+
+static void *completion_thread(void *arg)
+{
+    struct device *d = arg;
+    while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+        if (!cq_pending(d)) {
+            wait_cq(d);
+            continue;
+        }
+        enif_mutex_lock(d->cq_lock);
+        drain_cq(d, NULL);
+        enif_mutex_unlock(d->cq_lock);
+    }
+    return NULL;
+}
+
+/* Answers every job still in flight with {error, Reason}. The caller holds
+ * cq_lock (or the completion thread is gone), so no CQE races this, and
+ * d->lock, so no submit publishes until the rings are consistent again. */
+static void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason)
+{
+    ErlNifEnv *m = enif_alloc_env();
+    for (uint32_t i = 0; i < d->nslots; i++) {
+        struct job *j = &d->jobs[i];
+        int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+        if (st == JOB_FREE)
+            continue;
+        int claim = claim_job(d, i, j->gen);
+        if (claim < 0)
+            continue;
+        if (claim == 1)
+            send_answer(caller_env, m, j, make_error(m, enif_make_copy(m, reason)));
+        release_job_locked(d, i);
+        count(&d->c.failed_by_reset, 1);
+    }
+    enif_free_env(m);
+}
+
+static void stop_thread(struct device *d)
+{
+    if (!d->thread_started)
+        return;
+    __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
+    shm_signal(d->ctl_efd);
+    enif_thread_join(d->thread, NULL);
+    d->thread_started = 0;
+}
+
+/* Ends the device for good: no submit after this, every job in flight is
+ * answered with {error, Reason}, the mapping and every fd are released, so
+ * nothing of the device outlives it. Idempotent. */
+static void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason)
+{
+    enif_rwlock_rwlock(d->life);
+    if (d->closed) {
+        enif_rwlock_rwunlock(d->life);
+        return;
+    }
+    d->closed = 1;
+    stop_thread(d);
+    if (d->shm.hdr) {
+        drain_cq(d, caller_env);
+        enif_mutex_lock(d->lock);
+        fail_in_flight_locked(d, caller_env, reason);
+        enif_mutex_unlock(d->lock);
+    }
+    shm_destroy(&d->shm);
+    if (d->ctl_efd >= 0)
+        close(d->ctl_efd);
+    d->ctl_efd = -1;
+    enif_rwlock_rwunlock(d->life);
+}
+
+static void device_dtor(ErlNifEnv *env, void *obj)
+{
+    struct device *d = obj;
+    if (d->life) {
+        device_close(d, env, ATOM_closed);
+        enif_rwlock_destroy(d->life);
+    }
+    if (d->cq_lock)
+        enif_mutex_destroy(d->cq_lock);
+    if (d->lock)
+        enif_mutex_destroy(d->lock);
+    if (d->msg_env)
+        enif_free_env(d->msg_env);
+    if (d->jobs) {
+        for (uint32_t i = 0; i < d->nslots; i++)
+            if (d->jobs[i].env)
+                enif_free_env(d->jobs[i].env);
+        enif_free(d->jobs);
+    }
+    if (d->free_stack)
+        enif_free(d->free_stack);
+    arena_destroy(&d->arena);
+}
+
+/* ------------------------------------------------------------------ NIFs -- */
+
+/* open(Device, Entries, ArenaBytes, SpinUs) -> {ok, Handle} | {error, Reason} */
+static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    unsigned dev, entries, spin;
+    ErlNifUInt64 arena_bytes;
+    (void)argc;
+    if (!enif_get_uint(env, argv[0], &dev) || !enif_get_uint(env, argv[1], &entries) ||
+        !enif_get_uint64(env, argv[2], &arena_bytes) || !enif_get_uint(env, argv[3], &spin) ||
+        entries < 2 || entries > (1u << 20) || (entries & (entries - 1)) != 0 ||
+        arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT))
+        return enif_make_badarg(env);
+
+    struct device *d = enif_alloc_resource(DEVICE_RT, sizeof *d);
+    memset(d, 0, sizeof *d);
+    d->ctl_efd = -1;
+    d->shm.memfd = d->shm.sq_efd = d->shm.cq_efd = d->shm.listen_fd = d->shm.conn_fd = -1;
+    ERL_NIF_TERM handle = enif_make_resource(env, d);
+    enif_release_resource(d); /* the term owns it now; the dtor cleans up on any failure */
+
+    d->id = dev;
+    d->nslots = entries;
+    d->spin_us = spin;
+    d->life = enif_rwlock_create("erlcuda.life");
+    d->cq_lock = enif_mutex_create("erlcuda.cq");
+    d->lock = enif_mutex_create("erlcuda.lock");
+    d->msg_env = enif_alloc_env();
+    d->jobs = enif_alloc(entries * sizeof *d->jobs);
+    d->free_stack = enif_alloc(entries * sizeof *d->free_stack);
+    if (!d->life || !d->cq_lock || !d->lock || !d->msg_env || !d->jobs || !d->free_stack)
+        return make_error(env, enif_make_atom(env, "enomem"));
+    memset(d->jobs, 0, entries * sizeof *d->jobs);
+    for (uint32_t i = 0; i < entries; i++) {
+        d->jobs[i].env = enif_alloc_env();
+        if (!d->jobs[i].env)
+            return make_error(env, enif_make_atom(env, "enomem"));
+        d->free_stack[i] = entries - 1 - i;
+    }
+    d->nfree = entries;
+
+    int err = shm_create(&d->shm, dev, entries, arena_bytes);
+    if (err < 0)
+        return make_errno(env, err);
+    if (arena_init(&d->arena, d->shm.hdr->arena_bytes) < 0)
+        return make_error(env, enif_make_atom(env, "enomem"));
+    d->ctl_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (d->ctl_efd < 0)
+        return make_errno(env, -errno);
+    ErlNifThreadOpts *o = enif_thread_opts_create("erlcuda.completion");
+    err = enif_thread_create("erlcuda.completion", &d->thread, completion_thread, d, o);
+    enif_thread_opts_destroy(o);
+    if (err != 0)
+        return make_errno(env, -err);
+    d->thread_started = 1;
+    return enif_make_tuple2(env, ATOM_ok, handle);
+}
+
+/* socket_name(Handle) -> binary() */
+static ERL_NIF_TERM nif_socket_name(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    ERL_NIF_TERM t;
+    size_t n = strlen(d->shm.sock_name);
+    memcpy(enif_make_new_binary(env, n, &t), d->shm.sock_name, n);
+    return t;
+}
+
+/* accept(Handle, OsPid, TimeoutMs) -> ok | {error, Reason}; dirty IO */
+static ERL_NIF_TERM nif_accept(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    int pid, timeout;
+    (void)argc;
+    if (!d || !enif_get_int(env, argv[1], &pid) || !enif_get_int(env, argv[2], &timeout))
+        return enif_make_badarg(env);
+    enif_rwlock_rlock(d->life);
+    int err = d->closed ? -EBADF : shm_accept(&d->shm, d->id, pid, timeout);
+    enif_rwlock_runlock(d->life);
+    if (err == -ETIMEDOUT)
+        return make_error(env, ATOM_timeout);
+    if (err == -EPERM)
+        return make_error(env, ATOM_peer);
+    return err < 0 ? make_errno(env, err) : ATOM_ok;
+}
+
+/* reset(Handle, Reason) -> ok; dirty IO. Called once gpud has exited: real
+ * completions still in the CQ are delivered, every other job in flight gets
+ * {error, Reason}, and the rings start again from zero. */
+static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    enif_rwlock_rlock(d->life);
+    if (!d->closed) {
+        enif_mutex_lock(d->cq_lock);
+        drain_cq(d, env);
+        /* One hold of the lock from failing the jobs in flight to zeroing the
+         * rings: a descriptor published in between would be wiped out and its
+         * job never answered. */
+        enif_mutex_lock(d->lock);
+        fail_in_flight_locked(d, env, argv[1]);
+        shm_reset_rings(&d->shm);
+        shm_disconnect(&d->shm);
+        enif_mutex_unlock(d->lock);
+        enif_mutex_unlock(d->cq_lock);
+    }
+    enif_rwlock_runlock(d->life);
+    return ATOM_ok;
+}
+
+/* close(Handle) -> ok; dirty IO */
+static ERL_NIF_TERM nif_close(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    device_close(d, env, ATOM_closed);
+    return ATOM_ok;
+}
+
+/* cancel(Handle, Ref) -> cancelled | sent. `cancelled`: no message will come.
+ * `sent`: the answer is in the mailbox or on its way. */
+static ERL_NIF_TERM nif_cancel(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    (void)argc;
+    if (!d || !enif_is_ref(env, argv[1]))
+        return enif_make_badarg(env);
+    ERL_NIF_TERM res = ATOM_sent;
+    enif_mutex_lock(d->lock);
+    for (uint32_t i = 0; i < d->nslots; i++) {
+        struct job *j = &d->jobs[i];
+        int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+        if (st == JOB_FREE || !enif_is_identical(j->ref, argv[1]))
+            continue;
+        int expect = JOB_INFLIGHT;
+        if (__atomic_compare_exchange_n(&j->state, &expect, JOB_CANCELLED, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            res = ATOM_cancelled;
+        break;
+    }
+    enif_mutex_unlock(d->lock);
+    return res;
+}
+
+static ERL_NIF_TERM kernel_atom(uint32_t k)
+{
+    switch (k) {
+#define KERNEL_CASE(NAME, ID, ATOM, NIN) \
+    case ID:                             \
+        return ATOM_k_##ATOM;
+        EC_KERNELS(KERNEL_CASE)
+#undef KERNEL_CASE
+    }
+    return 0;
+}
+
+static uint32_t kernel_id(ERL_NIF_TERM atom)
+{
+#define KERNEL_MATCH(NAME, ID, ATOM, NIN) \
+    if (enif_is_identical(atom, ATOM_k_##ATOM)) \
+        return ID;
+    EC_KERNELS(KERNEL_MATCH)
+#undef KERNEL_MATCH
+    return 0;
+}
+
+/* A checked job: what submit has learned from the arguments. */
+struct job_spec {
+    uint32_t kernel;
+    unsigned nin;
+    struct vec in[2];
+    uint64_t m, n, k;
+    uint64_t out_len;
+};
+
+static ERL_NIF_TERM submit_impl(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], int dirty);
+
+static ERL_NIF_TERM submit_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    return submit_impl(env, argc, argv, 1);
+}
+
+static ERL_NIF_TERM nif_submit(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    return submit_impl(env, argc, argv, 0);
+}
+
+/* Parses Args for the kernel. Returns 0 and fills spec, 1 when the job is too
+ * large for a normal scheduler, or sets *err and returns -1. */
+static int parse_args(ErlNifEnv *env, ERL_NIF_TERM args, int dirty, struct job_spec *s,
+                      ERL_NIF_TERM *err)
+{
+    ERL_NIF_TERM cell[5], head, tail = args;
+    unsigned want = s->nin + (s->kernel == EC_KERNEL_MATMUL ? 3 : 0), got = 0;
+    while (got < 5 && enif_get_list_cell(env, tail, &head, &tail))
+        cell[got++] = head;
+    if (got != want || !enif_is_empty_list(env, tail)) {
+        *err = make_badarg(env, ATOM_args);
+        return -1;
+    }
+    uint64_t list_limit = dirty ? UINT64_MAX : LIST_ELEMS_ON_SCHEDULER;
+    uint64_t list_elems = 0, bin_bytes = 0;
+    int too_big = 0;
+    for (unsigned i = 0; i < s->nin; i++) {
+        if (!inspect_vec(env, cell[i], list_limit, &s->in[i])) {
+            *err = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
+            return -1;
+        }
+        if (!s->in[i].len_known)
+            too_big = 1;
+        else if (s->in[i].is_binary)
+            bin_bytes += s->in[i].bin.size;
+        else
+            list_elems += s->in[i].len;
+    }
+    if (!dirty && (too_big || list_elems > LIST_ELEMS_ON_SCHEDULER ||
+                   bin_bytes > BINARY_BYTES_ON_SCHEDULER))
+        return 1;
+    for (unsigned i = 0; i < s->nin; i++) {
+        if (s->in[i].len > UINT32_MAX) {
+            *err = make_badarg(env, ATOM_too_large);
+            return -1;
+        }
+    }
+    switch (s->kernel) {
+    case EC_KERNEL_VECTOR_ADD:
+    case EC_KERNEL_DOT_PRODUCT:
+        if (s->in[0].len != s->in[1].len) {
+            *err = make_badarg(env, ATOM_length_mismatch);
+            return -1;
+        }
+        s->out_len = s->kernel == EC_KERNEL_VECTOR_ADD ? s->in[0].len : 1;
+        break;
+    case EC_KERNEL_REDUCE:
+        s->out_len = 1;
+        break;
+    case EC_KERNEL_MATMUL: {
+        ErlNifUInt64 dim[3];
+        for (unsigned i = 0; i < 3; i++) {
+            if (!enif_get_uint64(env, cell[2 + i], &dim[i]) || dim[i] > UINT32_MAX) {
+                *err = make_badarg(
+                    env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 3 + i)));
+                return -1;
+            }
+        }
+        s->m = dim[0];
+        s->n = dim[1];
+        s->k = dim[2];
+        /* Each factor < 2^32, so the products fit in 64 bits. */
+        if (s->m * s->k != s->in[0].len || s->k * s->n != s->in[1].len) {
+            *err = make_badarg(env, ATOM_shape);
+            return -1;
+        }
+        if (s->m * s->n > UINT32_MAX) {
+            *err = make_badarg(env, ATOM_too_large);
+            return -1;
+        }
+        s->out_len = s->m * s->n;
+        break;
+    }
+    }
+    return 0;
+}
+
+/* Takes a slot and an arena region. Returns the slot index, or -1 (busy). */
+static int64_t reserve_job(struct device *d, uint64_t bytes, uint64_t *off)
+{
+    int64_t idx = -1;
+    enif_mutex_lock(d->lock);
+    if (d->nfree > 0 && arena_alloc(&d->arena, bytes, off) == 0) {
+        idx = d->free_stack[--d->nfree];
+        if (++d->in_flight > d->in_flight_peak)
+            d->in_flight_peak = d->in_flight;
+    }
+    enif_mutex_unlock(d->lock);
+    return idx;
+}
+
+static void unreserve_job(struct device *d, uint32_t idx)
+{
+    enif_mutex_lock(d->lock);
+    release_job_locked(d, idx);
+    enif_mutex_unlock(d->lock);
+}
+
+/* Publishes the job's descriptor and wakes gpud if it sleeps. */
+static void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
+{
+    struct ec_header *h = d->shm.hdr;
+    enif_mutex_lock(d->lock);
+    /* INFLIGHT before the descriptor is visible: a completion can only follow. */
+    __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+    uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
+    d->shm.sq[tail & (d->nslots - 1)] = *sqe;
+    __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    enif_mutex_unlock(d->lock);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&h->sq_flags, __ATOMIC_RELAXED) & EC_NEED_WAKEUP) {
+        shm_signal(d->shm.sq_efd);
+        count(&d->c.wakeups_sent, 1);
+    }
+}
+
+/* submit(Handle, Kernel, Args) -> {ok, Ref} | {error, Reason} */
+static ERL_NIF_TERM submit_impl(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], int dirty)
+{
+    struct device *d = get_device(env, argv[0]);
+    if (!d)
+        return enif_make_badarg(env);
+    struct job_spec s;
+    memset(&s, 0, sizeof s);
+    s.kernel = enif_is_atom(env, argv[1]) ? kernel_id(argv[1]) : 0;
+    if (s.kernel == 0)
+        return make_error(env, enif_make_tuple2(env, ATOM_unknown_kernel, argv[1]));
+    s.nin = KERNEL_INPUTS[s.kernel];
+
+    ERL_NIF_TERM err;
+    int r = parse_args(env, argv[2], dirty, &s, &err);
+    if (r < 0)
+        return err;
+    if (r > 0) {
+        count(&d->c.dirty_submits, 1);
+        return enif_schedule_nif(env, "submit_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, submit_dirty,
+                                 argc, argv);
+    }
+
+    /* One region per job: inputs then output, each EC_ARENA_ALIGN aligned. */
+    uint64_t in0_bytes = arena_round(s.in[0].len * sizeof(float));
+    uint64_t in1_bytes = s.nin > 1 ? arena_round(s.in[1].len * sizeof(float)) : 0;
+    uint64_t out_bytes = arena_round(s.out_len * sizeof(float));
+    uint64_t bytes = in0_bytes + in1_bytes + out_bytes;
+
+    enif_rwlock_rlock(d->life);
+    if (d->closed) {
+        enif_rwlock_runlock(d->life);
+        return make_error(env, ATOM_closed);
+    }
+    if (bytes > d->arena.size) {
+        enif_rwlock_runlock(d->life);
+        return make_badarg(env, ATOM_too_large);
+    }
+    uint64_t off;
+    int64_t idx = reserve_job(d, bytes, &off);
+    if (idx < 0) {
+        enif_rwlock_runlock(d->life);
+        count(&d->c.busy, 1);
+        return make_error(env, ATOM_busy);
+    }
+    struct job *j = &d->jobs[idx];
+    j->region_off = off;
+    j->region_bytes = bytes;
+    for (unsigned i = 0; i < s.nin; i++) {
+        uint64_t at = off + (i == 0 ? 0 : in0_bytes);
+        if (!copy_vec(env, &s.in[i], (float *)(d->shm.arena + at))) {
+            unreserve_job(d, (uint32_t)idx);
+            enif_rwlock_runlock(d->life);
+            return make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
+        }
+    }
+    ERL_NIF_TERM ref = enif_make_ref(env);
+    j->gen++;
+    j->kernel = s.kernel;
+    j->as_binary = s.in[0].is_binary;
+    j->ref = enif_make_copy(j->env, ref);
+    enif_self(env, &j->pid);
+    j->out_off = off + in0_bytes + in1_bytes;
+    j->out_len = (uint32_t)s.out_len;
+
+    struct ec_sqe sqe = {
+        .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
+        .kernel = s.kernel,
+        .in0 = off,
+        .in1 = s.nin > 1 ? off + in0_bytes : 0,
+        .out = j->out_off,
+        .in0_len = (uint32_t)s.in[0].len,
+        .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
+        .out_len = (uint32_t)s.out_len,
+        .m = (uint32_t)s.m,
+        .n = (uint32_t)s.n,
+        .k = (uint32_t)s.k,
+    };
+    publish(d, (uint32_t)idx, &sqe);
+    enif_rwlock_runlock(d->life);
+    count(&d->c.submitted, 1);
+    return enif_make_tuple2(env, ATOM_ok, ref);
+}
+
+static void put(ErlNifEnv *env, ERL_NIF_TERM *map, const char *key, uint64_t v)
+{
+    enif_make_map_put(env, *map, enif_make_atom(env, key), enif_make_uint64(env, v), map);
+}
+
+static uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+
+/* stats(Handle) -> map() */
+static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    ERL_NIF_TERM m = enif_make_new_map(env);
+    put(env, &m, "submitted", load64(&d->c.submitted));
+    put(env, &m, "completed", load64(&d->c.completed));
+    put(env, &m, "busy", load64(&d->c.busy));
+    put(env, &m, "bogus_completions", load64(&d->c.bogus_cqes));
+    put(env, &m, "sq_wakeups", load64(&d->c.wakeups_sent));
+    put(env, &m, "cq_sleeps", load64(&d->c.cq_sleeps));
+    put(env, &m, "failed_by_restart", load64(&d->c.failed_by_reset));
+    put(env, &m, "dirty_submits", load64(&d->c.dirty_submits));
+    put(env, &m, "slots", d->nslots);
+
+    enif_rwlock_rlock(d->life);
+    enif_mutex_lock(d->lock);
+    put(env, &m, "in_flight", d->in_flight);
+    put(env, &m, "in_flight_peak", d->in_flight_peak);
+    put(env, &m, "arena_bytes", d->arena.size);
+    put(env, &m, "arena_used", d->arena.used);
+    put(env, &m, "arena_peak", d->arena.peak);
+    enif_mutex_unlock(d->lock);
+    if (!d->closed) {
+        const struct ec_stats *g = &d->shm.hdr->stats;
+        put(env, &m, "jobs_ok", load64(&g->jobs_ok));
+        put(env, &m, "jobs_failed", load64(&g->jobs_failed));
+        put(env, &m, "batches", load64(&g->batches));
+        put(env, &m, "launches", load64(&g->launches));
+        put(env, &m, "bad_descriptors", load64(&g->bad_descriptors));
+        put(env, &m, "max_batch", load64(&g->max_batch));
+        put(env, &m, "gpud_sleeps", load64(&g->sleeps));
+        ERL_NIF_TERM hist = enif_make_list(env, 0);
+        for (unsigned i = EC_BATCH_HIST_BUCKETS; i > 0; i--)
+            hist = enif_make_list_cell(env, enif_make_uint64(env, load64(&g->batch_hist[i - 1])),
+                                       hist);
+        enif_make_map_put(env, m, enif_make_atom(env, "batch_hist"), hist, &m);
+    }
+    enif_rwlock_runlock(d->life);
+    enif_make_map_put(env, m, enif_make_atom(env, "closed"), d->closed ? ATOM_true : ATOM_false,
+                      &m);
+    return m;
+}
+
+/* kernels() -> [{Atom, Id, VectorInputs}]: the kernel table, for Erlang. */
+static ERL_NIF_TERM nif_kernels(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    (void)argv;
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (uint32_t k = EC_KERNEL_COUNT - 1; k > 0; k--)
+        list = enif_make_list_cell(
+            env,
+            enif_make_tuple3(env, kernel_atom(k), enif_make_uint(env, k),
+                             enif_make_uint(env, KERNEL_INPUTS[k])),
+            list);
+    return list;
+}
+
+static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
+{
+    (void)priv;
+    (void)info;
+#define A(name) ATOM_##name = enif_make_atom(env, #name)
+    A(ok);
+    A(error);
+    A(erlcuda);
+    A(badarg);
+    A(busy);
+    A(closed);
+    A(unknown_kernel);
+    A(args);
+    A(arg);
+    A(length_mismatch);
+    A(shape);
+    A(too_large);
+    A(nan);
+    A(infinity);
+    A(neg_infinity);
+    A(gpud);
+    A(cancelled);
+    A(sent);
+    A(timeout);
+    A(peer);
+    A(true);
+    A(false);
+#undef A
+#define KERNEL_ATOM_INIT(NAME, ID, ATOM, NIN) ATOM_k_##ATOM = enif_make_atom(env, #ATOM);
+    EC_KERNELS(KERNEL_ATOM_INIT)
+#undef KERNEL_ATOM_INIT
+#define STATUS_ATOM_INIT(NAME, CODE, ATOM) STATUS_ATOMS[CODE] = enif_make_atom(env, #ATOM);
+    EC_STATUSES(STATUS_ATOM_INIT)
+#undef STATUS_ATOM_INIT
+    ErlNifResourceTypeInit init = {.dtor = device_dtor};
+    DEVICE_RT = enif_init_resource_type(env, "erlcuda_device", &init,
+                                        ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    return DEVICE_RT ? 0 : -1;
+}
+
+static int upgrade(ErlNifEnv *env, void **priv, void **old_priv, ERL_NIF_TERM info)
+{
+    (void)old_priv;
+    return load(env, priv, info);
+}
+
+static ErlNifFunc nif_funcs[] = {
+    {"open", 4, nif_open, 0},
+    {"socket_name", 1, nif_socket_name, 0},
+    {"accept", 3, nif_accept, ERL_NIF_DIRTY_JOB_IO_BOUND},
+    {"reset", 2, nif_reset, ERL_NIF_DIRTY_JOB_IO_BOUND},
+    {"close", 1, nif_close, ERL_NIF_DIRTY_JOB_IO_BOUND},
+    {"cancel", 2, nif_cancel, 0},
+    {"submit", 3, nif_submit, 0},
+    {"stats", 1, nif_stats, 0},
+    {"kernels", 0, nif_kernels, 0},
+};
+
+ERL_NIF_INIT(erlcuda_nif, nif_funcs, load, NULL, upgrade, NULL)

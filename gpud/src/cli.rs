@@ -1,0 +1,152 @@
+//! Command line: `gpud --probe [--backend B]` and
+//! `gpud --socket NAME --device N --backend B [--spin-us U]`.
+
+use crate::backend::BackendKind;
+use crate::error::{Error, Result};
+
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U]\n       gpud --probe [--backend cpu|cuda|auto]";
+
+/// Default time spent polling the SQ before sleeping on its eventfd.
+pub const DEFAULT_SPIN_US: u64 = 50;
+/// Upper bound for `--spin-us`: a second of spinning is already absurd.
+pub const MAX_SPIN_US: u64 = 1_000_000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonOpts {
+    /// Abstract socket name, without the leading NUL.
+    pub socket: String,
+    pub device: u32,
+    pub backend: BackendKind,
+    pub spin_us: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    Probe { backend: BackendKind },
+    Daemon(DaemonOpts),
+    Help,
+}
+
+fn usage(msg: impl Into<String>) -> Error {
+    Error::Usage(msg.into())
+}
+
+pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
+    let mut probe = false;
+    let mut socket = None;
+    let mut device = None;
+    let mut backend = None;
+    let mut spin_us = None;
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        // Accept both `--flag value` and `--flag=value`.
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<String> {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| usage(format!("{name} needs a value")))
+        };
+        match flag.as_str() {
+            "--probe" => probe = true,
+            "-h" | "--help" => return Ok(Command::Help),
+            "--socket" => {
+                let v = value("--socket")?;
+                if v.is_empty() || v.len() > 100 || v.contains('\0') {
+                    return Err(usage(format!("bad socket name {v:?}")));
+                }
+                socket = Some(v)
+            }
+            "--device" => {
+                let v = value("--device")?;
+                device = Some(v.parse::<u32>().map_err(|_| usage(format!("bad device {v:?}")))?)
+            }
+            "--backend" => {
+                let v = value("--backend")?;
+                backend = Some(
+                    BackendKind::parse(&v).ok_or_else(|| usage(format!("bad backend {v:?}")))?,
+                )
+            }
+            "--spin-us" => {
+                let v = value("--spin-us")?;
+                let us = v.parse::<u64>().map_err(|_| usage(format!("bad --spin-us {v:?}")))?;
+                spin_us = Some(us.min(MAX_SPIN_US))
+            }
+            other => return Err(usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    let backend = backend.unwrap_or(BackendKind::Auto);
+    if probe {
+        if socket.is_some() || device.is_some() || spin_us.is_some() {
+            return Err(usage("--probe takes only --backend"));
+        }
+        return Ok(Command::Probe { backend });
+    }
+    Ok(Command::Daemon(DaemonOpts {
+        socket: socket.ok_or_else(|| usage("--socket is required"))?,
+        device: device.ok_or_else(|| usage("--device is required"))?,
+        backend,
+        spin_us: spin_us.unwrap_or(DEFAULT_SPIN_US),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Command> {
+        parse(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn parses_the_daemon_line() {
+        assert_eq!(
+            p("--socket erlcuda-1-0-ab --device 0 --backend cpu").unwrap(),
+            Command::Daemon(DaemonOpts {
+                socket: "erlcuda-1-0-ab".into(),
+                device: 0,
+                backend: BackendKind::Cpu,
+                spin_us: 50
+            })
+        );
+        assert_eq!(
+            p("--backend=auto --spin-us=0 --device=3 --socket=x").unwrap(),
+            Command::Daemon(DaemonOpts {
+                socket: "x".into(),
+                device: 3,
+                backend: BackendKind::Auto,
+                spin_us: 0
+            })
+        );
+    }
+
+    #[test]
+    fn parses_probe() {
+        assert_eq!(p("--probe").unwrap(), Command::Probe { backend: BackendKind::Auto });
+        assert_eq!(
+            p("--probe --backend cuda").unwrap(),
+            Command::Probe { backend: BackendKind::Cuda }
+        );
+    }
+
+    #[test]
+    fn refuses_bad_lines() {
+        for bad in [
+            "",
+            "--socket x",
+            "--device 0",
+            "--socket x --device -1",
+            "--socket x --device 0 --backend gpu",
+            "--socket x --device 0 --spin-us lots",
+            "--socket",
+            "--probe --socket x",
+            "--frobnicate",
+            "stray",
+        ] {
+            assert!(matches!(p(bad), Err(Error::Usage(_))), "accepted {bad:?}");
+        }
+    }
+}

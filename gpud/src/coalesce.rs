@@ -1,0 +1,257 @@
+//! Coalescing: everything one drain of the SQ produced is grouped by kernel,
+//! and each group becomes one backend launch.
+
+use crate::descriptor::{Job, Region};
+use crate::layout::{Kernel, EC_BATCH_HIST_BUCKETS, EC_KERNEL_COUNT};
+
+/// Groups jobs by kernel, keeping submission order inside each group. The
+/// buffers are reused from drain to drain, so steady state allocates nothing.
+#[derive(Default)]
+pub struct Coalescer {
+    by_kernel: [Vec<Job>; EC_KERNEL_COUNT as usize],
+}
+
+impl Coalescer {
+    pub fn new() -> Coalescer {
+        Coalescer::default()
+    }
+
+    pub fn clear(&mut self) {
+        for g in &mut self.by_kernel {
+            g.clear();
+        }
+    }
+
+    pub fn push(&mut self, job: Job) {
+        self.by_kernel[job.kernel().id() as usize].push(job);
+    }
+
+    /// The non-empty groups, in kernel id order: one launch each.
+    pub fn groups(&self) -> impl Iterator<Item = (Kernel, &[Job])> + '_ {
+        Kernel::ALL
+            .into_iter()
+            .map(|k| (k, self.by_kernel[k.id() as usize].as_slice()))
+            .filter(|(_, jobs)| !jobs.is_empty())
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_kernel.iter().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The batch-size histogram bucket: `floor(log2(size))`, clamped to the last
+/// bucket. Size 0 is never recorded; it maps to bucket 0 for totality.
+pub fn hist_bucket(size: u64) -> usize {
+    if size == 0 {
+        return 0;
+    }
+    (size.ilog2() as usize).min(EC_BATCH_HIST_BUCKETS - 1)
+}
+
+/// True when no job's output overlaps a region (input or output) of another
+/// job, so the jobs can run concurrently without a data race.
+///
+/// The VM allocates every output separately, so this holds for anything it
+/// sends; checking it anyway keeps gpud memory-safe when it does not (the
+/// launch then runs its jobs one after the other). O(n log n): the outputs
+/// are sorted and must be pairwise disjoint, then each input is looked up
+/// against the one output that could reach it.
+pub fn independent(jobs: &[Job]) -> bool {
+    if jobs.len() < 2 {
+        return true;
+    }
+    let mut outs: Vec<(Region, usize)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (j.out(), i))
+        .filter(|(r, _)| !r.is_empty())
+        .collect();
+    outs.sort_unstable_by_key(|(r, _)| r.offset());
+    if outs.windows(2).any(|w| w[0].0.overlaps(&w[1].0)) {
+        return false;
+    }
+    // Outputs are now disjoint and sorted by start, hence also by end. An
+    // input can only overlap the last output that starts before the input
+    // ends; if that one ends at or before the input's start, so do all
+    // earlier ones.
+    for (i, job) in jobs.iter().enumerate() {
+        for input in job.inputs() {
+            if input.is_empty() {
+                continue;
+            }
+            let before = outs.partition_point(|(r, _)| r.offset() < input.end());
+            if before == 0 {
+                continue;
+            }
+            let (r, owner) = outs[before - 1];
+            // Validation already proved a job's own output clear of its inputs.
+            if owner != i && r.overlaps(&input) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::descriptor::validate;
+    use crate::layout::Sqe;
+
+    const ARENA: u64 = 1 << 20;
+
+    fn job(kernel: Kernel, in0: u64, in1: u64, out: u64, len: u32) -> Job {
+        let s = match kernel {
+            Kernel::VectorAdd => Sqe {
+                in0_len: len,
+                in1_len: len,
+                out_len: len,
+                ..Sqe::default()
+            },
+            Kernel::Reduce => Sqe {
+                in0_len: len,
+                out_len: 1,
+                ..Sqe::default()
+            },
+            Kernel::DotProduct => Sqe {
+                in0_len: len,
+                in1_len: len,
+                out_len: 1,
+                ..Sqe::default()
+            },
+            Kernel::Matmul => Sqe {
+                in0_len: len,
+                in1_len: len,
+                out_len: len,
+                m: 1,
+                n: 1,
+                k: 1,
+                ..Sqe::default()
+            },
+        };
+        validate(
+            &Sqe {
+                user_data: out,
+                kernel: kernel.id(),
+                in0,
+                in1,
+                out,
+                ..s
+            },
+            ARENA,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn groups_by_kernel_in_submission_order() {
+        let mut c = Coalescer::new();
+        c.push(job(Kernel::Matmul, 0, 4, 0x100, 1));
+        c.push(job(Kernel::VectorAdd, 0, 16, 0x200, 4));
+        c.push(job(Kernel::Matmul, 0, 4, 0x300, 1));
+        c.push(job(Kernel::VectorAdd, 0, 16, 0x400, 4));
+        c.push(job(Kernel::VectorAdd, 0, 16, 0x500, 4));
+        let g: Vec<(Kernel, Vec<u64>)> = c
+            .groups()
+            .map(|(k, jobs)| (k, jobs.iter().map(Job::user_data).collect()))
+            .collect();
+        assert_eq!(
+            g,
+            vec![
+                (Kernel::VectorAdd, vec![0x200, 0x400, 0x500]),
+                (Kernel::Matmul, vec![0x100, 0x300]),
+            ]
+        );
+        assert_eq!(c.len(), 5);
+        c.clear();
+        assert!(c.is_empty() && c.groups().next().is_none());
+    }
+
+    #[test]
+    fn histogram_buckets() {
+        assert_eq!(hist_bucket(1), 0);
+        assert_eq!(hist_bucket(2), 1);
+        assert_eq!(hist_bucket(3), 1);
+        assert_eq!(hist_bucket(4), 2);
+        assert_eq!(hist_bucket(1023), 9);
+        assert_eq!(hist_bucket(1 << 15), 15);
+        assert_eq!(hist_bucket(1 << 16), 15);
+        assert_eq!(hist_bucket(u64::MAX), 15);
+        assert_eq!(hist_bucket(0), 0);
+    }
+
+    #[test]
+    fn independence() {
+        let v = Kernel::VectorAdd;
+        // Disjoint outputs, shared inputs: independent.
+        assert!(independent(&[job(v, 0, 0, 0x100, 4), job(v, 0, 0, 0x110, 4)]));
+        // Outputs overlap.
+        assert!(!independent(&[job(v, 0, 0, 0x100, 4), job(v, 0, 0, 0x108, 4)]));
+        // One job reads what another writes (either order).
+        assert!(!independent(&[job(v, 0x100, 0, 0x200, 4), job(v, 0, 0, 0x10c, 4)]));
+        assert!(!independent(&[job(v, 0, 0, 0x10c, 4), job(v, 0x400, 0x100, 0x200, 4)]));
+        // A later output between an input and its own output does not matter
+        // unless it overlaps the input.
+        assert!(independent(&[
+            job(v, 0x000, 0x000, 0x300, 4),
+            job(v, 0x200, 0x200, 0x100, 4),
+            job(v, 0x400, 0x400, 0x500, 4),
+        ]));
+        // An input spanning several other jobs' outputs.
+        assert!(!independent(&[
+            job(v, 0x000, 0x000, 0x1000, 256),
+            job(v, 0x2000, 0x2000, 0x0f0, 4),
+            job(v, 0x3000, 0x3000, 0x200, 4),
+        ]));
+        // Empty regions never conflict.
+        assert!(independent(&[job(v, 0x100, 0x100, 0x100, 0), job(v, 0x100, 0x100, 0x200, 4)]));
+        assert!(independent(&[]));
+        assert!(independent(&[job(v, 0, 0, 0x100, 4)]));
+    }
+
+    /// Brute force against the sweep on random small layouts.
+    #[test]
+    fn independence_matches_brute_force() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..5000 {
+            let n = (next() % 6) as usize + 1;
+            let mut jobs = Vec::new();
+            while jobs.len() < n {
+                let len = (next() % 5) as u32;
+                let s = Sqe {
+                    kernel: Kernel::VectorAdd.id(),
+                    in0: (next() % 32) * 4,
+                    in1: (next() % 32) * 4,
+                    out: (next() % 32) * 4,
+                    in0_len: len,
+                    in1_len: len,
+                    out_len: len,
+                    ..Sqe::default()
+                };
+                if let Ok(j) = validate(&s, 256) {
+                    jobs.push(j);
+                }
+            }
+            let brute = jobs.iter().enumerate().all(|(i, a)| {
+                jobs.iter().enumerate().all(|(j, b)| {
+                    i == j
+                        || !(a.out().overlaps(&b.out())
+                            || a.out().overlaps(&b.in0())
+                            || a.out().overlaps(&b.in1()))
+                })
+            });
+            assert_eq!(independent(&jobs), brute, "{jobs:?}");
+        }
+    }
+}

@@ -1,0 +1,599 @@
+//! Validation of submissions: pure functions from an untrusted [`Sqe`] copy
+//! to a [`Job`] whose regions are proven to lie inside the arena, or to the
+//! [`Status`] that refuses it.
+//!
+//! Everything here treats the descriptor as hostile: all arithmetic is
+//! checked, and nothing panics whatever the 64 bytes contain. A [`Job`] can
+//! only be built by [`validate`], so holding one is the proof the backends
+//! rely on when they turn its regions into slices.
+
+use crate::layout::{Kernel, Sqe, Status, EC_ADDR_SEGMENT_SHIFT};
+
+/// Bytes per element: every kernel works on f32.
+pub const ELEM_BYTES: u64 = 4;
+
+/// A validated run of f32 elements in the arena: `len` elements starting at
+/// byte `offset`, with `offset % 4 == 0` and `offset + 4 * len <= arena_bytes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Region {
+    offset: u64,
+    len: u32,
+}
+
+impl Region {
+    /// The empty region; used for inputs a kernel does not read.
+    pub const EMPTY: Region = Region { offset: 0, len: 0 };
+
+    /// Byte offset from the start of the arena.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Number of f32 elements.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// One past the last byte. Cannot overflow: checked at validation.
+    pub fn end(&self) -> u64 {
+        self.offset + u64::from(self.len) * ELEM_BYTES
+    }
+
+    /// True when both regions are non-empty and share at least one byte.
+    pub fn overlaps(&self, other: &Region) -> bool {
+        !self.is_empty()
+            && !other.is_empty()
+            && self.offset < other.end()
+            && other.offset < self.end()
+    }
+
+    /// Checks an arena address and an element count against the arena.
+    pub fn new(addr: u64, len: u32, arena_bytes: u64) -> Result<Region, Status> {
+        // Only segment 0 exists; any other segment names memory gpud does not have.
+        if addr >> EC_ADDR_SEGMENT_SHIFT != 0 {
+            return Err(Status::OutOfBounds);
+        }
+        let offset = addr;
+        if !offset.is_multiple_of(ELEM_BYTES) {
+            return Err(Status::Misaligned);
+        }
+        let end = u64::from(len)
+            .checked_mul(ELEM_BYTES)
+            .and_then(|bytes| offset.checked_add(bytes))
+            .ok_or(Status::OutOfBounds)?;
+        if end > arena_bytes {
+            return Err(Status::OutOfBounds);
+        }
+        Ok(Region { offset, len })
+    }
+}
+
+/// A job that passed [`validate`]. Fields are private so that only
+/// validation can make one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Job {
+    user_data: u64,
+    kernel: Kernel,
+    in0: Region,
+    in1: Region,
+    out: Region,
+    m: u32,
+    n: u32,
+    k: u32,
+}
+
+impl Job {
+    pub fn user_data(&self) -> u64 {
+        self.user_data
+    }
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+    pub fn in0(&self) -> Region {
+        self.in0
+    }
+    /// [`Region::EMPTY`] for kernels with one input.
+    pub fn in1(&self) -> Region {
+        self.in1
+    }
+    pub fn out(&self) -> Region {
+        self.out
+    }
+    /// Matmul dimensions (A is m×k, B is k×n); zero for other kernels.
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.m as usize, self.n as usize, self.k as usize)
+    }
+    /// The regions the job reads.
+    pub fn inputs(&self) -> [Region; 2] {
+        [self.in0, self.in1]
+    }
+    /// Elements touched; a rough measure of the work, for scheduling.
+    pub fn work(&self) -> u64 {
+        let base = self.in0.len as u64 + self.in1.len as u64 + self.out.len as u64;
+        match self.kernel {
+            // m*n*k multiply-adds; computed in u128 so that it cannot overflow.
+            Kernel::Matmul => {
+                let mnk = self.m as u128 * self.n as u128 * self.k as u128;
+                base.max(mnk.min(u64::MAX as u128) as u64)
+            }
+            _ => base,
+        }
+    }
+}
+
+/// Turns a copied submission into a job, or names what is wrong with it.
+///
+/// Checks, in order: flags, kernel id, shape (lengths against the kernel and
+/// the matmul dimensions), each used address (segment, alignment, bounds),
+/// and finally that the output does not overlap an input. Inputs may overlap
+/// each other: reading the same region twice is harmless.
+pub fn validate(sqe: &Sqe, arena_bytes: u64) -> Result<Job, Status> {
+    if sqe.flags != 0 {
+        return Err(Status::BadFlags);
+    }
+    let kernel = Kernel::from_id(sqe.kernel).ok_or(Status::BadKernel)?;
+    check_shape(kernel, sqe)?;
+
+    let in0 = Region::new(sqe.in0, sqe.in0_len, arena_bytes)?;
+    // Reduce reads one vector; its in1 address is documented as unused, so
+    // whatever is there is ignored rather than judged.
+    let in1 = match kernel.vector_inputs() {
+        1 => Region::EMPTY,
+        _ => Region::new(sqe.in1, sqe.in1_len, arena_bytes)?,
+    };
+    let out = Region::new(sqe.out, sqe.out_len, arena_bytes)?;
+    if out.overlaps(&in0) || out.overlaps(&in1) {
+        return Err(Status::Overlap);
+    }
+    let (m, n, k) = match kernel {
+        Kernel::Matmul => (sqe.m, sqe.n, sqe.k),
+        _ => (0, 0, 0),
+    };
+    Ok(Job {
+        user_data: sqe.user_data,
+        kernel,
+        in0,
+        in1,
+        out,
+        m,
+        n,
+        k,
+    })
+}
+
+fn check_shape(kernel: Kernel, s: &Sqe) -> Result<(), Status> {
+    let ok = match kernel {
+        Kernel::VectorAdd => s.in0_len == s.in1_len && s.in1_len == s.out_len,
+        Kernel::Reduce => s.in1_len == 0 && s.out_len == 1,
+        Kernel::DotProduct => s.in0_len == s.in1_len && s.out_len == 1,
+        Kernel::Matmul => {
+            // u32 × u32 always fits in u64, so these products are exact; a
+            // product above u32::MAX can never equal a u32 length.
+            let (m, n, k) = (u64::from(s.m), u64::from(s.n), u64::from(s.k));
+            m * k == u64::from(s.in0_len)
+                && k * n == u64::from(s.in1_len)
+                && m * n == u64::from(s.out_len)
+        }
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Status::BadShape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ARENA: u64 = 1 << 20;
+
+    fn vadd(in0: u64, in1: u64, out: u64, len: u32) -> Sqe {
+        Sqe {
+            user_data: 42,
+            kernel: Kernel::VectorAdd.id(),
+            in0,
+            in1,
+            out,
+            in0_len: len,
+            in1_len: len,
+            out_len: len,
+            ..Sqe::default()
+        }
+    }
+
+    fn matmul(m: u32, n: u32, k: u32, lens: (u32, u32, u32)) -> Sqe {
+        Sqe {
+            user_data: 7,
+            kernel: Kernel::Matmul.id(),
+            in0: 0,
+            in1: 0x1000,
+            out: 0x2000,
+            in0_len: lens.0,
+            in1_len: lens.1,
+            out_len: lens.2,
+            m,
+            n,
+            k,
+            ..Sqe::default()
+        }
+    }
+
+    #[test]
+    fn accepts_good_descriptors_of_every_kernel() {
+        let j = validate(&vadd(0, 0x100, 0x200, 64), ARENA).unwrap();
+        assert_eq!(j.user_data(), 42);
+        assert_eq!(j.out().offset(), 0x200);
+        assert_eq!(j.out().len(), 64);
+
+        let r = Sqe {
+            kernel: Kernel::Reduce.id(),
+            in0: 0,
+            in0_len: 100,
+            // Unused address: ignored, even when absurd.
+            in1: u64::MAX,
+            out: 0x1000,
+            out_len: 1,
+            ..Sqe::default()
+        };
+        let j = validate(&r, ARENA).unwrap();
+        assert_eq!(j.in1(), Region::EMPTY);
+
+        let d = Sqe {
+            kernel: Kernel::DotProduct.id(),
+            in0: 0,
+            in1: 0,
+            in0_len: 10,
+            in1_len: 10,
+            out: 0x100,
+            out_len: 1,
+            ..Sqe::default()
+        };
+        validate(&d, ARENA).expect("inputs may alias each other");
+
+        validate(&matmul(2, 3, 4, (8, 12, 6)), ARENA).unwrap();
+        // Degenerate matmuls are fine.
+        validate(&matmul(0, 3, 4, (0, 12, 0)), ARENA).unwrap();
+        validate(&matmul(2, 3, 0, (0, 0, 6)), ARENA).unwrap();
+        validate(&matmul(0, 0, 0, (0, 0, 0)), ARENA).unwrap();
+    }
+
+    #[test]
+    fn region_exactly_at_the_end_is_in_bounds() {
+        let r = Region::new(ARENA - 16, 4, ARENA).unwrap();
+        assert_eq!(r.end(), ARENA);
+        assert_eq!(Region::new(ARENA - 16, 5, ARENA), Err(Status::OutOfBounds));
+        assert_eq!(Region::new(ARENA, 0, ARENA).unwrap().len(), 0);
+        assert_eq!(Region::new(ARENA + 4, 0, ARENA), Err(Status::OutOfBounds));
+    }
+
+    #[test]
+    fn refuses_flags() {
+        for flags in [1, 2, 0x8000_0000, u32::MAX] {
+            let mut s = vadd(0, 0x100, 0x200, 4);
+            s.flags = flags;
+            assert_eq!(validate(&s, ARENA), Err(Status::BadFlags));
+        }
+    }
+
+    #[test]
+    fn refuses_unknown_kernels() {
+        for kernel in [0, 5, 6, 255, 0x1_0001, u32::MAX] {
+            let mut s = vadd(0, 0x100, 0x200, 4);
+            s.kernel = kernel;
+            assert_eq!(validate(&s, ARENA), Err(Status::BadKernel), "kernel {kernel}");
+        }
+    }
+
+    #[test]
+    fn refuses_bad_segments_and_huge_addresses() {
+        for addr in [
+            1u64 << 48,
+            (1u64 << 48) | 0x100,
+            0xffff_0000_0000_0000,
+            u64::MAX,
+            u64::MAX - 3,
+        ] {
+            for which in 0..3 {
+                let mut s = vadd(0, 0x100, 0x200, 4);
+                match which {
+                    0 => s.in0 = addr,
+                    1 => s.in1 = addr,
+                    _ => s.out = addr,
+                }
+                assert_eq!(validate(&s, ARENA), Err(Status::OutOfBounds), "{addr:#x}");
+            }
+        }
+        // Segment 0 but past the arena, and offsets whose end overflows.
+        let big = (1u64 << 48) - 4;
+        assert_eq!(validate(&vadd(big, 0, 0x200, 4), ARENA), Err(Status::OutOfBounds));
+        assert_eq!(
+            validate(&vadd(0, 0x100, 0x200, 4), 0x200),
+            Err(Status::OutOfBounds)
+        );
+        assert_eq!(Region::new(big, u32::MAX, u64::MAX), Ok(Region { offset: big, len: u32::MAX }));
+        assert_eq!(Region::new(big, u32::MAX, big), Err(Status::OutOfBounds));
+    }
+
+    #[test]
+    fn refuses_huge_lengths() {
+        assert_eq!(
+            validate(&vadd(0, 0x100, 0x200, u32::MAX), ARENA),
+            Err(Status::OutOfBounds)
+        );
+        // Even in an arena as large as the address space allows.
+        let s = vadd(0, 0, 1u64 << 47, u32::MAX);
+        assert!(validate(&s, u64::MAX).is_ok());
+        assert_eq!(validate(&s, ARENA), Err(Status::OutOfBounds));
+    }
+
+    #[test]
+    fn refuses_misaligned_addresses() {
+        for off in [1u64, 2, 3, 0x101, 0x102, 0x103] {
+            for which in 0..3 {
+                let mut s = vadd(0x1000, 0x2000, 0x3000, 4);
+                match which {
+                    0 => s.in0 = off,
+                    1 => s.in1 = off,
+                    _ => s.out = 0x4000 + off,
+                }
+                assert_eq!(validate(&s, ARENA), Err(Status::Misaligned), "{which} {off}");
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_output_overlapping_an_input() {
+        // Same region.
+        assert_eq!(validate(&vadd(0, 0x100, 0, 4), ARENA), Err(Status::Overlap));
+        assert_eq!(validate(&vadd(0x100, 0, 0x100, 4), ARENA), Err(Status::Overlap));
+        // Partial overlap, one element.
+        assert_eq!(validate(&vadd(0, 0x100, 12, 4), ARENA), Err(Status::Overlap));
+        assert_eq!(validate(&vadd(0x100, 0, 0x100 - 12, 4), ARENA), Err(Status::Overlap));
+        // Output starting inside an input.
+        assert_eq!(validate(&vadd(0, 0x1000, 0x40, 64), ARENA), Err(Status::Overlap));
+        let d = Sqe {
+            kernel: Kernel::DotProduct.id(),
+            in0: 0,
+            in1: 0x1000,
+            in0_len: 64,
+            in1_len: 64,
+            out: 0x40,
+            out_len: 1,
+            ..Sqe::default()
+        };
+        assert_eq!(validate(&d, ARENA), Err(Status::Overlap));
+        // Adjacent regions do not overlap.
+        assert!(validate(&vadd(0, 16, 32, 4), ARENA).is_ok());
+        // Empty regions never overlap anything.
+        assert!(validate(&vadd(0, 0, 0, 0), ARENA).is_ok());
+        let m = Sqe {
+            out: 0,
+            in0: 0,
+            in1: 0,
+            ..matmul(0, 5, 5, (0, 25, 0))
+        };
+        assert!(validate(&m, ARENA).is_ok(), "an empty output overlaps nothing");
+    }
+
+    #[test]
+    fn refuses_bad_shapes() {
+        let mut s = vadd(0, 0x100, 0x200, 4);
+        s.in1_len = 3;
+        assert_eq!(validate(&s, ARENA), Err(Status::BadShape));
+        let mut s = vadd(0, 0x100, 0x200, 4);
+        s.out_len = 5;
+        assert_eq!(validate(&s, ARENA), Err(Status::BadShape));
+
+        let reduce = |in1_len, out_len| Sqe {
+            kernel: Kernel::Reduce.id(),
+            in0_len: 4,
+            in1_len,
+            out: 0x100,
+            out_len,
+            ..Sqe::default()
+        };
+        assert_eq!(validate(&reduce(1, 1), ARENA), Err(Status::BadShape));
+        assert_eq!(validate(&reduce(0, 0), ARENA), Err(Status::BadShape));
+        assert_eq!(validate(&reduce(0, 2), ARENA), Err(Status::BadShape));
+        assert_eq!(validate(&reduce(0, u32::MAX), ARENA), Err(Status::BadShape));
+        assert!(validate(&reduce(0, 1), ARENA).is_ok());
+
+        let dot = |a, b, o| Sqe {
+            kernel: Kernel::DotProduct.id(),
+            in1: 0x100,
+            in0_len: a,
+            in1_len: b,
+            out: 0x200,
+            out_len: o,
+            ..Sqe::default()
+        };
+        assert_eq!(validate(&dot(4, 5, 1), ARENA), Err(Status::BadShape));
+        assert_eq!(validate(&dot(4, 4, 4), ARENA), Err(Status::BadShape));
+        assert_eq!(validate(&dot(4, 4, 0), ARENA), Err(Status::BadShape));
+
+        assert_eq!(validate(&matmul(2, 3, 4, (8, 12, 5)), ARENA), Err(Status::BadShape));
+        assert_eq!(validate(&matmul(2, 3, 4, (9, 12, 6)), ARENA), Err(Status::BadShape));
+        assert_eq!(validate(&matmul(2, 3, 4, (8, 11, 6)), ARENA), Err(Status::BadShape));
+    }
+
+    #[test]
+    fn matmul_dimension_products_do_not_wrap() {
+        // 65536 * 65536 == 2^32, which wraps to 0 in u32 arithmetic.
+        let s = matmul(65536, 0, 65536, (0, 0, 0));
+        assert_eq!(validate(&s, ARENA), Err(Status::BadShape));
+        let s = matmul(u32::MAX, u32::MAX, u32::MAX, (1, 1, 1));
+        assert_eq!(validate(&s, ARENA), Err(Status::BadShape));
+        // m*k wraps to exactly in0_len in u32: 0x1_0000_0001 -> 1.
+        let s = matmul(0x10001, 1, 0xffff, (1, 0xffff, 0x10001));
+        assert_eq!(validate(&s, ARENA), Err(Status::BadShape));
+        let s = matmul(u32::MAX, 0, 0, (0, 0, 0));
+        assert!(validate(&s, ARENA).is_ok(), "a 4G x 0 result is empty and fine");
+    }
+
+    #[test]
+    fn every_field_extreme_at_once() {
+        let s = Sqe {
+            user_data: u64::MAX,
+            kernel: u32::MAX,
+            flags: u32::MAX,
+            in0: u64::MAX,
+            in1: u64::MAX,
+            out: u64::MAX,
+            in0_len: u32::MAX,
+            in1_len: u32::MAX,
+            out_len: u32::MAX,
+            m: u32::MAX,
+            n: u32::MAX,
+            k: u32::MAX,
+        };
+        assert_eq!(validate(&s, ARENA), Err(Status::BadFlags));
+        assert_eq!(validate(&Sqe { flags: 0, ..s }, ARENA), Err(Status::BadKernel));
+        for k in Kernel::ALL {
+            let r = validate(&Sqe { flags: 0, kernel: k.id(), ..s }, u64::MAX);
+            assert!(r.is_err(), "{k:?} accepted an all-ones descriptor");
+        }
+        // Zero arena: only empty regions at offset 0 fit.
+        assert_eq!(validate(&vadd(0, 0, 0, 0), 0).map(|j| j.out().len()), Ok(0));
+        assert_eq!(validate(&vadd(0, 0, 0, 1), 0), Err(Status::OutOfBounds));
+        assert_eq!(validate(&vadd(0, 0, 4, 1), 0), Err(Status::OutOfBounds));
+    }
+
+    /// xorshift64*: deterministic, dependency-free randomness for the fuzz test.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn addr(&mut self, arena: u64) -> u64 {
+            match self.next() % 8 {
+                0 => self.next(),
+                1 => arena.wrapping_sub(self.next() % 64),
+                2 => (self.next() % 4) << 48 | (self.next() % arena.max(1)),
+                3 => u64::MAX - self.next() % 16,
+                _ => (self.next() % arena.max(1)) & !3,
+            }
+        }
+        fn len(&mut self) -> u32 {
+            match self.next() % 6 {
+                0 => self.next() as u32,
+                1 => u32::MAX - (self.next() % 4) as u32,
+                2 => 1,
+                3 => 0,
+                _ => (self.next() % 512) as u32,
+            }
+        }
+        fn dim(&mut self) -> u32 {
+            match self.next() % 5 {
+                0 => self.next() as u32,
+                1 => 65536,
+                2 => 0,
+                _ => (self.next() % 24) as u32,
+            }
+        }
+    }
+
+    #[test]
+    fn randomized_descriptors_never_panic_and_accepted_ones_are_sound() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut accepted = 0usize;
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..200_000 {
+            let arena = match i % 4 {
+                0 => 0,
+                1 => 4096,
+                2 => 1 << 20,
+                _ => rng.next() % (1 << 24),
+            };
+            let mut s = Sqe {
+                user_data: rng.next(),
+                kernel: (rng.next() % 7) as u32,
+                flags: if rng.next().is_multiple_of(16) { rng.next() as u32 } else { 0 },
+                in0: rng.addr(arena),
+                in1: rng.addr(arena),
+                out: rng.addr(arena),
+                in0_len: rng.len(),
+                in1_len: rng.len(),
+                out_len: rng.len(),
+                m: rng.dim(),
+                n: rng.dim(),
+                k: rng.dim(),
+            };
+            // Make a good share of the shapes consistent so that the address
+            // checks get exercised, not only the shape check.
+            match (s.kernel, rng.next() % 2) {
+                (1, 0) => {
+                    s.in1_len = s.in0_len;
+                    s.out_len = s.in0_len;
+                }
+                (2, 0) => {
+                    s.in1_len = 0;
+                    s.out_len = 1;
+                }
+                (3, 0) => {
+                    s.in1_len = s.in0_len;
+                    s.out_len = 1;
+                }
+                (4, 0) => {
+                    s.in0_len = s.m.wrapping_mul(s.k);
+                    s.in1_len = s.k.wrapping_mul(s.n);
+                    s.out_len = s.m.wrapping_mul(s.n);
+                }
+                _ => {}
+            }
+            match validate(&s, arena) {
+                Err(st) => {
+                    seen.insert(st);
+                }
+                Ok(j) => {
+                    accepted += 1;
+                    assert_eq!(s.flags, 0);
+                    assert_eq!(j.kernel().id(), s.kernel);
+                    let mut regions = vec![j.in0(), j.out()];
+                    if j.kernel().vector_inputs() == 2 {
+                        regions.push(j.in1());
+                    }
+                    for r in &regions {
+                        assert_eq!(r.offset() % 4, 0);
+                        let end = r.offset() as u128 + r.len() as u128 * 4;
+                        assert!(end <= arena as u128, "{s:?} -> {r:?} beyond {arena}");
+                    }
+                    assert!(!j.out().overlaps(&j.in0()) && !j.out().overlaps(&j.in1()));
+                    let (m, n, k) = j.dims();
+                    match j.kernel() {
+                        Kernel::VectorAdd => {
+                            assert!(j.in0().len() == j.in1().len() && j.in0().len() == j.out().len())
+                        }
+                        Kernel::Reduce => assert_eq!(j.out().len(), 1),
+                        Kernel::DotProduct => {
+                            assert!(j.in0().len() == j.in1().len() && j.out().len() == 1)
+                        }
+                        Kernel::Matmul => {
+                            assert_eq!(m as u128 * k as u128, j.in0().len() as u128);
+                            assert_eq!(k as u128 * n as u128, j.in1().len() as u128);
+                            assert_eq!(m as u128 * n as u128, j.out().len() as u128);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted > 1000, "only {accepted} random descriptors accepted");
+        for st in [
+            Status::BadKernel,
+            Status::BadFlags,
+            Status::OutOfBounds,
+            Status::BadShape,
+            Status::Overlap,
+            Status::Misaligned,
+        ] {
+            assert!(seen.contains(&st), "fuzzing never produced {st:?}");
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! Rust mirror of `c_src/erlcuda_ring.h`, the one definition of the memory
+//! shared by the VM and gpud.
+//!
+//! The header is the contract; this file follows it. The `layout_agrees_with_c_header`
+//! test compiles a probe against the C header and compares every size,
+//! offset and constant with the values below, so a drift on either side
+//! fails `cargo test -p gpud layout`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// "CUDARING" read as a little-endian u64.
+pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
+pub const EC_ABI_VERSION: u32 = 1;
+pub const EC_CACHELINE: u32 = 64;
+pub const EC_HEADER_BYTES: u32 = 4096;
+pub const EC_ARENA_ALIGN: u32 = 256;
+pub const EC_NEED_WAKEUP: u32 = 1;
+pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
+pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
+pub const EC_BATCH_HIST_BUCKETS: usize = 16;
+/// One past the largest kernel id.
+pub const EC_KERNEL_COUNT: u32 = 5;
+pub const EC_STATUS_COUNT: u32 = 8;
+
+/// Puts `T` alone on its own 64-byte cache line, like `_Alignas(64)` in the
+/// header: the VM and gpud never write the same line, so neither side's
+/// stores bounce the other's counters.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct CacheLine<T>(pub T);
+
+/// `struct ec_sqe`: one submission, 64 bytes. Lengths count f32 elements.
+///
+/// Plain data: gpud copies each entry out of the ring exactly once (one
+/// volatile read of the whole struct) and only ever looks at the copy, so
+/// the VM changing the ring slot afterwards cannot change what was checked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sqe {
+    pub user_data: u64,
+    pub kernel: u32,
+    pub flags: u32,
+    pub in0: u64,
+    pub in1: u64,
+    pub out: u64,
+    pub in0_len: u32,
+    pub in1_len: u32,
+    pub out_len: u32,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+}
+
+/// `struct ec_cqe`: one completion, 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cqe {
+    pub user_data: u64,
+    /// An [`Status`] code.
+    pub status: i32,
+    /// How many jobs of this kernel shared the launch (1 for refused jobs).
+    pub batch: u32,
+}
+
+/// `struct ec_stats`: written by gpud only, with relaxed atomics; read by the
+/// VM whenever it likes.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub jobs_ok: AtomicU64,
+    pub jobs_failed: AtomicU64,
+    pub batches: AtomicU64,
+    pub launches: AtomicU64,
+    pub bad_descriptors: AtomicU64,
+    pub max_batch: AtomicU64,
+    pub sleeps: AtomicU64,
+    pub batch_hist: [AtomicU64; EC_BATCH_HIST_BUCKETS],
+}
+
+/// `struct ec_header`, at offset 0 of the memfd.
+///
+/// The first block is immutable after creation; gpud reads it once during
+/// the handshake (see [`crate::handshake`]) and keeps its own validated copy,
+/// so a VM that scribbles on it later cannot move gpud's bounds. The ring
+/// control words are atomics because both processes touch them.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Header {
+    pub magic: u64,
+    pub abi_version: u32,
+    pub header_bytes: u32,
+    pub sqe_bytes: u32,
+    pub cqe_bytes: u32,
+    pub sq_entries: u32,
+    pub cq_entries: u32,
+    pub sq_offset: u64,
+    pub cq_offset: u64,
+    pub arena_offset: u64,
+    pub arena_bytes: u64,
+    /// gpud writes.
+    pub sq_head: CacheLine<AtomicU32>,
+    /// The VM writes.
+    pub sq_tail: CacheLine<AtomicU32>,
+    /// gpud writes [`EC_NEED_WAKEUP`].
+    pub sq_flags: CacheLine<AtomicU32>,
+    /// The VM writes.
+    pub cq_head: CacheLine<AtomicU32>,
+    /// gpud writes.
+    pub cq_tail: CacheLine<AtomicU32>,
+    /// The VM writes [`EC_NEED_WAKEUP`].
+    pub cq_flags: CacheLine<AtomicU32>,
+    pub stats: CacheLine<Stats>,
+}
+
+/// `struct ec_hello`: the handshake message that travels with the three fds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hello {
+    pub magic: u64,
+    pub abi_version: u32,
+    pub device: u32,
+    pub total_bytes: u64,
+}
+
+impl Hello {
+    /// Decodes the message from its native-endian bytes; `None` unless the
+    /// length is exactly `size_of::<Hello>()`.
+    pub fn from_bytes(b: &[u8]) -> Option<Hello> {
+        if b.len() != std::mem::size_of::<Hello>() {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        Some(Hello {
+            magic: u64_at(0),
+            abi_version: u32_at(8),
+            device: u32_at(12),
+            total_bytes: u64_at(16),
+        })
+    }
+
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[0..8].copy_from_slice(&self.magic.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.abi_version.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.device.to_ne_bytes());
+        b[16..24].copy_from_slice(&self.total_bytes.to_ne_bytes());
+        b
+    }
+}
+
+/// `enum ec_kernel` (the `EC_KERNELS` X-macro).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    VectorAdd = 1,
+    Reduce = 2,
+    DotProduct = 3,
+    Matmul = 4,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 4] = [
+        Kernel::VectorAdd,
+        Kernel::Reduce,
+        Kernel::DotProduct,
+        Kernel::Matmul,
+    ];
+
+    pub fn from_id(id: u32) -> Option<Kernel> {
+        Kernel::ALL.into_iter().find(|k| *k as u32 == id)
+    }
+
+    pub fn id(self) -> u32 {
+        self as u32
+    }
+
+    /// The NAME column of the X-macro (`EC_KERNEL_<NAME>`).
+    pub fn c_name(self) -> &'static str {
+        match self {
+            Kernel::VectorAdd => "VECTOR_ADD",
+            Kernel::Reduce => "REDUCE",
+            Kernel::DotProduct => "DOT_PRODUCT",
+            Kernel::Matmul => "MATMUL",
+        }
+    }
+
+    /// The Erlang atom naming the kernel.
+    pub fn atom(self) -> &'static str {
+        match self {
+            Kernel::VectorAdd => "vector_add",
+            Kernel::Reduce => "reduce",
+            Kernel::DotProduct => "dot_product",
+            Kernel::Matmul => "matmul",
+        }
+    }
+
+    /// How many vector inputs the kernel reads.
+    pub fn vector_inputs(self) -> u32 {
+        match self {
+            Kernel::Reduce => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// `enum ec_status` (the `EC_STATUSES` X-macro).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    Ok = 0,
+    BadKernel = 1,
+    BadFlags = 2,
+    OutOfBounds = 3,
+    BadShape = 4,
+    Overlap = 5,
+    Misaligned = 6,
+    DeviceError = 7,
+}
+
+impl Status {
+    pub const ALL: [Status; 8] = [
+        Status::Ok,
+        Status::BadKernel,
+        Status::BadFlags,
+        Status::OutOfBounds,
+        Status::BadShape,
+        Status::Overlap,
+        Status::Misaligned,
+        Status::DeviceError,
+    ];
+
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_code(code: i32) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| *s as i32 == code)
+    }
+
+    pub fn c_name(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::BadKernel => "BAD_KERNEL",
+            Status::BadFlags => "BAD_FLAGS",
+            Status::OutOfBounds => "OUT_OF_BOUNDS",
+            Status::BadShape => "BAD_SHAPE",
+            Status::Overlap => "OVERLAP",
+            Status::Misaligned => "MISALIGNED",
+            Status::DeviceError => "DEVICE_ERROR",
+        }
+    }
+
+    pub fn atom(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::BadKernel => "bad_kernel",
+            Status::BadFlags => "bad_flags",
+            Status::OutOfBounds => "out_of_bounds",
+            Status::BadShape => "bad_shape",
+            Status::Overlap => "overlap",
+            Status::Misaligned => "misaligned",
+            Status::DeviceError => "device_error",
+        }
+    }
+}
+
+// Cheap compile-time guards; the probe test below is the real proof.
+const _: () = assert!(std::mem::size_of::<Sqe>() == 64);
+const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
+const _: () = assert!(std::mem::size_of::<Hello>() == 24);
+const _: () = assert!(std::mem::size_of::<Header>() <= EC_HEADER_BYTES as usize);
+const _: () = assert!(std::mem::align_of::<Header>() == EC_CACHELINE as usize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::mem::{offset_of, size_of};
+    use std::process::Command;
+
+    /// The C side of the comparison: one `name value` line per size, offset
+    /// and constant. Kernels and statuses come from the header's own X-macros,
+    /// so a row added there shows up here without editing the probe.
+    const PROBE_C: &str = r#"
+#include <stddef.h>
+#include <stdio.h>
+#include "erlcuda_ring.h"
+
+#define P(name, v) printf("%s %lld\n", name, (long long)(v))
+#define SZ(S) P("sizeof." #S, sizeof(struct S))
+#define AL(S) P("alignof." #S, _Alignof(struct S))
+#define OF(S, f) P("offsetof." #S "." #f, offsetof(struct S, f)); \
+                 P("sizeof." #S "." #f, sizeof(((struct S *)0)->f))
+#define C(name) P("const." #name, name)
+#define KERNEL(NAME, ID, ATOM, NIN) \
+    P("kernel." #NAME ".id", EC_KERNEL_##NAME); \
+    P("kernel." #NAME ".id_column", ID); \
+    printf("kernel.%s.atom %s\n", #NAME, #ATOM); \
+    P("kernel." #NAME ".inputs", NIN);
+#define STATUS(NAME, CODE, ATOM) \
+    P("status." #NAME ".code", EC_STATUS_##NAME); \
+    P("status." #NAME ".code_column", CODE); \
+    printf("status.%s.atom %s\n", #NAME, #ATOM);
+
+int main(void)
+{
+    SZ(ec_sqe); AL(ec_sqe);
+    OF(ec_sqe, user_data); OF(ec_sqe, kernel); OF(ec_sqe, flags);
+    OF(ec_sqe, in0); OF(ec_sqe, in1); OF(ec_sqe, out);
+    OF(ec_sqe, in0_len); OF(ec_sqe, in1_len); OF(ec_sqe, out_len);
+    OF(ec_sqe, m); OF(ec_sqe, n); OF(ec_sqe, k);
+
+    SZ(ec_cqe); AL(ec_cqe);
+    OF(ec_cqe, user_data); OF(ec_cqe, status); OF(ec_cqe, batch);
+
+    SZ(ec_stats); AL(ec_stats);
+    OF(ec_stats, jobs_ok); OF(ec_stats, jobs_failed); OF(ec_stats, batches);
+    OF(ec_stats, launches); OF(ec_stats, bad_descriptors); OF(ec_stats, max_batch);
+    OF(ec_stats, sleeps); OF(ec_stats, batch_hist);
+
+    SZ(ec_header); AL(ec_header);
+    OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);
+    OF(ec_header, sqe_bytes); OF(ec_header, cqe_bytes); OF(ec_header, sq_entries);
+    OF(ec_header, cq_entries); OF(ec_header, sq_offset); OF(ec_header, cq_offset);
+    OF(ec_header, arena_offset); OF(ec_header, arena_bytes);
+    OF(ec_header, sq_head); OF(ec_header, sq_tail); OF(ec_header, sq_flags);
+    OF(ec_header, cq_head); OF(ec_header, cq_tail); OF(ec_header, cq_flags);
+    OF(ec_header, stats);
+
+    SZ(ec_hello); AL(ec_hello);
+    OF(ec_hello, magic); OF(ec_hello, abi_version); OF(ec_hello, device);
+    OF(ec_hello, total_bytes);
+
+    P("const.EC_MAGIC_HI", EC_MAGIC >> 32);
+    P("const.EC_MAGIC_LO", EC_MAGIC & 0xffffffffu);
+    C(EC_ABI_VERSION); C(EC_CACHELINE); C(EC_HEADER_BYTES); C(EC_ARENA_ALIGN);
+    C(EC_NEED_WAKEUP); C(EC_ADDR_SEGMENT_SHIFT); C(EC_BATCH_HIST_BUCKETS);
+    P("const.EC_ADDR_OFFSET_MASK_HI", EC_ADDR_OFFSET_MASK >> 32);
+    P("const.EC_ADDR_OFFSET_MASK_LO", EC_ADDR_OFFSET_MASK & 0xffffffffu);
+    C(EC_KERNEL_COUNT); C(EC_STATUS_COUNT);
+
+    EC_KERNELS(KERNEL)
+    EC_STATUSES(STATUS)
+    return 0;
+}
+"#;
+
+    fn rust_side() -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            assert!(m.insert(k.to_string(), v).is_none(), "duplicate key {k}");
+        };
+        macro_rules! sz {
+            ($c:literal, $t:ty) => {
+                put(concat!("sizeof.", $c), size_of::<$t>().to_string());
+                put(
+                    concat!("alignof.", $c),
+                    std::mem::align_of::<$t>().to_string(),
+                );
+            };
+        }
+        macro_rules! of {
+            ($c:literal, $t:ty, $f:ident, $ft:ty) => {
+                put(
+                    concat!("offsetof.", $c, ".", stringify!($f)),
+                    offset_of!($t, $f).to_string(),
+                );
+                put(
+                    concat!("sizeof.", $c, ".", stringify!($f)),
+                    size_of::<$ft>().to_string(),
+                );
+            };
+        }
+        sz!("ec_sqe", Sqe);
+        of!("ec_sqe", Sqe, user_data, u64);
+        of!("ec_sqe", Sqe, kernel, u32);
+        of!("ec_sqe", Sqe, flags, u32);
+        of!("ec_sqe", Sqe, in0, u64);
+        of!("ec_sqe", Sqe, in1, u64);
+        of!("ec_sqe", Sqe, out, u64);
+        of!("ec_sqe", Sqe, in0_len, u32);
+        of!("ec_sqe", Sqe, in1_len, u32);
+        of!("ec_sqe", Sqe, out_len, u32);
+        of!("ec_sqe", Sqe, m, u32);
+        of!("ec_sqe", Sqe, n, u32);
+        of!("ec_sqe", Sqe, k, u32);
+
+        sz!("ec_cqe", Cqe);
+        of!("ec_cqe", Cqe, user_data, u64);
+        of!("ec_cqe", Cqe, status, i32);
+        of!("ec_cqe", Cqe, batch, u32);
+
+        sz!("ec_stats", Stats);
+        of!("ec_stats", Stats, jobs_ok, u64);
+        of!("ec_stats", Stats, jobs_failed, u64);
+        of!("ec_stats", Stats, batches, u64);
+        of!("ec_stats", Stats, launches, u64);
+        of!("ec_stats", Stats, bad_descriptors, u64);
+        of!("ec_stats", Stats, max_batch, u64);
+        of!("ec_stats", Stats, sleeps, u64);
+        of!("ec_stats", Stats, batch_hist, [u64; EC_BATCH_HIST_BUCKETS]);
+
+        sz!("ec_header", Header);
+        of!("ec_header", Header, magic, u64);
+        of!("ec_header", Header, abi_version, u32);
+        of!("ec_header", Header, header_bytes, u32);
+        of!("ec_header", Header, sqe_bytes, u32);
+        of!("ec_header", Header, cqe_bytes, u32);
+        of!("ec_header", Header, sq_entries, u32);
+        of!("ec_header", Header, cq_entries, u32);
+        of!("ec_header", Header, sq_offset, u64);
+        of!("ec_header", Header, cq_offset, u64);
+        of!("ec_header", Header, arena_offset, u64);
+        of!("ec_header", Header, arena_bytes, u64);
+        // The C members are the bare u32 / struct; ours are wrapped in
+        // CacheLine, whose payload sits at offset 0, so compare the payload.
+        of!("ec_header", Header, sq_head, u32);
+        of!("ec_header", Header, sq_tail, u32);
+        of!("ec_header", Header, sq_flags, u32);
+        of!("ec_header", Header, cq_head, u32);
+        of!("ec_header", Header, cq_tail, u32);
+        of!("ec_header", Header, cq_flags, u32);
+        of!("ec_header", Header, stats, Stats);
+
+        sz!("ec_hello", Hello);
+        of!("ec_hello", Hello, magic, u64);
+        of!("ec_hello", Hello, abi_version, u32);
+        of!("ec_hello", Hello, device, u32);
+        of!("ec_hello", Hello, total_bytes, u64);
+
+        put("const.EC_MAGIC_HI", (EC_MAGIC >> 32).to_string());
+        put("const.EC_MAGIC_LO", (EC_MAGIC & 0xffff_ffff).to_string());
+        put("const.EC_ABI_VERSION", EC_ABI_VERSION.to_string());
+        put("const.EC_CACHELINE", EC_CACHELINE.to_string());
+        put("const.EC_HEADER_BYTES", EC_HEADER_BYTES.to_string());
+        put("const.EC_ARENA_ALIGN", EC_ARENA_ALIGN.to_string());
+        put("const.EC_NEED_WAKEUP", EC_NEED_WAKEUP.to_string());
+        put("const.EC_ADDR_SEGMENT_SHIFT", EC_ADDR_SEGMENT_SHIFT.to_string());
+        put("const.EC_BATCH_HIST_BUCKETS", EC_BATCH_HIST_BUCKETS.to_string());
+        put(
+            "const.EC_ADDR_OFFSET_MASK_HI",
+            (EC_ADDR_OFFSET_MASK >> 32).to_string(),
+        );
+        put(
+            "const.EC_ADDR_OFFSET_MASK_LO",
+            (EC_ADDR_OFFSET_MASK & 0xffff_ffff).to_string(),
+        );
+        put("const.EC_KERNEL_COUNT", EC_KERNEL_COUNT.to_string());
+        put("const.EC_STATUS_COUNT", EC_STATUS_COUNT.to_string());
+
+        for k in Kernel::ALL {
+            let p = format!("kernel.{}", k.c_name());
+            put(&format!("{p}.id"), k.id().to_string());
+            put(&format!("{p}.id_column"), k.id().to_string());
+            put(&format!("{p}.atom"), k.atom().to_string());
+            put(&format!("{p}.inputs"), k.vector_inputs().to_string());
+        }
+        for s in Status::ALL {
+            let p = format!("status.{}", s.c_name());
+            put(&format!("{p}.code"), s.code().to_string());
+            put(&format!("{p}.code_column"), s.code().to_string());
+            put(&format!("{p}.atom"), s.atom().to_string());
+        }
+        m
+    }
+
+    fn c_side() -> BTreeMap<String, String> {
+        let header_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../c_src");
+        let header = format!("{header_dir}/erlcuda_ring.h");
+        assert!(
+            std::path::Path::new(&header).exists(),
+            "layout test: the contract header {header} is missing"
+        );
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "gpud-layout-probe-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("probe.c");
+        let exe = dir.join("probe");
+        std::fs::write(&src, PROBE_C).unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+        let out = Command::new(&cc)
+            .args(["-std=c11", "-Wall", "-Werror", "-I", header_dir, "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "layout test needs a C compiler: could not run `{cc}` ({e}); \
+                     install one (e.g. `apt-get install gcc`) or set CC"
+                )
+            });
+        assert!(
+            out.status.success(),
+            "probe failed to compile against {header}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let run = Command::new(&exe).output().expect("run the probe");
+        assert!(run.status.success(), "probe exited with {}", run.status);
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut m = BTreeMap::new();
+        for line in String::from_utf8(run.stdout).unwrap().lines() {
+            let (k, v) = line.split_once(' ').expect("probe line `name value`");
+            assert!(
+                m.insert(k.to_string(), v.to_string()).is_none(),
+                "probe printed {k} twice"
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn layout_agrees_with_c_header() {
+        let c = c_side();
+        let rust = rust_side();
+        let mut problems = Vec::new();
+        for (k, cv) in &c {
+            match rust.get(k) {
+                None => problems.push(format!("{k}: in the C header ({cv}) but not in layout.rs")),
+                Some(rv) if rv != cv => problems.push(format!("{k}: C says {cv}, Rust says {rv}")),
+                _ => {}
+            }
+        }
+        for (k, rv) in &rust {
+            if !c.contains_key(k) {
+                problems.push(format!("{k}: in layout.rs ({rv}) but not in the C header"));
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "layout.rs disagrees with c_src/erlcuda_ring.h:\n  {}",
+            problems.join("\n  ")
+        );
+        // Sanity: the comparison really covered the tables.
+        assert!(c.len() > 100, "probe printed only {} values", c.len());
+    }
+
+    #[test]
+    fn layout_kernel_and_status_tables_round_trip() {
+        for k in Kernel::ALL {
+            assert_eq!(Kernel::from_id(k.id()), Some(k));
+            assert!(k.id() < EC_KERNEL_COUNT);
+        }
+        for id in [0, 5, 6, u32::MAX] {
+            assert_eq!(Kernel::from_id(id), None);
+        }
+        for s in Status::ALL {
+            assert_eq!(Status::from_code(s.code()), Some(s));
+        }
+        assert_eq!(Status::ALL.len() as u32, EC_STATUS_COUNT);
+        assert_eq!(&EC_MAGIC.to_le_bytes(), b"CUDARING");
+    }
+
+    #[test]
+    fn layout_hello_bytes_round_trip() {
+        let h = Hello {
+            magic: EC_MAGIC,
+            abi_version: 7,
+            device: 3,
+            total_bytes: 1 << 40,
+        };
+        assert_eq!(Hello::from_bytes(&h.to_bytes()), Some(h));
+        assert_eq!(Hello::from_bytes(&[0u8; 23]), None);
+        assert_eq!(Hello::from_bytes(&[0u8; 25]), None);
+    }
+}

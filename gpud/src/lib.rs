@@ -1,0 +1,60 @@
+//! gpud: the erlcuda GPU daemon. One process per device, spawned by the
+//! Erlang VM; it takes jobs from a shared-memory submission ring, validates
+//! them, coalesces them into one launch per kernel, runs them on a backend
+//! and answers on the completion ring. `c_src/erlcuda_ring.h` is the
+//! contract; [`layout`] mirrors it.
+//!
+//! Modules, in the order data flows through them:
+//! - [`cli`]: the command line;
+//! - [`handshake`]: socket, peer check, fds, mapping, header validation;
+//! - [`ring`]: SQ consumer, CQ producer, NEED_WAKEUP;
+//! - [`descriptor`]: validation of untrusted submissions;
+//! - [`coalesce`]: grouping by kernel, batch statistics;
+//! - [`backend`]: the backends (`cpu` now, `cuda` next to it);
+//! - [`daemon`]: the main loop tying them together.
+
+pub mod backend;
+pub mod cli;
+pub mod coalesce;
+pub mod daemon;
+pub mod descriptor;
+pub mod error;
+pub mod handshake;
+pub mod layout;
+pub mod ring;
+
+use std::process::ExitCode;
+
+use cli::Command;
+use error::Error;
+
+/// Everything `main` does after the parent-death signal is armed.
+pub fn main_with_args<I: IntoIterator<Item = String>>(args: I) -> ExitCode {
+    let result = match cli::parse(args) {
+        Ok(Command::Help) => {
+            eprintln!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Probe { backend }) => probe(backend),
+        Ok(Command::Daemon(opts)) => daemon::run(&opts),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpud: {e}");
+            if let Error::Usage(_) = e {
+                eprintln!("{}", cli::USAGE);
+            }
+            if let Some(reason) = e.stdout_reason() {
+                let _ = daemon::announce(&format!("error {reason}"));
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn probe(kind: backend::BackendKind) -> error::Result<()> {
+    let (name, devices) = backend::probe(kind)?;
+    daemon::announce(&format!("backend {name} devices {devices}"))
+}

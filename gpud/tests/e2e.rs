@@ -1,0 +1,858 @@
+//! End-to-end tests: the test plays the VM. It creates the sealed memfd, lays
+//! out the header as `c_src/erlcuda_ring.h` says, makes the eventfds and the
+//! abstract socket, spawns the real `gpud` binary, hands the fds over and
+//! drives the rings with the same NEED_WAKEUP protocol the NIF uses.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use gpud::layout::*;
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use nix::sys::socket::{
+    accept, bind, listen, sendmsg, socket, AddressFamily, Backlog, ControlMessage, MsgFlags,
+    SockFlag, SockType, UnixAddr,
+};
+
+const GPUD: &str = env!("CARGO_BIN_EXE_gpud");
+
+fn unique_name() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "gpud-test-{}-{}-{nanos:x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn eventfd() -> OwnedFd {
+    // SAFETY: eventfd returns a fresh fd or -1; nothing else is touched.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    assert!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    // SAFETY: the fd was just created and is owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// The VM's side of one device.
+struct Vm {
+    base: NonNull<u8>,
+    total: usize,
+    memfd: OwnedFd,
+    sq_efd: OwnedFd,
+    cq_efd: OwnedFd,
+    listener: OwnedFd,
+    conn: Option<OwnedFd>,
+    name: String,
+    sq_entries: u32,
+    cq_entries: u32,
+    sq_off: usize,
+    cq_off: usize,
+    arena_off: usize,
+    arena_bytes: u64,
+    sq_tail: u32,
+    cq_head: u32,
+    bump: u64,
+}
+
+impl Vm {
+    fn new(entries: u32, arena_bytes: u64) -> Vm {
+        Vm::with_seals(entries, arena_bytes, SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL)
+    }
+
+    fn with_seals(entries: u32, arena_bytes: u64, seals: SealFlag) -> Vm {
+        let sq_off = EC_HEADER_BYTES as u64;
+        let cq_off = sq_off + entries as u64 * 64;
+        let arena_off = (cq_off + entries as u64 * 16).next_multiple_of(4096);
+        let total = arena_off + arena_bytes;
+        let memfd = memfd_create(
+            c"erlcuda-test",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .unwrap();
+        nix::unistd::ftruncate(&memfd, total as i64).unwrap();
+        fcntl(&memfd, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+        // SAFETY: fresh kernel-chosen mapping of the whole memfd.
+        let base = unsafe {
+            mmap(
+                None,
+                std::num::NonZeroUsize::new(total as usize).unwrap(),
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                &memfd,
+                0,
+            )
+        }
+        .unwrap()
+        .cast::<u8>();
+        let h = base.as_ptr().cast::<Header>();
+        // SAFETY: the mapping is zero-filled, page-aligned and larger than
+        // Header; gpud is not running yet, so plain writes are fine.
+        unsafe {
+            (*h).magic = EC_MAGIC;
+            (*h).abi_version = EC_ABI_VERSION;
+            (*h).header_bytes = EC_HEADER_BYTES;
+            (*h).sqe_bytes = 64;
+            (*h).cqe_bytes = 16;
+            (*h).sq_entries = entries;
+            (*h).cq_entries = entries;
+            (*h).sq_offset = sq_off;
+            (*h).cq_offset = cq_off;
+            (*h).arena_offset = arena_off;
+            (*h).arena_bytes = arena_bytes;
+        }
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let name = unique_name();
+        bind(
+            listener.as_raw_fd(),
+            &UnixAddr::new_abstract(name.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        listen(&listener, Backlog::new(4).unwrap()).unwrap();
+        Vm {
+            base,
+            total: total as usize,
+            memfd,
+            sq_efd: eventfd(),
+            cq_efd: eventfd(),
+            listener,
+            conn: None,
+            name,
+            sq_entries: entries,
+            cq_entries: entries,
+            sq_off: sq_off as usize,
+            cq_off: cq_off as usize,
+            arena_off: arena_off as usize,
+            arena_bytes,
+            sq_tail: 0,
+            cq_head: 0,
+            bump: 0,
+        }
+    }
+
+    fn hdr(&self) -> *mut Header {
+        self.base.as_ptr().cast()
+    }
+
+    fn atomic(&self, f: impl Fn(*mut Header) -> *const AtomicU32) -> &AtomicU32 {
+        // SAFETY: points at a ring control word inside the live mapping.
+        unsafe { &*f(self.hdr()) }
+    }
+    fn sq_tail_a(&self) -> &AtomicU32 {
+        self.atomic(|h| unsafe { ptr::addr_of!((*h).sq_tail.0) })
+    }
+    fn sq_head_a(&self) -> &AtomicU32 {
+        self.atomic(|h| unsafe { ptr::addr_of!((*h).sq_head.0) })
+    }
+    fn sq_flags_a(&self) -> &AtomicU32 {
+        self.atomic(|h| unsafe { ptr::addr_of!((*h).sq_flags.0) })
+    }
+    fn cq_head_a(&self) -> &AtomicU32 {
+        self.atomic(|h| unsafe { ptr::addr_of!((*h).cq_head.0) })
+    }
+    fn cq_tail_a(&self) -> &AtomicU32 {
+        self.atomic(|h| unsafe { ptr::addr_of!((*h).cq_tail.0) })
+    }
+    fn cq_flags_a(&self) -> &AtomicU32 {
+        self.atomic(|h| unsafe { ptr::addr_of!((*h).cq_flags.0) })
+    }
+    fn stats(&self) -> &Stats {
+        // SAFETY: all-atomic struct inside the live mapping.
+        unsafe { &*ptr::addr_of!((*self.hdr()).stats.0) }
+    }
+    fn stat(&self, f: impl Fn(&Stats) -> &std::sync::atomic::AtomicU64) -> u64 {
+        f(self.stats()).load(Ordering::Relaxed)
+    }
+
+    fn set_header(&self, f: impl FnOnce(&mut Header)) {
+        // SAFETY: only used before gpud is spawned.
+        f(unsafe { &mut *self.hdr() })
+    }
+
+    fn spawn(&self, device: u32, extra: &[&str]) -> Gpud {
+        let mut child = Command::new(GPUD)
+            .args(["--socket", &self.name, "--device", &device.to_string()])
+            .args(["--backend", "cpu"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn gpud");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(l).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+        Gpud {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+        }
+    }
+
+    /// Accepts gpud's connection and sends the hello with the three fds.
+    fn accept_and_hello(&mut self, device: u32, hello: Option<Hello>) {
+        let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        let n = poll(&mut fds, PollTimeout::from(10_000u16)).unwrap();
+        assert_eq!(n, 1, "gpud did not connect");
+        let conn = accept(&self.listener).unwrap();
+        let hello = hello.unwrap_or(Hello {
+            magic: EC_MAGIC,
+            abi_version: EC_ABI_VERSION,
+            device,
+            total_bytes: self.total as u64,
+        });
+        let bytes = hello.to_bytes();
+        let fds = [
+            self.memfd.as_raw_fd(),
+            self.sq_efd.as_raw_fd(),
+            self.cq_efd.as_raw_fd(),
+        ];
+        sendmsg::<()>(
+            conn.as_raw_fd(),
+            &[IoSlice::new(&bytes)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .unwrap();
+        self.conn = Some(conn);
+    }
+
+    /// Bump-allocates `n` f32 in the arena (256-byte aligned, like the NIF).
+    fn alloc(&mut self, n: usize) -> u64 {
+        let addr = self.bump;
+        self.bump = (self.bump + n as u64 * 4).next_multiple_of(EC_ARENA_ALIGN as u64);
+        assert!(self.bump <= self.arena_bytes, "test arena too small");
+        addr
+    }
+
+    fn arena_ptr(&self, addr: u64) -> *mut f32 {
+        self.base.as_ptr().wrapping_add(self.arena_off + addr as usize).cast()
+    }
+
+    fn write(&mut self, data: &[f32]) -> u64 {
+        let addr = self.alloc(data.len());
+        // SAFETY: freshly allocated region inside the arena; gpud does not
+        // touch it until the job naming it is submitted.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.arena_ptr(addr), data.len()) };
+        addr
+    }
+
+    fn read(&self, addr: u64, n: usize) -> Vec<f32> {
+        // SAFETY: region inside the arena whose job has completed.
+        unsafe { std::slice::from_raw_parts(self.arena_ptr(addr), n).to_vec() }
+    }
+
+    /// Producer side of the SQ: write entries, store-release the tail,
+    /// fence, and ring the eventfd only if gpud asked for it.
+    fn submit(&mut self, sqes: &[Sqe]) {
+        let head = self.sq_head_a().load(Ordering::Acquire);
+        assert!(
+            self.sq_tail.wrapping_sub(head) as usize + sqes.len() <= self.sq_entries as usize,
+            "test overfilled the SQ"
+        );
+        for s in sqes {
+            let idx = (self.sq_tail & (self.sq_entries - 1)) as usize;
+            // SAFETY: slot inside the SQ; free because head has passed it.
+            unsafe {
+                let p = self.base.as_ptr().add(self.sq_off).cast::<Sqe>().add(idx);
+                p.write_volatile(*s);
+            }
+            self.sq_tail = self.sq_tail.wrapping_add(1);
+        }
+        self.publish_sq_tail(self.sq_tail);
+    }
+
+    fn publish_sq_tail(&self, tail: u32) {
+        self.sq_tail_a().store(tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.sq_flags_a().load(Ordering::Relaxed) & EC_NEED_WAKEUP != 0 {
+            nix::unistd::write(&self.sq_efd, &1u64.to_ne_bytes()).unwrap();
+        }
+    }
+
+    /// Consumer side of the CQ, sleeping with NEED_WAKEUP like the NIF's
+    /// completion thread. Panics if `n` completions do not arrive in time:
+    /// a lost wake-up shows up here as a timeout.
+    fn wait_cqes(&mut self, n: usize, timeout: Duration) -> Vec<Cqe> {
+        let deadline = Instant::now() + timeout;
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            let tail = self.cq_tail_a().load(Ordering::Acquire);
+            if tail != self.cq_head {
+                assert!(tail.wrapping_sub(self.cq_head) <= self.cq_entries, "CQ overfilled");
+                while self.cq_head != tail {
+                    let idx = (self.cq_head & (self.cq_entries - 1)) as usize;
+                    // SAFETY: slot inside the CQ, published by the acquire above.
+                    got.push(unsafe {
+                        self.base.as_ptr().add(self.cq_off).cast::<Cqe>().add(idx).read_volatile()
+                    });
+                    self.cq_head = self.cq_head.wrapping_add(1);
+                }
+                self.cq_head_a().store(self.cq_head, Ordering::Release);
+                continue;
+            }
+            // Sleep: flag, fence, re-check, block.
+            self.cq_flags_a().fetch_or(EC_NEED_WAKEUP, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            if self.cq_tail_a().load(Ordering::Relaxed) == self.cq_head {
+                let left = deadline.saturating_duration_since(Instant::now());
+                assert!(
+                    !left.is_zero(),
+                    "timed out with {}/{n} completions: lost wake-up?",
+                    got.len()
+                );
+                let mut fds = [PollFd::new(self.cq_efd.as_fd(), PollFlags::POLLIN)];
+                let ms = left.as_millis().min(u16::MAX as u128) as u16;
+                let _ = poll(&mut fds, PollTimeout::from(ms));
+                let mut b = [0u8; 8];
+                let _ = nix::unistd::read(&self.cq_efd, &mut b);
+            }
+            self.cq_flags_a().fetch_and(!EC_NEED_WAKEUP, Ordering::Relaxed);
+        }
+        got
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `with_seals`; no borrows remain.
+        let _ = unsafe { munmap(self.base.cast(), self.total) };
+    }
+}
+
+/// A running gpud; killed on drop so a failing test leaves nothing behind.
+struct Gpud {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Gpud {
+    fn line(&self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    fn expect_ready(&self) -> String {
+        let l = self.line(Duration::from_secs(10)).expect("no line from gpud");
+        assert!(l.starts_with("ready cpu "), "unexpected first line {l:?}");
+        l
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "gpud did not exit within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+}
+
+impl Drop for Gpud {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn start(entries: u32, arena_bytes: u64, extra: &[&str]) -> (Vm, Gpud) {
+    let mut vm = Vm::new(entries, arena_bytes);
+    let gpud = vm.spawn(0, extra);
+    vm.accept_and_hello(0, None);
+    gpud.expect_ready();
+    (vm, gpud)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+/// What a job should produce, checked after its completion arrives.
+enum Expect {
+    Status(Status),
+    Exact { out: u64, want: Vec<f32> },
+    Close { out: u64, want: Vec<f64>, tol: Vec<f64> },
+}
+
+#[test]
+fn end_to_end_mixed_jobs_and_hostile_descriptors() {
+    let (mut vm, mut gpud) = start(256, 32 << 20, &[]);
+    let mut rng = Rng(0x5eed);
+    let mut sqes = Vec::new();
+    let mut expect: HashMap<u64, Expect> = HashMap::new();
+    let mut per_kernel: HashMap<u32, u32> = HashMap::new();
+    let mut next_id = 1000u64;
+    let mut add = |sqes: &mut Vec<Sqe>, s: Sqe, e: Expect| {
+        let id = next_id;
+        next_id += 1;
+        sqes.push(Sqe { user_data: id, ..s });
+        expect.insert(id, e);
+    };
+
+    for n in [0usize, 1, 7, 1000, 4097, 300_000] {
+        // vector_add
+        let (a, b) = (rng.vec(n), rng.vec(n));
+        let (pa, pb, po) = (vm.write(&a), vm.write(&b), vm.alloc(n));
+        let want = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        let s = Sqe {
+            kernel: Kernel::VectorAdd.id(),
+            in0: pa,
+            in1: pb,
+            out: po,
+            in0_len: n as u32,
+            in1_len: n as u32,
+            out_len: n as u32,
+            ..Sqe::default()
+        };
+        add(&mut sqes, s, Expect::Exact { out: po, want });
+        *per_kernel.entry(1).or_default() += 1;
+
+        // reduce
+        let po = vm.alloc(1);
+        let exact: f64 = a.iter().map(|&x| x as f64).sum();
+        let mag: f64 = a.iter().map(|&x| (x as f64).abs()).sum();
+        let s = Sqe {
+            kernel: Kernel::Reduce.id(),
+            in0: pa,
+            in1: 0xdead_beef_dead_beef, // unused: ignored
+            out: po,
+            in0_len: n as u32,
+            out_len: 1,
+            ..Sqe::default()
+        };
+        add(&mut sqes, s, Expect::Close { out: po, want: vec![exact], tol: vec![1e-5 * mag + 1e-30] });
+        *per_kernel.entry(2).or_default() += 1;
+
+        // dot_product, once with the same region for both inputs
+        for same in [false, true] {
+            let pb2 = if same { pa } else { pb };
+            let b2 = if same { &a } else { &b };
+            let po = vm.alloc(1);
+            let exact: f64 = a.iter().zip(b2).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let mag: f64 = a.iter().zip(b2).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+            let s = Sqe {
+                kernel: Kernel::DotProduct.id(),
+                in0: pa,
+                in1: pb2,
+                out: po,
+                in0_len: n as u32,
+                in1_len: n as u32,
+                out_len: 1,
+                ..Sqe::default()
+            };
+            add(&mut sqes, s, Expect::Close { out: po, want: vec![exact], tol: vec![1e-5 * mag + 1e-30] });
+            *per_kernel.entry(3).or_default() += 1;
+        }
+    }
+
+    for (m, n, k) in [(0, 0, 0), (0, 4, 3), (3, 4, 0), (1, 1, 1), (5, 7, 3), (33, 17, 64), (128, 96, 80)] {
+        let (a, b) = (rng.vec(m * k), rng.vec(k * n));
+        let (pa, pb, po) = (vm.write(&a), vm.write(&b), vm.alloc(m * n));
+        let mut want = vec![0f64; m * n];
+        let mut tol = vec![1e-30f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                for p in 0..k {
+                    let t = a[i * k + p] as f64 * b[p * n + j] as f64;
+                    want[i * n + j] += t;
+                    tol[i * n + j] += 1e-5 * t.abs();
+                }
+            }
+        }
+        let s = Sqe {
+            kernel: Kernel::Matmul.id(),
+            in0: pa,
+            in1: pb,
+            out: po,
+            in0_len: (m * k) as u32,
+            in1_len: (k * n) as u32,
+            out_len: (m * n) as u32,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            ..Sqe::default()
+        };
+        add(&mut sqes, s, Expect::Close { out: po, want, tol });
+        *per_kernel.entry(4).or_default() += 1;
+    }
+
+    // Hostile descriptors.
+    let good = Sqe {
+        kernel: Kernel::VectorAdd.id(),
+        in0: 0,
+        in1: 0,
+        out: vm.alloc(4),
+        in0_len: 4,
+        in1_len: 4,
+        out_len: 4,
+        ..Sqe::default()
+    };
+    let arena = vm.arena_bytes;
+    let hostile = [
+        (Sqe { flags: 1, ..good }, Status::BadFlags),
+        (Sqe { kernel: 0, ..good }, Status::BadKernel),
+        (Sqe { kernel: 5, ..good }, Status::BadKernel),
+        (Sqe { kernel: u32::MAX, ..good }, Status::BadKernel),
+        (Sqe { in0: arena - 8, ..good }, Status::OutOfBounds),
+        (Sqe { out: u64::MAX, ..good }, Status::OutOfBounds),
+        (Sqe { in1: 1 << 48, ..good }, Status::OutOfBounds),
+        (Sqe { in0: 2, ..good }, Status::Misaligned),
+        (Sqe { out: 0, ..good }, Status::Overlap),
+        (Sqe { out_len: 5, ..good }, Status::BadShape),
+        (
+            Sqe { in0_len: u32::MAX, in1_len: u32::MAX, out_len: u32::MAX, ..good },
+            Status::OutOfBounds,
+        ),
+        (
+            Sqe {
+                kernel: Kernel::Matmul.id(),
+                m: 65536,
+                k: 65536,
+                n: 0,
+                in0_len: 0,
+                in1_len: 0,
+                out_len: 0,
+                ..good
+            },
+            Status::BadShape,
+        ),
+    ];
+    let n_hostile = hostile.len() as u64;
+    for (s, st) in hostile {
+        add(&mut sqes, s, Expect::Status(st));
+    }
+    let total = sqes.len();
+    assert!(total <= 256);
+
+    // One tail store: gpud sees the whole set in one drain.
+    vm.submit(&sqes);
+    let cqes = vm.wait_cqes(total, Duration::from_secs(20));
+    assert_eq!(cqes.len(), total);
+
+    let mut seen = HashMap::new();
+    for c in &cqes {
+        assert!(seen.insert(c.user_data, *c).is_none(), "two CQEs for {}", c.user_data);
+    }
+    for s in &sqes {
+        let c = seen.get(&s.user_data).unwrap_or_else(|| panic!("no CQE for {}", s.user_data));
+        match &expect[&s.user_data] {
+            Expect::Status(st) => {
+                assert_eq!(c.status, st.code(), "job {s:?}");
+                assert_eq!(c.batch, 1);
+            }
+            Expect::Exact { out, want } => {
+                assert_eq!(c.status, 0, "job {s:?}");
+                assert_eq!(c.batch, per_kernel[&s.kernel]);
+                let got = vm.read(*out, want.len());
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "vector_add elem {i}");
+                }
+            }
+            Expect::Close { out, want, tol } => {
+                assert_eq!(c.status, 0, "job {s:?}");
+                assert_eq!(c.batch, per_kernel[&s.kernel]);
+                let got = vm.read(*out, want.len());
+                for i in 0..want.len() {
+                    assert!(
+                        (got[i] as f64 - want[i]).abs() <= tol[i],
+                        "kernel {} elem {i}: {} vs {}",
+                        s.kernel,
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+
+    assert_eq!(vm.stat(|s| &s.jobs_ok), total as u64 - n_hostile);
+    assert_eq!(vm.stat(|s| &s.jobs_failed), n_hostile);
+    assert_eq!(vm.stat(|s| &s.bad_descriptors), n_hostile);
+    assert_eq!(vm.stat(|s| &s.batches), 1);
+    assert_eq!(vm.stat(|s| &s.launches), 4);
+    assert_eq!(vm.stat(|s| &s.max_batch), total as u64);
+    let bucket = (total as u64).ilog2() as usize;
+    assert_eq!(vm.stats().batch_hist[bucket].load(Ordering::Relaxed), 1);
+
+    // A second wave in small pieces, with gpud free to sleep in between.
+    let mut ids = Vec::new();
+    for wave in 0..20u64 {
+        std::thread::sleep(Duration::from_millis(1));
+        let s = Sqe { user_data: 1_000_000 + wave, ..good };
+        ids.push(s.user_data);
+        vm.submit(&[s]);
+        let c = vm.wait_cqes(1, Duration::from_secs(10));
+        assert_eq!((c[0].user_data, c[0].status, c[0].batch), (s.user_data, 0, 1));
+    }
+    assert!(vm.stat(|s| &s.sleeps) >= 1);
+
+    gpud.close_stdin();
+    let st = gpud.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "gpud exit status {st}");
+}
+
+#[test]
+fn exits_when_stdin_closes_while_sleeping() {
+    let (vm, mut gpud) = start(64, 1 << 16, &["--spin-us", "10"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while vm.stat(|s| &s.sleeps) == 0 || vm.sq_flags_a().load(Ordering::Relaxed) & EC_NEED_WAKEUP == 0 {
+        assert!(Instant::now() < deadline, "gpud never went to sleep");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t = Instant::now();
+    gpud.close_stdin();
+    let st = gpud.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(1), "slow exit: {:?}", t.elapsed());
+}
+
+#[test]
+fn exits_when_the_vm_closes_the_socket() {
+    let (mut vm, mut gpud) = start(64, 1 << 16, &[]);
+    vm.conn.take();
+    let st = gpud.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0));
+}
+
+/// A lost wake-up is a hang. With no spinning on either side, every job
+/// forces both sleep/wake handshakes; thousands of round trips, some with
+/// pauses, must all complete.
+#[test]
+fn no_lost_wakeups_under_ping_pong() {
+    for spin in ["0", "3"] {
+        let (mut vm, mut gpud) = start(64, 1 << 16, &["--spin-us", spin]);
+        let data = vm.write(&[1.0, 2.0, 3.0, 4.0]);
+        let out = vm.alloc(1);
+        let mut rng = Rng(99);
+        for i in 0..2000u64 {
+            let s = Sqe {
+                user_data: i,
+                kernel: Kernel::Reduce.id(),
+                in0: data,
+                in0_len: 4,
+                out,
+                out_len: 1,
+                ..Sqe::default()
+            };
+            if rng.next().is_multiple_of(16) {
+                std::thread::sleep(Duration::from_micros(rng.next() % 300));
+            }
+            vm.submit(&[s]);
+            let c = vm.wait_cqes(1, Duration::from_secs(10));
+            assert_eq!((c[0].user_data, c[0].status), (i, 0));
+        }
+        assert_eq!(vm.read(out, 1), vec![10.0]);
+        assert!(vm.stat(|s| &s.sleeps) > 0);
+        gpud.close_stdin();
+        assert_eq!(gpud.wait_exit(Duration::from_secs(5)).code(), Some(0));
+    }
+}
+
+/// A VM tail more than a ring ahead of gpud's head is corruption: gpud
+/// answers at most one ring's worth, counts it, resynchronises and keeps
+/// serving.
+#[test]
+fn survives_a_corrupt_sq_tail() {
+    let (mut vm, mut gpud) = start(16, 1 << 16, &[]);
+    vm.sq_tail = vm.sq_tail.wrapping_add(1000);
+    vm.publish_sq_tail(vm.sq_tail);
+    // Zeroed slots read as kernel 0: every answered entry is BAD_KERNEL.
+    let c = vm.wait_cqes(16, Duration::from_secs(10));
+    assert!(c.iter().all(|c| c.status == Status::BadKernel.code()));
+    assert_eq!(vm.stat(|s| &s.bad_descriptors), 16 + 1);
+    let data = vm.write(&[1.5; 8]);
+    let out = vm.alloc(1);
+    vm.submit(&[Sqe {
+        user_data: 77,
+        kernel: Kernel::Reduce.id(),
+        in0: data,
+        in0_len: 8,
+        out,
+        out_len: 1,
+        ..Sqe::default()
+    }]);
+    let c = vm.wait_cqes(1, Duration::from_secs(10));
+    assert_eq!((c[0].user_data, c[0].status), (77, 0));
+    assert_eq!(vm.read(out, 1), vec![12.0]);
+    gpud.close_stdin();
+    assert_eq!(gpud.wait_exit(Duration::from_secs(5)).code(), Some(0));
+}
+
+fn expect_handshake_failure(vm: &mut Vm, hello: Option<Hello>, device: u32) {
+    let mut gpud = vm.spawn(device, &[]);
+    vm.accept_and_hello(0, hello);
+    let st = gpud.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(1), "gpud exit status {st}");
+    assert_eq!(gpud.line(Duration::from_millis(100)), None, "gpud printed on stdout");
+}
+
+#[test]
+fn refuses_a_bad_header() {
+    let mut vm = Vm::new(64, 1 << 16);
+    vm.set_header(|h| h.magic ^= 1);
+    expect_handshake_failure(&mut vm, None, 0);
+
+    let mut vm = Vm::new(64, 1 << 16);
+    vm.set_header(|h| h.arena_bytes += 4096);
+    expect_handshake_failure(&mut vm, None, 0);
+
+    let mut vm = Vm::new(64, 1 << 16);
+    vm.set_header(|h| h.cq_entries = 32);
+    expect_handshake_failure(&mut vm, None, 0);
+}
+
+#[test]
+fn refuses_a_bad_hello() {
+    let mut vm = Vm::new(64, 1 << 16);
+    let total = vm.total as u64;
+    let hello = |magic, abi_version, total_bytes| Hello {
+        magic,
+        abi_version,
+        device: 0,
+        total_bytes,
+    };
+    expect_handshake_failure(&mut vm, Some(hello(EC_MAGIC + 1, EC_ABI_VERSION, total)), 0);
+    let mut vm = Vm::new(64, 1 << 16);
+    expect_handshake_failure(&mut vm, Some(hello(EC_MAGIC, 99, total)), 0);
+    let mut vm = Vm::new(64, 1 << 16);
+    expect_handshake_failure(&mut vm, Some(hello(EC_MAGIC, EC_ABI_VERSION, total + 4096)), 0);
+    // Hello for device 0, gpud started for device 3.
+    let mut vm = Vm::new(64, 1 << 16);
+    expect_handshake_failure(&mut vm, None, 3);
+}
+
+#[test]
+fn refuses_an_unsealed_memfd() {
+    let mut vm = Vm::with_seals(64, 1 << 16, SealFlag::empty());
+    expect_handshake_failure(&mut vm, None, 0);
+}
+
+#[test]
+fn probe_lines() {
+    let run = |args: &[&str]| {
+        let out = Command::new(GPUD).args(args).stdin(Stdio::null()).output().unwrap();
+        (String::from_utf8(out.stdout).unwrap(), out.status.code())
+    };
+    assert_eq!(run(&["--probe"]), ("backend cpu devices 1\n".into(), Some(0)));
+    assert_eq!(run(&["--probe", "--backend", "cpu"]), ("backend cpu devices 1\n".into(), Some(0)));
+    assert_eq!(run(&["--probe", "--backend", "auto"]), ("backend cpu devices 1\n".into(), Some(0)));
+    assert_eq!(run(&["--probe", "--backend", "cuda"]), ("error no_cuda_backend\n".into(), Some(2)));
+    assert_eq!(run(&["--bogus"]), (String::new(), Some(2)));
+}
+
+#[test]
+fn exits_when_nobody_listens() {
+    let out = Command::new(GPUD)
+        .args(["--socket", &unique_name(), "--device", "0", "--backend", "cpu"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+}
+
+/// Fills the CQ and leaves gpud holding 16 more jobs it cannot answer yet.
+fn overfill_cq(vm: &mut Vm) {
+    let data = vm.write(&[1.0; 4]);
+    let job = |i: u64, out: u64| Sqe {
+        user_data: i,
+        kernel: Kernel::Reduce.id(),
+        in0: data,
+        in0_len: 4,
+        out,
+        out_len: 1,
+        ..Sqe::default()
+    };
+    let first: Vec<Sqe> = (0..16).map(|i| job(i, vm.alloc(1))).collect();
+    vm.submit(&first);
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    wait_for("first completions", &|| vm.cq_tail_a().load(Ordering::Acquire) == 16);
+    // The SQ is free again, so a VM that breaks its promise can submit 16
+    // more while the CQ is full.
+    let second: Vec<Sqe> = (16..32).map(|i| job(i, vm.alloc(1))).collect();
+    vm.submit(&second);
+    wait_for("the second drain", &|| vm.sq_head_a().load(Ordering::Acquire) == 32);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(vm.cq_tail_a().load(Ordering::Acquire), 16, "gpud overwrote unread CQEs");
+}
+
+#[test]
+fn waits_for_cq_room_instead_of_overwriting() {
+    let (mut vm, mut gpud) = start(16, 1 << 16, &[]);
+    overfill_cq(&mut vm);
+    let mut ids: Vec<u64> = vm
+        .wait_cqes(32, Duration::from_secs(10))
+        .iter()
+        .map(|c| {
+            assert_eq!(c.status, 0);
+            c.user_data
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..32).collect::<Vec<u64>>());
+    gpud.close_stdin();
+    assert_eq!(gpud.wait_exit(Duration::from_secs(5)).code(), Some(0));
+}
+
+#[test]
+fn exits_when_stdin_closes_while_the_cq_is_full() {
+    let (mut vm, mut gpud) = start(16, 1 << 16, &[]);
+    overfill_cq(&mut vm);
+    gpud.close_stdin();
+    assert_eq!(gpud.wait_exit(Duration::from_secs(5)).code(), Some(0));
+}

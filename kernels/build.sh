@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the erlcuda kernels to PTX.
+#
+#   kernels/build.sh OUT_DIR     writes OUT_DIR/erlcuda_kernels.ptx
+#   kernels/build.sh             prints the path of the built PTX
+#
+# Needs the nightly toolchain with rust-src and llvm-tools:
+#   rustup toolchain install nightly
+#   rustup component add rust-src llvm-tools --toolchain nightly
+# Environment: ERLCUDA_PTX_CPU (default sm_70: PTX any CC >= 7.0 GPU loads;
+# the driver JIT-compiles it for the GPU at hand), ERLCUDA_KERNELS_TARGET_DIR
+# (default kernels/target; deliberately NOT $CARGO_TARGET_DIR: gpud's build.rs
+# runs this inside a cargo build that holds that directory's lock), and
+# ERLCUDA_VERBOSE=1 for cargo's output. Incremental: cargo rebuilds only when
+# kernels/ changes (~1 s no-op, ~30 s from scratch incl. core).
+# Safe to call from a build script: the parent's RUSTC/RUSTFLAGS/... are
+# dropped and `cargo +nightly` overrides RUSTUP_TOOLCHAIN.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+die() { echo "kernels/build.sh: $*" >&2; exit 1; }
+
+command -v rustup >/dev/null 2>&1 || die "rustup not found (the kernels need a nightly toolchain via rustup)"
+rustc +nightly -V >/dev/null 2>&1 || die "no nightly toolchain: rustup toolchain install nightly"
+sysroot="$(rustc +nightly --print sysroot)"
+host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
+[[ -f "$sysroot/lib/rustlib/src/rust/library/core/Cargo.toml" ]] \
+  || die "nightly lacks rust-src: rustup component add rust-src --toolchain nightly"
+llvm_bin="$sysroot/lib/rustlib/$host/bin"
+for t in llvm-link opt llc; do
+  [[ -x "$llvm_bin/$t" ]] || die "nightly lacks llvm-tools ($llvm_bin/$t): rustup component add llvm-tools --toolchain nightly"
+done
+
+target_dir="${ERLCUDA_KERNELS_TARGET_DIR:-$here/target}"
+cpu="${ERLCUDA_PTX_CPU:-sm_70}"
+export ERLCUDA_LLVM_BIN="$llvm_bin" ERLCUDA_PTX_CPU="$cpu"
+# Our flags only: do not inherit the host build's RUSTFLAGS.
+unset RUSTFLAGS CARGO_ENCODED_RUSTFLAGS CARGO_BUILD_RUSTFLAGS CARGO_BUILD_TARGET CARGO_BUILD_TARGET_DIR \
+  CARGO_TARGET_DIR RUSTC RUSTC_WRAPPER RUSTC_WORKSPACE_WRAPPER RUSTDOC CARGO_BUILD_RUSTC CARGO_BUILD_RUSTC_WRAPPER
+export CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER="$here/tools/ptx-link"
+export CARGO_TARGET_NVPTX64_NVIDIA_CUDA_RUSTFLAGS="-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu=$cpu"
+
+quiet=(-q)
+[[ -n "${ERLCUDA_VERBOSE:-}" ]] && quiet=()
+cargo +nightly build "${quiet[@]}" --release \
+  --manifest-path "$here/Cargo.toml" --target-dir "$target_dir" \
+  --target nvptx64-nvidia-cuda -Zbuild-std=core >&2 \
+  || die "cargo build failed"
+
+ptx="$target_dir/nvptx64-nvidia-cuda/release/erlcuda_kernels.ptx"
+[[ -s "$ptx" ]] || die "expected $ptx, not found"
+for k in vector_add_batch reduce_batch dot_batch matmul_batch; do
+  grep -q "^.visible .entry $k(" "$ptx" || die "kernel $k missing from $ptx"
+done
+
+if (($#)); then
+  mkdir -p "$1"
+  # copy only when changed, so dependents' mtimes stay put
+  cmp -s "$ptx" "$1/erlcuda_kernels.ptx" || cp "$ptx" "$1/erlcuda_kernels.ptx"
+else
+  echo "$ptx"
+fi

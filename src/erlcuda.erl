@@ -1,0 +1,154 @@
+%% @doc erlcuda: GPU kernels for the BEAM.
+%%
+%% A job is submitted with {@link launch/3}; the answer arrives as the message
+%% `{erlcuda, Ref, {ok, Result}}' or `{erlcuda, Ref, {error, Reason}}', sent to
+%% the caller straight from the NIF. {@link launch_sync/3} waits for it.
+%%
+%% Kernels and their arguments (vectors are lists of numbers, or binaries of
+%% native-endian f32):
+%% <ul>
+%% <li>`vector_add', `[A, B]' (equal lengths): the element-wise sum.</li>
+%% <li>`reduce', `[A]': the sum, a float.</li>
+%% <li>`dot_product', `[A, B]' (equal lengths): the dot product, a float.</li>
+%% <li>`matmul', `[A, B, M, N, K]': A is M×K, B is K×N, row-major; the M×N
+%%     product, row-major.</li>
+%% </ul>
+%% A vector result is a binary when the first vector argument is a binary,
+%% else a list of floats; non-finite values are the atoms `nan', `infinity'
+%% and `neg_infinity' (accepted in input lists too).
+%%
+%% Errors from `launch': `{badarg, What}' with What one of `args', `{arg, I}',
+%% `length_mismatch', `shape', `too_large', `opts' or `{opt, O}';
+%% `{unknown_kernel, K}'; `{no_device, N}'; `busy' (the ring or the arena is
+%% full: retry later); `closed' (the device is stopping). Errors in the
+%% message: `{gpud_exit, Status}' (gpud died with the job in flight),
+%% `{gpud, Why}' (gpud refused the job), `closed'.
+-module(erlcuda).
+
+-export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, stats/1,
+         kernels/0]).
+
+-export_type([kernel/0, vector/0, result/0, option/0, reason/0]).
+
+-type kernel() :: vector_add | reduce | dot_product | matmul.
+-type vector() :: [number() | nan | infinity | neg_infinity] | binary().
+-type result() :: vector() | float() | nan | infinity | neg_infinity.
+-type option() :: {device, non_neg_integer()} | {timeout, timeout()}.
+-type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
+                | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}.
+
+-define(DEFAULT_TIMEOUT, 5000).
+
+%% @equiv launch(Kernel, Args, [])
+-spec launch(kernel(), [term()]) -> {ok, reference()} | {error, reason()}.
+launch(Kernel, Args) ->
+    launch(Kernel, Args, []).
+
+%% @doc Submits a job and returns at once. Exactly one message
+%% `{erlcuda, Ref, {ok, Result} | {error, Reason}}' follows for every
+%% `{ok, Ref}'. Options: `{device, N}' (default 0).
+-spec launch(kernel(), [term()], [option()]) -> {ok, reference()} | {error, reason()}.
+launch(Kernel, Args, Opts) ->
+    case options(Opts) of
+        {ok, Device, _Timeout} -> submit(Device, Kernel, Args);
+        {error, _} = E -> E
+    end.
+
+%% @equiv launch_sync(Kernel, Args, [])
+-spec launch_sync(kernel(), [term()]) -> {ok, result()} | {error, reason()}.
+launch_sync(Kernel, Args) ->
+    launch_sync(Kernel, Args, []).
+
+%% @doc Submits a job and waits for its result. Options: `{device, N}',
+%% `{timeout, Ms}' (default 5000). After `{error, timeout}' no message about
+%% the job reaches the caller later: the job is cancelled, or, if its answer
+%% was already on its way, that answer is taken out of the mailbox and
+%% returned instead.
+-spec launch_sync(kernel(), [term()], [option()]) -> {ok, result()} | {error, reason()}.
+launch_sync(Kernel, Args, Opts) ->
+    case options(Opts) of
+        {ok, Device, Timeout} ->
+            case submit(Device, Kernel, Args) of
+                {ok, Ref} -> await(Device, Ref, Timeout);
+                {error, _} = E -> E
+            end;
+        {error, _} = E -> E
+    end.
+
+%% @doc The devices this node runs, one map each: `id', `backend', `name',
+%% `os_pid' (of its gpud, `undefined' while it restarts), `status',
+%% `restarts', `ready_us' (start-to-ready of the last gpud start).
+-spec devices() -> [map()].
+devices() ->
+    case whereis(erlcuda_sup) of
+        undefined -> [];
+        Sup ->
+            Ids = lists:sort([Id || {{erlcuda_device, Id}, Pid, _, _}
+                                        <- supervisor:which_children(Sup), is_pid(Pid)]),
+            lists:flatmap(fun(Id) ->
+                                  try [erlcuda_device:info(Id)]
+                                  catch exit:_ -> []
+                                  end
+                          end, Ids)
+    end.
+
+%% @doc Counters of device `N': jobs submitted and completed, jobs in flight
+%% and their peak, arena use, busy refusals, gpud's batches and launches,
+%% `max_batch' and `batch_hist' (bucket i counts drains of 2^i to 2^(i+1)-1
+%% jobs), bad descriptors, restarts, and the fields of {@link devices/0}.
+-spec stats(non_neg_integer()) -> map() | {error, {no_device, term()}}.
+stats(N) ->
+    case handle(N) of
+        undefined -> {error, {no_device, N}};
+        _ ->
+            try erlcuda_device:stats(N)
+            catch exit:_ -> {error, {no_device, N}}
+            end
+    end.
+
+%% @doc The kernels, as `{Name, VectorInputs}'.
+-spec kernels() -> [{kernel(), pos_integer()}].
+kernels() ->
+    [{Name, Nin} || {Name, _Id, Nin} <- erlcuda_nif:kernels()].
+
+%%% Internal
+
+submit(Device, Kernel, Args) ->
+    case handle(Device) of
+        undefined -> {error, {no_device, Device}};
+        H -> erlcuda_nif:submit(H, Kernel, Args)
+    end.
+
+handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
+handle(_) -> undefined.
+
+await(Device, Ref, Timeout) ->
+    receive
+        {erlcuda, Ref, Result} -> Result
+    after Timeout ->
+            case handle(Device) of
+                undefined -> flush(Ref);
+                H ->
+                    case erlcuda_nif:cancel(H, Ref) of
+                        cancelled -> {error, timeout};
+                        sent -> receive {erlcuda, Ref, Result} -> Result end
+                    end
+            end
+    end.
+
+%% The device went away while we waited: its close answered every job, so
+%% the answer is in the mailbox already.
+flush(Ref) ->
+    receive {erlcuda, Ref, Result} -> Result
+    after 0 -> {error, timeout}
+    end.
+
+options(Opts) when is_list(Opts) -> options(Opts, 0, ?DEFAULT_TIMEOUT);
+options(_) -> {error, {badarg, opts}}.
+
+options([], Device, Timeout) -> {ok, Device, Timeout};
+options([{device, N} | T], _, Timeout) when is_integer(N), N >= 0 -> options(T, N, Timeout);
+options([{timeout, Ms} | T], Device, _) when is_integer(Ms), Ms >= 0; Ms =:= infinity ->
+    options(T, Device, Ms);
+options([Other | _], _, _) -> {error, {badarg, {opt, Other}}};
+options(_, _, _) -> {error, {badarg, opts}}.

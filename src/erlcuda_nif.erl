@@ -1,0 +1,63 @@
+%% @doc The NIF that owns each device's shared memory: submits jobs to the
+%% SQ and delivers completions from the CQ as messages. Internal to erlcuda;
+%% use {@link erlcuda}.
+-module(erlcuda_nif).
+
+-export([open/4, socket_name/1, accept/3, reset/2, close/1, cancel/2,
+         submit/3, stats/1, kernels/0]).
+
+-on_load(init/0).
+
+-opaque handle() :: reference().
+-export_type([handle/0]).
+
+-define(NOT_LOADED, erlang:nif_error({not_loaded, ?MODULE})).
+
+init() ->
+    Priv = case code:priv_dir(erlcuda) of
+               {error, bad_name} ->
+                   filename:join(filename:dirname(filename:dirname(code:which(?MODULE))), "priv");
+               Dir -> Dir
+           end,
+    erlang:load_nif(filename:join(Priv, "erlcuda_nif"), 0).
+
+%% @doc Creates a device's memfd (sealed), rings, arena and handshake socket.
+-spec open(non_neg_integer(), pos_integer(), pos_integer(), non_neg_integer()) ->
+          {ok, handle()} | {error, atom()}.
+open(_Device, _RingEntries, _ArenaBytes, _SpinUs) -> ?NOT_LOADED.
+
+%% @doc The abstract socket name gpud must connect to.
+-spec socket_name(handle()) -> binary().
+socket_name(_H) -> ?NOT_LOADED.
+
+%% @doc Waits for the gpud with OS pid `OsPid' to connect and hands it the
+%% shared memory. Peers with another pid or uid are refused.
+-spec accept(handle(), integer(), non_neg_integer()) -> ok | {error, term()}.
+accept(_H, _OsPid, _TimeoutMs) -> ?NOT_LOADED.
+
+%% @doc After gpud exited: answers every job in flight with `{error, Reason}'
+%% and zeroes the rings.
+-spec reset(handle(), term()) -> ok.
+reset(_H, _Reason) -> ?NOT_LOADED.
+
+%% @doc Ends the device: jobs in flight get `{error, closed}', memory and fds
+%% are released.
+-spec close(handle()) -> ok.
+close(_H) -> ?NOT_LOADED.
+
+%% @doc Withdraws interest in a job. `cancelled': no message will come;
+%% `sent': the answer is in the mailbox or on its way.
+-spec cancel(handle(), reference()) -> cancelled | sent.
+cancel(_H, _Ref) -> ?NOT_LOADED.
+
+%% @doc Validates a job, copies its inputs into the arena and queues it.
+-spec submit(handle(), term(), term()) -> {ok, reference()} | {error, term()}.
+submit(_H, _Kernel, _Args) -> ?NOT_LOADED.
+
+%% @doc Counters of the VM side and of gpud.
+-spec stats(handle()) -> map().
+stats(_H) -> ?NOT_LOADED.
+
+%% @doc The kernel table of `c_src/erlcuda_ring.h': `{Name, Id, VectorInputs}'.
+-spec kernels() -> [{atom(), pos_integer(), pos_integer()}].
+kernels() -> ?NOT_LOADED.

@@ -1,0 +1,336 @@
+%% Common Test: the whole stack, erlcuda:launch through the NIF, the rings and
+%% gpud back to the caller's mailbox.
+-module(erlcuda_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-compile([export_all, nowarn_export_all]).
+
+all() ->
+    [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
+     app_stop_leaves_nothing].
+
+groups() ->
+    [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, matmul_edge_shapes,
+                            non_finite_values, prop_random_vectors]},
+     {stack, [sequence], [concurrent_callers, kill_gpud_under_load, launch_sync_timeout,
+                          timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty]},
+     {two_devices, [], [routed_by_device]},
+     {small_ring, [], [busy_when_full]}].
+
+-define(SIZES, [0, 1, 7, 1000, 4097, 1 bsl 20 + 7]).
+
+init_per_suite(Config) ->
+    {ok, _} = application:ensure_all_started(common_test),
+    Config.
+
+end_per_suite(_Config) ->
+    erlcuda_ref:stop_app().
+
+init_per_group(two_devices, Config) ->
+    ok = erlcuda_ref:start_app([{backend, cpu}, {devices, [0, 1]}]),
+    Config;
+init_per_group(small_ring, Config) ->
+    ok = erlcuda_ref:start_app([{ring_entries, 4}]),
+    Config;
+init_per_group(_, Config) ->
+    ok = erlcuda_ref:start_app([]),
+    Config.
+
+end_per_group(_, _Config) ->
+    erlcuda_ref:stop_app().
+
+%%% kernels
+
+vector_add(_) -> each_size(vector_add).
+reduce(_) -> each_size(reduce).
+dot_product(_) -> each_size(dot_product).
+matmul(_) -> each_size(matmul).
+
+each_size(Kernel) ->
+    [run_checked(Kernel, erlcuda_ref:args(Kernel, Size, Form))
+     || Size <- ?SIZES, Form <- [list, binary]],
+    ok.
+
+run_checked(Kernel, Args) ->
+    {ok, Result} = erlcuda:launch_sync(Kernel, Args, [{timeout, 60000}]),
+    case erlcuda_ref:check(Kernel, Args, Result) of
+        ok -> ok;
+        Mismatch -> ct:fail({Kernel, arg_size(Args), Mismatch})
+    end.
+
+arg_size([A | _]) when is_binary(A) -> {binary, byte_size(A) div 4};
+arg_size([A | _]) -> {list, length(A)}.
+
+matmul_edge_shapes(_) ->
+    Shapes = [{0, 0, 0}, {3, 0, 2}, {2, 3, 0}, {1, 1, 1}, {5, 7, 1}, {1, 9, 13}, {33, 17, 65}],
+    [begin
+         A = erlcuda_ref:random_vector(M * K),
+         B = erlcuda_ref:random_vector(K * N),
+         run_checked(matmul, [A, B, M, N, K]),
+         run_checked(matmul, [erlcuda_ref:to_binary(A), erlcuda_ref:to_binary(B), M, N, K])
+     end || {M, N, K} <- Shapes],
+    %% k = 0: the product is all zeros.
+    {ok, Z} = erlcuda:launch_sync(matmul, [[], [], 2, 3, 0]),
+    ?assertEqual([0.0, 0.0, 0.0, 0.0, 0.0, 0.0], Z).
+
+non_finite_values(_) ->
+    {ok, R} = erlcuda:launch_sync(vector_add, [[nan, infinity, neg_infinity, 3.0e38, 1],
+                                               [1.0, 1.0, 1.0, 3.0e38, 2]]),
+    ?assertMatch([nan, infinity, neg_infinity, infinity, 3.0], R),
+    ?assertEqual({ok, nan}, erlcuda:launch_sync(reduce, [[infinity, neg_infinity]])).
+
+prop_random_vectors(_) ->
+    true = proper:quickcheck(erlcuda_props:prop_kernels_match_reference(),
+                             [{numtests, 300}, {to_file, user}]).
+
+%%% stack
+
+%% 1000 processes, each with its own job of a random kernel; all answered,
+%% all right, and coalescing seen in gpud's batch statistics.
+concurrent_callers(_) ->
+    Before = erlcuda:stats(0),
+    Self = self(),
+    Kernels = [vector_add, reduce, dot_product, matmul],
+    Pids = [spawn_link(fun() ->
+                               K = lists:nth(rand:uniform(4), Kernels),
+                               Args = erlcuda_ref:args(K, 1000, list),
+                               Self ! {self(), K, Args, erlcuda:launch_sync(K, Args, [{timeout, 60000}])}
+                       end) || _ <- lists:seq(1, 1000)],
+    [receive
+         {P, K, Args, {ok, R}} -> ok = erlcuda_ref:check(K, Args, R);
+         {P, K, _, Other} -> ct:fail({K, Other})
+     after 120000 -> ct:fail(timeout)
+     end || P <- Pids],
+    After = erlcuda:stats(0),
+    ct:pal("batches ~p -> ~p, max_batch ~p, hist ~p",
+           [maps:get(batches, Before), maps:get(batches, After), maps:get(max_batch, After),
+            maps:get(batch_hist, After)]),
+    ?assert(maps:get(max_batch, After) >= 2),
+    ?assertEqual(maps:get(jobs_ok, Before) + 1000, maps:get(jobs_ok, After)),
+    ?assertEqual(0, maps:get(in_flight, After)).
+
+%% kill -9 of gpud with 200 callers streaming jobs: every job gets exactly one
+%% answer, right or {error, {gpud_exit, _}}; gpud comes back and serves.
+kill_gpud_under_load(_) ->
+    [#{os_pid := OsPid0}] = [D || D = #{id := 0} <- erlcuda:devices()],
+    Self = self(),
+    Stop = atomics:new(1, []),
+    Callers = [spawn_link(fun() -> caller_loop(Self, Stop, #{}, 0) end) || _ <- lists:seq(1, 200)],
+    timer:sleep(300),
+    os:cmd("kill -9 " ++ integer_to_list(OsPid0)),
+    timer:sleep(500),
+    atomics:put(Stop, 1, 1),
+    Results = [receive {P, R} -> R after 60000 -> ct:fail({no_report, P}) end || P <- Callers],
+    Ok = lists:sum([maps:get(ok, R, 0) || R <- Results]),
+    Exit = lists:sum([maps:get(gpud_exit, R, 0) || R <- Results]),
+    ct:pal("answers: ~p ok, ~p {gpud_exit, _}", [Ok, Exit]),
+    ?assert(Exit > 0),
+    ?assert(Ok > 0),
+    [#{os_pid := OsPid1, status := up}] = wait_new_gpud(0, OsPid0),
+    ?assertNotEqual(OsPid0, OsPid1),
+    ?assertMatch({ok, [3.0]}, erlcuda:launch_sync(vector_add, [[1.0], [2.0]])).
+
+%% Streams jobs until told to stop; counts answers by kind; fails on a
+%% wrong result, an unexpected error, a duplicate or a missing answer.
+caller_loop(Parent, Stop, Counts, Seq) ->
+    case atomics:get(Stop, 1) of
+        1 -> Parent ! {self(), Counts};
+        0 ->
+            Args = erlcuda_ref:args(vector_add, 100, list),
+            case erlcuda:launch(vector_add, Args) of
+                {ok, Ref} ->
+                    Kind = receive
+                               {erlcuda, Ref, {ok, R}} ->
+                                   ok = erlcuda_ref:check(vector_add, Args, R),
+                                   ok;
+                               {erlcuda, Ref, {error, {gpud_exit, _}}} -> gpud_exit
+                           after 10000 -> exit({lost, Ref})
+                           end,
+                    receive {erlcuda, Ref, Dup} -> exit({duplicate, Dup}) after 0 -> ok end,
+                    caller_loop(Parent, Stop, maps:update_with(Kind, fun(C) -> C + 1 end, 1, Counts),
+                                Seq + 1);
+                {error, busy} ->
+                    timer:sleep(1),
+                    caller_loop(Parent, Stop, Counts, Seq)
+            end
+    end.
+
+%% Waits until device Id runs a gpud other than OldPid and it is up.
+wait_new_gpud(Id, OldPid) -> wait_new_gpud(Id, OldPid, 500).
+wait_new_gpud(Id, _, 0) -> ct:fail({no_new_gpud, Id});
+wait_new_gpud(Id, OldPid, N) ->
+    case [D || D = #{id := I, status := up, os_pid := P} <- erlcuda:devices(),
+               I =:= Id, P =/= OldPid] of
+        [] -> timer:sleep(10), wait_new_gpud(Id, OldPid, N - 1);
+        Up -> Up
+    end.
+
+wait_up(Id, 0) -> ct:fail({device_not_up, Id});
+wait_up(Id, N) ->
+    case [D || D = #{id := I, status := up} <- erlcuda:devices(), I =:= Id] of
+        [] -> timer:sleep(20), wait_up(Id, N - 1);
+        Up -> Up
+    end.
+
+%% A job that cannot finish in time (gpud stopped with SIGSTOP): launch_sync
+%% says {error, timeout} and no message about the job arrives afterwards.
+launch_sync_timeout(_) ->
+    [#{os_pid := OsPid}] = wait_up(0, 100),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    try
+        ?assertEqual({error, timeout},
+                     erlcuda:launch_sync(vector_add, [[1.0], [2.0]], [{timeout, 100}]))
+    after
+        os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+    end,
+    %% gpud now finishes the job; its answer must not reach us.
+    timer:sleep(300),
+    ?assertEqual(0, maps:get(in_flight, erlcuda:stats(0))),
+    receive {erlcuda, _, _} = Stray -> ct:fail({stray, Stray}) after 200 -> ok end.
+
+%% Timeouts that race completions (0 and 1 ms): whatever launch_sync says, no
+%% message is left behind.
+timeout_race(_) ->
+    Args = erlcuda_ref:args(vector_add, 50000, binary),
+    Results = [erlcuda:launch_sync(vector_add, Args, [{timeout, T}])
+               || _ <- lists:seq(1, 100), T <- [0, 1]],
+    ct:pal("timeouts: ~p of ~p", [length([R || {error, timeout} = R <- Results]), length(Results)]),
+    [?assertMatch({ok, _}, R) || R <- Results, R =/= {error, timeout}],
+    timer:sleep(500),
+    receive {erlcuda, _, _} = Stray -> ct:fail({stray, Stray}) after 0 -> ok end.
+
+bad_arguments(_) ->
+    Bad = [{vector_add, [[1.0], [1.0, 2.0]], []},
+           {vector_add, [[1.0]], []},
+           {vector_add, [[1.0], [2.0], [3.0]], []},
+           {vector_add, not_a_list, []},
+           {vector_add, [[1.0] | [2.0]], []},
+           {vector_add, [[1.0, foo], [1.0, 2.0]], []},
+           {vector_add, [[1.0 | 2.0], [1.0]], []},
+           {vector_add, [<<1, 2, 3>>, <<1, 2, 3>>], []},
+           {vector_add, [{1.0}, [1.0]], []},
+           {vector_add, [[1 bsl 70], [1.0]], []},
+           {reduce, [], []},
+           {reduce, [#{}], []},
+           {dot_product, [[1.0, 2.0], <<1.0:32/float-native>>], []},
+           {matmul, [[1.0], [1.0], 1, 1], []},
+           {matmul, [[1.0, 2.0], [1.0], 1, 1, 1], []},
+           {matmul, [[1.0], [1.0], -1, 1, 1], []},
+           {matmul, [[1.0], [1.0], 1, 1, 1.0], []},
+           {matmul, [[], [], 1 bsl 40, 0, 0], []},
+           {matmul, [[], [], 1 bsl 20, 1 bsl 20, 0], []},
+           {transpose, [[1.0]], []},
+           {"vector_add", [[1.0], [1.0]], []},
+           {vector_add, [[1.0], [1.0]], [{device, 7}]},
+           {vector_add, [[1.0], [1.0]], [{device, -1}]},
+           {vector_add, [[1.0], [1.0]], [{device, zero}]},
+           {vector_add, [[1.0], [1.0]], [{timeout, -5}]},
+           {vector_add, [[1.0], [1.0]], [bogus]},
+           {vector_add, [[1.0], [1.0]], not_a_list}],
+    [begin
+         R1 = erlcuda:launch(K, A, O),
+         R2 = erlcuda:launch_sync(K, A, O),
+         ct:pal("~p ~p ~p -> ~p", [K, A, O, R1]),
+         ?assertMatch({error, _}, R1),
+         ?assertEqual(R1, R2)
+     end || {K, A, O} <- Bad],
+    ?assertEqual({error, {unknown_kernel, transpose}}, erlcuda:launch(transpose, [[1.0]])),
+    ?assertEqual({error, {no_device, 7}}, erlcuda:launch(reduce, [[1.0]], [{device, 7}])),
+    ?assertEqual({error, {badarg, length_mismatch}}, erlcuda:launch(vector_add, [[1.0], []])),
+    ?assertEqual({error, {badarg, {arg, 1}}}, erlcuda:launch(reduce, [[1.0, foo]])),
+    ?assertEqual({error, {badarg, shape}}, erlcuda:launch(matmul, [[1.0], [1.0], 2, 1, 1])),
+    ?assert(lists:keymember(erlcuda, 1, application:which_applications())),
+    ?assertEqual({ok, 6.0}, erlcuda:launch_sync(reduce, [[1, 2, 3]])),
+    ?assertEqual(0, maps:get(in_flight, erlcuda:stats(0))).
+
+devices_and_stats(_) ->
+    [D] = erlcuda:devices(),
+    ?assertMatch(#{id := 0, backend := _, name := <<_/binary>>, os_pid := P, status := up}
+                   when is_integer(P), D),
+    S = erlcuda:stats(0),
+    [?assert(maps:is_key(K, S)) || K <- [submitted, completed, in_flight, batches, launches,
+                                         max_batch, batch_hist, arena_used, restarts, busy]],
+    ?assertEqual({error, {no_device, 3}}, erlcuda:stats(3)).
+
+%% A job too large for a normal scheduler moves to a dirty one and works.
+big_job_on_dirty(_) ->
+    #{dirty_submits := D0} = erlcuda:stats(0),
+    Args = erlcuda_ref:args(reduce, 100000, list),
+    {ok, R} = erlcuda:launch_sync(reduce, Args),
+    ok = erlcuda_ref:check(reduce, Args, R),
+    #{dirty_submits := D1} = erlcuda:stats(0),
+    ?assert(D1 > D0).
+
+%%% two devices
+
+routed_by_device(_) ->
+    Ds = erlcuda:devices(),
+    ?assertMatch([#{id := 0, status := up}, #{id := 1, status := up}], Ds),
+    [P0, P1] = [P || #{os_pid := P} <- Ds],
+    ?assertNotEqual(P0, P1),
+    #{jobs_ok := A0} = erlcuda:stats(0),
+    #{jobs_ok := B0} = erlcuda:stats(1),
+    [{ok, _} = erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{device, 1}]) || _ <- lists:seq(1, 7)],
+    [{ok, _} = erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{device, 0}]) || _ <- lists:seq(1, 3)],
+    #{jobs_ok := A1} = erlcuda:stats(0),
+    #{jobs_ok := B1} = erlcuda:stats(1),
+    ?assertEqual({3, 7}, {A1 - A0, B1 - B0}),
+    ?assertEqual({error, {no_device, 2}}, erlcuda:launch(reduce, [[1.0]], [{device, 2}])),
+    %% Killing one gpud leaves the other serving.
+    os:cmd("kill -9 " ++ integer_to_list(P0)),
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{device, 1}])),
+    wait_new_gpud(0, P0),
+    ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{device, 0}])).
+
+%%% small ring: in-flight cap
+
+%% With 4 ring entries and gpud stopped, the fifth job is refused with busy;
+%% the four accepted ones are all answered once gpud runs again.
+busy_when_full(_) ->
+    [#{os_pid := OsPid}] = wait_up(0, 100),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Refs = try
+               Rs = [begin {ok, R} = erlcuda:launch(reduce, [[1.0, 1.0]]), R end
+                     || _ <- lists:seq(1, 4)],
+               ?assertEqual({error, busy}, erlcuda:launch(reduce, [[1.0]])),
+               Rs
+           after
+               os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+           end,
+    [receive {erlcuda, R, Res} -> ?assertEqual({ok, 2.0}, Res) after 5000 -> ct:fail(lost) end
+     || R <- Refs],
+    ?assertMatch(#{busy := B} when B >= 1, erlcuda:stats(0)).
+
+%%% lifecycle
+
+%% application:stop leaves no gpud and no shared memory in the VM.
+app_stop_leaves_nothing(_) ->
+    ok = erlcuda_ref:start_app([{backend, cpu}, {devices, [0, 1]}]),
+    Pids = [P || #{os_pid := P} <- erlcuda:devices()],
+    ?assertEqual(2, length(Pids)),
+    ?assert(length(memfd_maps()) > 0),
+    ok = erlcuda_ref:stop_app(),
+    [?assertEqual(gone, alive(P)) || P <- Pids],
+    ?assertEqual([], memfd_maps()),
+    ?assertEqual([], memfd_fds()).
+
+memfd_maps() ->
+    {ok, Maps} = file:read_file("/proc/self/maps"),
+    [L || L <- binary:split(Maps, <<"\n">>, [global]),
+          binary:match(L, <<"memfd:erlcuda">>) =/= nomatch].
+
+memfd_fds() ->
+    {ok, Fds} = file:list_dir("/proc/self/fd"),
+    [T || F <- Fds, {ok, T} <- [file:read_link("/proc/self/fd/" ++ F)],
+          string:find(T, "memfd:erlcuda") =/= nomatch].
+
+alive(OsPid) ->
+    case file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/stat") of
+        {error, _} -> gone;
+        {ok, Stat} ->
+            case binary:split(Stat, <<") ">>) of
+                [_, <<"Z", _/binary>>] -> gone;
+                _ -> alive
+            end
+    end.

@@ -1,0 +1,43 @@
+%% EUnit: argument validation of the public API, against a running
+%% application (cpu or whatever backend auto finds).
+-module(erlcuda_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+without_app_test() ->
+    erlcuda_ref:stop_app(),
+    ?assertEqual({error, {no_device, 0}}, erlcuda:launch(reduce, [[1.0]])),
+    ?assertEqual({error, {no_device, 0}}, erlcuda:launch_sync(reduce, [[1.0]])),
+    ?assertEqual({error, {badarg, opts}}, erlcuda:launch(reduce, [[1.0]], #{})),
+    ?assertEqual([], erlcuda:devices()),
+    ?assertEqual({error, {no_device, 0}}, erlcuda:stats(0)).
+
+validation_test_() ->
+    {setup, fun() -> erlcuda_ref:start_app([]) end, fun(_) -> erlcuda_ref:stop_app() end,
+     [?_assertEqual({error, {unknown_kernel, fft}}, erlcuda:launch(fft, [[1.0]])),
+      ?_assertEqual({error, {unknown_kernel, 42}}, erlcuda:launch(42, [[1.0]])),
+      ?_assertEqual({error, {badarg, args}}, erlcuda:launch(vector_add, [[1.0]])),
+      ?_assertEqual({error, {badarg, args}}, erlcuda:launch(vector_add, x)),
+      ?_assertEqual({error, {badarg, args}}, erlcuda:launch(reduce, [[1.0] | x])),
+      ?_assertEqual({error, {badarg, {arg, 1}}}, erlcuda:launch(reduce, [[a]])),
+      ?_assertEqual({error, {badarg, {arg, 1}}}, erlcuda:launch(reduce, [[1.0 | 2.0]])),
+      ?_assertEqual({error, {badarg, {arg, 2}}}, erlcuda:launch(dot_product, [[1.0], <<0, 0>>])),
+      ?_assertEqual({error, {badarg, {arg, 1}}}, erlcuda:launch(reduce, [[1 bsl 80]])),
+      ?_assertEqual({error, {badarg, length_mismatch}},
+                    erlcuda:launch(dot_product, [[1.0], [1.0, 2.0]])),
+      ?_assertEqual({error, {badarg, shape}}, erlcuda:launch(matmul, [[1.0], [1.0], 1, 2, 1])),
+      ?_assertEqual({error, {badarg, {arg, 3}}}, erlcuda:launch(matmul, [[1.0], [1.0], -1, 1, 1])),
+      ?_assertEqual({error, {badarg, {arg, 5}}}, erlcuda:launch(matmul, [[1.0], [1.0], 1, 1, x])),
+      ?_assertEqual({error, {badarg, too_large}},
+                    erlcuda:launch(matmul, [[], [], 1 bsl 20, 1 bsl 20, 0])),
+      ?_assertEqual({error, {badarg, {opt, {device, x}}}},
+                    erlcuda:launch(reduce, [[1.0]], [{device, x}])),
+      ?_assertEqual({error, {badarg, {opt, {timeout, -1}}}},
+                    erlcuda:launch_sync(reduce, [[1.0]], [{timeout, -1}])),
+      ?_assertEqual({error, {no_device, 9}}, erlcuda:launch(reduce, [[1.0]], [{device, 9}])),
+      ?_assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1, 2.0]])),
+      ?_assertEqual({ok, <<3.0:32/float-native>>},
+                    erlcuda:launch_sync(vector_add, [<<1.0:32/float-native>>, [2.0]])),
+      ?_assertEqual({ok, [3.0]},
+                    erlcuda:launch_sync(vector_add, [[2.0], <<1.0:32/float-native>>])),
+      ?_assertEqual([{vector_add, 2}, {reduce, 1}, {dot_product, 2}, {matmul, 2}],
+                    erlcuda:kernels())]}.
