@@ -5,7 +5,8 @@ CARGO ?= cargo
 BENCH_EBIN := _build/bench/ebin
 EBIN := _build/default/lib/erlcuda/ebin
 
-.PHONY: all setup native nif gpud compile demo test test-rust test-erlang bench clean
+.PHONY: all setup native nif gpud gpud-fault compile demo test test-rust test-erlang bench \
+        gpu-bundle clean
 
 all: compile
 
@@ -22,6 +23,11 @@ gpud:
 	$(CARGO) build --release -p gpud
 	@mkdir -p priv
 	cp target/release/gpud priv/gpud.tmp && mv priv/gpud.tmp priv/gpud
+
+# gpud with fault injection, for the crash-isolation tests only: never in priv/.
+GPUD_FAULT := $(CURDIR)/target/fault/release/gpud
+gpud-fault:
+	$(CARGO) build --release -p gpud --features fault-injection --target-dir target/fault
 
 compile:
 	$(REBAR) compile
@@ -40,12 +46,16 @@ test: setup
 test-rust:
 	$(CARGO) test --release -p gpud
 
-test-erlang: compile
+test-erlang: compile gpud-fault
 	$(REBAR) eunit
-	$(REBAR) ct
+	ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) $(REBAR) ct
 
 bench: setup $(BENCH_EBIN)
 	erl -noshell +S 2 -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_bench:main(), halt().'
+
+# The whole-stack GPU check, for a machine with only a driver (README).
+gpu-bundle: setup
+	bash test/gpu/bundle.sh
 
 clean:
 	$(MAKE) -C c_src clean

@@ -2,7 +2,7 @@
 %% (the backend comes from $ERLCUDA_BACKEND, default auto). Every figure here
 %% is measured from Erlang: launch to the message received.
 -module(erlcuda_bench).
--export([main/0]).
+-export([main/0, zero_copy/0]).
 
 -define(WARMUP, 2000).
 -define(JOBS, 20000).
@@ -21,7 +21,44 @@ main() ->
     round_trip(),
     throughput([1, 10, 100, 1000]),
     restart(5),
-    application:stop(erlcuda).
+    application:stop(erlcuda),
+    zero_copy().
+
+%% Where does keeping a binary result in the arena (a resource binary) beat
+%% copying it to the heap? Round trip of vector_add on binaries, with the
+%% result then passed to a second job (reduce), for both settings of
+%% zero_copy_bytes, alternating A B A B in one run.
+zero_copy() ->
+    Sizes = [256, 1024, 4096, 16384, 65536, 262144, 1048576],
+    Modes = [{copy, 1 bsl 62}, {arena, 0}],
+    Rounds = [[{Mode, measure_zero_copy(Bytes, Sizes)} || {Mode, Bytes} <- Modes]
+              || _ <- [1, 2]],
+    io:format("~nresult staying in the arena vs copied out, vector_add then reduce on the result~n"),
+    io:format("~-12s ~14s ~14s ~8s~n", ["elements", "copy p50 us", "arena p50 us", "ratio"]),
+    [begin
+         C = lists:min([proplists:get_value(N, proplists:get_value(copy, R)) || R <- Rounds]),
+         A = lists:min([proplists:get_value(N, proplists:get_value(arena, R)) || R <- Rounds]),
+         io:format("~-12w ~14.1f ~14.1f ~8.2f~n", [N, C, A, A / C])
+     end || N <- Sizes],
+    ok.
+
+measure_zero_copy(Bytes, Sizes) ->
+    application:set_env(erlcuda, zero_copy_bytes, Bytes),
+    {ok, _} = application:ensure_all_started(erlcuda),
+    R = [{N, begin
+                 A = bin(vec(N)),
+                 Reps = max(20, min(2000, 4000000 div N)),
+                 [chain2(A) || _ <- lists:seq(1, Reps div 4)],
+                 pct(lists:sort([chain2(A) || _ <- lists:seq(1, Reps)]), 0.5)
+             end} || N <- Sizes],
+    application:stop(erlcuda),
+    R.
+
+chain2(A) ->
+    T0 = erlang:monotonic_time(nanosecond),
+    {ok, R} = erlcuda:launch_sync(vector_add, [A, A]),
+    {ok, _} = erlcuda:launch_sync(reduce, [R]),
+    (erlang:monotonic_time(nanosecond) - T0) / 1000.
 
 %% gpud cold start to ready, as the device server measures it.
 startup(N) ->

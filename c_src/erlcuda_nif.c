@@ -51,22 +51,37 @@
 
 enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
 
+/* A byte range of one arena segment. bytes == 0: none. */
+struct region {
+    uint32_t seg;
+    uint64_t off, bytes;
+};
+
 struct job {
     uint32_t gen;
     int state; /* enum job_state, accessed with __atomic */
     uint32_t kernel;
     int as_binary;
+    int zero_copy;   /* deliver the output as a resource binary over its region */
+    int out_taken;   /* the output region now belongs to a resource binary */
     ErlNifPid pid;
-    ErlNifEnv *env; /* keeps ref alive; process independent */
+    ErlNifEnv *env; /* keeps ref and any in-arena input binaries alive */
     ERL_NIF_TERM ref;
-    uint64_t region_off, region_bytes;
-    uint64_t out_off;
+    struct region in;  /* copied inputs */
+    struct region out; /* the output */
     uint32_t out_len;
+};
+
+/* A result binary that stays in the arena: the region is freed when the last
+ * reference to the binary is garbage-collected. */
+struct region_res {
+    struct device *d;
+    struct region r;
 };
 
 struct counters {
     uint64_t submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
-        dirty_submits;
+        dirty_submits, arena_inputs;
 };
 
 struct device {
@@ -74,8 +89,13 @@ struct device {
     ErlNifMutex *cq_lock;
     ErlNifMutex *lock;
     int closed;
+    int unmapped;
     struct shm shm;
-    struct arena arena;
+    struct arena alloc[EC_MAX_SEGMENTS]; /* one allocator per arena segment */
+    uint64_t arena_total, arena_max;     /* bytes in segments; the growth limit */
+    uint64_t zero_copy_bytes;            /* vector results this large stay in the arena */
+    int poison;                          /* fill outputs with NaN before submitting */
+    uint64_t exported;                   /* live region_res, __atomic */
     uint32_t id, nslots, spin_us;
     struct job *jobs;
     uint32_t *free_stack;
@@ -90,11 +110,14 @@ struct device {
 };
 
 static ErlNifResourceType *DEVICE_RT;
+static ErlNifResourceType *REGION_RT;
 
 static ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_closed,
     ATOM_unknown_kernel, ATOM_args, ATOM_arg, ATOM_length_mismatch, ATOM_shape, ATOM_too_large,
     ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
-    ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false;
+    ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
+    ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_zero_copy_bytes,
+    ATOM_poison_outputs;
 
 #define KERNEL_ATOM_DECL(NAME, ID, ATOM, NIN) static ERL_NIF_TERM ATOM_k_##ATOM;
 EC_KERNELS(KERNEL_ATOM_DECL)
@@ -179,11 +202,14 @@ static int term_to_f32(ErlNifEnv *env, ERL_NIF_TERM t, float *out)
 
 /* One vector argument as given by the caller. */
 struct vec {
+    ERL_NIF_TERM term;
     int is_binary;
     ErlNifBinary bin;
     ERL_NIF_TERM list;
     uint64_t len; /* elements; valid once known */
     int len_known;
+    int in_arena;  /* a binary already in this device's arena: no copy */
+    uint64_t addr; /* its arena address when in_arena */
 };
 
 /* Classifies a vector argument. Lists are measured only up to `limit` cells
@@ -192,6 +218,7 @@ struct vec {
 static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct vec *v)
 {
     memset(v, 0, sizeof *v);
+    v->term = t;
     if (enif_is_binary(env, t)) {
         if (!enif_inspect_binary(env, t, &v->bin) || v->bin.size % sizeof(float) != 0)
             return 0;
@@ -219,6 +246,24 @@ static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct ve
 /* Copies a vector into the arena, converting list elements. Returns 0 if an
  * element is not a number (the region is then partly written; the caller
  * frees it). */
+/* Is the binary's data inside one of the device's arena segments (a result
+ * of an earlier job, or part of one)? Then the job can name it directly. */
+static int find_in_arena(struct device *d, struct vec *v)
+{
+    const uint8_t *p = v->bin.data;
+    if (((uintptr_t)p & 3) != 0)
+        return 0;
+    for (uint32_t i = 0; i < d->shm.nseg; i++) {
+        const struct shm_segment *g = &d->shm.seg[i];
+        if (g->base && p >= g->base && (uint64_t)(p - g->base) + v->bin.size <= g->bytes) {
+            v->in_arena = 1;
+            v->addr = ((uint64_t)i << EC_ADDR_SEGMENT_SHIFT) | (uint64_t)(p - g->base);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int copy_vec(ErlNifEnv *env, const struct vec *v, float *dst)
 {
     if (v->is_binary) {
@@ -234,10 +279,35 @@ static int copy_vec(ErlNifEnv *env, const struct vec *v, float *dst)
     return 1;
 }
 
-static ERL_NIF_TERM result_term(ErlNifEnv *env, const struct job *j, const float *out)
+static uint8_t *region_ptr(struct device *d, const struct region *r)
 {
+    return d->shm.seg[r->seg].base + r->off;
+}
+
+static uint64_t region_addr(const struct region *r)
+{
+    return ((uint64_t)r->seg << EC_ADDR_SEGMENT_SHIFT) | r->off;
+}
+
+static ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j)
+{
+    const float *out = (const float *)region_ptr(d, &j->out);
     if (j->kernel == EC_KERNEL_REDUCE || j->kernel == EC_KERNEL_DOT_PRODUCT)
         return float_term(env, out[0]);
+    if (j->zero_copy) {
+        struct region_res *rr = enif_alloc_resource(REGION_RT, sizeof *rr);
+        if (rr) {
+            rr->d = d;
+            rr->r = j->out;
+            enif_keep_resource(d);
+            __atomic_add_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
+            j->out_taken = 1;
+            ERL_NIF_TERM bin =
+                enif_make_resource_binary(env, rr, out, (size_t)j->out_len * sizeof(float));
+            enif_release_resource(rr);
+            return bin;
+        }
+    }
     if (j->as_binary) {
         ERL_NIF_TERM bin;
         unsigned char *p = enif_make_new_binary(env, (size_t)j->out_len * sizeof(float), &bin);
@@ -260,10 +330,30 @@ static struct device *get_device(ErlNifEnv *env, ERL_NIF_TERM t)
 }
 
 /* Returns a finished job's region and slot. Caller holds d->lock. */
+static void free_region_locked(struct device *d, struct region *r)
+{
+    if (r->bytes)
+        arena_free(&d->alloc[r->seg], r->off, r->bytes);
+    r->bytes = 0;
+}
+
+/* Unmaps the arena once the device is closed and no result binary points
+ * into it any more. Caller holds d->lock. */
+static void maybe_unmap_locked(struct device *d)
+{
+    if (d->closed && !d->unmapped && __atomic_load_n(&d->exported, __ATOMIC_ACQUIRE) == 0) {
+        shm_unmap(&d->shm);
+        d->unmapped = 1;
+    }
+}
+
 static void release_job_locked(struct device *d, uint32_t idx)
 {
     struct job *j = &d->jobs[idx];
-    arena_free(&d->arena, j->region_off, j->region_bytes);
+    free_region_locked(d, &j->in);
+    if (!j->out_taken)
+        free_region_locked(d, &j->out);
+    j->out.bytes = 0;
     enif_clear_env(j->env);
     __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
     d->free_stack[d->nfree++] = idx;
@@ -322,8 +412,7 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_
         ErlNifEnv *m = d->msg_env;
         ERL_NIF_TERM result;
         if (cqe->status == EC_STATUS_OK) {
-            const float *out = (const float *)(d->shm.arena + j->out_off);
-            result = enif_make_tuple2(m, ATOM_ok, result_term(m, j, out));
+            result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         } else {
             ERL_NIF_TERM why = cqe->status > 0 && cqe->status < (int32_t)EC_STATUS_COUNT
                                    ? STATUS_ATOMS[cqe->status]
@@ -458,7 +547,10 @@ static void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM r
         fail_in_flight_locked(d, caller_env, reason);
         enif_mutex_unlock(d->lock);
     }
-    shm_destroy(&d->shm);
+    shm_close_fds(&d->shm);
+    enif_mutex_lock(d->lock);
+    maybe_unmap_locked(d);
+    enif_mutex_unlock(d->lock);
     if (d->ctl_efd >= 0)
         close(d->ctl_efd);
     d->ctl_efd = -1;
@@ -486,21 +578,51 @@ static void device_dtor(ErlNifEnv *env, void *obj)
     }
     if (d->free_stack)
         enif_free(d->free_stack);
-    arena_destroy(&d->arena);
+    for (uint32_t i = 0; i < EC_MAX_SEGMENTS; i++)
+        arena_destroy(&d->alloc[i]);
+    if (!d->unmapped)
+        shm_unmap(&d->shm); /* exported regions hold the device: none are left */
+}
+
+static void region_dtor(ErlNifEnv *env, void *obj)
+{
+    struct region_res *rr = obj;
+    struct device *d = rr->d;
+    (void)env;
+    enif_mutex_lock(d->lock);
+    free_region_locked(d, &rr->r);
+    __atomic_sub_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
+    maybe_unmap_locked(d);
+    enif_mutex_unlock(d->lock);
+    enif_release_resource(d);
 }
 
 /* ------------------------------------------------------------------ NIFs -- */
 
-/* open(Device, Entries, ArenaBytes, SpinUs) -> {ok, Handle} | {error, Reason} */
+static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNifUInt64 *v)
+{
+    ERL_NIF_TERM t;
+    return enif_get_map_value(env, map, key, &t) && enif_get_uint64(env, t, v);
+}
+
+/* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us,
+ *               zero_copy_bytes, poison_outputs}) -> {ok, Handle} | {error, Reason} */
 static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
-    unsigned dev, entries, spin;
-    ErlNifUInt64 arena_bytes;
+    unsigned dev;
+    ErlNifUInt64 entries, arena_bytes, arena_max, spin, zero_copy;
+    ERL_NIF_TERM poison;
     (void)argc;
-    if (!enif_get_uint(env, argv[0], &dev) || !enif_get_uint(env, argv[1], &entries) ||
-        !enif_get_uint64(env, argv[2], &arena_bytes) || !enif_get_uint(env, argv[3], &spin) ||
+    if (!enif_get_uint(env, argv[0], &dev) || !enif_is_map(env, argv[1]) ||
+        !get_opt_u64(env, argv[1], ATOM_ring_entries, &entries) ||
+        !get_opt_u64(env, argv[1], ATOM_arena_bytes, &arena_bytes) ||
+        !get_opt_u64(env, argv[1], ATOM_arena_max_bytes, &arena_max) ||
+        !get_opt_u64(env, argv[1], ATOM_spin_us, &spin) ||
+        !get_opt_u64(env, argv[1], ATOM_zero_copy_bytes, &zero_copy) ||
+        !enif_get_map_value(env, argv[1], ATOM_poison_outputs, &poison) ||
         entries < 2 || entries > (1u << 20) || (entries & (entries - 1)) != 0 ||
-        arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT))
+        arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT) ||
+        arena_max < arena_bytes || spin > 1000000)
         return enif_make_badarg(env);
 
     struct device *d = enif_alloc_resource(DEVICE_RT, sizeof *d);
@@ -511,8 +633,11 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     enif_release_resource(d); /* the term owns it now; the dtor cleans up on any failure */
 
     d->id = dev;
-    d->nslots = entries;
-    d->spin_us = spin;
+    d->nslots = (uint32_t)entries;
+    d->spin_us = (uint32_t)spin;
+    d->arena_max = arena_max;
+    d->zero_copy_bytes = zero_copy;
+    d->poison = enif_is_identical(poison, ATOM_true);
     d->life = enif_rwlock_create("erlcuda.life");
     d->cq_lock = enif_mutex_create("erlcuda.cq");
     d->lock = enif_mutex_create("erlcuda.lock");
@@ -530,11 +655,12 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     }
     d->nfree = entries;
 
-    int err = shm_create(&d->shm, dev, entries, arena_bytes);
+    int err = shm_create(&d->shm, dev, d->nslots, arena_bytes);
     if (err < 0)
         return make_errno(env, err);
-    if (arena_init(&d->arena, d->shm.hdr->arena_bytes) < 0)
+    if (arena_init(&d->alloc[0], d->shm.seg[0].bytes) < 0)
         return make_error(env, enif_make_atom(env, "enomem"));
+    d->arena_total = d->shm.seg[0].bytes;
     d->ctl_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (d->ctl_efd < 0)
         return make_errno(env, -errno);
@@ -569,7 +695,14 @@ static ERL_NIF_TERM nif_accept(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     if (!d || !enif_get_int(env, argv[1], &pid) || !enif_get_int(env, argv[2], &timeout))
         return enif_make_badarg(env);
     enif_rwlock_rlock(d->life);
-    int err = d->closed ? -EBADF : shm_accept(&d->shm, d->id, pid, timeout);
+    int err = d->closed ? -EBADF : shm_accept_peer(&d->shm, pid, timeout);
+    if (err >= 0) {
+        /* Under the lock: a segment added meanwhile is either in the list sent
+         * now or sent on the new connection by shm_add_segment. */
+        enif_mutex_lock(d->lock);
+        err = shm_handover(&d->shm, err, d->id);
+        enif_mutex_unlock(d->lock);
+    }
     enif_rwlock_runlock(d->life);
     if (err == -ETIMEDOUT)
         return make_error(env, ATOM_timeout);
@@ -686,8 +819,8 @@ static ERL_NIF_TERM nif_submit(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
 
 /* Parses Args for the kernel. Returns 0 and fills spec, 1 when the job is too
  * large for a normal scheduler, or sets *err and returns -1. */
-static int parse_args(ErlNifEnv *env, ERL_NIF_TERM args, int dirty, struct job_spec *s,
-                      ERL_NIF_TERM *err)
+static int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
+                      struct job_spec *s, ERL_NIF_TERM *err)
 {
     ERL_NIF_TERM cell[5], head, tail = args;
     unsigned want = s->nin + (s->kernel == EC_KERNEL_MATMUL ? 3 : 0), got = 0;
@@ -707,7 +840,7 @@ static int parse_args(ErlNifEnv *env, ERL_NIF_TERM args, int dirty, struct job_s
         }
         if (!s->in[i].len_known)
             too_big = 1;
-        else if (s->in[i].is_binary)
+        else if (s->in[i].is_binary && !find_in_arena(d, &s->in[i]))
             bin_bytes += s->in[i].bin.size;
         else
             list_elems += s->in[i].len;
@@ -761,15 +894,53 @@ static int parse_args(ErlNifEnv *env, ERL_NIF_TERM args, int dirty, struct job_s
     return 0;
 }
 
-/* Takes a slot and an arena region. Returns the slot index, or -1 (busy). */
-static int64_t reserve_job(struct device *d, uint64_t bytes, uint64_t *off)
+/* Allocates `bytes` in some segment, adding a segment while the arena is
+ * below its limit. Caller holds d->lock. Returns 0 or -1 (busy). */
+static int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r)
+{
+    r->bytes = bytes;
+    for (uint32_t i = 0; i < d->shm.nseg; i++) {
+        if (arena_alloc(&d->alloc[i], bytes, &r->off) == 0) {
+            r->seg = i;
+            return 0;
+        }
+    }
+    /* Grow by at least the first segment's size, so growth is rare. */
+    uint64_t grow = arena_round(bytes);
+    if (grow < d->shm.seg[0].bytes)
+        grow = d->shm.seg[0].bytes;
+    if (d->arena_total + grow > d->arena_max)
+        grow = arena_round(bytes);
+    if (d->arena_total + grow > d->arena_max || d->shm.nseg >= EC_MAX_SEGMENTS)
+        return -1;
+    int seg = shm_add_segment(&d->shm, grow);
+    if (seg < 0)
+        return -1;
+    if (arena_init(&d->alloc[seg], d->shm.seg[seg].bytes) < 0)
+        return -1; /* the segment stays, unused: never corrupt */
+    d->arena_total += d->shm.seg[seg].bytes;
+    r->seg = (uint32_t)seg;
+    return arena_alloc(&d->alloc[seg], bytes, &r->off);
+}
+
+/* Takes a slot and the job's input and output regions. Returns the slot
+ * index, or -1 (busy). */
+static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes)
 {
     int64_t idx = -1;
+    struct region in = {0, 0, 0}, out;
     enif_mutex_lock(d->lock);
-    if (d->nfree > 0 && arena_alloc(&d->arena, bytes, off) == 0) {
-        idx = d->free_stack[--d->nfree];
-        if (++d->in_flight > d->in_flight_peak)
-            d->in_flight_peak = d->in_flight;
+    if (d->nfree > 0 && region_alloc_locked(d, out_bytes, &out) == 0) {
+        if (in_bytes == 0 || region_alloc_locked(d, in_bytes, &in) == 0) {
+            idx = d->free_stack[--d->nfree];
+            d->jobs[idx].in = in;
+            d->jobs[idx].out = out;
+            d->jobs[idx].out_taken = 0;
+            if (++d->in_flight > d->in_flight_peak)
+                d->in_flight_peak = d->in_flight;
+        } else {
+            free_region_locked(d, &out);
+        }
     }
     enif_mutex_unlock(d->lock);
     return idx;
@@ -800,12 +971,14 @@ static void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
     }
 }
 
-/* submit(Handle, Kernel, Args) -> {ok, Ref} | {error, Reason} */
+/* submit(Handle, Kernel, Args, Flags) -> {ok, Ref} | {error, Reason}.
+ * Flags: 0, or `fault` (only a gpud built for fault injection accepts it). */
 static ERL_NIF_TERM submit_impl(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], int dirty)
 {
     struct device *d = get_device(env, argv[0]);
     if (!d)
         return enif_make_badarg(env);
+    uint32_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
     struct job_spec s;
     memset(&s, 0, sizeof s);
     s.kernel = enif_is_atom(env, argv[1]) ? kernel_id(argv[1]) : 0;
@@ -813,64 +986,80 @@ static ERL_NIF_TERM submit_impl(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
         return make_error(env, enif_make_tuple2(env, ATOM_unknown_kernel, argv[1]));
     s.nin = KERNEL_INPUTS[s.kernel];
 
-    ERL_NIF_TERM err;
-    int r = parse_args(env, argv[2], dirty, &s, &err);
-    if (r < 0)
-        return err;
-    if (r > 0) {
-        count(&d->c.dirty_submits, 1);
-        return enif_schedule_nif(env, "submit_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, submit_dirty,
-                                 argc, argv);
-    }
-
-    /* One region per job: inputs then output, each EC_ARENA_ALIGN aligned. */
-    uint64_t in0_bytes = arena_round(s.in[0].len * sizeof(float));
-    uint64_t in1_bytes = s.nin > 1 ? arena_round(s.in[1].len * sizeof(float)) : 0;
-    uint64_t out_bytes = arena_round(s.out_len * sizeof(float));
-    uint64_t bytes = in0_bytes + in1_bytes + out_bytes;
-
+    /* The mapping is read from parse_args on (arena lookups): hold it. */
     enif_rwlock_rlock(d->life);
     if (d->closed) {
         enif_rwlock_runlock(d->life);
         return make_error(env, ATOM_closed);
     }
-    if (bytes > d->arena.size) {
+    ERL_NIF_TERM err;
+    int r = parse_args(env, d, argv[2], dirty, &s, &err);
+    if (r != 0) {
+        enif_rwlock_runlock(d->life);
+        if (r < 0)
+            return err;
+        count(&d->c.dirty_submits, 1);
+        return enif_schedule_nif(env, "submit_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, submit_dirty,
+                                 argc, argv);
+    }
+
+    /* Inputs not in the arena yet share one region; the output has its own,
+     * which a large binary result keeps after the job. */
+    uint64_t in_off[2] = {0, 0}, in_bytes = 0;
+    for (unsigned i = 0; i < s.nin; i++) {
+        if (s.in[i].in_arena)
+            continue;
+        in_off[i] = in_bytes;
+        in_bytes += arena_round(s.in[i].len * sizeof(float));
+    }
+    uint64_t out_bytes = arena_round(s.out_len * sizeof(float));
+    if (in_bytes > d->arena_max || out_bytes > d->arena_max) {
         enif_rwlock_runlock(d->life);
         return make_badarg(env, ATOM_too_large);
     }
-    uint64_t off;
-    int64_t idx = reserve_job(d, bytes, &off);
+    int64_t idx = reserve_job(d, in_bytes, out_bytes);
     if (idx < 0) {
         enif_rwlock_runlock(d->life);
         count(&d->c.busy, 1);
         return make_error(env, ATOM_busy);
     }
     struct job *j = &d->jobs[idx];
-    j->region_off = off;
-    j->region_bytes = bytes;
+    uint64_t addr[2] = {0, 0};
     for (unsigned i = 0; i < s.nin; i++) {
-        uint64_t at = off + (i == 0 ? 0 : in0_bytes);
-        if (!copy_vec(env, &s.in[i], (float *)(d->shm.arena + at))) {
+        if (s.in[i].in_arena) {
+            /* Keeps the binary, and so its region, alive while gpud reads it. */
+            enif_make_copy(j->env, s.in[i].term);
+            addr[i] = s.in[i].addr;
+            count(&d->c.arena_inputs, 1);
+            continue;
+        }
+        addr[i] = region_addr(&j->in) + in_off[i];
+        if (!copy_vec(env, &s.in[i], (float *)(region_ptr(d, &j->in) + in_off[i]))) {
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
             return make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
         }
     }
+    if (d->poison)
+        memset(region_ptr(d, &j->out), 0xff, s.out_len * sizeof(float)); /* all NaN */
     ERL_NIF_TERM ref = enif_make_ref(env);
     j->gen++;
     j->kernel = s.kernel;
     j->as_binary = s.in[0].is_binary;
+    j->zero_copy = j->as_binary && s.kernel != EC_KERNEL_REDUCE &&
+                   s.kernel != EC_KERNEL_DOT_PRODUCT &&
+                   s.out_len * sizeof(float) >= d->zero_copy_bytes;
     j->ref = enif_make_copy(j->env, ref);
     enif_self(env, &j->pid);
-    j->out_off = off + in0_bytes + in1_bytes;
     j->out_len = (uint32_t)s.out_len;
 
     struct ec_sqe sqe = {
         .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
         .kernel = s.kernel,
-        .in0 = off,
-        .in1 = s.nin > 1 ? off + in0_bytes : 0,
-        .out = j->out_off,
+        .flags = flags,
+        .in0 = addr[0],
+        .in1 = addr[1],
+        .out = region_addr(&j->out),
         .in0_len = (uint32_t)s.in[0].len,
         .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
         .out_len = (uint32_t)s.out_len,
@@ -907,15 +1096,21 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "cq_sleeps", load64(&d->c.cq_sleeps));
     put(env, &m, "failed_by_restart", load64(&d->c.failed_by_reset));
     put(env, &m, "dirty_submits", load64(&d->c.dirty_submits));
+    put(env, &m, "arena_inputs", load64(&d->c.arena_inputs));
     put(env, &m, "slots", d->nslots);
 
     enif_rwlock_rlock(d->life);
     enif_mutex_lock(d->lock);
     put(env, &m, "in_flight", d->in_flight);
     put(env, &m, "in_flight_peak", d->in_flight_peak);
-    put(env, &m, "arena_bytes", d->arena.size);
-    put(env, &m, "arena_used", d->arena.used);
-    put(env, &m, "arena_peak", d->arena.peak);
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < d->shm.nseg; i++)
+        used += d->alloc[i].used;
+    put(env, &m, "arena_bytes", d->arena_total);
+    put(env, &m, "arena_max_bytes", d->arena_max);
+    put(env, &m, "arena_used", used);
+    put(env, &m, "arena_segments", d->shm.nseg);
+    put(env, &m, "result_binaries", __atomic_load_n(&d->exported, __ATOMIC_RELAXED));
     enif_mutex_unlock(d->lock);
     if (!d->closed) {
         const struct ec_stats *g = &d->shm.hdr->stats;
@@ -980,6 +1175,13 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     A(peer);
     A(true);
     A(false);
+    A(fault);
+    A(ring_entries);
+    A(arena_bytes);
+    A(arena_max_bytes);
+    A(spin_us);
+    A(zero_copy_bytes);
+    A(poison_outputs);
 #undef A
 #define KERNEL_ATOM_INIT(NAME, ID, ATOM, NIN) ATOM_k_##ATOM = enif_make_atom(env, #ATOM);
     EC_KERNELS(KERNEL_ATOM_INIT)
@@ -987,10 +1189,15 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
 #define STATUS_ATOM_INIT(NAME, CODE, ATOM) STATUS_ATOMS[CODE] = enif_make_atom(env, #ATOM);
     EC_STATUSES(STATUS_ATOM_INIT)
 #undef STATUS_ATOM_INIT
-    ErlNifResourceTypeInit init = {.dtor = device_dtor};
+    /* members counts the callbacks set, from the top of the struct: with 0
+     * the VM would never call the destructor. */
+    ErlNifResourceTypeInit init = {.dtor = device_dtor, .members = 1};
     DEVICE_RT = enif_init_resource_type(env, "erlcuda_device", &init,
                                         ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
-    return DEVICE_RT ? 0 : -1;
+    ErlNifResourceTypeInit rinit = {.dtor = region_dtor, .members = 1};
+    REGION_RT = enif_init_resource_type(env, "erlcuda_region", &rinit,
+                                        ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    return DEVICE_RT && REGION_RT ? 0 : -1;
 }
 
 static int upgrade(ErlNifEnv *env, void **priv, void **old_priv, ERL_NIF_TERM info)
@@ -1000,13 +1207,13 @@ static int upgrade(ErlNifEnv *env, void **priv, void **old_priv, ERL_NIF_TERM in
 }
 
 static ErlNifFunc nif_funcs[] = {
-    {"open", 4, nif_open, 0},
+    {"open", 2, nif_open, 0},
     {"socket_name", 1, nif_socket_name, 0},
     {"accept", 3, nif_accept, ERL_NIF_DIRTY_JOB_IO_BOUND},
     {"reset", 2, nif_reset, ERL_NIF_DIRTY_JOB_IO_BOUND},
     {"close", 1, nif_close, ERL_NIF_DIRTY_JOB_IO_BOUND},
     {"cancel", 2, nif_cancel, 0},
-    {"submit", 3, nif_submit, 0},
+    {"submit", 4, nif_submit, 0},
     {"stats", 1, nif_stats, 0},
     {"kernels", 0, nif_kernels, 0},
 };

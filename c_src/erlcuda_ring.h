@@ -55,6 +55,19 @@
  *   3. gpud maps the memfd, checks magic, ABI version and every size against
  *      fstat, then prints "ready <backend> <name>" on stdout.
  *   The connection stays open; gpud exits when it, or its stdin, closes.
+ *
+ * Arena segments (growth)
+ *   The arena starts as segment 0 (inside the first memfd). When it runs
+ *   short the VM creates another sealed memfd, segment i (1 <= i <
+ *   EC_MAX_SEGMENTS), wholly arena, and sends one ec_segment message with
+ *   SCM_RIGHTS [memfd] on the handshake connection BEFORE it publishes any
+ *   descriptor that names the segment; a new gpud receives every live segment
+ *   the same way right after the hello. So gpud finds the message already
+ *   queued on the socket whenever a descriptor names a segment it has not
+ *   mapped yet: it reads pending segment messages then (and whenever poll
+ *   says the socket is readable), maps them (the cuda backend registers
+ *   them), and only answers OUT_OF_BOUNDS if the segment is still unknown.
+ *   Segments are never removed while the VM lives.
  */
 #ifndef ERLCUDA_RING_H
 #define ERLCUDA_RING_H
@@ -69,6 +82,13 @@
  * aligned, coalesced loads for the GPU. */
 #define EC_ARENA_ALIGN 256u
 #define EC_NEED_WAKEUP 1u
+#define EC_MAX_SEGMENTS 64u
+#define EC_SEGMENT_MAGIC UINT64_C(0x544e454d47455343) /* "CSEGMENT" little-endian */
+
+/* ec_sqe.flags: everything else must be 0. EC_FLAG_FAULT makes a gpud built
+ * with the `fault-injection` feature fault the device on purpose (the test of
+ * crash isolation); any other gpud refuses it with BAD_FLAGS. */
+#define EC_FLAG_FAULT (1u << 31)
 
 /* Kernels: the one table. X(NAME, id, erlang_atom, vector_inputs) */
 #define EC_KERNELS(X)              \
@@ -174,6 +194,14 @@ struct ec_hello {
     uint32_t abi_version;
     uint32_t device;
     uint64_t total_bytes; /* size of the memfd */
+};
+
+/* An arena segment after the first; travels with its memfd. */
+struct ec_segment {
+    uint64_t magic;   /* EC_SEGMENT_MAGIC */
+    uint32_t segment; /* 1 .. EC_MAX_SEGMENTS-1 */
+    uint32_t reserved;
+    uint64_t bytes;   /* size of the memfd, all of it arena */
 };
 
 #endif /* ERLCUDA_RING_H */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+static int sealed_memfd(uint64_t bytes, int *fd_out, uint8_t **base_out);
 
 static socklen_t abstract_addr(const char *name, struct sockaddr_un *sa)
 {
@@ -62,24 +63,18 @@ int shm_create(struct shm *s, uint32_t device, uint32_t entries, uint64_t arena_
     arena_bytes = align_up(arena_bytes, 4096);
     uint64_t total = arena_off + arena_bytes;
 
-    s->memfd = memfd_create("erlcuda", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (s->memfd < 0)
-        goto fail_errno;
-    if (ftruncate(s->memfd, (off_t)total) < 0)
-        goto fail_errno;
-    /* gpud maps the same pages: a shrink would turn its accesses into SIGBUS
-     * in the middle of a kernel, so the size is fixed for good. */
-    if (fcntl(s->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-        goto fail_errno;
-    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, s->memfd, 0);
-    if (p == MAP_FAILED)
-        goto fail_errno;
+    uint8_t *p;
+    if ((err = sealed_memfd(total, &s->memfd, &p)) < 0)
+        goto fail;
     s->base = p;
     s->total_bytes = total;
     s->hdr = (struct ec_header *)s->base;
     s->sq = (struct ec_sqe *)(s->base + sq_off);
     s->cq = (struct ec_cqe *)(s->base + cq_off);
-    s->arena = s->base + arena_off;
+    s->seg[0].base = s->base + arena_off;
+    s->seg[0].bytes = arena_bytes;
+    s->seg[0].memfd = -1;
+    s->nseg = 1;
 
     struct ec_header *h = s->hdr;
     h->magic = EC_MAGIC;
@@ -105,7 +100,8 @@ int shm_create(struct shm *s, uint32_t device, uint32_t entries, uint64_t arena_
 fail_errno:
     err = -errno;
 fail:
-    shm_destroy(s);
+    shm_close_fds(s);
+    shm_unmap(s);
     return err;
 }
 
@@ -116,16 +112,109 @@ static void close_fd(int *fd)
     *fd = -1;
 }
 
-void shm_destroy(struct shm *s)
+void shm_close_fds(struct shm *s)
 {
-    if (s->base)
-        munmap(s->base, s->total_bytes);
-    s->base = NULL;
     close_fd(&s->memfd);
     close_fd(&s->sq_efd);
     close_fd(&s->cq_efd);
     close_fd(&s->listen_fd);
     close_fd(&s->conn_fd);
+    for (uint32_t i = 1; i < s->nseg; i++)
+        close_fd(&s->seg[i].memfd);
+}
+
+void shm_unmap(struct shm *s)
+{
+    for (uint32_t i = 1; i < s->nseg; i++) {
+        if (s->seg[i].base)
+            munmap(s->seg[i].base, s->seg[i].bytes);
+        s->seg[i].base = NULL;
+    }
+    if (s->base)
+        munmap(s->base, s->total_bytes);
+    s->base = NULL;
+    s->hdr = NULL;
+    s->seg[0].base = NULL;
+}
+
+/* Creates a sealed memfd of `bytes` and maps it shared. */
+static int sealed_memfd(uint64_t bytes, int *fd_out, uint8_t **base_out)
+{
+    int fd = memfd_create("erlcuda", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    /* gpud maps the same pages: a shrink would turn its accesses into SIGBUS
+     * in the middle of a kernel, so the size is fixed for good. */
+    if (ftruncate(fd, (off_t)bytes) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    *fd_out = fd;
+    *base_out = p;
+    return 0;
+}
+
+static int send_with_fds(int sock, const void *msg, size_t len, const int *fds, size_t nfds)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+    struct msghdr m = {
+        .msg_iov = &iov,
+        .msg_iovlen = 1,
+        .msg_control = ctl.buf,
+        .msg_controllen = CMSG_SPACE(nfds * sizeof(int)),
+    };
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+    ssize_t n;
+    do {
+        n = sendmsg(sock, &m, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    return n == (ssize_t)len ? 0 : -EIO;
+}
+
+static int send_segment(int sock, const struct shm_segment *g, uint32_t index)
+{
+    struct ec_segment msg = {
+        .magic = EC_SEGMENT_MAGIC,
+        .segment = index,
+        .bytes = g->bytes,
+    };
+    return send_with_fds(sock, &msg, sizeof msg, &g->memfd, 1);
+}
+
+int shm_add_segment(struct shm *s, uint64_t bytes)
+{
+    if (s->nseg >= EC_MAX_SEGMENTS)
+        return -ENOSPC;
+    bytes = align_up(bytes, 4096);
+    struct shm_segment *g = &s->seg[s->nseg];
+    int err = sealed_memfd(bytes, &g->memfd, &g->base);
+    if (err < 0)
+        return err;
+    g->bytes = bytes;
+    uint32_t index = s->nseg++;
+    /* A gpud that misses this (it died) gets every segment at its handshake. */
+    if (s->conn_fd >= 0 && send_segment(s->conn_fd, g, index) < 0)
+        shm_disconnect(s);
+    return (int)index;
 }
 
 void shm_reset_rings(struct shm *s)
@@ -146,7 +235,7 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int send_hello(struct shm *s, int fd, uint32_t device)
+int shm_handover(struct shm *s, int fd, uint32_t device)
 {
     struct ec_hello hello = {
         .magic = EC_MAGIC,
@@ -155,33 +244,19 @@ static int send_hello(struct shm *s, int fd, uint32_t device)
         .total_bytes = s->total_bytes,
     };
     int fds[3] = {s->memfd, s->sq_efd, s->cq_efd};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof fds)];
-    } ctl;
-    memset(&ctl, 0, sizeof ctl);
-    struct iovec iov = {.iov_base = &hello, .iov_len = sizeof hello};
-    struct msghdr msg = {
-        .msg_iov = &iov,
-        .msg_iovlen = 1,
-        .msg_control = ctl.buf,
-        .msg_controllen = sizeof ctl.buf,
-    };
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(c), fds, sizeof fds);
-    ssize_t n;
-    do {
-        n = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0)
-        return -errno;
-    return n == (ssize_t)sizeof hello ? 0 : -EIO;
+    int err = send_with_fds(fd, &hello, sizeof hello, fds, 3);
+    for (uint32_t i = 1; err == 0 && i < s->nseg; i++)
+        err = send_segment(fd, &s->seg[i], i);
+    if (err < 0) {
+        close(fd);
+        return err;
+    }
+    shm_disconnect(s);
+    s->conn_fd = fd;
+    return 0;
 }
 
-int shm_accept(struct shm *s, uint32_t device, pid_t expect_pid, int timeout_ms)
+int shm_accept_peer(struct shm *s, pid_t expect_pid, int timeout_ms)
 {
     int64_t deadline = now_ms() + timeout_ms;
     int saw_stranger = 0;
@@ -211,14 +286,7 @@ int shm_accept(struct shm *s, uint32_t device, pid_t expect_pid, int timeout_ms)
             close(fd);
             continue;
         }
-        int e = send_hello(s, fd, device);
-        if (e < 0) {
-            close(fd);
-            return e;
-        }
-        shm_disconnect(s);
-        s->conn_fd = fd;
-        return 0;
+        return fd;
     }
 }
 

@@ -116,7 +116,7 @@ kernels() ->
 submit(Device, Kernel, Args) ->
     case handle(Device) of
         undefined -> {error, {no_device, Device}};
-        H -> erlcuda_nif:submit(H, Kernel, Args)
+        H -> erlcuda_nif:submit(H, Kernel, Args, 0)
     end.
 
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);

@@ -58,10 +58,13 @@ registered_name(Id) ->
 %% @private
 init({Id, Backend}) ->
     process_flag(trap_exit, true),
-    Entries = application:get_env(erlcuda, ring_entries, 4096),
-    Arena = application:get_env(erlcuda, arena_bytes, 256 bsl 20),
-    Spin = application:get_env(erlcuda, completion_spin_us, 20),
-    case erlcuda_nif:open(Id, Entries, Arena, Spin) of
+    Env = fun(K) -> {ok, V} = application:get_env(erlcuda, K), V end,
+    Arena = Env(arena_bytes),
+    Opts = #{ring_entries => Env(ring_entries), arena_bytes => Arena,
+             arena_max_bytes => max(Arena, Env(arena_max_bytes)),
+             spin_us => Env(completion_spin_us), zero_copy_bytes => Env(zero_copy_bytes),
+             poison_outputs => Env(poison_outputs)},
+    case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
             persistent_term:put({?MODULE, Id}, H),
             S = #{id => Id, backend => Backend, handle => H, port => undefined,
@@ -112,7 +115,7 @@ terminate(_Reason, #{id := Id, handle := H} = S) ->
 
 start_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     T0 = erlang:monotonic_time(microsecond),
-    Spin = application:get_env(erlcuda, gpud_spin_us, 50),
+    {ok, Spin} = application:get_env(erlcuda, gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
             "--spin-us", integer_to_list(Spin)],
@@ -178,7 +181,7 @@ gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
     Now = erlang:monotonic_time(microsecond),
     Quick = Up =:= undefined orelse Now - Up < 1000000,
     QF1 = case Quick of true -> QF + 1; false -> 0 end,
-    {Base, Cap} = application:get_env(erlcuda, restart_backoff_ms, {10, 5000}),
+    {ok, {Base, Cap}} = application:get_env(erlcuda, restart_backoff_ms),
     Delay = case QF1 of
                 0 -> 0;
                 _ -> min(Cap, Base bsl min(QF1 - 1, 20))

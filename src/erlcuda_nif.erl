@@ -3,8 +3,8 @@
 %% use {@link erlcuda}.
 -module(erlcuda_nif).
 
--export([open/4, socket_name/1, accept/3, reset/2, close/1, cancel/2,
-         submit/3, stats/1, kernels/0]).
+-export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2,
+         submit/4, stats/1, kernels/0]).
 
 -on_load(init/0).
 
@@ -22,9 +22,12 @@ init() ->
     erlang:load_nif(filename:join(Priv, "erlcuda_nif"), 0).
 
 %% @doc Creates a device's memfd (sealed), rings, arena and handshake socket.
--spec open(non_neg_integer(), pos_integer(), pos_integer(), non_neg_integer()) ->
-          {ok, handle()} | {error, atom()}.
-open(_Device, _RingEntries, _ArenaBytes, _SpinUs) -> ?NOT_LOADED.
+%% Options (all required): `ring_entries' (power of two), `arena_bytes' (the
+%% first segment), `arena_max_bytes' (growth limit), `spin_us' (completion
+%% thread), `zero_copy_bytes' (binary results at least this large stay in the
+%% arena), `poison_outputs' (fill outputs with NaN before each job).
+-spec open(non_neg_integer(), #{atom() => term()}) -> {ok, handle()} | {error, atom()}.
+open(_Device, _Opts) -> ?NOT_LOADED.
 
 %% @doc The abstract socket name gpud must connect to.
 -spec socket_name(handle()) -> binary().
@@ -50,9 +53,12 @@ close(_H) -> ?NOT_LOADED.
 -spec cancel(handle(), reference()) -> cancelled | sent.
 cancel(_H, _Ref) -> ?NOT_LOADED.
 
-%% @doc Validates a job, copies its inputs into the arena and queues it.
--spec submit(handle(), term(), term()) -> {ok, reference()} | {error, term()}.
-submit(_H, _Kernel, _Args) -> ?NOT_LOADED.
+%% @doc Validates a job, copies its inputs into the arena (binaries already
+%% there are named, not copied) and queues it. `Flags' is 0, or `fault' for
+%% the crash-isolation test (only a gpud built with the `fault-injection'
+%% feature accepts it).
+-spec submit(handle(), term(), term(), 0 | fault) -> {ok, reference()} | {error, term()}.
+submit(_H, _Kernel, _Args, _Flags) -> ?NOT_LOADED.
 
 %% @doc Counters of the VM side and of gpud.
 -spec stats(handle()) -> map().

@@ -14,12 +14,12 @@ start_link() ->
 
 %% @private
 init([]) ->
-    Wanted = application:get_env(erlcuda, backend, auto),
+    {ok, Wanted} = application:get_env(erlcuda, backend),
     case probe(Wanted) of
         {ok, Backend, Count} ->
-            Ids = case application:get_env(erlcuda, devices, auto) of
-                      auto -> lists:seq(0, Count - 1);
-                      L when is_list(L) -> L
+            Ids = case application:get_env(erlcuda, devices) of
+                      {ok, auto} -> lists:seq(0, Count - 1);
+                      {ok, L} when is_list(L) -> L
                   end,
             Children = [#{id => {erlcuda_device, N},
                           start => {erlcuda_device, start_link, [N, Backend]},

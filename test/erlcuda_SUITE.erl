@@ -8,13 +8,14 @@
 
 all() ->
     [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
-     app_stop_leaves_nothing].
+     app_stop_leaves_nothing, arena_growth, result_outlives_app, fault_isolation].
 
 groups() ->
     [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, matmul_edge_shapes,
                             non_finite_values, prop_random_vectors]},
      {stack, [sequence], [concurrent_callers, kill_gpud_under_load, launch_sync_timeout,
-                          timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty]},
+                          timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty,
+                          zero_copy_chain]},
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]}].
 
@@ -332,5 +333,126 @@ alive(OsPid) ->
             case binary:split(Stat, <<") ">>) of
                 [_, <<"Z", _/binary>>] -> gone;
                 _ -> alive
+            end
+    end.
+
+%%% arena: zero-copy results and growth
+
+%% A large binary result stays in the arena; passed to the next job it is not
+%% copied; once garbage, its region is freed.
+zero_copy_chain(_) ->
+    #{arena_used := Used0, arena_inputs := In0} = erlcuda:stats(0),
+    N = 1 bsl 20 + 7,
+    [A, B] = erlcuda_ref:args(vector_add, N, binary),
+    {ok, R1} = erlcuda:launch_sync(vector_add, [A, B]),
+    ok = erlcuda_ref:check(vector_add, [A, B], R1),
+    ?assertMatch(#{result_binaries := 1}, erlcuda:stats(0)),
+    {ok, R2} = erlcuda:launch_sync(vector_add, [R1, R1]),
+    {ok, S} = erlcuda:launch_sync(reduce, [R2]),
+    ok = erlcuda_ref:check(vector_add, [R1, R1], R2),
+    ok = erlcuda_ref:check(reduce, [R2], S),
+    %% A sub-binary of an arena binary is in the arena too.
+    <<_:4/binary, Tail/binary>> = R2,
+    {ok, _} = erlcuda:launch_sync(reduce, [Tail]),
+    #{arena_inputs := In1, result_binaries := Live} = erlcuda:stats(0),
+    ?assertEqual(In0 + 4, In1),
+    ?assert(Live >= 1), % R2 at least; R1 may be garbage already
+    %% Small results are plain heap binaries.
+    {ok, Small} = erlcuda:launch_sync(vector_add, [<<1.0:32/float-native>>, <<2.0:32/float-native>>]),
+    ?assertEqual(<<3.0:32/float-native>>, Small),
+    erlang:garbage_collect(),
+    wait_stats(0, fun(#{result_binaries := RB, arena_used := U}) -> RB =:= 0 andalso U =:= Used0 end).
+
+wait_stats(Id, Pred) -> wait_stats(Id, Pred, 200).
+wait_stats(Id, _, 0) -> ct:fail({stats, erlcuda:stats(Id)});
+wait_stats(Id, Pred, N) ->
+    case Pred(erlcuda:stats(Id)) of
+        true -> ok;
+        false -> erlang:garbage_collect(), timer:sleep(10), wait_stats(Id, Pred, N - 1)
+    end.
+
+%% A 1 MiB arena grows into more segments for larger jobs, up to its limit;
+%% past it launch says busy (or too_large for a job that can never fit).
+arena_growth(_) ->
+    ok = erlcuda_ref:start_app([{arena_bytes, 1 bsl 20}, {arena_max_bytes, 16 bsl 20}]),
+    try
+        Args = erlcuda_ref:args(vector_add, 1 bsl 19, binary),  % 2 MiB per vector
+        {ok, R} = erlcuda:launch_sync(vector_add, Args),
+        ok = erlcuda_ref:check(vector_add, Args, R),
+        #{arena_segments := Segs} = erlcuda:stats(0),
+        ?assert(Segs > 1),
+        %% Hold results until the arena is full: then busy, never a crash.
+        Held = fill(Args, [R]),
+        ?assert(length(Held) >= 2),
+        ?assertEqual({error, busy}, erlcuda:launch(vector_add, Args)),
+        ?assertEqual({error, {badarg, too_large}},
+                     erlcuda:launch(reduce, [<<0:(32 * (5 bsl 20))>>])),
+        %% A new gpud gets every segment at its handshake.
+        [#{os_pid := P}] = erlcuda:devices(),
+        os:cmd("kill -9 " ++ integer_to_list(P)),
+        wait_new_gpud(0, P),
+        {ok, R2} = erlcuda:launch_sync(vector_add, [hd(Held), hd(Held)]),
+        ok = erlcuda_ref:check(vector_add, [hd(Held), hd(Held)], R2)
+    after
+        erlcuda_ref:stop_app()
+    end.
+
+fill(Args, Held) ->
+    case erlcuda:launch_sync(vector_add, Args) of
+        {ok, R} -> fill(Args, [R | Held]);
+        {error, busy} -> Held
+    end.
+
+%% A result binary held after application:stop stays readable; the mapping
+%% goes when the binary does.
+result_outlives_app(_) ->
+    ok = erlcuda_ref:start_app([]),
+    Args = erlcuda_ref:args(vector_add, 1 bsl 16, binary),
+    {ok, R} = erlcuda:launch_sync(vector_add, Args),
+    ok = erlcuda_ref:stop_app(),
+    ok = erlcuda_ref:check(vector_add, Args, R),
+    ?assert(length(memfd_maps()) > 0),
+    %% R is dead from here on: garbage collection drops the last reference.
+    wait_no_maps(100).
+
+wait_no_maps(0) -> ct:fail({maps_left, memfd_maps()});
+wait_no_maps(N) ->
+    case memfd_maps() of
+        [] -> ok;
+        _ -> erlang:garbage_collect(), timer:sleep(10), wait_no_maps(N - 1)
+    end.
+
+%%% crash isolation
+
+%% A job flagged to fault the device (a gpud built with fault injection:
+%% on cuda a bad device pointer, on cpu a simulated device failure) makes
+%% gpud exit non-zero; the job is answered with an error, the VM and the
+%% application carry on, and the next gpud serves the next job.
+fault_isolation(_) ->
+    case os:getenv("ERLCUDA_GPUD_FAULT") of
+        false -> {skip, "ERLCUDA_GPUD_FAULT is not set (make test sets it)"};
+        Gpud ->
+            ok = erlcuda_ref:start_app([{gpud, Gpud}]),
+            try
+                [#{os_pid := P0}] = erlcuda:devices(),
+                {ok, Ref} = erlcuda_nif:submit(erlcuda_device:handle(0), vector_add,
+                                               [[1.0], [2.0]], fault),
+                receive
+                    {erlcuda, Ref, Answer} -> ?assertMatch({error, _}, Answer)
+                after 10000 -> ct:fail(no_answer)
+                end,
+                [#{last_exit := Exit}] = wait_new_gpud(0, P0),
+                ?assertNotEqual(0, Exit),
+                ?assertEqual({ok, [3.0]}, erlcuda:launch_sync(vector_add, [[1.0], [2.0]])),
+                %% Without the feature the flag is refused, not obeyed.
+                ok = erlcuda_ref:start_app([]),
+                {ok, Ref2} = erlcuda_nif:submit(erlcuda_device:handle(0), vector_add,
+                                                [[1.0], [2.0]], fault),
+                receive
+                    {erlcuda, Ref2, A2} -> ?assertEqual({error, {gpud, bad_flags}}, A2)
+                after 10000 -> ct:fail(no_answer)
+                end
+            after
+                erlcuda_ref:stop_app()
             end
     end.

@@ -24,6 +24,9 @@ pub struct DaemonOpts {
 pub enum Command {
     Probe { backend: BackendKind },
     Daemon(DaemonOpts),
+    /// Hidden: `gpud --bench-backend [--device N]` times mapped vs copied
+    /// inputs on the CUDA backend and prints a table (see backend/cuda.rs).
+    BenchBackend { device: u32 },
     Help,
 }
 
@@ -33,6 +36,7 @@ fn usage(msg: impl Into<String>) -> Error {
 
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut probe = false;
+    let mut bench = false;
     let mut socket = None;
     let mut device = None;
     let mut backend = None;
@@ -52,6 +56,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         };
         match flag.as_str() {
             "--probe" => probe = true,
+            "--bench-backend" => bench = true,
             "-h" | "--help" => return Ok(Command::Help),
             "--socket" => {
                 let v = value("--socket")?;
@@ -79,6 +84,14 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         }
     }
     let backend = backend.unwrap_or(BackendKind::Auto);
+    if bench {
+        if probe || socket.is_some() {
+            return Err(usage("--bench-backend takes only --device"));
+        }
+        return Ok(Command::BenchBackend {
+            device: device.unwrap_or(0),
+        });
+    }
     if probe {
         if socket.is_some() || device.is_some() || spin_us.is_some() {
             return Err(usage("--probe takes only --backend"));
@@ -143,6 +156,7 @@ mod tests {
             "--socket x --device 0 --spin-us lots",
             "--socket",
             "--probe --socket x",
+            "--bench-backend --probe",
             "--frobnicate",
             "stray",
         ] {

@@ -70,20 +70,21 @@ pub fn independent(jobs: &[Job]) -> bool {
         .map(|(i, j)| (j.out(), i))
         .filter(|(r, _)| !r.is_empty())
         .collect();
-    outs.sort_unstable_by_key(|(r, _)| r.offset());
+    outs.sort_unstable_by_key(|(r, _)| (r.segment(), r.offset()));
     if outs.windows(2).any(|w| w[0].0.overlaps(&w[1].0)) {
         return false;
     }
-    // Outputs are now disjoint and sorted by start, hence also by end. An
-    // input can only overlap the last output that starts before the input
-    // ends; if that one ends at or before the input's start, so do all
-    // earlier ones.
+    // Outputs are now disjoint and sorted by (segment, start), hence also by
+    // (segment, end). An input can only overlap the last output that starts
+    // before the input ends; if that one ends at or before the input's start
+    // (or lies in a lower segment), so do all earlier ones.
     for (i, job) in jobs.iter().enumerate() {
         for input in job.inputs() {
             if input.is_empty() {
                 continue;
             }
-            let before = outs.partition_point(|(r, _)| r.offset() < input.end());
+            let key = (input.segment(), input.end());
+            let before = outs.partition_point(|(r, _)| (r.segment(), r.offset()) < key);
             if before == 0 {
                 continue;
             }
@@ -224,22 +225,26 @@ mod tests {
             x ^= x << 17;
             x
         };
-        for _ in 0..5000 {
+        let mut sizes = crate::descriptor::SegmentSizes::single(256);
+        sizes.set(1, 256);
+        for round in 0..10000 {
+            // Half the rounds spread the regions over two segments.
+            let segs = if round % 2 == 0 { 1 } else { 2 };
             let n = (next() % 6) as usize + 1;
             let mut jobs = Vec::new();
             while jobs.len() < n {
                 let len = (next() % 5) as u32;
                 let s = Sqe {
                     kernel: Kernel::VectorAdd.id(),
-                    in0: (next() % 32) * 4,
-                    in1: (next() % 32) * 4,
-                    out: (next() % 32) * 4,
+                    in0: ((next() % segs) << 48) | ((next() % 32) * 4),
+                    in1: ((next() % segs) << 48) | ((next() % 32) * 4),
+                    out: ((next() % segs) << 48) | ((next() % 32) * 4),
                     in0_len: len,
                     in1_len: len,
                     out_len: len,
                     ..Sqe::default()
                 };
-                if let Ok(j) = validate(&s, 256) {
+                if let Ok(j) = validate(&s, &sizes) {
                     jobs.push(j);
                 }
             }

@@ -1,31 +1,53 @@
 //! The daemon: handshake, `ready`, then the loop that spins on the SQ,
 //! sleeps when it is idle, and turns each drain into launches and
 //! completions. Exits cleanly when stdin or the socket closes.
+//!
+//! Pipelining: a drain's launches are only *submitted* to the backend; their
+//! completions are written when the backend reports them done (for CUDA:
+//! when the launch's event has fired), in whatever order that happens. While
+//! launches run, gpud drains, validates and submits the next batch, up to
+//! [`MAX_DRAINS_IN_FLIGHT`] drains at a time: one running and one queued
+//! behind it on the GPU, with the SQ filling up meanwhile so that the next
+//! drain coalesces more. With work in flight gpud never blocks on the SQ
+//! eventfd alone: it polls the backend and the SQ together, spinning first
+//! and then napping in bounded, growing steps (20 µs .. 1 ms).
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{poll, ppoll, PollFd, PollFlags, PollTimeout};
+use nix::sys::time::TimeSpec;
 
-use crate::backend::{self, Backend, Launch};
+use crate::backend::{self, Backend, Launch, Ticket};
 use crate::cli::DaemonOpts;
 use crate::coalesce::{self, Coalescer};
-use crate::descriptor::validate;
+use crate::descriptor::{names_unknown_segment, validate, Job};
 use crate::error::{Error, Result};
 use crate::handshake::{self, peer_closed};
-use crate::layout::{Cqe, Sqe, Stats, Status};
+use crate::layout::{Cqe, Kernel, Sqe, Stats, Status};
 use crate::ring::Ring;
+use crate::segment::{Segments, SockState};
 
 /// How often a busy daemon (one that never sleeps) still looks at stdin and
 /// the socket, so that it notices the VM going away.
 const QUIT_CHECK_EVERY: Duration = Duration::from_millis(10);
 
+/// Drains whose launches may be on the backend at once. Two keeps the GPU
+/// fed (the next batch is queued behind the running one) without splitting
+/// the SQ into many small launches while the GPU is busy anyway.
+pub const MAX_DRAINS_IN_FLIGHT: usize = 2;
+
+/// Bounded naps while launches are in flight and nothing else happens.
+const NAP_MIN: Duration = Duration::from_micros(20);
+const NAP_MAX: Duration = Duration::from_millis(1);
+
 /// Why the loop stopped without an error.
 #[derive(Debug, PartialEq, Eq)]
 enum Wake {
-    /// Something may be in the SQ (or the poll timed out): look again.
+    /// Something may be in the SQ or done on the backend (or the poll
+    /// timed out): look again.
     Look,
     /// stdin reached EOF or the VM hung up: exit 0.
     Quit,
@@ -34,28 +56,40 @@ enum Wake {
 /// Runs the daemon until the VM goes away (Ok) or something fails (Err).
 pub fn run(opts: &DaemonOpts) -> Result<()> {
     let session = handshake::handshake(&opts.socket, opts.device)?;
-    let backend = backend::open(opts.backend, opts.device)?;
+    let mut backend = backend::open(opts.backend, opts.device)?;
+    let ring = Ring::new(session.mapping, session.geometry, session.sq_efd, session.cq_efd);
+    let (seg0, seg0_bytes) = ring.arena().segment(0).expect("segment 0");
+    backend.add_segment(0, seg0, seg0_bytes)?;
+    // SAFETY: segment 0 lies in the ring's mapping, which the daemon owns
+    // and drops after `segments` (field order below).
+    let segments = unsafe { Segments::new(seg0, seg0_bytes) };
     let name = backend.name().replace(['\n', '\r'], " ");
     announce(&format!("ready {} {name}", backend.kind()))?;
     eprintln!(
         "gpud[{}]: ready: backend {} ({name}), sq {} cq {} entries, arena {} bytes",
         opts.device,
         backend.kind(),
-        session.geometry.sq_entries,
-        session.geometry.cq_entries,
-        session.geometry.arena_bytes
+        ring.geometry().sq_entries,
+        ring.geometry().cq_entries,
+        ring.geometry().arena_bytes
     );
-    let ring = Ring::new(session.mapping, session.geometry, session.sq_efd, session.cq_efd);
     let mut d = Daemon {
         device: opts.device,
         spin: Duration::from_micros(opts.spin_us),
+        backend,
+        segments,
         ring,
         sock: session.sock,
-        backend,
         sqes: Vec::new(),
         coalescer: Coalescer::new(),
-        status: Vec::new(),
+        in_flight: Vec::new(),
+        done: Vec::new(),
+        next_drain: 0,
     };
+    // Segments the VM sent right after the hello.
+    if d.read_segments()? == Wake::Quit {
+        return Ok(());
+    }
     d.main_loop()
 }
 
@@ -71,43 +105,82 @@ pub fn announce(line: &str) -> Result<()> {
         })
 }
 
+/// A launch the backend holds: its jobs are answered when it is done.
+struct InFlight {
+    ticket: Ticket,
+    kernel: Kernel,
+    jobs: Vec<Job>,
+    drain: u64,
+}
+
+// Field order is drop order: the backend (CUDA: host registrations) goes
+// before the segment mappings, and those before the ring's mapping.
 struct Daemon {
     device: u32,
     spin: Duration,
+    backend: Box<dyn Backend>,
+    segments: Segments,
     ring: Ring,
     sock: OwnedFd,
-    backend: Box<dyn Backend>,
     sqes: Vec<Sqe>,
     coalescer: Coalescer,
-    status: Vec<Status>,
+    in_flight: Vec<InFlight>,
+    /// Tickets the backend reported done and gpud has not answered yet.
+    done: Vec<Ticket>,
+    next_drain: u64,
 }
 
 impl Daemon {
     fn main_loop(&mut self) -> Result<()> {
         let mut last_check = Instant::now();
         loop {
-            if !self.ring.sq_nonempty() && !self.spin_for_work() {
-                if self.ring.arm_sq_wakeup() {
-                    self.ring.stats().sleeps.fetch_add(1, Ordering::Relaxed);
-                    let w = self.wait(PollTimeout::NONE);
-                    self.ring.disarm_sq_wakeup();
-                    if w == Wake::Quit {
+            if !self.reap()? {
+                return Ok(());
+            }
+            let can_drain = self.drains_in_flight() < MAX_DRAINS_IN_FLIGHT;
+            if can_drain && self.ring.sq_nonempty() {
+                if !self.process_drain()? {
+                    return Ok(());
+                }
+                if last_check.elapsed() >= QUIT_CHECK_EVERY {
+                    if self.wait(Some(Duration::ZERO))? == Wake::Quit {
                         return Ok(());
                     }
                     last_check = Instant::now();
                 }
                 continue;
             }
-            if !self.process_drain()? {
-                return Ok(());
+            if !self.in_flight.is_empty() {
+                if self.wait_busy(can_drain)? == Wake::Quit {
+                    return Ok(());
+                }
+                if last_check.elapsed() >= QUIT_CHECK_EVERY {
+                    if self.wait(Some(Duration::ZERO))? == Wake::Quit {
+                        return Ok(());
+                    }
+                    last_check = Instant::now();
+                }
+                continue;
             }
-            if last_check.elapsed() >= QUIT_CHECK_EVERY {
-                if self.wait(PollTimeout::ZERO) == Wake::Quit {
+            // Idle: nothing in flight, nothing in the SQ.
+            if !self.spin_for_work() && self.ring.arm_sq_wakeup() {
+                self.ring.stats().sleeps.fetch_add(1, Ordering::Relaxed);
+                let w = self.wait(None);
+                self.ring.disarm_sq_wakeup();
+                if w? == Wake::Quit {
                     return Ok(());
                 }
                 last_check = Instant::now();
             }
         }
+    }
+
+    fn drains_in_flight(&self) -> usize {
+        // At most a handful of launches: a quadratic count is cheapest.
+        let f = &self.in_flight;
+        (0..f.len())
+            .filter(|&i| f[..i].iter().all(|x| x.drain != f[i].drain))
+            .count()
     }
 
     /// Polls the SQ tail for up to `spin`. True when work showed up.
@@ -130,22 +203,127 @@ impl Daemon {
         }
     }
 
-    /// Blocks (or just looks, with a zero timeout) on the SQ eventfd, stdin
-    /// and the socket.
-    fn wait(&self, timeout: PollTimeout) -> Wake {
+    /// Launches are in flight: waits until one finishes, or (when another
+    /// drain may start) the SQ has work, or the VM goes away. Spins for
+    /// `spin`, then naps in bounded steps; never blocks for long.
+    fn wait_busy(&mut self, can_drain: bool) -> Result<Wake> {
+        let start = Instant::now();
+        loop {
+            if self.poll_backend()? {
+                return Ok(Wake::Look);
+            }
+            for _ in 0..32 {
+                if can_drain && self.ring.sq_nonempty() {
+                    return Ok(Wake::Look);
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= self.spin {
+                break;
+            }
+        }
+        let mut nap = NAP_MIN;
+        loop {
+            // Ask the VM for a wake-up so that new work cuts the nap short.
+            if can_drain && !self.ring.arm_sq_wakeup() {
+                return Ok(Wake::Look);
+            }
+            let w = self.wait(Some(nap));
+            if can_drain {
+                self.ring.disarm_sq_wakeup();
+            }
+            if w? == Wake::Quit {
+                return Ok(Wake::Quit);
+            }
+            if self.poll_backend()? || (can_drain && self.ring.sq_nonempty()) {
+                return Ok(Wake::Look);
+            }
+            nap = (nap * 2).min(NAP_MAX);
+        }
+    }
+
+    /// Collects finished tickets into `self.done`. True when there are some.
+    /// On a backend failure answers everything in flight first.
+    fn poll_backend(&mut self) -> Result<bool> {
+        if let Err(e) = self.backend.poll(&mut self.done) {
+            eprintln!("gpud[{}]: device failed: {e}", self.device);
+            self.fail_all();
+            return Err(e);
+        }
+        Ok(!self.done.is_empty())
+    }
+
+    /// Answers every launch the backend has finished. Ok(false) when the VM
+    /// went away while gpud waited for CQ room.
+    fn reap(&mut self) -> Result<bool> {
+        if self.in_flight.is_empty() {
+            return Ok(true);
+        }
+        self.poll_backend()?;
+        if self.done.is_empty() {
+            return Ok(true);
+        }
+        let done = std::mem::take(&mut self.done);
+        for t in &done {
+            let Some(i) = self.in_flight.iter().position(|f| f.ticket == *t) else {
+                eprintln!("gpud[{}]: backend reported unknown ticket {t}", self.device);
+                continue;
+            };
+            let f = self.in_flight.swap_remove(i);
+            if !self.answer(&f.jobs, Status::Ok) {
+                return Ok(false);
+            }
+            self.ring.cq_publish();
+        }
+        self.done = done;
+        self.done.clear();
+        Ok(true)
+    }
+
+    /// Writes one completion per job with `status`; batch = the launch size.
+    fn answer(&mut self, jobs: &[Job], status: Status) -> bool {
+        let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+        jobs.iter().all(|j| self.complete(j.user_data(), status, batch))
+    }
+
+    /// The device is gone: every job gpud holds gets DEVICE_ERROR, so the VM
+    /// hears about each one even on the way down.
+    fn fail_all(&mut self) {
+        let held = std::mem::take(&mut self.in_flight);
+        for f in &held {
+            eprintln!(
+                "gpud[{}]: answering {} {:?} jobs in flight with DEVICE_ERROR",
+                self.device,
+                f.jobs.len(),
+                f.kernel
+            );
+            if !self.answer(&f.jobs, Status::DeviceError) {
+                break;
+            }
+        }
+        self.ring.cq_publish();
+    }
+
+    /// Blocks (or just looks, with a zero timeout; `None` waits for ever) on
+    /// the SQ eventfd, stdin and the socket. Reads arena segments the VM sent.
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<Wake> {
         let stdin = std::io::stdin();
         let mut fds = [
             PollFd::new(self.ring.sq_eventfd().as_fd(), PollFlags::POLLIN),
             PollFd::new(stdin.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
         ];
-        match poll(&mut fds, timeout) {
+        let r = match timeout {
+            None => poll(&mut fds, PollTimeout::NONE),
+            Some(t) => ppoll(&mut fds, Some(TimeSpec::from_duration(t)), None),
+        };
+        match r {
             Ok(_) => {}
             // A signal: the caller looks at the ring again and comes back.
-            Err(nix::errno::Errno::EINTR) => return Wake::Look,
+            Err(nix::errno::Errno::EINTR) => return Ok(Wake::Look),
             Err(e) => {
                 eprintln!("gpud[{}]: poll: {}; exiting", self.device, e.desc());
-                return Wake::Quit;
+                return Ok(Wake::Quit);
             }
         }
         let rev = |i: usize| fds[i].revents().unwrap_or(PollFlags::empty());
@@ -156,20 +334,39 @@ impl Daemon {
             // dropped. Only EOF matters.
             let mut buf = [0u8; 256];
             match nix::unistd::read(stdin.as_fd(), &mut buf) {
-                Ok(0) => return self.quit("stdin closed"),
+                Ok(0) => return Ok(self.quit("stdin closed")),
                 Ok(_) | Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
-                Err(_) => return self.quit("stdin failed"),
+                Err(_) => return Ok(self.quit("stdin failed")),
             }
         } else if input.intersects(gone) {
-            return self.quit("stdin closed");
+            return Ok(self.quit("stdin closed"));
         }
-        if sock.intersects(gone) || (sock.contains(PollFlags::POLLIN) && peer_closed(&self.sock)) {
-            return self.quit("the VM closed the socket");
+        if sock.contains(PollFlags::POLLIN) {
+            // Segment messages first: a hang-up behind them shows up as the
+            // end of the queue.
+            if self.read_segments()? == Wake::Quit {
+                return Ok(Wake::Quit);
+            }
+        } else if sock.intersects(gone) {
+            return Ok(self.quit("the VM closed the socket"));
         }
         if efd.contains(PollFlags::POLLIN) {
             self.ring.drain_sq_eventfd();
         }
-        Wake::Look
+        Ok(Wake::Look)
+    }
+
+    /// Reads queued arena-segment messages. Quit when the VM hung up.
+    fn read_segments(&mut self) -> Result<Wake> {
+        match self.segments.receive(&self.sock, &mut *self.backend, self.device) {
+            Ok(SockState::Open) => Ok(Wake::Look),
+            Ok(SockState::Closed) => Ok(self.quit("the VM closed the socket")),
+            Err(e) => {
+                eprintln!("gpud[{}]: registering a segment failed: {e}", self.device);
+                self.fail_all();
+                Err(e)
+            }
+        }
     }
 
     fn quit(&self, why: &str) -> Wake {
@@ -177,8 +374,8 @@ impl Daemon {
         Wake::Quit
     }
 
-    /// One drain: copy, validate, coalesce, launch, complete. Ok(false) when
-    /// the VM went away while gpud waited for CQ room.
+    /// One drain: copy, validate, coalesce, submit. Ok(false) when the VM
+    /// went away (while gpud waited for CQ room, or on the socket).
     fn process_drain(&mut self) -> Result<bool> {
         self.sqes.clear();
         let drain = self.ring.drain_sq(&mut self.sqes);
@@ -199,10 +396,23 @@ impl Daemon {
 
         // Validate everything first; refusals are answered at once.
         self.coalescer.clear();
-        let arena_bytes = self.ring.geometry().arena_bytes;
         let sqes = std::mem::take(&mut self.sqes);
+        let mut looked_for_segments = false;
         for sqe in &sqes {
-            match validate(sqe, arena_bytes) {
+            let mut v = validate(sqe, self.segments.sizes());
+            if v == Err(Status::OutOfBounds)
+                && !looked_for_segments
+                && names_unknown_segment(sqe, self.segments.sizes())
+            {
+                // The VM sends a segment before naming it: it is queued on
+                // the socket. Read once per drain, then judge again.
+                looked_for_segments = true;
+                if self.read_segments()? == Wake::Quit {
+                    return Ok(false);
+                }
+                v = validate(sqe, self.segments.sizes());
+            }
+            match v {
                 Ok(job) => self.coalescer.push(job),
                 Err(status) => {
                     self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
@@ -217,46 +427,49 @@ impl Daemon {
 
         // One launch per kernel.
         let coalescer = std::mem::take(&mut self.coalescer);
-        let result = self.launch_all(&coalescer);
+        let result = self.submit_all(&coalescer);
         self.coalescer = coalescer;
         result
     }
 
-    fn launch_all(&mut self, coalescer: &Coalescer) -> Result<bool> {
-        let mut fatal = None;
-        for (kernel, jobs) in coalescer.groups() {
-            let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
-            self.status.clear();
-            self.status.resize(jobs.len(), Status::Ok);
-            if fatal.is_none() {
-                self.ring.stats().launches.fetch_add(1, Ordering::Relaxed);
-                let launch = Launch {
+    fn submit_all(&mut self, coalescer: &Coalescer) -> Result<bool> {
+        let drain = self.next_drain;
+        self.next_drain += 1;
+        let mut groups = coalescer.groups();
+        while let Some((kernel, jobs)) = groups.next() {
+            self.ring.stats().launches.fetch_add(1, Ordering::Relaxed);
+            let launch = Launch {
+                kernel,
+                jobs,
+                independent: coalesce::independent(jobs),
+            };
+            let arena = self.segments.arena();
+            match self.backend.submit(&arena, &launch) {
+                Ok(ticket) => self.in_flight.push(InFlight {
+                    ticket,
                     kernel,
-                    jobs,
-                    independent: coalesce::independent(jobs),
-                };
-                let arena = self.ring.arena();
-                if let Err(e) = self.backend.launch(&arena, &launch, &mut self.status) {
+                    jobs: jobs.to_vec(),
+                    drain,
+                }),
+                Err(e) => {
                     eprintln!("gpud[{}]: {kernel:?} launch failed: {e}", self.device);
-                    fatal = Some(e);
+                    // This launch, the rest of the drain and everything in
+                    // flight: all answered before gpud exits.
+                    // Launches that did finish (the CPU backend's, say)
+                    // are answered as done; everything else DEVICE_ERROR.
+                    let mut ok = self.answer(jobs, Status::DeviceError);
+                    for (_, rest) in groups.by_ref() {
+                        ok = ok && self.answer(rest, Status::DeviceError);
+                    }
+                    self.ring.cq_publish();
+                    if ok && matches!(self.reap(), Ok(true)) {
+                        self.fail_all();
+                    }
+                    return Err(e);
                 }
             }
-            if fatal.is_some() {
-                // Everything still held is answered before gpud exits, so
-                // the VM hears about each job even on the way down.
-                self.status.fill(Status::DeviceError);
-            }
-            for (job, i) in jobs.iter().zip(0..) {
-                if !self.complete(job.user_data(), self.status[i], batch) {
-                    return Ok(false);
-                }
-            }
-            self.ring.cq_publish();
         }
-        match fatal {
-            Some(e) => Err(e),
-            None => Ok(true),
-        }
+        Ok(true)
     }
 
     /// Writes one completion (waiting for room if the VM broke its promise

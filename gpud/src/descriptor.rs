@@ -7,24 +7,92 @@
 //! only be built by [`validate`], so holding one is the proof the backends
 //! rely on when they turn its regions into slices.
 
-use crate::layout::{Kernel, Sqe, Status, EC_ADDR_SEGMENT_SHIFT};
+use crate::layout::{
+    Kernel, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_FAULT,
+    EC_MAX_SEGMENTS,
+};
 
 /// Bytes per element: every kernel works on f32.
 pub const ELEM_BYTES: u64 = 4;
 
-/// A validated run of f32 elements in the arena: `len` elements starting at
-/// byte `offset`, with `offset % 4 == 0` and `offset + 4 * len <= arena_bytes`.
+/// The arena segments gpud has mapped, and their sizes: what addresses are
+/// validated against. Segment 0 is the arena inside the first memfd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentSizes {
+    bytes: [u64; EC_MAX_SEGMENTS as usize],
+    /// Bit i set: segment i is mapped.
+    known: u64,
+}
+
+impl SegmentSizes {
+    /// Only segment 0, of `arena_bytes`.
+    pub fn single(arena_bytes: u64) -> SegmentSizes {
+        let mut s = SegmentSizes {
+            bytes: [0; EC_MAX_SEGMENTS as usize],
+            known: 0,
+        };
+        s.set(0, arena_bytes);
+        s
+    }
+
+    /// Records segment `seg` (< EC_MAX_SEGMENTS) of `bytes`.
+    pub fn set(&mut self, seg: usize, bytes: u64) {
+        self.bytes[seg] = bytes;
+        self.known |= 1 << seg;
+    }
+
+    /// The size of segment `seg`, if it is mapped.
+    pub fn get(&self, seg: usize) -> Option<u64> {
+        (seg < EC_MAX_SEGMENTS as usize && self.known & (1 << seg) != 0).then(|| self.bytes[seg])
+    }
+
+    pub fn is_known(&self, seg: usize) -> bool {
+        self.get(seg).is_some()
+    }
+}
+
+/// What validation checks addresses against: a plain `u64` is a lone
+/// segment 0 of that many bytes (handy in tests).
+pub trait Sizes {
+    fn segment_bytes(&self, seg: usize) -> Option<u64>;
+}
+
+impl Sizes for u64 {
+    fn segment_bytes(&self, seg: usize) -> Option<u64> {
+        (seg == 0).then_some(*self)
+    }
+}
+
+impl Sizes for &SegmentSizes {
+    fn segment_bytes(&self, seg: usize) -> Option<u64> {
+        self.get(seg)
+    }
+}
+
+/// A validated run of f32 elements in one arena segment: `len` elements
+/// starting at byte `offset` of segment `seg`, with `offset % 4 == 0` and
+/// `offset + 4 * len <=` the segment's size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Region {
+    seg: u16,
     offset: u64,
     len: u32,
 }
 
 impl Region {
     /// The empty region; used for inputs a kernel does not read.
-    pub const EMPTY: Region = Region { offset: 0, len: 0 };
+    pub const EMPTY: Region = Region {
+        seg: 0,
+        offset: 0,
+        len: 0,
+    };
 
-    /// Byte offset from the start of the arena.
+    /// The arena segment the region lies in.
+    pub fn segment(&self) -> usize {
+        self.seg as usize
+    }
+
+    /// Byte offset from the start of its segment.
     pub fn offset(&self) -> u64 {
         self.offset
     }
@@ -43,21 +111,22 @@ impl Region {
         self.offset + u64::from(self.len) * ELEM_BYTES
     }
 
-    /// True when both regions are non-empty and share at least one byte.
+    /// True when both regions are non-empty and share at least one byte
+    /// (of the same segment: different segments are different memory).
     pub fn overlaps(&self, other: &Region) -> bool {
         !self.is_empty()
             && !other.is_empty()
+            && self.seg == other.seg
             && self.offset < other.end()
             && other.offset < self.end()
     }
 
-    /// Checks an arena address and an element count against the arena.
-    pub fn new(addr: u64, len: u32, arena_bytes: u64) -> Result<Region, Status> {
-        // Only segment 0 exists; any other segment names memory gpud does not have.
-        if addr >> EC_ADDR_SEGMENT_SHIFT != 0 {
-            return Err(Status::OutOfBounds);
-        }
-        let offset = addr;
+    /// Checks an arena address and an element count against the segments.
+    pub fn new(addr: u64, len: u32, sizes: impl Sizes) -> Result<Region, Status> {
+        let seg = (addr >> EC_ADDR_SEGMENT_SHIFT) as usize;
+        // A segment gpud has not mapped names memory it does not have.
+        let seg_bytes = sizes.segment_bytes(seg).ok_or(Status::OutOfBounds)?;
+        let offset = addr & EC_ADDR_OFFSET_MASK;
         if !offset.is_multiple_of(ELEM_BYTES) {
             return Err(Status::Misaligned);
         }
@@ -65,11 +134,33 @@ impl Region {
             .checked_mul(ELEM_BYTES)
             .and_then(|bytes| offset.checked_add(bytes))
             .ok_or(Status::OutOfBounds)?;
-        if end > arena_bytes {
+        if end > seg_bytes {
             return Err(Status::OutOfBounds);
         }
-        Ok(Region { offset, len })
+        Ok(Region {
+            seg: seg as u16,
+            offset,
+            len,
+        })
     }
+}
+
+/// True when `sqe` is a known kernel and one of the addresses it uses names
+/// a segment slot (1 <= i < EC_MAX_SEGMENTS) that `sizes` does not know yet:
+/// the VM sends a segment before any descriptor naming it, so gpud should
+/// read the socket and validate again before refusing the job.
+pub fn names_unknown_segment(sqe: &Sqe, sizes: &SegmentSizes) -> bool {
+    let Some(kernel) = Kernel::from_id(sqe.kernel) else {
+        return false;
+    };
+    let mut addrs = [Some(sqe.in0), Some(sqe.in1), Some(sqe.out)];
+    if kernel.vector_inputs() == 1 {
+        addrs[1] = None;
+    }
+    addrs.into_iter().flatten().any(|a| {
+        let seg = (a >> EC_ADDR_SEGMENT_SHIFT) as usize;
+        seg < EC_MAX_SEGMENTS as usize && !sizes.is_known(seg)
+    })
 }
 
 /// A job that passed [`validate`]. Fields are private so that only
@@ -84,6 +175,8 @@ pub struct Job {
     m: u32,
     n: u32,
     k: u32,
+    /// EC_FLAG_FAULT was set (only possible with the `fault-injection` feature).
+    fault: bool,
 }
 
 impl Job {
@@ -106,6 +199,11 @@ impl Job {
     /// Matmul dimensions (A is m×k, B is k×n); zero for other kernels.
     pub fn dims(&self) -> (usize, usize, usize) {
         (self.m as usize, self.n as usize, self.k as usize)
+    }
+    /// True when the job asks the backend to fault the device on purpose.
+    /// Always false without the `fault-injection` feature.
+    pub fn fault(&self) -> bool {
+        self.fault
     }
     /// The regions the job reads.
     pub fn inputs(&self) -> [Region; 2] {
@@ -131,21 +229,23 @@ impl Job {
 /// the matmul dimensions), each used address (segment, alignment, bounds),
 /// and finally that the output does not overlap an input. Inputs may overlap
 /// each other: reading the same region twice is harmless.
-pub fn validate(sqe: &Sqe, arena_bytes: u64) -> Result<Job, Status> {
-    if sqe.flags != 0 {
-        return Err(Status::BadFlags);
-    }
+pub fn validate(sqe: &Sqe, sizes: impl Sizes + Copy) -> Result<Job, Status> {
+    let fault = match sqe.flags {
+        0 => false,
+        EC_FLAG_FAULT if cfg!(feature = "fault-injection") => true,
+        _ => return Err(Status::BadFlags),
+    };
     let kernel = Kernel::from_id(sqe.kernel).ok_or(Status::BadKernel)?;
     check_shape(kernel, sqe)?;
 
-    let in0 = Region::new(sqe.in0, sqe.in0_len, arena_bytes)?;
+    let in0 = Region::new(sqe.in0, sqe.in0_len, sizes)?;
     // Reduce reads one vector; its in1 address is documented as unused, so
     // whatever is there is ignored rather than judged.
     let in1 = match kernel.vector_inputs() {
         1 => Region::EMPTY,
-        _ => Region::new(sqe.in1, sqe.in1_len, arena_bytes)?,
+        _ => Region::new(sqe.in1, sqe.in1_len, sizes)?,
     };
-    let out = Region::new(sqe.out, sqe.out_len, arena_bytes)?;
+    let out = Region::new(sqe.out, sqe.out_len, sizes)?;
     if out.overlaps(&in0) || out.overlaps(&in1) {
         return Err(Status::Overlap);
     }
@@ -162,6 +262,7 @@ pub fn validate(sqe: &Sqe, arena_bytes: u64) -> Result<Job, Status> {
         m,
         n,
         k,
+        fault,
     })
 }
 
@@ -273,11 +374,92 @@ mod tests {
 
     #[test]
     fn refuses_flags() {
-        for flags in [1, 2, 0x8000_0000, u32::MAX] {
+        for flags in [1, 2, 0x4000_0000, 0x8000_0001, u32::MAX] {
             let mut s = vadd(0, 0x100, 0x200, 4);
             s.flags = flags;
             assert_eq!(validate(&s, ARENA), Err(Status::BadFlags));
         }
+        assert!(!validate(&vadd(0, 0x100, 0x200, 4), ARENA).unwrap().fault());
+    }
+
+    /// EC_FLAG_FAULT is BAD_FLAGS unless gpud is built with the
+    /// `fault-injection` feature; then it is validated like any other job.
+    #[test]
+    fn fault_flag_only_with_the_feature() {
+        let mut s = vadd(0, 0x100, 0x200, 4);
+        s.flags = EC_FLAG_FAULT;
+        if cfg!(feature = "fault-injection") {
+            assert!(validate(&s, ARENA).unwrap().fault());
+            // Still validated as usual.
+            s.out = 0;
+            assert_eq!(validate(&s, ARENA), Err(Status::Overlap));
+            s.kernel = 9;
+            assert_eq!(validate(&s, ARENA), Err(Status::BadKernel));
+        } else {
+            assert_eq!(validate(&s, ARENA), Err(Status::BadFlags));
+        }
+    }
+
+    fn seg(i: u64, off: u64) -> u64 {
+        (i << EC_ADDR_SEGMENT_SHIFT) | off
+    }
+
+    #[test]
+    fn segments_are_checked_against_their_own_sizes() {
+        let mut sizes = SegmentSizes::single(ARENA);
+        sizes.set(1, 4096);
+        sizes.set(63, 1 << 30);
+        let sz = &sizes;
+        // Inside segment 1, and exactly at its end.
+        let j = validate(&vadd(seg(1, 0), seg(1, 16), seg(1, 4096 - 16), 4), sz).unwrap();
+        assert_eq!((j.out().segment(), j.out().offset()), (1, 4096 - 16));
+        // Mixed segments in one job.
+        let j = validate(&vadd(0, seg(63, 0x100), seg(1, 0), 4), sz).unwrap();
+        assert_eq!([j.in0().segment(), j.in1().segment(), j.out().segment()], [0, 63, 1]);
+        // Past the end of segment 1 (fine in segment 0).
+        assert_eq!(validate(&vadd(seg(1, 4096 - 12), 0, 0x200, 4), sz), Err(Status::OutOfBounds));
+        assert!(validate(&vadd(4096 - 12, 0x1000, 0x200, 4), sz).is_ok());
+        // Unknown segments, slots past EC_MAX_SEGMENTS, the top segment.
+        for addr in [seg(2, 0), seg(62, 0), seg(64, 0), seg(0xffff, 0), u64::MAX - 3] {
+            assert_eq!(validate(&vadd(addr, 0, 0x200, 4), sz), Err(Status::OutOfBounds), "{addr:#x}");
+            assert_eq!(validate(&vadd(0, 0x200, addr, 4), sz), Err(Status::OutOfBounds), "{addr:#x}");
+        }
+        // Misalignment inside another segment.
+        assert_eq!(validate(&vadd(seg(1, 2), 0, 0x200, 4), sz), Err(Status::Misaligned));
+        // The same offset in two segments is not an overlap.
+        assert!(validate(&vadd(seg(1, 0), 0x100, 0, 4), sz).is_ok());
+        // The same offset in one segment is.
+        assert_eq!(validate(&vadd(seg(1, 0), 0x100, seg(1, 8), 4), sz), Err(Status::Overlap));
+        // Segment 0 of a plain size knows no other segment.
+        assert_eq!(validate(&vadd(seg(1, 0), 0, 0x200, 4), ARENA), Err(Status::OutOfBounds));
+    }
+
+    #[test]
+    fn unknown_segments_are_recognised() {
+        let mut sizes = SegmentSizes::single(ARENA);
+        sizes.set(1, 4096);
+        assert!(!names_unknown_segment(&vadd(seg(1, 0), 0, 0x200, 4), &sizes));
+        assert!(names_unknown_segment(&vadd(seg(2, 0), 0, 0x200, 4), &sizes));
+        assert!(names_unknown_segment(&vadd(0, 0, seg(63, 0), 4), &sizes));
+        // Slots that can never exist are not worth a look at the socket.
+        assert!(!names_unknown_segment(&vadd(seg(64, 0), 0, 0x200, 4), &sizes));
+        assert!(!names_unknown_segment(&vadd(u64::MAX, 0, 0x200, 4), &sizes));
+        // Reduce ignores in1, so an unknown segment there does not count.
+        let r = Sqe {
+            kernel: Kernel::Reduce.id(),
+            in1: seg(5, 0),
+            out: 0x100,
+            out_len: 1,
+            ..Sqe::default()
+        };
+        assert!(!names_unknown_segment(&r, &sizes));
+        // Unknown kernels: nothing to look up.
+        assert!(!names_unknown_segment(&Sqe { kernel: 77, in0: seg(2, 0), ..r }, &sizes));
+        // SegmentSizes bookkeeping.
+        assert_eq!(sizes.get(1), Some(4096));
+        assert_eq!(sizes.get(2), None);
+        assert_eq!(sizes.get(64), None);
+        assert_eq!(sizes.get(usize::MAX), None);
     }
 
     #[test]
@@ -315,7 +497,7 @@ mod tests {
             validate(&vadd(0, 0x100, 0x200, 4), 0x200),
             Err(Status::OutOfBounds)
         );
-        assert_eq!(Region::new(big, u32::MAX, u64::MAX), Ok(Region { offset: big, len: u32::MAX }));
+        assert_eq!(Region::new(big, u32::MAX, u64::MAX), Ok(Region { seg: 0, offset: big, len: u32::MAX }));
         assert_eq!(Region::new(big, u32::MAX, big), Err(Status::OutOfBounds));
     }
 
@@ -554,7 +736,7 @@ mod tests {
                 }
                 Ok(j) => {
                     accepted += 1;
-                    assert_eq!(s.flags, 0);
+                    assert!(s.flags == 0 || (s.flags == EC_FLAG_FAULT && j.fault()));
                     assert_eq!(j.kernel().id(), s.kernel);
                     let mut regions = vec![j.in0(), j.out()];
                     if j.kernel().vector_inputs() == 2 {

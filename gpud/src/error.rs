@@ -13,8 +13,12 @@ pub enum Error {
         what: &'static str,
         errno: nix::errno::Errno,
     },
-    /// `--backend cuda` on a build or machine without one.
-    NoCudaBackend,
+    /// `--backend cuda` on a build or machine without one. `reason` is the
+    /// one-token reason for the VM (`no_cuda_backend`: built without
+    /// kernels; `no_cuda_driver`: libcuda missing or cuInit failed;
+    /// `no_cuda_device`: no such device; `cuda_setup_failed`: context,
+    /// module or memory setup failed), `detail` says more on stderr.
+    NoCuda { reason: &'static str, detail: String },
     /// The backend failed in a way that leaves it unusable (for CUDA: a
     /// poisoned context). gpud answers what it holds and exits on purpose.
     Device(String),
@@ -31,7 +35,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Handshake(_) | Error::Sys { .. } => 1,
-            Error::Usage(_) | Error::NoCudaBackend => 2,
+            Error::Usage(_) | Error::NoCuda { .. } => 2,
             Error::Device(_) => 3,
         }
     }
@@ -40,7 +44,7 @@ impl Error {
     /// errors the VM is expected to tell apart. Others only go to stderr.
     pub fn stdout_reason(&self) -> Option<&'static str> {
         match self {
-            Error::NoCudaBackend => Some("no_cuda_backend"),
+            Error::NoCuda { reason, .. } => Some(reason),
             _ => None,
         }
     }
@@ -52,7 +56,7 @@ impl fmt::Display for Error {
             Error::Usage(m) => write!(f, "usage: {m}"),
             Error::Handshake(m) => write!(f, "handshake: {m}"),
             Error::Sys { what, errno } => write!(f, "{what}: {}", errno.desc()),
-            Error::NoCudaBackend => write!(f, "no CUDA backend in this build"),
+            Error::NoCuda { reason, detail } => write!(f, "no CUDA backend ({reason}): {detail}"),
             Error::Device(m) => write!(f, "device error: {m}"),
         }
     }

@@ -150,6 +150,12 @@ impl Mapping {
         if len < u64::from(EC_HEADER_BYTES) {
             return Err(bad(format!("memfd of {len} bytes cannot hold the header")));
         }
+        Mapping::new_plain(fd, len)
+    }
+
+    /// Maps `len` (> 0) bytes of `fd` read-write and shared: an arena
+    /// segment, which has no header. Do not call `header` on the result.
+    pub fn new_plain(fd: impl AsFd, len: u64) -> Result<Mapping> {
         let len = usize::try_from(len)
             .ok()
             .and_then(NonZeroUsize::new)
@@ -343,13 +349,20 @@ pub fn receive_hello(sock: &OwnedFd) -> Result<(Hello, [OwnedFd; 3])> {
 /// Checks the memfd (a sealed regular file of exactly `total` bytes) and
 /// maps it.
 pub fn map_shared(memfd: &OwnedFd, total: u64) -> Result<Mapping> {
+    check_memfd(memfd, total)?;
+    Mapping::new(memfd, total)
+}
+
+/// Checks that `memfd` is a regular file of exactly `total` bytes, sealed
+/// against shrinking.
+pub fn check_memfd(memfd: &OwnedFd, total: u64) -> Result<()> {
     let st = fstat(memfd).map_err(Error::sys("fstat memfd"))?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err(bad("the memfd is not a regular file"));
     }
     if u64::try_from(st.st_size).ok() != Some(total) {
         return Err(bad(format!(
-            "memfd is {} bytes, hello says {total}",
+            "memfd is {} bytes, the VM says {total}",
             st.st_size
         )));
     }
@@ -359,7 +372,7 @@ pub fn map_shared(memfd: &OwnedFd, total: u64) -> Result<Mapping> {
     if SealFlag::from_bits_truncate(seals) & SealFlag::F_SEAL_SHRINK != SealFlag::F_SEAL_SHRINK {
         return Err(bad("the memfd is not sealed against shrinking"));
     }
-    Mapping::new(memfd, total)
+    Ok(())
 }
 
 /// An eventfd shows up in /proc as `anon_inode:[eventfd]`; anything else
@@ -375,11 +388,12 @@ fn check_eventfd(fd: &OwnedFd, what: &str) -> Result<()> {
 }
 
 /// True when the VM has closed its end of the connection (checked without
-/// blocking; data it might send is read and ignored).
+/// blocking). Only peeks: a queued message (an arena segment) stays queued
+/// for [`crate::segment`], and hides the hang-up until it has been read.
 pub fn peer_closed(sock: &OwnedFd) -> bool {
     let mut b = [0u8; 16];
     matches!(
-        socket::recv(sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT),
+        socket::recv(sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK),
         Ok(0) | Err(nix::errno::Errno::ECONNRESET) | Err(nix::errno::Errno::ENOTCONN)
     )
 }

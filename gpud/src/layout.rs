@@ -15,6 +15,12 @@ pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
 pub const EC_NEED_WAKEUP: u32 = 1;
+pub const EC_MAX_SEGMENTS: u32 = 64;
+/// "CSEGMENT" read as a little-endian u64.
+pub const EC_SEGMENT_MAGIC: u64 = 0x544e_454d_4745_5343;
+/// `ec_sqe.flags`: fault the device on purpose (only a gpud built with the
+/// `fault-injection` feature accepts it; any other refuses it with BAD_FLAGS).
+pub const EC_FLAG_FAULT: u32 = 1 << 31;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
@@ -149,6 +155,43 @@ impl Hello {
     }
 }
 
+/// `struct ec_segment`: an arena segment after the first; travels with its
+/// memfd on the handshake connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentMsg {
+    pub magic: u64,
+    pub segment: u32,
+    pub reserved: u32,
+    pub bytes: u64,
+}
+
+impl SegmentMsg {
+    /// Decodes the message; `None` unless exactly `size_of::<SegmentMsg>()` bytes.
+    pub fn from_bytes(b: &[u8]) -> Option<SegmentMsg> {
+        if b.len() != std::mem::size_of::<SegmentMsg>() {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        Some(SegmentMsg {
+            magic: u64_at(0),
+            segment: u32_at(8),
+            reserved: u32_at(12),
+            bytes: u64_at(16),
+        })
+    }
+
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[0..8].copy_from_slice(&self.magic.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.segment.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.reserved.to_ne_bytes());
+        b[16..24].copy_from_slice(&self.bytes.to_ne_bytes());
+        b
+    }
+}
+
 /// `enum ec_kernel` (the `EC_KERNELS` X-macro).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -269,6 +312,7 @@ impl Status {
 const _: () = assert!(std::mem::size_of::<Sqe>() == 64);
 const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
 const _: () = assert!(std::mem::size_of::<Hello>() == 24);
+const _: () = assert!(std::mem::size_of::<SegmentMsg>() == 24);
 const _: () = assert!(std::mem::size_of::<Header>() <= EC_HEADER_BYTES as usize);
 const _: () = assert!(std::mem::align_of::<Header>() == EC_CACHELINE as usize);
 
@@ -332,13 +376,20 @@ int main(void)
     OF(ec_hello, magic); OF(ec_hello, abi_version); OF(ec_hello, device);
     OF(ec_hello, total_bytes);
 
+    SZ(ec_segment); AL(ec_segment);
+    OF(ec_segment, magic); OF(ec_segment, segment); OF(ec_segment, reserved);
+    OF(ec_segment, bytes);
+
     P("const.EC_MAGIC_HI", EC_MAGIC >> 32);
     P("const.EC_MAGIC_LO", EC_MAGIC & 0xffffffffu);
     C(EC_ABI_VERSION); C(EC_CACHELINE); C(EC_HEADER_BYTES); C(EC_ARENA_ALIGN);
     C(EC_NEED_WAKEUP); C(EC_ADDR_SEGMENT_SHIFT); C(EC_BATCH_HIST_BUCKETS);
     P("const.EC_ADDR_OFFSET_MASK_HI", EC_ADDR_OFFSET_MASK >> 32);
     P("const.EC_ADDR_OFFSET_MASK_LO", EC_ADDR_OFFSET_MASK & 0xffffffffu);
-    C(EC_KERNEL_COUNT); C(EC_STATUS_COUNT);
+    C(EC_KERNEL_COUNT); C(EC_STATUS_COUNT); C(EC_MAX_SEGMENTS);
+    P("const.EC_SEGMENT_MAGIC_HI", EC_SEGMENT_MAGIC >> 32);
+    P("const.EC_SEGMENT_MAGIC_LO", EC_SEGMENT_MAGIC & 0xffffffffu);
+    P("const.EC_FLAG_FAULT", (unsigned long long)EC_FLAG_FAULT);
 
     EC_KERNELS(KERNEL)
     EC_STATUSES(STATUS)
@@ -429,6 +480,12 @@ int main(void)
         of!("ec_hello", Hello, device, u32);
         of!("ec_hello", Hello, total_bytes, u64);
 
+        sz!("ec_segment", SegmentMsg);
+        of!("ec_segment", SegmentMsg, magic, u64);
+        of!("ec_segment", SegmentMsg, segment, u32);
+        of!("ec_segment", SegmentMsg, reserved, u32);
+        of!("ec_segment", SegmentMsg, bytes, u64);
+
         put("const.EC_MAGIC_HI", (EC_MAGIC >> 32).to_string());
         put("const.EC_MAGIC_LO", (EC_MAGIC & 0xffff_ffff).to_string());
         put("const.EC_ABI_VERSION", EC_ABI_VERSION.to_string());
@@ -448,6 +505,10 @@ int main(void)
         );
         put("const.EC_KERNEL_COUNT", EC_KERNEL_COUNT.to_string());
         put("const.EC_STATUS_COUNT", EC_STATUS_COUNT.to_string());
+        put("const.EC_MAX_SEGMENTS", EC_MAX_SEGMENTS.to_string());
+        put("const.EC_SEGMENT_MAGIC_HI", (EC_SEGMENT_MAGIC >> 32).to_string());
+        put("const.EC_SEGMENT_MAGIC_LO", (EC_SEGMENT_MAGIC & 0xffff_ffff).to_string());
+        put("const.EC_FLAG_FAULT", EC_FLAG_FAULT.to_string());
 
         for k in Kernel::ALL {
             let p = format!("kernel.{}", k.c_name());
@@ -555,6 +616,7 @@ int main(void)
         }
         assert_eq!(Status::ALL.len() as u32, EC_STATUS_COUNT);
         assert_eq!(&EC_MAGIC.to_le_bytes(), b"CUDARING");
+        assert_eq!(&EC_SEGMENT_MAGIC.to_le_bytes(), b"CSEGMENT");
     }
 
     #[test]
@@ -568,5 +630,13 @@ int main(void)
         assert_eq!(Hello::from_bytes(&h.to_bytes()), Some(h));
         assert_eq!(Hello::from_bytes(&[0u8; 23]), None);
         assert_eq!(Hello::from_bytes(&[0u8; 25]), None);
+        let s = SegmentMsg {
+            magic: EC_SEGMENT_MAGIC,
+            segment: 5,
+            reserved: 0,
+            bytes: 1 << 33,
+        };
+        assert_eq!(SegmentMsg::from_bytes(&s.to_bytes()), Some(s));
+        assert_eq!(SegmentMsg::from_bytes(&[0u8; 23]), None);
     }
 }

@@ -10,7 +10,8 @@
 //! - [`ring`]: SQ consumer, CQ producer, NEED_WAKEUP;
 //! - [`descriptor`]: validation of untrusted submissions;
 //! - [`coalesce`]: grouping by kernel, batch statistics;
-//! - [`backend`]: the backends (`cpu` now, `cuda` next to it);
+//! - [`segment`]: arena segments sent after the handshake;
+//! - [`backend`]: the backends (`cpu`, `cuda`);
 //! - [`daemon`]: the main loop tying them together.
 
 pub mod backend;
@@ -22,6 +23,8 @@ pub mod error;
 pub mod handshake;
 pub mod layout;
 pub mod ring;
+pub mod segment;
+pub mod testvec;
 
 use std::process::ExitCode;
 
@@ -37,6 +40,7 @@ pub fn main_with_args<I: IntoIterator<Item = String>>(args: I) -> ExitCode {
         }
         Ok(Command::Probe { backend }) => probe(backend),
         Ok(Command::Daemon(opts)) => daemon::run(&opts),
+        Ok(Command::BenchBackend { device }) => testvec::bench_backend(device),
         Err(e) => Err(e),
     };
     match result {

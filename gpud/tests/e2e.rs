@@ -22,7 +22,17 @@ use nix::sys::socket::{
     SockFlag, SockType, UnixAddr,
 };
 
-const GPUD: &str = env!("CARGO_BIN_EXE_gpud");
+/// The gpud under test: `GPUD_BIN` when set (test binaries copied to
+/// another machine), else the one cargo built next to this test.
+fn gpud_bin() -> String {
+    std::env::var("GPUD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpud").to_string())
+}
+
+/// The backend the daemon tests run on: `GPUD_E2E_BACKEND` (cpu, cuda),
+/// default cpu.
+fn backend() -> String {
+    std::env::var("GPUD_E2E_BACKEND").unwrap_or_else(|_| "cpu".to_string())
+}
 
 fn unique_name() -> String {
     let nanos = std::time::SystemTime::now()
@@ -64,6 +74,8 @@ struct Vm {
     sq_tail: u32,
     cq_head: u32,
     bump: u64,
+    /// Arena segments after the first: (memfd, mapping, size, bump).
+    segs: HashMap<u32, (OwnedFd, NonNull<u8>, u64, u64)>,
 }
 
 impl Vm {
@@ -144,6 +156,7 @@ impl Vm {
             sq_tail: 0,
             cq_head: 0,
             bump: 0,
+            segs: HashMap::new(),
         }
     }
 
@@ -187,9 +200,9 @@ impl Vm {
     }
 
     fn spawn(&self, device: u32, extra: &[&str]) -> Gpud {
-        let mut child = Command::new(GPUD)
+        let mut child = Command::new(gpud_bin())
             .args(["--socket", &self.name, "--device", &device.to_string()])
-            .args(["--backend", "cpu"])
+            .args(["--backend", &backend()])
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -255,7 +268,70 @@ impl Vm {
     }
 
     fn arena_ptr(&self, addr: u64) -> *mut f32 {
-        self.base.as_ptr().wrapping_add(self.arena_off + addr as usize).cast()
+        let seg = (addr >> EC_ADDR_SEGMENT_SHIFT) as u32;
+        let off = (addr & EC_ADDR_OFFSET_MASK) as usize;
+        if seg == 0 {
+            return self.base.as_ptr().wrapping_add(self.arena_off + off).cast();
+        }
+        self.segs[&seg].1.as_ptr().wrapping_add(off).cast()
+    }
+
+    /// Makes a sealed memfd of `bytes` and sends it as segment `seg` with
+    /// the message `msg` (None: the correct one). The VM side keeps the
+    /// mapping when `keep`, so jobs can use the segment.
+    fn send_segment(&mut self, seg: u32, bytes: u64, seals: SealFlag, msg: Option<SegmentMsg>, nfds: usize, keep: bool) {
+        let memfd = memfd_create(c"erlcuda-seg", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        nix::unistd::ftruncate(&memfd, bytes as i64).unwrap();
+        fcntl(&memfd, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+        let m = msg.unwrap_or(SegmentMsg {
+            magic: EC_SEGMENT_MAGIC,
+            segment: seg,
+            reserved: 0,
+            bytes,
+        });
+        let b = m.to_bytes();
+        let fds = vec![memfd.as_raw_fd(); nfds];
+        let cmsgs = if nfds == 0 { vec![] } else { vec![ControlMessage::ScmRights(&fds)] };
+        sendmsg::<()>(
+            self.conn.as_ref().unwrap().as_raw_fd(),
+            &[IoSlice::new(&b)],
+            &cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .unwrap();
+        if keep {
+            // SAFETY: fresh kernel-chosen mapping of the whole memfd.
+            let base = unsafe {
+                mmap(
+                    None,
+                    std::num::NonZeroUsize::new(bytes as usize).unwrap(),
+                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                    MapFlags::MAP_SHARED,
+                    &memfd,
+                    0,
+                )
+            }
+            .unwrap()
+            .cast::<u8>();
+            self.segs.insert(seg, (memfd, base, bytes, 0));
+        }
+    }
+
+    /// Bump-allocates `n` f32 in segment `seg` (>= 1).
+    fn alloc_in(&mut self, seg: u32, n: usize) -> u64 {
+        let s = self.segs.get_mut(&seg).unwrap();
+        let off = s.3;
+        s.3 = (off + n as u64 * 4).next_multiple_of(EC_ARENA_ALIGN as u64);
+        assert!(s.3 <= s.2, "test segment too small");
+        (seg as u64) << EC_ADDR_SEGMENT_SHIFT | off
+    }
+
+    fn write_in(&mut self, seg: u32, data: &[f32]) -> u64 {
+        let addr = self.alloc_in(seg, data.len());
+        // SAFETY: freshly allocated region inside the segment's mapping.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.arena_ptr(addr), data.len()) };
+        addr
     }
 
     fn write(&mut self, data: &[f32]) -> u64 {
@@ -344,8 +420,12 @@ impl Vm {
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `with_seals`; no borrows remain.
+        // SAFETY: unmaps the mappings made in `with_seals` and
+        // `send_segment`; no borrows remain.
         let _ = unsafe { munmap(self.base.cast(), self.total) };
+        for (_, (_, base, bytes, _)) in self.segs.drain() {
+            let _ = unsafe { munmap(base.cast(), bytes as usize) };
+        }
     }
 }
 
@@ -363,7 +443,8 @@ impl Gpud {
 
     fn expect_ready(&self) -> String {
         let l = self.line(Duration::from_secs(10)).expect("no line from gpud");
-        assert!(l.starts_with("ready cpu "), "unexpected first line {l:?}");
+        let want = format!("ready {} ", backend());
+        assert!(l.starts_with(&want), "unexpected first line {l:?}");
         l
     }
 
@@ -539,6 +620,7 @@ fn end_to_end_mixed_jobs_and_hostile_descriptors() {
     let arena = vm.arena_bytes;
     let hostile = [
         (Sqe { flags: 1, ..good }, Status::BadFlags),
+        (Sqe { flags: EC_FLAG_FAULT | 1, ..good }, Status::BadFlags),
         (Sqe { kernel: 0, ..good }, Status::BadKernel),
         (Sqe { kernel: 5, ..good }, Status::BadKernel),
         (Sqe { kernel: u32::MAX, ..good }, Status::BadKernel),
@@ -779,19 +861,37 @@ fn refuses_an_unsealed_memfd() {
 #[test]
 fn probe_lines() {
     let run = |args: &[&str]| {
-        let out = Command::new(GPUD).args(args).stdin(Stdio::null()).output().unwrap();
+        let out = Command::new(gpud_bin()).args(args).stdin(Stdio::null()).output().unwrap();
         (String::from_utf8(out.stdout).unwrap(), out.status.code())
     };
-    assert_eq!(run(&["--probe"]), ("backend cpu devices 1\n".into(), Some(0)));
     assert_eq!(run(&["--probe", "--backend", "cpu"]), ("backend cpu devices 1\n".into(), Some(0)));
-    assert_eq!(run(&["--probe", "--backend", "auto"]), ("backend cpu devices 1\n".into(), Some(0)));
-    assert_eq!(run(&["--probe", "--backend", "cuda"]), ("error no_cuda_backend\n".into(), Some(2)));
+    let (cuda, code) = run(&["--probe", "--backend", "cuda"]);
+    if cuda.starts_with("backend cuda devices ") {
+        // A machine with a driver and a GPU: auto picks it.
+        assert_eq!(code, Some(0));
+        let n: u32 = cuda.trim().rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(n >= 1);
+        assert_eq!(run(&["--probe", "--backend", "auto"]), (cuda.clone(), Some(0)));
+        assert_eq!(run(&["--probe"]), (cuda, Some(0)));
+    } else {
+        // No driver, no device or no kernels: a one-token reason, exit 2,
+        // and auto falls back to the CPU.
+        let reason = cuda.strip_prefix("error ").and_then(|r| r.strip_suffix('\n'));
+        assert!(
+            matches!(reason, Some("no_cuda_driver" | "no_cuda_device" | "no_cuda_backend")),
+            "probe --backend cuda said {cuda:?}"
+        );
+        assert_eq!(code, Some(2));
+        assert!(std::env::var("ERLCUDA_REQUIRE_GPU").map_or(true, |v| v != "1"), "ERLCUDA_REQUIRE_GPU=1 but {cuda:?}");
+        assert_eq!(run(&["--probe"]), ("backend cpu devices 1\n".into(), Some(0)));
+        assert_eq!(run(&["--probe", "--backend", "auto"]), ("backend cpu devices 1\n".into(), Some(0)));
+    }
     assert_eq!(run(&["--bogus"]), (String::new(), Some(2)));
 }
 
 #[test]
 fn exits_when_nobody_listens() {
-    let out = Command::new(GPUD)
+    let out = Command::new(gpud_bin())
         .args(["--socket", &unique_name(), "--device", "0", "--backend", "cpu"])
         .stdin(Stdio::null())
         .output()
@@ -855,4 +955,140 @@ fn exits_when_stdin_closes_while_the_cq_is_full() {
     overfill_cq(&mut vm);
     gpud.close_stdin();
     assert_eq!(gpud.wait_exit(Duration::from_secs(5)).code(), Some(0));
+}
+
+fn vadd_sqe(user_data: u64, a: u64, b: u64, out: u64, n: usize) -> Sqe {
+    Sqe {
+        user_data,
+        kernel: Kernel::VectorAdd.id(),
+        in0: a,
+        in1: b,
+        out,
+        in0_len: n as u32,
+        in1_len: n as u32,
+        out_len: n as u32,
+        ..Sqe::default()
+    }
+}
+
+/// Arena segments: one sent right after the hello, one while gpud sleeps
+/// (used by the very next descriptor), hostile ones that gpud must refuse
+/// without dying, and descriptors naming segments that do not exist.
+#[test]
+fn arena_segments() {
+    let mut vm = Vm::new(64, 1 << 16);
+    let mut gpud = vm.spawn(0, &["--spin-us", "10"]);
+    vm.accept_and_hello(0, None);
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
+    vm.send_segment(1, 1 << 20, seals, None, 1, true);
+    gpud.expect_ready();
+
+    let mut rng = Rng(11);
+    let (a, b) = (rng.vec(1000), rng.vec(1000));
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    // Inputs in segment 1 and 0, output in 1.
+    let (pa, pb) = (vm.write_in(1, &a), vm.write(&b));
+    let po = vm.alloc_in(1, 1000);
+    vm.submit(&[vadd_sqe(1, pa, pb, po, 1000)]);
+    let c = vm.wait_cqes(1, Duration::from_secs(10));
+    assert_eq!((c[0].user_data, c[0].status), (1, 0));
+    assert_eq!(vm.read(po, 1000), want);
+
+    // Wait until gpud sleeps, then send segment 2 and use it at once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while vm.sq_flags_a().load(Ordering::Relaxed) & EC_NEED_WAKEUP == 0 {
+        assert!(Instant::now() < deadline, "gpud never went to sleep");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    vm.send_segment(2, 64 << 10, seals, None, 1, true);
+    let pa2 = vm.write_in(2, &a);
+    let po2 = vm.alloc_in(2, 1000);
+    vm.submit(&[vadd_sqe(2, pa2, pb, po2, 1000)]);
+    let c = vm.wait_cqes(1, Duration::from_secs(10));
+    assert_eq!((c[0].user_data, c[0].status), (2, 0));
+    assert_eq!(vm.read(po2, 1000), want);
+
+    // Segment 3 sent and named in the same breath, many times over: the
+    // descriptor path must find the queued message.
+    vm.send_segment(3, 8 << 10, seals, None, 1, true);
+    let p3 = vm.write_in(3, &[1.0, 2.0, 3.0, 4.0]);
+    let o3 = vm.alloc_in(3, 4);
+    vm.submit(&[vadd_sqe(3, p3, p3, o3, 4)]);
+    let c = vm.wait_cqes(1, Duration::from_secs(10));
+    assert_eq!((c[0].user_data, c[0].status), (3, 0));
+    assert_eq!(vm.read(o3, 4), vec![2.0, 4.0, 6.0, 8.0]);
+
+    // Hostile segment messages: each refused, gpud keeps serving.
+    let good = |seg: u32, bytes: u64| SegmentMsg { magic: EC_SEGMENT_MAGIC, segment: seg, reserved: 0, bytes };
+    let hostile: Vec<(u32, u64, SealFlag, Option<SegmentMsg>, usize)> = vec![
+        (10, 4096, seals, Some(SegmentMsg { magic: EC_MAGIC, ..good(10, 4096) }), 1),
+        (0, 4096, seals, Some(good(0, 4096)), 1),
+        (64, 4096, seals, Some(good(64, 4096)), 1),
+        (1, 4096, seals, Some(good(1, 4096)), 1), // already known
+        (11, 8192, seals, Some(good(11, 4096)), 1), // size mismatch
+        (12, 4096, SealFlag::empty(), None, 1),     // not sealed
+        (13, 4098, seals, None, 1),                 // not whole f32s
+        (14, 4096, seals, None, 2),                 // two fds
+        (15, 4096, seals, None, 0),                 // no fd
+    ];
+    for (seg, bytes, sl, msg, nfds) in hostile {
+        vm.send_segment(seg, bytes, sl, msg, nfds, false);
+    }
+    let named = [10u64, 11, 12, 13, 14, 15, 20];
+    let sqes: Vec<Sqe> = named
+        .iter()
+        .map(|&seg| vadd_sqe(100 + seg, seg << EC_ADDR_SEGMENT_SHIFT, pb, vm.alloc(4), 4))
+        .collect();
+    vm.submit(&sqes);
+    let c = vm.wait_cqes(sqes.len(), Duration::from_secs(10));
+    for cqe in &c {
+        assert_eq!(cqe.status, Status::OutOfBounds.code(), "{cqe:?}");
+    }
+    // Segment 1 still works, and its bounds are its own size.
+    let end = (1u64 << EC_ADDR_SEGMENT_SHIFT) | ((1 << 20) - 16);
+    let (o1, o2) = (vm.alloc(4), vm.alloc(4));
+    vm.submit(&[vadd_sqe(200, end, end, o1, 4), vadd_sqe(201, end + 16, end, o2, 4)]);
+    let mut c = vm.wait_cqes(2, Duration::from_secs(10));
+    c.sort_by_key(|c| c.user_data);
+    assert_eq!((c[0].status, c[1].status), (0, Status::OutOfBounds.code()));
+
+    gpud.close_stdin();
+    assert_eq!(gpud.wait_exit(Duration::from_secs(5)).code(), Some(0));
+}
+
+/// Crash isolation: with `fault-injection`, a descriptor flagged
+/// EC_FLAG_FAULT faults the device (cuda: a launch with a bad pointer; cpu:
+/// a simulated fault). Every job gpud took gets a completion (the faulting
+/// one DEVICE_ERROR), and gpud exits with status 3.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn device_fault_answers_everything_and_exits_3() {
+    let (mut vm, mut gpud) = start(64, 1 << 20, &[]);
+    let data = vm.write(&[1.0; 64]);
+    let mut sqes: Vec<Sqe> = (0..5).map(|i| vadd_sqe(i, data, data, vm.alloc(64), 64)).collect();
+    for i in 5..8 {
+        sqes.push(Sqe {
+            user_data: i,
+            kernel: Kernel::Reduce.id(),
+            in0: data,
+            in0_len: 64,
+            out: vm.alloc(1),
+            out_len: 1,
+            ..Sqe::default()
+        });
+    }
+    let fault = Sqe { user_data: 99, flags: EC_FLAG_FAULT, ..vadd_sqe(99, data, data, vm.alloc(64), 64) };
+    sqes.push(fault);
+    vm.submit(&sqes);
+    let st = gpud.wait_exit(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(3), "gpud exit status {st}");
+    let c = vm.wait_cqes(sqes.len(), Duration::from_secs(1));
+    let mut seen = HashMap::new();
+    for cqe in &c {
+        assert!(seen.insert(cqe.user_data, cqe.status).is_none(), "two CQEs for {}", cqe.user_data);
+        assert!(cqe.status == 0 || cqe.status == Status::DeviceError.code(), "{cqe:?}");
+    }
+    assert_eq!(seen.len(), sqes.len());
+    assert_eq!(seen[&99], Status::DeviceError.code());
+    assert!(vm.stat(|s| &s.jobs_failed) >= 1);
 }

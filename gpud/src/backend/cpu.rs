@@ -8,10 +8,12 @@
 
 use rayon::prelude::*;
 
-use super::{Arena, Backend, Launch};
+use std::ptr::NonNull;
+
+use super::{Arena, Backend, Launch, Ticket};
 use crate::descriptor::Job;
-use crate::error::Result;
-use crate::layout::{Kernel, Status};
+use crate::error::{Error, Result};
+use crate::layout::Kernel;
 
 /// Elements per parallel chunk for the streaming kernels. Below two chunks
 /// a job runs on the calling thread: fork/join would cost more than it saves.
@@ -21,14 +23,20 @@ const PAR_MATMUL_WORK: u64 = 1 << 18;
 /// Total elements in a launch above which its jobs are spread over threads.
 const PAR_BATCH_WORK: u64 = 1 << 15;
 
+/// Synchronous behind the asynchronous trait: `submit` runs the launch to
+/// the end and queues its ticket, `poll` hands the tickets out.
 pub struct CpuBackend {
     name: String,
+    next_ticket: Ticket,
+    done: Vec<Ticket>,
 }
 
 impl CpuBackend {
     pub fn new(_device: u32) -> CpuBackend {
         CpuBackend {
             name: format!("cpu-{}-threads", rayon::current_num_threads()),
+            next_ticket: 1,
+            done: Vec::new(),
         }
     }
 }
@@ -42,8 +50,41 @@ impl Backend for CpuBackend {
         &self.name
     }
 
-    fn launch(&mut self, arena: &Arena<'_>, launch: &Launch<'_>, status: &mut [Status]) -> Result<()> {
-        debug_assert_eq!(launch.jobs.len(), status.len());
+    fn add_segment(&mut self, _seg: usize, _base: NonNull<u8>, _bytes: u64) -> Result<()> {
+        // Plain memory: the mapping is all the CPU needs.
+        Ok(())
+    }
+
+    fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
+        if launch.jobs.iter().any(Job::fault) {
+            // Only reachable with the `fault-injection` feature: the CPU's
+            // stand-in for a poisoned context, so that crash isolation can
+            // be tested without a GPU. gpud answers what it holds and exits 3.
+            return Err(Error::Device(format!(
+                "simulated device fault (EC_FLAG_FAULT, {:?} launch of {} jobs)",
+                launch.kernel,
+                launch.jobs.len()
+            )));
+        }
+        self.run(arena, launch);
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        self.done.push(t);
+        Ok(t)
+    }
+
+    fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
+        done.append(&mut self.done);
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+}
+
+impl CpuBackend {
+    fn run(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) {
         let work: u64 = launch.jobs.iter().map(Job::work).fold(0, u64::saturating_add);
         if launch.independent && launch.jobs.len() > 1 && work >= PAR_BATCH_WORK {
             // SAFETY: `independent` means no job's output overlaps a region
@@ -58,8 +99,6 @@ impl Backend for CpuBackend {
                 unsafe { run_job(arena, job) };
             }
         }
-        status.fill(Status::Ok);
-        Ok(())
     }
 }
 
@@ -209,6 +248,7 @@ pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::run_to_completion;
     use crate::descriptor::validate;
     use crate::layout::Sqe;
 
@@ -367,7 +407,6 @@ mod tests {
         let jobs: Vec<Job> = (0..100).map(|i| validate(&sqe(i), arena_bytes).unwrap()).collect();
         let mut backend = CpuBackend::new(0);
         assert!(backend.name().starts_with("cpu-"));
-        let mut status = vec![Status::DeviceError; jobs.len()];
         {
             let arena = Arena::from_slice(&mut buf);
             for independent in [false, true] {
@@ -376,15 +415,49 @@ mod tests {
                     jobs: &jobs,
                     independent,
                 };
-                backend.launch(&arena, &launch, &mut status).unwrap();
+                run_to_completion(&mut backend, &arena, &launch).unwrap();
             }
         }
-        assert!(status.iter().all(|s| *s == Status::Ok));
+        assert_eq!(backend.in_flight(), 0);
         for i in 0..100usize {
             for e in 0..4 {
                 let want = snapshot[i * 16 + e] + snapshot[i * 16 + 4 + e];
                 assert_eq!(buf[0x20000 / 4 + i * 4 + e], want);
             }
         }
+    }
+
+    /// With `fault-injection`, a job flagged EC_FLAG_FAULT makes the launch
+    /// fail as a device failure (gpud then exits 3); its output is untouched.
+    #[cfg(feature = "fault-injection")]
+    #[test]
+    fn fault_flag_is_a_device_error() {
+        let mut buf = vec![1f32; 64];
+        let mut s = Sqe {
+            user_data: 1,
+            kernel: Kernel::VectorAdd.id(),
+            in0: 0,
+            in1: 16,
+            out: 128,
+            in0_len: 4,
+            in1_len: 4,
+            out_len: 4,
+            ..Sqe::default()
+        };
+        let good = validate(&s, 256).unwrap();
+        s.flags = crate::layout::EC_FLAG_FAULT;
+        let bad = validate(&s, 256).unwrap();
+        let mut backend = CpuBackend::new(0);
+        let arena = Arena::from_slice(&mut buf);
+        let jobs = [good, bad];
+        let launch = Launch {
+            kernel: Kernel::VectorAdd,
+            jobs: &jobs,
+            independent: false,
+        };
+        let e = backend.submit(&arena, &launch).unwrap_err();
+        assert!(matches!(e, Error::Device(_)), "{e}");
+        assert_eq!(e.exit_code(), 3);
+        assert_eq!(unsafe { arena.input(good.out()) }, &[1.0; 4], "a faulting launch ran anyway");
     }
 }

@@ -1,19 +1,25 @@
 //! Backends: what actually runs a launch.
 //!
 //! A backend gets one call per kernel per drain with every job of that
-//! kernel (see [`crate::coalesce`]) and answers one [`Status`] per job. The
-//! CPU backend lives in `cpu.rs`; a CUDA backend (cudarc with the driver
-//! loaded at run time) goes in `cuda.rs` next to it and plugs in through
-//! [`open`] and [`probe`] without touching the ring code.
+//! kernel (see [`crate::coalesce`]). The call only *starts* the launch and
+//! returns a [`Ticket`]; [`Backend::poll`] reports finished tickets, so the
+//! daemon can drain, validate and submit the next batch while one runs on
+//! the GPU. The CPU backend (`cpu.rs`) runs the launch inside `submit` and
+//! reports it at the next poll; the CUDA backend (`cuda.rs`) returns as soon
+//! as the launch is queued on a stream and reports it once its event fires.
 
 pub mod cpu;
+pub mod cuda;
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use crate::descriptor::{Job, Region};
-use crate::error::{Error, Result};
-use crate::layout::{Kernel, Status};
+use crate::error::Result;
+use crate::layout::{Kernel, EC_MAX_SEGMENTS};
+
+/// Names one submitted launch until [`Backend::poll`] reports it done.
+pub type Ticket = u64;
 
 /// What `--backend` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,15 +49,15 @@ impl BackendKind {
     }
 }
 
-/// The arena as the backends see it: a base pointer and a size, borrowed
-/// from the mapping for `'a`.
+/// The arena as the backends see it: every mapped segment's base pointer
+/// and size, borrowed from the mappings for `'a`.
 ///
 /// Regions handed out here come from validated [`Job`]s; the bounds check
 /// is repeated anyway (it costs nothing next to the kernel) so that a region
-/// validated against a different arena can never reach past this one.
+/// validated against different segments can never reach past these.
+#[derive(Clone)]
 pub struct Arena<'a> {
-    base: NonNull<u8>,
-    bytes: u64,
+    segs: [Option<(NonNull<u8>, u64)>; EC_MAX_SEGMENTS as usize],
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -62,17 +68,29 @@ unsafe impl Send for Arena<'_> {}
 unsafe impl Sync for Arena<'_> {}
 
 impl<'a> Arena<'a> {
+    /// An arena of segment 0 only.
+    ///
     /// # Safety
     /// `base..base + bytes` must stay mapped readable and writable for `'a`,
     /// and `base` must be 4-byte aligned.
     pub unsafe fn from_raw(base: NonNull<u8>, bytes: u64) -> Arena<'a> {
+        let mut a = Arena {
+            segs: [None; EC_MAX_SEGMENTS as usize],
+            _borrow: PhantomData,
+        };
+        // SAFETY: forwarded to the caller.
+        unsafe { a.set_segment(0, base, bytes) };
+        a
+    }
+
+    /// Adds (or replaces) segment `seg`.
+    ///
+    /// # Safety
+    /// As for [`Arena::from_raw`]; `seg < EC_MAX_SEGMENTS`.
+    pub unsafe fn set_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) {
         assert_eq!(base.as_ptr() as usize % 4, 0, "arena base must hold f32");
         assert!(usize::try_from(bytes).is_ok());
-        Arena {
-            base,
-            bytes,
-            _borrow: PhantomData,
-        }
+        self.segs[seg] = Some((base, bytes));
     }
 
     /// An arena over ordinary memory, for tests and benchmarks.
@@ -82,23 +100,33 @@ impl<'a> Arena<'a> {
         unsafe { Arena::from_raw(NonNull::from(buf).cast(), bytes) }
     }
 
+    /// Size of segment 0.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.segment(0).map_or(0, |(_, b)| b)
     }
 
-    fn ptr(&self, r: Region) -> *mut f32 {
-        assert!(r.end() <= self.bytes, "region {r:?} outside the arena");
+    /// Base and size of segment `seg`, if it is there.
+    pub fn segment(&self, seg: usize) -> Option<(NonNull<u8>, u64)> {
+        self.segs.get(seg).copied().flatten()
+    }
+
+    /// The host address of `r`'s first element (checked against its segment).
+    pub fn host_ptr(&self, r: Region) -> *mut f32 {
+        let (base, bytes) = self
+            .segment(r.segment())
+            .unwrap_or_else(|| panic!("region {r:?} in a segment the arena lacks"));
+        assert!(r.end() <= bytes, "region {r:?} outside its segment");
         // In bounds by the assert; offset % 4 == 0 by validation and the base
         // is 4-aligned, so the pointer is aligned for f32.
-        self.base.as_ptr().wrapping_add(r.offset() as usize).cast()
+        base.as_ptr().wrapping_add(r.offset() as usize).cast()
     }
 
     /// # Safety
     /// No `&mut` slice overlapping `r` may be live while the result is.
     pub unsafe fn input(&self, r: Region) -> &[f32] {
-        // SAFETY: in bounds and aligned (see `ptr`); no conflicting writer
-        // per the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.ptr(r), r.len()) }
+        // SAFETY: in bounds and aligned (see `host_ptr`); no conflicting
+        // writer per the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.host_ptr(r), r.len()) }
     }
 
     /// # Safety
@@ -106,7 +134,7 @@ impl<'a> Arena<'a> {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn output(&self, r: Region) -> &mut [f32] {
         // SAFETY: as for `input`, and exclusive per the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr(r), r.len()) }
+        unsafe { std::slice::from_raw_parts_mut(self.host_ptr(r), r.len()) }
     }
 }
 
@@ -127,29 +155,68 @@ pub trait Backend {
     /// Human-readable device name: the rest of the `ready` line.
     fn name(&self) -> &str;
 
-    /// Runs every job of `launch` and writes one status per job into
-    /// `status` (same length as `launch.jobs`, prefilled with `Ok`).
+    /// Makes arena segment `seg` usable by later launches (the CUDA backend
+    /// registers it with the driver). Called once per segment, segment 0
+    /// first, before any launch that names it. `Err` is fatal.
+    fn add_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()>;
+
+    /// Starts every job of `launch` and returns its ticket. The jobs are
+    /// finished (outputs written) once [`Backend::poll`] has reported the
+    /// ticket; until then gpud must not answer them.
     ///
     /// `Err` means the backend is unusable from now on; gpud then answers
-    /// the launch's jobs with `DEVICE_ERROR` and exits.
-    fn launch(&mut self, arena: &Arena<'_>, launch: &Launch<'_>, status: &mut [Status])
-        -> Result<()>;
+    /// this launch's jobs and everything in flight with `DEVICE_ERROR` and
+    /// exits.
+    fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket>;
+
+    /// Appends the tickets of launches that have finished since the last
+    /// call to `done` (in any order). `Err` as for `submit`.
+    fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()>;
+
+    /// Launches submitted and not yet reported by `poll`.
+    fn in_flight(&self) -> usize;
+}
+
+/// Submits `launch` and waits until it is done: for tests and benchmarks.
+pub fn run_to_completion(b: &mut dyn Backend, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<()> {
+    let t = b.submit(arena, launch)?;
+    let mut done = Vec::new();
+    loop {
+        b.poll(&mut done)?;
+        if done.contains(&t) {
+            return Ok(());
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// `gpud --probe`: which backend `kind` resolves to, and its device count.
 pub fn probe(kind: BackendKind) -> Result<(&'static str, u32)> {
     match kind {
-        BackendKind::Cpu | BackendKind::Auto => Ok(("cpu", 1)),
-        BackendKind::Cuda => Err(Error::NoCudaBackend),
+        BackendKind::Cpu => Ok(("cpu", 1)),
+        BackendKind::Cuda => cuda::probe().map(|n| ("cuda", n)),
+        BackendKind::Auto => match cuda::probe() {
+            Ok(n) => Ok(("cuda", n)),
+            Err(e) => {
+                eprintln!("gpud: backend auto: {e}; using the CPU");
+                Ok(("cpu", 1))
+            }
+        },
     }
 }
 
-/// Opens the backend for device `device`. When `cuda.rs` lands, `Auto`
-/// tries it first (driver loadable and `device` present) and falls back to
-/// the CPU; `Cuda` fails with [`Error::NoCudaBackend`] only then.
+/// Opens the backend for device `device`. `Auto` tries CUDA first (driver
+/// loadable, kernels built in, `device` present) and falls back to the CPU.
 pub fn open(kind: BackendKind, device: u32) -> Result<Box<dyn Backend>> {
     match kind {
-        BackendKind::Cpu | BackendKind::Auto => Ok(Box::new(cpu::CpuBackend::new(device))),
-        BackendKind::Cuda => Err(Error::NoCudaBackend),
+        BackendKind::Cpu => Ok(Box::new(cpu::CpuBackend::new(device))),
+        BackendKind::Cuda => Ok(Box::new(cuda::CudaBackend::open(device)?)),
+        BackendKind::Auto => match cuda::CudaBackend::open(device) {
+            Ok(b) => Ok(Box::new(b)),
+            Err(e) => {
+                eprintln!("gpud[{device}]: backend auto: {e}; using the CPU");
+                Ok(Box::new(cpu::CpuBackend::new(device)))
+            }
+        },
     }
 }

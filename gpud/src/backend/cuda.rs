@@ -1,0 +1,959 @@
+//! The CUDA backend: cudarc's driver API, loaded at run time (`libcuda` is
+//! opened on first use; nothing of the toolkit is needed to build), the
+//! batched kernels of `kernels/` embedded as PTX and JIT-compiled by the
+//! driver for the GPU at hand.
+//!
+//! Shape:
+//! - the device's primary context, current on the daemon thread; one module
+//!   from the embedded PTX; one non-blocking stream per kernel, so launches
+//!   of different kernels overlap and complete in any order, while launches
+//!   of one kernel stay ordered;
+//! - every arena segment is registered once (`cuMemHostRegister`,
+//!   DEVICEMAP | PORTABLE) and its device address taken with
+//!   `cuMemHostGetDevicePointer`: a region's device pointer is the segment's
+//!   device base + the region's offset;
+//! - per launch a [`Slot`]: the kernel's descriptor table (built with the
+//!   host-side helpers of `kernels/src/abi.rs`) is written into pinned
+//!   staging memory, copied to a device buffer on the stream, the kernel is
+//!   launched with the grid and shared memory abi.rs documents, and an event
+//!   is recorded; [`Backend::poll`] queries the events (`cuEventQuery`).
+//!   Slots are recycled once their event has fired;
+//! - inputs are read straight from the mapped arena (zero-copy over PCIe) or
+//!   copied to device scratch first, per kernel and size ([`policy`]; the
+//!   numbers behind it are below).
+//!
+//! Any CUDA error is fatal: after an illegal address every later call on the
+//! context fails, so gpud answers what it holds with DEVICE_ERROR and exits 3.
+//!
+//! # Mapped vs copied inputs: measured
+//!
+//! See [`policy`] for the table measured on the H200 with `gpud
+//! --bench-backend` and the decision taken from it: streaming kernels read
+//! the mapped arena in place; matmuls with tile reuse (>= 2^25 MACs), lone
+//! medium reduce/dot jobs and reduce/dot jobs of >= 4M elements copy their
+//! inputs to the device first; outputs are written through the mapping.
+
+#![allow(clippy::too_many_arguments)]
+
+use std::ffi::{c_void, CString};
+use std::ptr::{self, NonNull};
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUresult};
+
+use super::{Arena, Backend, Launch, Ticket};
+use crate::descriptor::Job;
+use crate::error::{Error, Result};
+use crate::layout::{Kernel, EC_MAX_SEGMENTS};
+
+// The kernels' ABI, shared verbatim with the device code.
+#[path = "../../../kernels/src/abi.rs"]
+#[allow(clippy::all)]
+mod abi;
+
+#[cfg(not(erlcuda_no_ptx))]
+const PTX: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/erlcuda_kernels.ptx")));
+#[cfg(erlcuda_no_ptx)]
+const PTX: Option<&str> = None;
+
+/// Where a deliberately faulting job points (fault-injection builds only):
+/// nothing is ever mapped at device address 8.
+const FAULT_PTR: u64 = 0x8;
+
+/// Largest number of virtual blocks one launch is given; a launch whose jobs
+/// need more is split (never happens with real arenas, but the kernels take
+/// the totals as u32).
+const MAX_CHUNK_BLOCKS: u64 = 1 << 30;
+
+/// Alignment of buffers in device scratch (and of table chunks).
+const SCRATCH_ALIGN: u64 = 256;
+
+fn no_cuda(reason: &'static str, detail: impl Into<String>) -> Error {
+    Error::NoCuda {
+        reason,
+        detail: detail.into(),
+    }
+}
+
+fn ck(r: CUresult, what: &str) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Device(format!("{what}: {r:?}")))
+    }
+}
+
+/// Loads the driver and counts devices. The reasons are the `error <reason>`
+/// tokens of `--probe --backend cuda`.
+fn driver_devices() -> Result<u32> {
+    if PTX.is_none() {
+        return Err(no_cuda(
+            "no_cuda_backend",
+            "gpud was built with ERLCUDA_NO_PTX=1 (no GPU kernels)",
+        ));
+    }
+    // SAFETY: only tries to dlopen libcuda.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(no_cuda("no_cuda_driver", "libcuda.so could not be loaded"));
+    }
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        let r = sys::cuInit(0);
+        if r == CUresult::CUDA_ERROR_NO_DEVICE {
+            return Err(no_cuda("no_cuda_device", "cuInit: no CUDA device"));
+        }
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(no_cuda("no_cuda_driver", format!("cuInit: {r:?}")));
+        }
+        let mut n = 0;
+        let r = sys::cuDeviceGetCount(&mut n);
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(no_cuda("no_cuda_driver", format!("cuDeviceGetCount: {r:?}")));
+        }
+        if n <= 0 {
+            return Err(no_cuda("no_cuda_device", "the driver sees no device"));
+        }
+        Ok(n as u32)
+    }
+}
+
+/// `--probe`: the number of CUDA devices, or why there is no CUDA backend.
+pub fn probe() -> Result<u32> {
+    driver_devices()
+}
+
+/// How a job's data reaches the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The kernel reads and writes the arena through its device mapping.
+    Mapped,
+    /// Inputs copied to device scratch (async, from the registered arena);
+    /// the kernel writes its output straight into the mapped arena.
+    CopyIn,
+    /// Inputs copied in, output computed in device scratch and copied back.
+    CopyInOut,
+}
+
+/// Input placement per kernel, size and batch.
+///
+/// MEASURED on the H200 (driver 580.159.04, PCIe host link), `gpud
+/// --bench-backend`: wall time of one launch from `submit` to its event,
+/// median of 15 after 3 warm-ups, in µs. "copy-in": inputs copied to device
+/// scratch with cuMemcpyHtoDAsync (one call per input), output written
+/// through the mapping; "copy-in+out": output also computed on the device
+/// and copied back.
+///
+/// | case                      |  mapped | copy-in | copy-in+out |
+/// |---------------------------|--------:|--------:|------------:|
+/// | vector_add 1 x 4096       |    16.0 |    22.0 |        31.4 |
+/// | vector_add 1 x 65536      |    26.0 |    31.5 |        34.7 |
+/// | vector_add 1 x 1048576    |   243.2 |   255.0 |       257.8 |
+/// | vector_add 1 x 16777216   |  2931.1 |  3743.2 |      3725.8 |
+/// | vector_add 1000 x 1000    |   248.0 |  5326.5 |      7359.9 |
+/// | reduce 1 x 4096           |    16.5 |    20.9 |        23.5 |
+/// | reduce 1 x 65536          |    60.4 |    32.8 |        41.1 |
+/// | reduce 1 x 1048576        |   108.6 |   105.4 |       105.2 |
+/// | reduce 1 x 16777216       |  1354.1 |  1266.3 |      1265.2 |
+/// | reduce 1000 x 1000        |   140.6 |  2684.0 |      4497.6 |
+/// | dot_product 1 x 4096      |    17.3 |    22.6 |        30.8 |
+/// | dot_product 1 x 65536     |    61.1 |    35.7 |        39.0 |
+/// | dot_product 1 x 1048576   |   185.1 |   189.5 |       189.7 |
+/// | dot_product 1 x 16777216  |  2662.3 |  2497.1 |      2502.3 |
+/// | dot_product 1000 x 1000   |   218.2 |  5278.5 |      7108.9 |
+/// | matmul 1 x 64^3           |    24.3 |    30.9 |        39.4 |
+/// | matmul 1 x 128^3          |    32.5 |    39.5 |        46.0 |
+/// | matmul 1 x 256^3          |    56.2 |    62.7 |        68.3 |
+/// | matmul 1 x 512^3          |   223.7 |   140.3 |       148.3 |
+/// | matmul 1 x 1024^3         |  1527.3 |   371.7 |       377.0 |
+/// | matmul 1 x 2048^3         | 10490.4 |  1315.7 |      1344.3 |
+/// | matmul 200 x 32^3         |    72.4 |  1131.4 |      1487.0 |
+/// | matmul 1 x 4096x64x4096   |  2307.1 |  1888.7 |      1907.3 |
+///
+/// Decision:
+/// - copying the output back never pays (writes through the mapping are
+///   posted and overlap the kernel), so outputs are always written in place
+///   (except large reduce/dot outputs, which take atomics: see submit);
+/// - each copy is one driver call (~2.5 µs): batches of many small jobs
+///   must stay mapped whatever the kernel (1000-job batches: 20-40x slower
+///   copied);
+/// - vector_add: mapped at every size (the kernel streams at PCIe speed;
+///   a copy only adds a step);
+/// - reduce/dot: one block per medium job (2049..65536 elements) reads the
+///   mapping latency-bound, so a lone medium job of >= 16384 elements is
+///   copied (65536: 33-36 µs instead of 60); from 4M elements copying is
+///   ~7 % faster (16M measured; 1M was a tie); else mapped;
+/// - matmul: inputs are re-read once per 128-wide tile, so copy once there
+///   is reuse and real work: >= 2^25 multiply-adds (512^3: 140 vs 224 µs,
+///   2048^3: 8x); up to 256^3 mapped wins (56 vs 63 µs).
+pub fn policy(kernel: Kernel, job: &Job, njobs: usize) -> Mode {
+    match kernel {
+        Kernel::VectorAdd => Mode::Mapped,
+        Kernel::Reduce | Kernel::DotProduct => {
+            let n = job.in0().len() as u64;
+            let lone_medium = njobs <= SUM_COPY_MAX_JOBS
+                && n >= SUM_COPY_MIN_MEDIUM
+                && abi::reduce_strategy(n) == abi::ReduceStrategy::Medium;
+            if lone_medium || n >= SUM_COPY_MIN_LARGE {
+                Mode::CopyIn
+            } else {
+                Mode::Mapped
+            }
+        }
+        Kernel::Matmul => {
+            let (m, n, k) = job.dims();
+            let reuse = m > abi::MATMUL_BM as usize || n > abi::MATMUL_BN as usize;
+            if reuse && (m as u64) * (n as u64) * (k as u64) >= MATMUL_COPY_MIN_WORK {
+                Mode::CopyIn
+            } else {
+                Mode::Mapped
+            }
+        }
+    }
+}
+
+/// Multiply-adds from which a matmul with tile reuse copies its inputs.
+const MATMUL_COPY_MIN_WORK: u64 = 1 << 25;
+/// Reduce/dot: medium jobs of at least this many elements are copied when
+/// the launch has at most `SUM_COPY_MAX_JOBS` jobs.
+const SUM_COPY_MIN_MEDIUM: u64 = 1 << 14;
+const SUM_COPY_MAX_JOBS: usize = 8;
+/// Reduce/dot jobs from this many elements are always copied.
+const SUM_COPY_MIN_LARGE: u64 = 1 << 22;
+
+struct Segment {
+    /// Registered range (page-aligned around the segment).
+    reg_base: *mut c_void,
+    /// Device address of the segment's first byte.
+    dev: u64,
+    bytes: u64,
+}
+
+/// Everything one in-flight launch needs until its event fires.
+struct Slot {
+    /// 0 when free.
+    ticket: Ticket,
+    event: sys::CUevent,
+    host_table: *mut u8,
+    host_cap: usize,
+    dev_table: u64,
+    dev_cap: usize,
+    scratch: u64,
+    scratch_cap: u64,
+}
+
+impl Slot {
+    fn new() -> Result<Slot> {
+        let mut event = ptr::null_mut();
+        // SAFETY: valid out-pointer; the context is current.
+        ck(
+            unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(Slot {
+            ticket: 0,
+            event,
+            host_table: ptr::null_mut(),
+            host_cap: 0,
+            dev_table: 0,
+            dev_cap: 0,
+            scratch: 0,
+            scratch_cap: 0,
+        })
+    }
+
+    /// Grows the table buffers (only while the slot is free).
+    fn reserve_table(&mut self, bytes: usize) -> Result<()> {
+        if bytes > self.host_cap {
+            let cap = bytes.next_power_of_two().max(4096);
+            // SAFETY: frees what cuMemHostAlloc gave (nothing in flight uses
+            // it: the slot is free), then allocates anew.
+            unsafe {
+                if !self.host_table.is_null() {
+                    sys::cuMemFreeHost(self.host_table.cast());
+                    self.host_table = ptr::null_mut();
+                    self.host_cap = 0;
+                }
+                let mut p = ptr::null_mut();
+                ck(sys::cuMemHostAlloc(&mut p, cap, 0), "cuMemHostAlloc")?;
+                self.host_table = p.cast();
+            }
+            self.host_cap = cap;
+        }
+        if bytes > self.dev_cap {
+            let cap = bytes.next_power_of_two().max(4096);
+            // SAFETY: as above, device side.
+            unsafe {
+                if self.dev_table != 0 {
+                    sys::cuMemFree_v2(self.dev_table);
+                    self.dev_table = 0;
+                    self.dev_cap = 0;
+                }
+                ck(sys::cuMemAlloc_v2(&mut self.dev_table, cap), "cuMemAlloc (table)")?;
+            }
+            self.dev_cap = cap;
+        }
+        Ok(())
+    }
+
+    fn reserve_scratch(&mut self, bytes: u64) -> Result<()> {
+        if bytes <= self.scratch_cap {
+            return Ok(());
+        }
+        let cap = bytes.next_power_of_two().max(1 << 20);
+        // SAFETY: the slot is free, so nothing uses the old buffer.
+        unsafe {
+            if self.scratch != 0 {
+                sys::cuMemFree_v2(self.scratch);
+                self.scratch = 0;
+                self.scratch_cap = 0;
+            }
+            ck(sys::cuMemAlloc_v2(&mut self.scratch, cap as usize), "cuMemAlloc (scratch)")?;
+        }
+        self.scratch_cap = cap;
+        Ok(())
+    }
+
+    fn free(&mut self) {
+        // SAFETY: releases what this slot allocated; errors (a dead context)
+        // are ignored on the way out.
+        unsafe {
+            if !self.host_table.is_null() {
+                sys::cuMemFreeHost(self.host_table.cast());
+            }
+            if self.dev_table != 0 {
+                sys::cuMemFree_v2(self.dev_table);
+            }
+            if self.scratch != 0 {
+                sys::cuMemFree_v2(self.scratch);
+            }
+            sys::cuEventDestroy_v2(self.event);
+        }
+    }
+}
+
+/// Device pointers of one job, after the placement decision.
+#[derive(Clone, Copy)]
+struct Ptrs {
+    a: u64,
+    b: u64,
+    out: u64,
+}
+
+/// A copy to enqueue: host arena <-> device scratch.
+struct Copy {
+    host: *mut u8,
+    dev: u64,
+    bytes: usize,
+}
+
+/// One kernel launch of a (possibly split) batch.
+struct Chunk {
+    table_off: usize,
+    njobs: u32,
+    /// vadd / matmul: total blocks; reduce: the plan.
+    total: u32,
+    plan: abi::ReducePlan,
+}
+
+pub struct CudaBackend {
+    device: u32,
+    name: String,
+    ctx: sys::CUcontext,
+    cu_dev: sys::CUdevice,
+    module: sys::CUmodule,
+    funcs: [sys::CUfunction; 4],
+    streams: [sys::CUstream; 4],
+    segs: Vec<Option<Segment>>,
+    slots: Vec<Slot>,
+    next_ticket: Ticket,
+    busy: usize,
+    /// Benchmarks force a placement for every job.
+    force_mode: Option<Mode>,
+    // Reused per launch.
+    bytes: Vec<u8>,
+    ptrs: Vec<Ptrs>,
+    copies_in: Vec<Copy>,
+    copies_out: Vec<Copy>,
+    chunks: Vec<Chunk>,
+    zero_dev: Vec<u64>,
+}
+
+fn kidx(k: Kernel) -> usize {
+    k.id() as usize - 1
+}
+
+impl CudaBackend {
+    pub fn open(device: u32) -> Result<CudaBackend> {
+        let n = driver_devices()?;
+        if device >= n {
+            return Err(no_cuda(
+                "no_cuda_device",
+                format!("device {device} requested, the driver sees {n}"),
+            ));
+        }
+        let setup = |what: &str, r: CUresult| -> Result<()> {
+            if r == CUresult::CUDA_SUCCESS {
+                Ok(())
+            } else {
+                Err(no_cuda("cuda_setup_failed", format!("{what}: {r:?}")))
+            }
+        };
+        // SAFETY: driver calls with valid out-pointers; the PTX string is
+        // NUL-terminated and outlives cuModuleLoadData.
+        unsafe {
+            let mut dev = 0;
+            setup("cuDeviceGet", sys::cuDeviceGet(&mut dev, device as i32))?;
+            let attr = |a: sys::CUdevice_attribute| {
+                let mut v = 0;
+                sys::cuDeviceGetAttribute(&mut v, a, dev);
+                v
+            };
+            use sys::CUdevice_attribute as A;
+            let (major, minor) = (
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+            );
+            if major < 7 {
+                return Err(no_cuda(
+                    "no_cuda_device",
+                    format!("device {device} is compute capability {major}.{minor}; the kernels need 7.0"),
+                ));
+            }
+            if attr(A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY) == 0 {
+                return Err(no_cuda("no_cuda_device", format!("device {device} cannot map host memory")));
+            }
+            let mut namebuf = [0 as std::ffi::c_char; 256];
+            sys::cuDeviceGetName(namebuf.as_mut_ptr(), 255, dev);
+            let dname = std::ffi::CStr::from_ptr(namebuf.as_ptr()).to_string_lossy().into_owned();
+            let mut drv = 0;
+            sys::cuDriverGetVersion(&mut drv);
+            let mut ctx = ptr::null_mut();
+            setup("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+            setup("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
+            let ptx = CString::new(PTX.unwrap_or_default()).map_err(|_| no_cuda("no_cuda_backend", "PTX holds a NUL"))?;
+            let t = Instant::now();
+            let mut module = ptr::null_mut();
+            setup("cuModuleLoadData", sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()))?;
+            let jit_ms = t.elapsed().as_secs_f64() * 1e3;
+            let mut funcs = [ptr::null_mut(); 4];
+            for (i, name) in [abi::ENTRY_VECTOR_ADD, abi::ENTRY_REDUCE, abi::ENTRY_DOT, abi::MATMUL_ENTRY]
+                .into_iter()
+                .enumerate()
+            {
+                let c = CString::new(name).unwrap();
+                setup("cuModuleGetFunction", sys::cuModuleGetFunction(&mut funcs[i], module, c.as_ptr()))?;
+            }
+            let mut streams = [ptr::null_mut(); 4];
+            for s in &mut streams {
+                setup(
+                    "cuStreamCreate",
+                    sys::cuStreamCreate(s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+                )?;
+            }
+            eprintln!(
+                "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, PTX JIT {jit_ms:.0} ms",
+                drv / 1000,
+                drv % 1000 / 10
+            );
+            Ok(CudaBackend {
+                device,
+                name: format!("{dname} (cc {major}.{minor}, driver {}.{})", drv / 1000, drv % 1000 / 10),
+                ctx,
+                cu_dev: dev,
+                module,
+                funcs,
+                streams,
+                segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
+                slots: Vec::new(),
+                next_ticket: 1,
+                busy: 0,
+                force_mode: None,
+                bytes: Vec::new(),
+                ptrs: Vec::new(),
+                copies_in: Vec::new(),
+                copies_out: Vec::new(),
+                chunks: Vec::new(),
+                zero_dev: Vec::new(),
+            })
+        }
+    }
+
+    /// Benchmarks: place every job's data this way (None: [`policy`]).
+    pub fn force_mode(&mut self, mode: Option<Mode>) {
+        self.force_mode = mode;
+    }
+
+    fn dev_ptr(&self, r: crate::descriptor::Region) -> Result<u64> {
+        if r.is_empty() {
+            // Never dereferenced; any valid-looking address will do.
+            return Ok(self.segs[r.segment()].as_ref().map_or(0, |s| s.dev));
+        }
+        let s = self.segs[r.segment()]
+            .as_ref()
+            .ok_or_else(|| Error::Device(format!("segment {} is not registered", r.segment())))?;
+        if r.end() > s.bytes {
+            return Err(Error::Device(format!("region {r:?} beyond segment of {} bytes", s.bytes)));
+        }
+        Ok(s.dev + r.offset())
+    }
+
+    fn free_slot(&mut self) -> Result<usize> {
+        if let Some(i) = self.slots.iter().position(|s| s.ticket == 0) {
+            return Ok(i);
+        }
+        self.slots.push(Slot::new()?);
+        Ok(self.slots.len() - 1)
+    }
+
+    /// Blocks of one job in its kernel's grid (for splitting huge batches).
+    fn job_blocks(kernel: Kernel, j: &Job) -> u64 {
+        match kernel {
+            Kernel::VectorAdd => abi::vadd_blocks(j.out().len() as u64),
+            Kernel::Reduce | Kernel::DotProduct => {
+                abi::div_ceil_u64(j.in0().len() as u64, abi::REDUCE_LARGE_CHUNK).max(1)
+            }
+            Kernel::Matmul => {
+                let (m, n, _) = j.dims();
+                abi::matmul_tiles(m as u32, n as u32)
+            }
+        }
+    }
+
+    fn submit_inner(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
+        let kernel = launch.kernel;
+        let jobs = launch.jobs;
+        let slot_i = self.free_slot()?;
+        let stream = self.streams[kidx(kernel)];
+
+        // 1. Placement: device pointers and the copies they need.
+        self.ptrs.clear();
+        self.copies_in.clear();
+        self.copies_out.clear();
+        self.zero_dev.clear();
+        // Large reduce/dot jobs add block partials into their output with
+        // `red.global.add`: that output always lives in device scratch
+        // (zeroed on the stream, copied back after), never in mapped host
+        // memory, where atomics over PCIe are not guaranteed.
+        let large_sum = |j: &Job| {
+            matches!(kernel, Kernel::Reduce | Kernel::DotProduct)
+                && abi::reduce_strategy(j.in0().len() as u64) == abi::ReduceStrategy::Large
+        };
+        let mut scratch_need = 0u64;
+        let mut modes = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            let mode = if j.fault() {
+                Mode::Mapped
+            } else {
+                self.force_mode.unwrap_or_else(|| policy(kernel, j, jobs.len()))
+            };
+            modes.push(mode);
+            if mode != Mode::Mapped {
+                for r in j.inputs() {
+                    scratch_need += (r.len() as u64 * 4).next_multiple_of(SCRATCH_ALIGN);
+                }
+            }
+            if !j.fault() && (mode == Mode::CopyInOut || large_sum(j)) {
+                scratch_need += (j.out().len() as u64 * 4).next_multiple_of(SCRATCH_ALIGN);
+            }
+        }
+        if scratch_need > 0 {
+            self.slots[slot_i].reserve_scratch(scratch_need)?;
+        }
+        let scratch = self.slots[slot_i].scratch;
+        let mut at = 0u64;
+        let mut place = |host: *mut u8, bytes: u64, list: &mut Vec<Copy>| -> u64 {
+            let dev = scratch + at;
+            at += bytes.next_multiple_of(SCRATCH_ALIGN);
+            if bytes > 0 {
+                list.push(Copy {
+                    host,
+                    dev,
+                    bytes: bytes as usize,
+                });
+            }
+            dev
+        };
+        let bytes = |r: crate::descriptor::Region| r.len() as u64 * 4;
+        for (j, mode) in jobs.iter().zip(&modes) {
+            if j.fault() {
+                self.ptrs.push(Ptrs {
+                    a: FAULT_PTR,
+                    b: FAULT_PTR,
+                    out: FAULT_PTR,
+                });
+                continue;
+            }
+            let mut p = Ptrs {
+                a: self.dev_ptr(j.in0())?,
+                b: self.dev_ptr(j.in1())?,
+                out: self.dev_ptr(j.out())?,
+            };
+            if *mode != Mode::Mapped {
+                p.a = place(arena.host_ptr(j.in0()).cast(), bytes(j.in0()), &mut self.copies_in);
+                if kernel.vector_inputs() == 2 {
+                    p.b = place(arena.host_ptr(j.in1()).cast(), bytes(j.in1()), &mut self.copies_in);
+                }
+            }
+            if *mode == Mode::CopyInOut || large_sum(j) {
+                p.out = place(arena.host_ptr(j.out()).cast(), bytes(j.out()), &mut self.copies_out);
+                if large_sum(j) {
+                    self.zero_dev.push(p.out);
+                }
+            }
+            self.ptrs.push(p);
+        }
+
+        // 2. Chunks (one unless the batch is not independent or enormous)
+        //    and their descriptor tables, back to back in `bytes`.
+        self.bytes.clear();
+        self.chunks.clear();
+        let mut start = 0;
+        while start < jobs.len() {
+            let mut end = start + 1;
+            if launch.independent {
+                let mut blocks = Self::job_blocks(kernel, &jobs[start]);
+                while end < jobs.len() {
+                    let b = Self::job_blocks(kernel, &jobs[end]);
+                    if blocks + b > MAX_CHUNK_BLOCKS {
+                        break;
+                    }
+                    blocks += b;
+                    end += 1;
+                }
+            }
+            self.build_chunk(kernel, &jobs[start..end], start)?;
+            start = end;
+        }
+
+        // 3. Enqueue: input copies, table upload, zeroing, launches, output
+        //    copies, event.
+        let slot = &mut self.slots[slot_i];
+        slot.reserve_table(self.bytes.len().max(64))?;
+        // SAFETY: the staging buffer holds at least bytes.len() bytes and is
+        // not in use (free slot); the copies read registered arena memory of
+        // validated regions and write slot-owned device memory; the launch
+        // parameters point at locals that live across cuLaunchKernel.
+        unsafe {
+            for c in &self.copies_in {
+                ck(
+                    sys::cuMemcpyHtoDAsync_v2(c.dev, c.host.cast(), c.bytes, stream),
+                    "cuMemcpyHtoDAsync (input)",
+                )?;
+            }
+            ptr::copy_nonoverlapping(self.bytes.as_ptr(), slot.host_table, self.bytes.len());
+            if !self.bytes.is_empty() {
+                ck(
+                    sys::cuMemcpyHtoDAsync_v2(slot.dev_table, slot.host_table.cast(), self.bytes.len(), stream),
+                    "cuMemcpyHtoDAsync (table)",
+                )?;
+            }
+            for &d in &self.zero_dev {
+                ck(sys::cuMemsetD32Async(d, 0, 1, stream), "cuMemsetD32Async")?;
+            }
+            let f = self.funcs[kidx(kernel)];
+            for c in &self.chunks {
+                let mut table = slot.dev_table + c.table_off as u64;
+                let (grid, smem) = match kernel {
+                    Kernel::VectorAdd => (abi::grid_for(c.total, abi::VADD_MAX_GRID), 0),
+                    Kernel::Reduce | Kernel::DotProduct => (
+                        abi::grid_for(c.plan.total_blocks, abi::REDUCE_MAX_GRID),
+                        abi::REDUCE_SMEM_BYTES,
+                    ),
+                    Kernel::Matmul => (abi::grid_for(c.total, abi::MATMUL_MAX_GRID), abi::MATMUL_SMEM_BYTES),
+                };
+                if grid == 0 {
+                    continue; // no work: a zero grid is invalid
+                }
+                let (mut njobs, mut total) = (c.njobs, c.total);
+                let (mut ns, mut nm, mut nl, mut tb) =
+                    (c.plan.n_small, c.plan.n_medium, c.plan.n_large, c.plan.total_blocks);
+                let mut p3: [*mut c_void; 3] = [
+                    (&mut table as *mut u64).cast(),
+                    (&mut njobs as *mut u32).cast(),
+                    (&mut total as *mut u32).cast(),
+                ];
+                let mut p5: [*mut c_void; 5] = [
+                    (&mut table as *mut u64).cast(),
+                    (&mut ns as *mut u32).cast(),
+                    (&mut nm as *mut u32).cast(),
+                    (&mut nl as *mut u32).cast(),
+                    (&mut tb as *mut u32).cast(),
+                ];
+                let params = match kernel {
+                    Kernel::Reduce | Kernel::DotProduct => p5.as_mut_ptr(),
+                    _ => p3.as_mut_ptr(),
+                };
+                ck(
+                    sys::cuLaunchKernel(f, grid, 1, 1, 256, 1, 1, smem, stream, params, ptr::null_mut()),
+                    "cuLaunchKernel",
+                )?;
+            }
+            for c in &self.copies_out {
+                ck(
+                    sys::cuMemcpyDtoHAsync_v2(c.host.cast(), c.dev, c.bytes, stream),
+                    "cuMemcpyDtoHAsync (output)",
+                )?;
+            }
+            ck(sys::cuEventRecord(slot.event, stream), "cuEventRecord")?;
+        }
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        slot.ticket = t;
+        self.busy += 1;
+        Ok(t)
+    }
+
+    /// Appends the table of `jobs` (the launch's jobs from index `first`)
+    /// to `self.bytes` and records the chunk.
+    fn build_chunk(&mut self, kernel: Kernel, jobs: &[Job], first: usize) -> Result<()> {
+        let off = self.bytes.len().next_multiple_of(SCRATCH_ALIGN as usize);
+        self.bytes.resize(off, 0);
+        let ptrs = &self.ptrs[first..first + jobs.len()];
+        let too_big = || Error::Device("batch too large for one launch".into());
+        let mut chunk = Chunk {
+            table_off: off,
+            njobs: jobs.len() as u32,
+            total: 0,
+            plan: abi::ReducePlan::default(),
+        };
+        match kernel {
+            Kernel::VectorAdd => {
+                let mut t: Vec<abi::VecAddJob> = jobs
+                    .iter()
+                    .zip(ptrs)
+                    .map(|(j, p)| abi::VecAddJob {
+                        a: p.a,
+                        b: p.b,
+                        out: p.out,
+                        len: if j.fault() { (j.out().len() as u64).max(1) } else { j.out().len() as u64 },
+                        block_start: 0,
+                    })
+                    .collect();
+                chunk.total = abi::vadd_prepare(&mut t).ok_or_else(too_big)?;
+                push_pod(&mut self.bytes, &t);
+            }
+            Kernel::Reduce | Kernel::DotProduct => {
+                let dot = kernel == Kernel::DotProduct;
+                let mut t: Vec<abi::ReduceJob> = jobs
+                    .iter()
+                    .zip(ptrs)
+                    .map(|(j, p)| abi::ReduceJob {
+                        a: p.a,
+                        b: if dot { p.b } else { 0 },
+                        out: p.out,
+                        len: if j.fault() { (j.in0().len() as u64).max(1) } else { j.in0().len() as u64 },
+                        block_start: 0,
+                    })
+                    .collect();
+                chunk.plan = abi::reduce_prepare(&mut t).ok_or_else(too_big)?;
+                chunk.total = chunk.plan.total_blocks;
+                push_pod(&mut self.bytes, &t);
+            }
+            Kernel::Matmul => {
+                let mut t: Vec<abi::MatmulJob> = jobs
+                    .iter()
+                    .zip(ptrs)
+                    .map(|(j, p)| {
+                        let (m, n, k) = j.dims();
+                        let (m, n, k) = if j.fault() {
+                            (m.max(1), n.max(1), k.max(1))
+                        } else {
+                            (m, n, k)
+                        };
+                        abi::MatmulJob {
+                            a: p.a,
+                            b: p.b,
+                            c: p.out,
+                            m: m as u32,
+                            n: n as u32,
+                            k: k as u32,
+                            tiles_n: 0,
+                            tile_start: 0,
+                        }
+                    })
+                    .collect();
+                chunk.total = abi::matmul_prepare(&mut t).ok_or_else(too_big)?;
+                push_pod(&mut self.bytes, &t);
+            }
+        }
+        self.chunks.push(chunk);
+        Ok(())
+    }
+}
+
+/// Appends the bytes of plain `#[repr(C)]` descriptors.
+fn push_pod<T: std::marker::Copy>(out: &mut Vec<u8>, items: &[T]) {
+    // SAFETY: T is one of abi.rs's #[repr(C)] descriptor structs: plain
+    // integers with no padding (40 or 48 bytes of u64/u32 fields).
+    let b = unsafe { std::slice::from_raw_parts(items.as_ptr().cast::<u8>(), std::mem::size_of_val(items)) };
+    out.extend_from_slice(b);
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn add_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()> {
+        if seg >= self.segs.len() || self.segs[seg].is_some() {
+            return Err(Error::Device(format!("segment {seg} registered twice")));
+        }
+        if bytes == 0 {
+            self.segs[seg] = Some(Segment {
+                reg_base: ptr::null_mut(),
+                dev: 0,
+                bytes: 0,
+            });
+            return Ok(());
+        }
+        // Register whole pages: the mapping covers them (mmap maps whole
+        // pages; segment 0 sits inside the ring's mapping).
+        let page = 4096usize;
+        let start = base.as_ptr() as usize;
+        let reg_start = start & !(page - 1);
+        let reg_end = (start + bytes as usize).next_multiple_of(page);
+        let t = Instant::now();
+        // SAFETY: the range is mapped read-write for as long as the backend
+        // lives (the daemon drops the backend before the mappings).
+        unsafe {
+            ck(
+                sys::cuMemHostRegister_v2(
+                    reg_start as *mut c_void,
+                    reg_end - reg_start,
+                    sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE,
+                ),
+                "cuMemHostRegister",
+            )?;
+            let mut dev = 0u64;
+            ck(
+                sys::cuMemHostGetDevicePointer_v2(&mut dev, base.as_ptr().cast(), 0),
+                "cuMemHostGetDevicePointer",
+            )?;
+            self.segs[seg] = Some(Segment {
+                reg_base: reg_start as *mut c_void,
+                dev,
+                bytes,
+            });
+        }
+        eprintln!(
+            "gpud[{}]: cuda: registered segment {seg} ({bytes} bytes) in {:.1} ms",
+            self.device,
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
+    }
+
+    fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
+        self.submit_inner(arena, launch)
+    }
+
+    fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
+        if self.busy == 0 {
+            return Ok(());
+        }
+        for s in &mut self.slots {
+            if s.ticket == 0 {
+                continue;
+            }
+            // SAFETY: the event was created by this backend and recorded.
+            match unsafe { sys::cuEventQuery(s.event) } {
+                CUresult::CUDA_SUCCESS => {
+                    done.push(s.ticket);
+                    s.ticket = 0;
+                    self.busy -= 1;
+                }
+                CUresult::CUDA_ERROR_NOT_READY => {}
+                e => return Err(Error::Device(format!("launch failed on the GPU: {e:?}"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.busy
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // SAFETY: tears down what `open` and `add_segment` made; errors (a
+        // dead context after a fault) are ignored.
+        unsafe {
+            sys::cuCtxSynchronize();
+            for s in &mut self.slots {
+                s.free();
+            }
+            for s in self.segs.iter().flatten() {
+                if !s.reg_base.is_null() {
+                    sys::cuMemHostUnregister(s.reg_base);
+                }
+            }
+            for s in self.streams {
+                sys::cuStreamDestroy_v2(s);
+            }
+            sys::cuModuleUnload(self.module);
+            sys::cuDevicePrimaryCtxRelease_v2(self.cu_dev);
+        }
+        let _ = self.ctx;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::descriptor::validate;
+    use crate::layout::Sqe;
+
+    fn job(kernel: Kernel, n: u32, dims: (u32, u32, u32)) -> Job {
+        let (m, nn, k) = dims;
+        let s = match kernel {
+            Kernel::Matmul => Sqe {
+                kernel: kernel.id(),
+                in1: 1 << 40,
+                out: 1 << 41,
+                in0_len: m * k,
+                in1_len: k * nn,
+                out_len: m * nn,
+                m,
+                n: nn,
+                k,
+                ..Sqe::default()
+            },
+            _ => Sqe {
+                kernel: kernel.id(),
+                in1: 1 << 40,
+                out: 1 << 41,
+                in0_len: n,
+                in1_len: if kernel == Kernel::Reduce { 0 } else { n },
+                out_len: if kernel == Kernel::VectorAdd { n } else { 1 },
+                ..Sqe::default()
+            },
+        };
+        validate(&s, 1u64 << 44).unwrap()
+    }
+
+    #[test]
+    fn placement_policy_follows_the_measurements() {
+        use Mode::*;
+        for n in [0, 4096, 1 << 16, 1 << 24] {
+            assert_eq!(policy(Kernel::VectorAdd, &job(Kernel::VectorAdd, n, (0, 0, 0)), 1), Mapped);
+        }
+        for k in [Kernel::Reduce, Kernel::DotProduct] {
+            assert_eq!(policy(k, &job(k, 4096, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(k, &job(k, 1 << 16, (0, 0, 0)), 1), CopyIn);
+            assert_eq!(policy(k, &job(k, 1 << 16, (0, 0, 0)), 100), Mapped);
+            assert_eq!(policy(k, &job(k, 1 << 20, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(k, &job(k, 1 << 24, (0, 0, 0)), 100), CopyIn);
+        }
+        let mm = |d| policy(Kernel::Matmul, &job(Kernel::Matmul, 0, d), 1);
+        assert_eq!(mm((256, 256, 256)), Mapped);
+        assert_eq!(mm((512, 512, 512)), CopyIn);
+        assert_eq!(mm((4096, 64, 4096)), CopyIn);
+        assert_eq!(mm((128, 128, 4096)), Mapped, "no tile reuse");
+        assert_eq!(mm((32, 32, 32)), Mapped);
+    }
+}

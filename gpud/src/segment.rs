@@ -1,0 +1,164 @@
+//! Arena segments after the first (`c_src/erlcuda_ring.h`, "Arena segments
+//! (growth)"): each arrives as one `ec_segment` message with its memfd on
+//! the handshake connection, before any descriptor names it.
+//!
+//! gpud reads pending messages without blocking whenever poll says the
+//! socket is readable and whenever a descriptor names a segment it does not
+//! know yet; each is validated (magic, index, not known yet, fstat size ==
+//! bytes, sealed against shrinking, whole f32s), mapped, and handed to the
+//! backend (the CUDA backend registers it). A bad message is logged and
+//! dropped with its fds: descriptors naming that segment are then answered
+//! OUT_OF_BOUNDS, which is what the VM would see from any bad address.
+
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+
+use crate::backend::{Arena, Backend};
+use crate::descriptor::SegmentSizes;
+use crate::error::{Error, Result};
+use crate::handshake::{check_memfd, Mapping};
+use crate::layout::{SegmentMsg, EC_MAX_SEGMENTS, EC_SEGMENT_MAGIC};
+
+/// What reading the socket found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SockState {
+    /// Still connected; nothing more queued.
+    Open,
+    /// The VM hung up.
+    Closed,
+}
+
+/// Every mapped segment: 0 is the arena inside the ring's mapping, the rest
+/// are mappings of their own, kept until gpud exits (segments are never
+/// removed while the VM lives).
+pub struct Segments {
+    seg0: (NonNull<u8>, u64),
+    maps: Vec<Option<Mapping>>,
+    sizes: SegmentSizes,
+}
+
+impl Segments {
+    /// # Safety
+    /// `base..base + bytes` (segment 0, the arena in the ring's mapping) must
+    /// stay mapped read-write for as long as the result lives, `base` 4-aligned.
+    pub unsafe fn new(base: NonNull<u8>, bytes: u64) -> Segments {
+        Segments {
+            seg0: (base, bytes),
+            maps: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
+            sizes: SegmentSizes::single(bytes),
+        }
+    }
+
+    pub fn sizes(&self) -> &SegmentSizes {
+        &self.sizes
+    }
+
+    /// Base and size of segment `seg`, if it is mapped.
+    pub fn segment(&self, seg: usize) -> Option<(NonNull<u8>, u64)> {
+        if seg == 0 {
+            return Some(self.seg0);
+        }
+        let m = self.maps.get(seg)?.as_ref()?;
+        Some((m.base(), m.len() as u64))
+    }
+
+    /// Every mapped segment as the backends see them.
+    pub fn arena(&self) -> Arena<'_> {
+        // SAFETY: segment 0 per `new`'s contract; the others are mappings
+        // owned by self, page-aligned, alive as long as the borrow of self.
+        unsafe {
+            let mut a = Arena::from_raw(self.seg0.0, self.seg0.1);
+            for (i, m) in self.maps.iter().enumerate() {
+                if let Some(m) = m {
+                    a.set_segment(i, m.base(), m.len() as u64);
+                }
+            }
+            a
+        }
+    }
+
+    /// Reads every segment message queued on `sock` (never blocks), maps
+    /// and registers the good ones. `Err` only when the backend fails.
+    pub fn receive(&mut self, sock: &OwnedFd, backend: &mut dyn Backend, device: u32) -> Result<SockState> {
+        loop {
+            let mut buf = [0u8; 64];
+            let mut cmsg = nix::cmsg_space!([RawFd; 8]);
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = match recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(m) => m,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EAGAIN) => return Ok(SockState::Open),
+                Err(_) => return Ok(SockState::Closed),
+            };
+            let mut fds = Vec::new();
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let ControlMessageOwned::ScmRights(v) = c {
+                        fds.extend(v);
+                    }
+                }
+            }
+            // SAFETY: SCM_RIGHTS fds were just installed in this process by
+            // the kernel and belong to nobody else; owning them closes them
+            // whatever happens below.
+            let fds: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+            let (bytes, flags) = (msg.bytes, msg.flags);
+            if bytes == 0 && fds.is_empty() {
+                return Ok(SockState::Closed);
+            }
+            let truncated = flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+            match self.accept(&buf[..bytes], truncated, fds) {
+                Ok((seg, m)) => {
+                    let (base, len) = (m.base(), m.len() as u64);
+                    backend.add_segment(seg, base, len)?;
+                    self.maps[seg] = Some(m);
+                    self.sizes.set(seg, len);
+                    eprintln!("gpud[{device}]: arena segment {seg}: {len} bytes");
+                }
+                Err(e) => eprintln!("gpud[{device}]: refused a segment message: {e}"),
+            }
+        }
+    }
+
+    /// Validates one message and maps its memfd.
+    fn accept(&self, bytes: &[u8], truncated: bool, fds: Vec<OwnedFd>) -> Result<(usize, Mapping)> {
+        let bad = |m: String| Error::Handshake(m);
+        if truncated {
+            return Err(bad("segment message truncated".into()));
+        }
+        let msg = SegmentMsg::from_bytes(bytes).ok_or_else(|| {
+            bad(format!(
+                "segment message of {} bytes, want {}",
+                bytes.len(),
+                std::mem::size_of::<SegmentMsg>()
+            ))
+        })?;
+        let [fd]: [OwnedFd; 1] = fds
+            .try_into()
+            .map_err(|v: Vec<OwnedFd>| bad(format!("segment message carried {} fds, want 1", v.len())))?;
+        if msg.magic != EC_SEGMENT_MAGIC {
+            return Err(bad(format!("segment magic {:#x}, want {EC_SEGMENT_MAGIC:#x}", msg.magic)));
+        }
+        let seg = msg.segment as usize;
+        if !(1..EC_MAX_SEGMENTS as usize).contains(&seg) {
+            return Err(bad(format!("segment index {seg} outside 1..{EC_MAX_SEGMENTS}")));
+        }
+        if self.sizes.is_known(seg) {
+            return Err(bad(format!("segment {seg} is already mapped")));
+        }
+        if msg.bytes == 0 || !msg.bytes.is_multiple_of(4) {
+            return Err(bad(format!("segment {seg} of {} bytes: not a positive number of f32s", msg.bytes)));
+        }
+        check_memfd(&fd, msg.bytes)?;
+        let m = Mapping::new_plain(&fd, msg.bytes)?;
+        Ok((seg, m))
+    }
+}

@@ -1,0 +1,259 @@
+%% The whole-stack check for a GPU machine that has only a driver: run by
+%% the GPU bundle (`make gpu-bundle', then `bash .gpu-bundle/run.sh' there).
+%% Plain Erlang (kernel and stdlib only), so it runs on Debian's erlang-base
+%% alone. Prints a summary; halts with status 1 if any check failed.
+-module(erlcuda_gpu_check).
+-export([main/0, main/1]).
+
+-define(LARGE, (1 bsl 26)).
+
+main() -> main([]).
+
+%% Options: {gpud_fault, Path} (a gpud built with fault injection).
+main(Opts) ->
+    Backend = list_to_atom(os:getenv("ERLCUDA_BACKEND", "cuda")),
+    Env = [{backend, Backend}, {poison_outputs, true}, {arena_bytes, 1 bsl 30},
+           {arena_max_bytes, 16 bsl 30}],
+    ok = erlcuda_ref:start_app(Env),
+    [#{backend := B, name := Name, ready_us := Ready}] = erlcuda:devices(),
+    io:format("erlcuda GPU check: backend ~p, ~ts, gpud ready in ~.1f ms~n~n",
+              [B, Name, Ready / 1000]),
+    Results = lists:flatten(
+                [kernel_checks(),
+                 check("1000 concurrent callers, all four kernels", fun concurrent/0),
+                 check("zero-copy chain of three jobs, 2^26", fun chain/0),
+                 check("kill -9 of gpud mid-load", fun kill_mid_load/0),
+                 figures(),
+                 [check("fault: GPU context poisoned on purpose", fun() -> fault(P, Env) end)
+                  || {gpud_fault, P} <- Opts]]),
+    Failed = [R || {fail, _, _} = R <- Results],
+    io:format("~n~p passed, ~p failed~n", [length(Results) - length(Failed), length(Failed)]),
+    erlcuda_ref:stop_app(),
+    halt(case Failed of [] -> 0; _ -> 1 end).
+
+check(Label, Fun) ->
+    T0 = erlang:monotonic_time(millisecond),
+    R = try Fun() of
+            ok -> pass;
+            {ok, Info} -> {pass, Info};
+            Other -> {fail, Other}
+        catch C:E:St -> {fail, {C, E, hd(St)}}
+        end,
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    case R of
+        pass -> io:format("PASS ~-58s ~7.1f s~n", [Label, Ms / 1000]), {pass, Label};
+        {pass, I} -> io:format("PASS ~-58s ~7.1f s  ~ts~n", [Label, Ms / 1000, I]), {pass, Label};
+        {fail, Why} ->
+            io:format("FAIL ~-58s ~7.1f s~n     ~p~n", [Label, Ms / 1000, Why]),
+            {fail, Label, Why}
+    end.
+
+%%% every kernel against the f64 reference, fresh random data, poisoned outputs
+
+kernel_checks() ->
+    [check(io_lib:format("~p at ~p, ~p", [K, N, Form]), fun() -> one_kernel(K, N, Form) end)
+     || K <- [vector_add, reduce, dot_product, matmul],
+        N <- [1, 1000, 1 bsl 20 + 7, ?LARGE],
+        Form <- [list, binary], not (N =:= ?LARGE andalso Form =:= list)].
+
+one_kernel(K, N, Form) when N < ?LARGE ->
+    Args = erlcuda_ref:args(K, N, Form),
+    {ok, R} = erlcuda:launch_sync(K, Args, [{timeout, 60000}]),
+    erlcuda_ref:check(K, Args, R);
+one_kernel(K, N, binary) ->
+    %% 2^26: inputs as binaries, made fast; results checked in full for the
+    %% sums and at 100000 random places for the vectors.
+    Args = large_args(K, N),
+    {ok, R} = erlcuda:launch_sync(K, Args, [{timeout, 120000}]),
+    large_check(K, Args, R).
+
+%% N fresh uniform f32 in [-1, 1): multiples of 2^-23, exact in f32. Made
+%% by 16 processes at once for the large vectors.
+rand_bin(N) when N < 1 bsl 20 -> rand_part(N);
+rand_bin(N) ->
+    Self = self(),
+    Chunk = N div 16,
+    Pids = [spawn_link(fun() -> Self ! {self(), rand_part(Len)} end)
+            || Len <- [N - 15 * Chunk | lists:duplicate(15, Chunk)]],
+    iolist_to_binary([receive {P, B} -> B end || P <- Pids]).
+
+rand_part(N) ->
+    << <<(X / 8388608.0 - 1.0):32/float-native>> || <<X:24>> <= rand:bytes(3 * N) >>.
+
+large_args(vector_add, N) -> [rand_bin(N), rand_bin(N)];
+large_args(dot_product, N) -> [rand_bin(N), rand_bin(N)];
+large_args(reduce, N) -> [rand_bin(N)];
+large_args(matmul, N) ->
+    %% 2^26 outputs: 8192 x 8192, K = 16.
+    {M, Nc, Kd} = {8192, N div 8192, 16},
+    [rand_bin(M * Kd), rand_bin(Kd * Nc), M, Nc, Kd].
+
+at(Bin, I) -> <<_:I/binary-unit:32, X:32/float-native, _/binary>> = Bin, X.
+
+large_check(vector_add, [A, B], R) ->
+    samples(byte_size(A) div 4, fun(I) -> at(R, I) =:= erlcuda_ref:f32(at(A, I) + at(B, I)) end);
+large_check(reduce, [A], R) ->
+    {S, Abs} = fold_sum(A, 0.0, 0.0),
+    within(R, S, Abs);
+large_check(dot_product, [A, B], R) ->
+    {S, Abs} = fold_dot(A, B, 0.0, 0.0),
+    within(R, S, Abs);
+large_check(matmul, [A, B, _M, N, K], R) ->
+    samples(byte_size(R) div 4,
+            fun(Idx) ->
+                    I = Idx div N, J = Idx rem N,
+                    Ts = [at(A, I * K + P) * at(B, P * N + J) || P <- lists:seq(0, K - 1)],
+                    abs(at(R, Idx) - lists:sum(Ts)) =< 1.0e-5 * lists:sum([abs(T) || T <- Ts]) + 1.0e-30
+            end).
+
+fold_sum(<<X:32/float-native, A/binary>>, S, Abs) -> fold_sum(A, S + X, Abs + abs(X));
+fold_sum(<<>>, S, Abs) -> {S, Abs}.
+
+fold_dot(<<X:32/float-native, A/binary>>, <<Y:32/float-native, B/binary>>, S, Abs) ->
+    fold_dot(A, B, S + X * Y, Abs + abs(X * Y));
+fold_dot(<<>>, <<>>, S, Abs) -> {S, Abs}.
+
+within(R, S, Abs) when is_float(R), abs(R - S) =< 1.0e-5 * Abs -> ok;
+within(R, S, Abs) -> {mismatch, R, S, Abs}.
+
+samples(N, Pred) ->
+    Bad = [I || I <- [rand:uniform(N) - 1 || _ <- lists:seq(1, 100000)], not Pred(I)],
+    case Bad of [] -> ok; _ -> {mismatch_at, lists:sublist(Bad, 5)} end.
+
+%%% load, crash, fault
+
+concurrent() ->
+    Self = self(),
+    Ks = [vector_add, reduce, dot_product, matmul],
+    S0 = erlcuda:stats(0),
+    Pids = [spawn_link(fun() ->
+                               K = lists:nth(rand:uniform(4), Ks),
+                               Args = erlcuda_ref:args(K, 1000, binary),
+                               Self ! {self(), K, Args, erlcuda:launch_sync(K, Args, [{timeout, 60000}])}
+                       end) || _ <- lists:seq(1, 1000)],
+    Bad = [{K, R} || P <- Pids,
+                     {K, R} <- [receive {P, K, A, {ok, R}} -> {K, erlcuda_ref:check(K, A, R)};
+                                        {P, K, _, E} -> {K, E}
+                                after 120000 -> {timeout, lost}
+                                end], R =/= ok],
+    S1 = erlcuda:stats(0),
+    case Bad of
+        [] -> {ok, io_lib:format("max batch ~p, ~p launches for ~p jobs",
+                                 [maps:get(max_batch, S1), maps:get(launches, S1) - maps:get(launches, S0),
+                                  maps:get(jobs_ok, S1) - maps:get(jobs_ok, S0)])};
+        _ -> {bad, length(Bad), lists:sublist(Bad, 3)}
+    end.
+
+%% R1 = A + B, R2 = R1 + B, R3 = R2 + B: once with the results staying in the
+%% arena, once with each result copied out to the heap (binary:copy) and so
+%% copied in again by the next launch.
+chain() ->
+    A = rand_bin(?LARGE), B = rand_bin(?LARGE),
+    Run = fun(Hop) ->
+                  T0 = erlang:monotonic_time(microsecond),
+                  {ok, R1} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+                  {ok, R2} = erlcuda:launch_sync(vector_add, [Hop(R1), B], [{timeout, 60000}]),
+                  {ok, R3} = erlcuda:launch_sync(vector_add, [Hop(R2), B], [{timeout, 60000}]),
+                  {erlang:monotonic_time(microsecond) - T0, R3}
+          end,
+    Copy = fun binary:copy/1,
+    Stay = fun(X) -> X end,
+    [{TCopy, C}, {TStay, S}] = [Run(Copy), Run(Stay)],
+    [{TCopy2, _}, {TStay2, _}] = [Run(Copy), Run(Stay)],
+    case C =:= S of
+        true -> {ok, io_lib:format("in arena ~.1f ms, copied ~.1f ms: saves ~.1f ms",
+                                   [min(TStay, TStay2) / 1000, min(TCopy, TCopy2) / 1000,
+                                    (min(TCopy, TCopy2) - min(TStay, TStay2)) / 1000])};
+        false -> results_differ
+    end.
+
+kill_mid_load() ->
+    [#{os_pid := P0}] = erlcuda:devices(),
+    Self = self(),
+    Stop = atomics:new(1, []),
+    Callers = [spawn_link(fun() -> Self ! {self(), caller(Stop, 0, 0, 0)} end)
+               || _ <- lists:seq(1, 200)],
+    timer:sleep(500),
+    os:cmd("kill -9 " ++ integer_to_list(P0)),
+    timer:sleep(1500),
+    atomics:put(Stop, 1, 1),
+    Counts = [receive {P, C} -> C after 60000 -> lost end || P <- Callers],
+    Ok = lists:sum([O || {O, _, _} <- Counts]),
+    Exit = lists:sum([E || {_, E, _} <- Counts]),
+    Wrong = lists:sum([W || {_, _, W} <- Counts]) + length([x || lost <- Counts]),
+    {ok, [3.0]} = wait_next(P0, 500),
+    case Wrong =:= 0 andalso Exit > 0 of
+        true -> {ok, io_lib:format("~p answered ok, ~p {gpud_exit, _}, 0 lost", [Ok, Exit])};
+        false -> {ok_exit_wrong, Ok, Exit, Wrong}
+    end.
+
+caller(Stop, Ok, Exit, Wrong) ->
+    case atomics:get(Stop, 1) of
+        1 -> {Ok, Exit, Wrong};
+        0 ->
+            Args = erlcuda_ref:args(vector_add, 1000, binary),
+            case erlcuda:launch(vector_add, Args) of
+                {ok, Ref} ->
+                    R = receive {erlcuda, Ref, X} -> X after 10000 -> lost end,
+                    Dup = receive {erlcuda, Ref, _} -> 1 after 0 -> 0 end,
+                    case R of
+                        {ok, V} ->
+                            W = case erlcuda_ref:check(vector_add, Args, V) of ok -> 0; _ -> 1 end,
+                            caller(Stop, Ok + 1, Exit, Wrong + W + Dup);
+                        {error, {gpud_exit, _}} -> caller(Stop, Ok, Exit + 1, Wrong + Dup);
+                        _ -> caller(Stop, Ok, Exit, Wrong + 1)
+                    end;
+                {error, busy} -> timer:sleep(1), caller(Stop, Ok, Exit, Wrong)
+            end
+    end.
+
+%% A job flagged to fault makes the cuda backend use a bad device pointer:
+%% the context is lost, gpud exits non-zero, the job gets an error, the VM
+%% carries on and the next gpud serves the next job correctly.
+fault(GpudFault, Env) ->
+    ok = erlcuda_ref:start_app([{gpud, GpudFault} | Env]),
+    [#{os_pid := P0}] = erlcuda:devices(),
+    H = erlcuda_device:handle(0),
+    {ok, Ref} = erlcuda_nif:submit(H, vector_add, [[1.0], [2.0]], fault),
+    Answer = receive {erlcuda, Ref, A} -> A after 30000 -> none end,
+    Next = wait_next(P0, 500),
+    erlcuda_ref:stop_app(),
+    case {Answer, Next} of
+        {{error, _}, {ok, [3.0]}} ->
+            {ok, io_lib:format("job answered ~p; next job ok", [Answer])};
+        _ -> {Answer, Next}
+    end.
+
+wait_next(_, 0) -> no_restart;
+wait_next(P0, N) ->
+    case erlcuda:devices() of
+        [#{os_pid := P, status := up}] when P =/= P0 -> erlcuda:launch_sync(vector_add, [[1.0], [2.0]]);
+        _ -> timer:sleep(10), wait_next(P0, N - 1)
+    end.
+
+%%% figures
+
+figures() ->
+    A = erlcuda_ref:to_binary(erlcuda_ref:random_vector(1000)),
+    [one_in_flight(A) || _ <- lists:seq(1, 2000)],
+    Lat = lists:sort([one_in_flight(A) || _ <- lists:seq(1, 20000)]),
+    io:format("     small-job round trip, 1000-element vector_add, one in flight: "
+              "p50 ~.1f us, p99 ~.1f us~n", [pct(Lat, 0.5), pct(Lat, 0.99)]),
+    X = rand_bin(?LARGE), Y = rand_bin(?LARGE),
+    Ts = lists:sort([begin
+                         T0 = erlang:monotonic_time(microsecond),
+                         {ok, _} = erlcuda:launch_sync(vector_add, [X, Y], [{timeout, 60000}]),
+                         erlang:monotonic_time(microsecond) - T0
+                     end || _ <- lists:seq(1, 7)]),
+    io:format("     2^26-element vector_add end to end (plain binaries in): "
+              "median ~.1f ms, best ~.1f ms~n", [pct(Ts, 0.5) / 1000, hd(Ts) / 1000]),
+    io:format("     largest batch seen: ~p~n", [maps:get(max_batch, erlcuda:stats(0))]),
+    [].
+
+one_in_flight(A) ->
+    T0 = erlang:monotonic_time(nanosecond),
+    {ok, Ref} = erlcuda:launch(vector_add, [A, A]),
+    receive {erlcuda, Ref, {ok, _}} -> ok end,
+    (erlang:monotonic_time(nanosecond) - T0) / 1000.
+
+pct(S, P) -> lists:nth(max(1, min(length(S), round(P * length(S)))), S).

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds .gpu-bundle/: everything the whole-stack GPU check needs on a machine
+# that has only an NVIDIA driver (no Rust, no Erlang, no network): gpud (and a
+# gpud built with fault injection), the NIF, the beams, and Debian's
+# erlang-base .deb. Then, there: bash .gpu-bundle/run.sh (the check) or
+# bash .gpu-bundle/run.sh bench (the full-stack benchmarks).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.gpu-bundle
+rm -rf "$out"
+mkdir -p "$out/lib/erlcuda/ebin" "$out/lib/erlcuda/priv" "$out/test" "$out/bench"
+
+make native
+cargo build --release -p gpud --features fault-injection --target-dir target/fault
+rebar3 compile
+cp priv/gpud priv/erlcuda_nif.so "$out/lib/erlcuda/priv/"
+cp target/fault/release/gpud "$out/gpud-fault"
+cp _build/default/lib/erlcuda/ebin/* "$out/lib/erlcuda/ebin/"
+erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl
+erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
+cp test/gpu/run.sh "$out/run.sh"
+
+deb=$(ls .deb/erlang-base_*.deb 2>/dev/null | head -n1 || true)
+if [ -z "$deb" ]; then
+    mkdir -p .deb
+    (cd .deb && apt-get download erlang-base >/dev/null 2>&1) || { apt-get update -qq && (cd .deb && apt-get download erlang-base); }
+    deb=$(ls .deb/erlang-base_*.deb | head -n1)
+fi
+cp "$deb" "$out/erlang-base.deb"
+strip "$out/lib/erlcuda/priv/gpud" "$out/gpud-fault" 2>/dev/null || true
+du -sh "$out"
+size=$(du -sb "$out" | cut -f1)
+if [ "$size" -ge $((64 << 20)) ]; then
+    echo "bundle is $size bytes: over 64 MiB" >&2
+    exit 1
+fi
+echo "bundle ready: copy $out to the GPU machine and run: bash $out/run.sh"
