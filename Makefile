@@ -5,7 +5,7 @@ CARGO ?= cargo
 BENCH_EBIN := _build/bench/ebin
 EBIN := _build/default/lib/erlcuda/ebin
 
-.PHONY: all setup native nif gpud gpud-fault compile demo test test-rust test-erlang bench \
+.PHONY: all setup native nif gpud gpud-fault compile demo test check-ptx test-rust test-erlang bench \
         gpu-bundle clean
 
 all: compile
@@ -40,8 +40,13 @@ demo: setup $(BENCH_EBIN)
 	erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_demo:main(), halt().'
 
 test: setup
+	$(MAKE) check-ptx
 	$(MAKE) test-rust
 	$(MAKE) test-erlang
+
+# The kernels' PTX builds, and ptxas (CUDA 13.0) assembles it for sm_90.
+check-ptx:
+	bash kernels/check-ptx.sh
 
 test-rust:
 	$(CARGO) test --release -p gpud

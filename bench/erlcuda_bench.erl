@@ -8,6 +8,7 @@
 -define(JOBS, 20000).
 
 main() ->
+    logger:set_primary_config(level, error),
     Backend = case os:getenv("ERLCUDA_BACKEND") of false -> auto; B -> list_to_atom(B) end,
     application:load(erlcuda),
     application:set_env(erlcuda, backend, Backend),
@@ -69,7 +70,7 @@ startup(N) ->
                  R
              end || _ <- lists:seq(1, N)],
     S = lists:sort(Ready),
-    io:format("gpud start to ready (~p starts): median ~.2f ms, max ~.2f ms~n",
+    io:format("start to ready of gpud (~p starts): median ~.2f ms, max ~.2f ms~n",
               [N, pct(S, 0.5) / 1000, lists:last(S) / 1000]).
 
 %% One job in flight at a time, launch to message.

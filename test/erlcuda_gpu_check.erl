@@ -24,6 +24,7 @@ main(Opts) ->
                  check("zero-copy chain of three jobs, 2^26", fun chain/0),
                  check("kill -9 of gpud mid-load", fun kill_mid_load/0),
                  figures(),
+                 check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
                  [check("fault: GPU context poisoned on purpose", fun() -> fault(P, Env) end)
                   || {gpud_fault, P} <- Opts]]),
     Failed = [R || {fail, _, _} = R <- Results],
@@ -229,6 +230,29 @@ wait_next(P0, N) ->
     case erlcuda:devices() of
         [#{os_pid := P, status := up}] when P =/= P0 -> erlcuda:launch_sync(vector_add, [[1.0], [2.0]]);
         _ -> timer:sleep(10), wait_next(P0, N - 1)
+    end.
+
+%% A 64 MiB arena with a 1 GiB limit: a 2^24-element vector_add (192 MiB)
+%% needs new segments, which gpud maps and registers with CUDA; holding
+%% results until the limit gives busy, never a crash; the results are right.
+growth(Env) ->
+    ok = erlcuda_ref:start_app(Env ++ [{arena_bytes, 64 bsl 20}, {arena_max_bytes, 1 bsl 30}]),
+    N = 1 bsl 24,
+    A = rand_bin(N), B = rand_bin(N),
+    Held = hold(A, B, []),
+    #{arena_segments := Segs, busy := Busy} = erlcuda:stats(0),
+    Bad = [R || R <- Held, large_check(vector_add, [A, B], R) =/= ok],
+    ok = erlcuda_ref:start_app(Env),
+    case {Segs > 1, Busy > 0, length(Held) >= 2, Bad} of
+        {true, true, true, []} ->
+            {ok, io_lib:format("~p segments, ~p results held, then busy", [Segs, length(Held)])};
+        Other -> Other
+    end.
+
+hold(A, B, Held) ->
+    case erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]) of
+        {ok, R} -> hold(A, B, [R | Held]);
+        {error, busy} -> Held
     end.
 
 %%% figures

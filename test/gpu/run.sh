@@ -9,7 +9,7 @@ tmp=$(mktemp -d /tmp/erlcuda-gpu.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 dpkg -x "$here/erlang-base.deb" "$tmp"
 root="$tmp/usr/lib/erlang"
-sed -i "s|^ROOTDIR=.*|ROOTDIR=\"$root\"|" "$root/bin/erl"
+sed -i "s|ROOTDIR=/usr/lib/erlang\$|ROOTDIR=$root|" "$root/bin/erl"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 case "${1:-check}" in
     check) eval_="erlcuda_gpu_check:main([{gpud_fault, \"$here/gpud-fault\"}])" ;;
