@@ -264,10 +264,62 @@ static int find_in_arena(struct device *d, struct vec *v)
     return 0;
 }
 
+/* Copies of at least this many bytes are split over several threads: one
+ * core's memcpy (~5-10 GB/s) is what bounds a large job from a plain binary
+ * (2^26 elements: ~90 ms for two inputs on an H200 host, one thread). */
+#define PARALLEL_COPY_BYTES (16u << 20)
+#define PARALLEL_COPY_THREADS 8
+
+struct copy_part {
+    void *dst;
+    const void *src;
+    size_t n;
+};
+
+static void *copy_part_run(void *arg)
+{
+    struct copy_part *p = arg;
+    memcpy(p->dst, p->src, p->n);
+    return NULL;
+}
+
+/* memcpy, in up to PARALLEL_COPY_THREADS pieces at once when large. Any
+ * thread that cannot be created is done inline: the copy always completes. */
+static void copy_bytes(void *dst, const void *src, size_t n)
+{
+    static long cpus;
+    if (cpus == 0)
+        cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t t = cpus > PARALLEL_COPY_THREADS ? PARALLEL_COPY_THREADS : (size_t)(cpus > 1 ? cpus : 1);
+    if (n < PARALLEL_COPY_BYTES || t < 2) {
+        memcpy(dst, src, n);
+        return;
+    }
+    struct copy_part part[PARALLEL_COPY_THREADS];
+    ErlNifTid tid[PARALLEL_COPY_THREADS];
+    int started[PARALLEL_COPY_THREADS] = {0};
+    size_t chunk = (n / t + 4095) & ~(size_t)4095;
+    for (size_t i = 0; i < t; i++) {
+        size_t off = i * chunk;
+        part[i].dst = (char *)dst + off;
+        part[i].src = (const char *)src + off;
+        part[i].n = off >= n ? 0 : (n - off < chunk ? n - off : chunk);
+        if (i > 0 && part[i].n > 0)
+            started[i] = enif_thread_create("erlcuda.copy", &tid[i], copy_part_run, &part[i],
+                                            NULL) == 0;
+    }
+    for (size_t i = 0; i < t; i++)
+        if (!started[i])
+            copy_part_run(&part[i]);
+    for (size_t i = 1; i < t; i++)
+        if (started[i])
+            enif_thread_join(tid[i], NULL);
+}
+
 static int copy_vec(ErlNifEnv *env, const struct vec *v, float *dst)
 {
     if (v->is_binary) {
-        memcpy(dst, v->bin.data, v->bin.size);
+        copy_bytes(dst, v->bin.data, v->bin.size);
         return 1;
     }
     ERL_NIF_TERM head, tail = v->list;
