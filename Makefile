@@ -5,7 +5,8 @@ CARGO ?= cargo
 BENCH_EBIN := _build/bench/ebin
 EBIN := _build/default/lib/erlcuda/ebin
 
-.PHONY: all setup native nif gpud gpud-fault compile demo test check-ptx test-rust test-erlang bench \
+.PHONY: all setup native nif gpud gpud-fault compile demo test check-ptx test-rust test-erlang \
+        test-asan test-valgrind test-fuzz bench \
         gpu-bundle clean
 
 all: compile
@@ -43,6 +44,16 @@ test: setup
 	$(MAKE) check-ptx
 	$(MAKE) test-rust
 	$(MAKE) test-erlang
+	$(MAKE) test-asan
+	$(MAKE) test-valgrind
+
+# The Erlang suites with the NIF built with AddressSanitizer (zero reports).
+test-asan: compile gpud-fault
+	bash test/asan.sh
+
+# gpud's tests (and gpud under the e2e tests) under valgrind memcheck.
+test-valgrind:
+	bash test/valgrind.sh
 
 # The kernels' PTX builds, and ptxas (CUDA 13.0) assembles it for sm_90.
 check-ptx:

@@ -494,9 +494,11 @@ static uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env)
     for (uint32_t i = 0; i < n; i++) {
         struct ec_cqe cqe;
         memcpy(&cqe, &d->shm.cq[(head + i) & (d->nslots - 1)], sizeof cqe);
+        /* Room for gpud at once: handle_cqe frees the job's slot, so a new
+         * job can be completed before this drain ends. */
+        __atomic_store_n(&h->cq_head, head + i + 1, __ATOMIC_RELEASE);
         handle_cqe(d, caller_env, &cqe);
     }
-    __atomic_store_n(&h->cq_head, head + n, __ATOMIC_RELEASE);
     return n;
 }
 

@@ -148,7 +148,11 @@ options(_) -> {error, {badarg, opts}}.
 
 options([], Device, Timeout) -> {ok, Device, Timeout};
 options([{device, N} | T], _, Timeout) when is_integer(N), N >= 0 -> options(T, N, Timeout);
-options([{timeout, Ms} | T], Device, _) when is_integer(Ms), Ms >= 0; Ms =:= infinity ->
+%% A receive timeout is at most 16#ffffffff ms (erlang's timeout()): a larger
+%% integer would make `receive ... after' raise timeout_value in await/3,
+%% leaving the job's answer behind as a stray message.
+options([{timeout, Ms} | T], Device, _)
+  when is_integer(Ms), Ms >= 0, Ms =< 16#ffffffff; Ms =:= infinity ->
     options(T, Device, Ms);
 options([Other | _], _, _) -> {error, {badarg, {opt, Other}}};
 options(_, _, _) -> {error, {badarg, opts}}.

@@ -73,19 +73,14 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
         ring.geometry().cq_entries,
         ring.geometry().arena_bytes
     );
-    let mut d = Daemon {
-        device: opts.device,
-        spin: Duration::from_micros(opts.spin_us),
+    let mut d = Daemon::new(
+        opts.device,
+        Duration::from_micros(opts.spin_us),
         backend,
         segments,
         ring,
-        sock: session.sock,
-        sqes: Vec::new(),
-        coalescer: Coalescer::new(),
-        in_flight: Vec::new(),
-        done: Vec::new(),
-        next_drain: 0,
-    };
+        session.sock,
+    );
     // Segments the VM sent right after the hello.
     if d.read_segments()? == Wake::Quit {
         return Ok(());
@@ -113,9 +108,13 @@ struct InFlight {
     drain: u64,
 }
 
+/// The daemon's state once the handshake is done. Public so that tests and
+/// the fuzz targets (`gpud/fuzz`) can drive the real ring path (drain,
+/// validate, coalesce, submit, answer) over a ring in ordinary memory; the
+/// binary only ever goes through [`run`].
 // Field order is drop order: the backend (CUDA: host registrations) goes
 // before the segment mappings, and those before the ring's mapping.
-struct Daemon {
+pub struct Daemon {
     device: u32,
     spin: Duration,
     backend: Box<dyn Backend>,
@@ -131,6 +130,46 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// Ties the parts together. `segments` must describe `ring`'s arena as
+    /// segment 0 (and `backend` must have been given it); `sock` is the
+    /// handshake connection, read for segment messages.
+    pub fn new(
+        device: u32,
+        spin: Duration,
+        backend: Box<dyn Backend>,
+        segments: Segments,
+        ring: Ring,
+        sock: OwnedFd,
+    ) -> Daemon {
+        Daemon {
+            device,
+            spin,
+            backend,
+            segments,
+            ring,
+            sock,
+            sqes: Vec::new(),
+            coalescer: Coalescer::new(),
+            in_flight: Vec::new(),
+            done: Vec::new(),
+            next_drain: 0,
+        }
+    }
+
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// The arena segments mapped so far and their sizes.
+    pub fn segment_sizes(&self) -> &crate::descriptor::SegmentSizes {
+        self.segments.sizes()
+    }
+
+    /// Launches submitted to the backend and not answered yet.
+    pub fn launches_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
     fn main_loop(&mut self) -> Result<()> {
         let mut last_check = Instant::now();
         loop {
@@ -255,7 +294,7 @@ impl Daemon {
 
     /// Answers every launch the backend has finished. Ok(false) when the VM
     /// went away while gpud waited for CQ room.
-    fn reap(&mut self) -> Result<bool> {
+    pub fn reap(&mut self) -> Result<bool> {
         if self.in_flight.is_empty() {
             return Ok(true);
         }
@@ -376,7 +415,7 @@ impl Daemon {
 
     /// One drain: copy, validate, coalesce, submit. Ok(false) when the VM
     /// went away (while gpud waited for CQ room, or on the socket).
-    fn process_drain(&mut self) -> Result<bool> {
+    pub fn process_drain(&mut self) -> Result<bool> {
         self.sqes.clear();
         let drain = self.ring.drain_sq(&mut self.sqes);
         if let Some(pending) = drain.overrun {
@@ -536,4 +575,122 @@ fn record_batch(stats: &Stats, size: u64) {
         stats.max_batch.store(size, Ordering::Relaxed);
     }
     stats.batch_hist[coalesce::hist_bucket(size)].fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::ptr::NonNull;
+
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::handshake::{validate_header, HeaderFields, Mapping};
+    use crate::layout::{Header, EC_ABI_VERSION, EC_HEADER_BYTES, EC_MAGIC};
+
+    fn eventfd() -> OwnedFd {
+        // SAFETY: a fresh fd, owned by nobody else.
+        unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)) }
+    }
+
+    /// The ring path over a ring in ordinary memory (what gpud/fuzz's `ring`
+    /// target does with hostile contents): good and bad entries, each gets
+    /// exactly one CQE; bad ones are counted.
+    #[test]
+    fn drain_answers_every_entry_once_over_a_heap_ring() {
+        const SQ: u32 = 4;
+        const CQ: u32 = 8;
+        let (sq_off, cq_off) = (4096u64, 4096 + 64 * SQ as u64);
+        let arena_off = cq_off + 16 * CQ as u64;
+        let arena_bytes = 4096u64;
+        let total = (arena_off + arena_bytes) as usize;
+        let layout = Layout::from_size_align(total, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+        let fields = HeaderFields {
+            magic: EC_MAGIC,
+            abi_version: EC_ABI_VERSION,
+            header_bytes: EC_HEADER_BYTES,
+            sqe_bytes: 64,
+            cqe_bytes: 16,
+            sq_entries: SQ,
+            cq_entries: CQ,
+            sq_offset: sq_off,
+            cq_offset: cq_off,
+            arena_offset: arena_off,
+            arena_bytes,
+        };
+        let geo = validate_header(&fields, total as u64).unwrap();
+        let vadd = |user_data, out| Sqe {
+            user_data,
+            kernel: Kernel::VectorAdd.id(),
+            in0: 0,
+            in1: 64,
+            out,
+            in0_len: 16,
+            in1_len: 16,
+            out_len: 16,
+            ..Sqe::default()
+        };
+        let entries = [
+            vadd(1, 128),
+            Sqe { kernel: 9, ..vadd(2, 256) },
+            vadd(3, 32), // overlaps in0
+            vadd(4, 192),
+        ];
+        let h = base.as_ptr().cast::<Header>();
+        // SAFETY: in bounds of the buffer; no references kept.
+        unsafe {
+            for (i, s) in entries.iter().enumerate() {
+                base.as_ptr().add(sq_off as usize).cast::<Sqe>().add(i).write(*s);
+            }
+            // Free-running counters that wrap while in use.
+            (*h).sq_head.0.store(u32::MAX - 1, Ordering::Relaxed);
+            (*h).sq_tail.0.store(2, Ordering::Relaxed);
+            (*h).cq_tail.0.store(u32::MAX, Ordering::Relaxed);
+            (*h).cq_head.0.store(u32::MAX, Ordering::Relaxed);
+        }
+        // SAFETY: the buffer outlives the daemon (dropped before dealloc).
+        let mapping = unsafe { Mapping::from_raw_parts(base, total) };
+        let ring = Ring::new(mapping, geo, eventfd(), eventfd());
+        let mut backend: Box<dyn Backend> = Box::new(CpuBackend::new(0));
+        let (seg0, bytes0) = ring.arena().segment(0).unwrap();
+        backend.add_segment(0, seg0, bytes0).unwrap();
+        // SAFETY: segment 0 lies in the ring's mapping.
+        let segments = unsafe { Segments::new(seg0, bytes0) };
+        let (sock, _vm) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
+        let mut d = Daemon::new(0, Duration::ZERO, backend, segments, ring, sock);
+        assert!(d.process_drain().unwrap());
+        while d.launches_in_flight() > 0 {
+            assert!(d.reap().unwrap());
+        }
+        let stats = d.ring().stats();
+        assert_eq!(stats.bad_descriptors.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.jobs_ok.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.jobs_failed.load(Ordering::Relaxed), 2);
+        drop(d);
+        // SAFETY: as above.
+        let cqes: Vec<Cqe> = unsafe {
+            assert_eq!((*h).sq_head.0.load(Ordering::Relaxed), 2);
+            assert_eq!((*h).cq_tail.0.load(Ordering::Relaxed), 3);
+            (0..4u32)
+                .map(|i| base.as_ptr().add(cq_off as usize).cast::<Cqe>().add((u32::MAX.wrapping_add(i) & (CQ - 1)) as usize).read())
+                .collect()
+        };
+        let mut got: Vec<(u64, i32, u32)> = cqes.iter().map(|c| (c.user_data, c.status, c.batch)).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (1, Status::Ok.code(), 2),
+                (2, Status::BadKernel.code(), 1),
+                (3, Status::Overlap.code(), 1),
+                (4, Status::Ok.code(), 2),
+            ]
+        );
+        // SAFETY: allocated above with this layout; the daemon is gone.
+        unsafe { dealloc(base.as_ptr(), layout) };
+    }
 }

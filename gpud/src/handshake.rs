@@ -137,6 +137,8 @@ pub fn validate_header(h: &HeaderFields, total_bytes: u64) -> Result<Geometry> {
 pub struct Mapping {
     base: NonNull<u8>,
     len: usize,
+    /// False for [`Mapping::from_raw_parts`]: memory the caller owns.
+    unmap: bool,
 }
 
 // SAFETY: the mapping is process-wide memory; all shared state in it is
@@ -176,7 +178,28 @@ impl Mapping {
         Ok(Mapping {
             base: p.cast(),
             len: len.get(),
+            unmap: true,
         })
+    }
+
+    /// Treats `len` bytes of ordinary memory at `base` as the shared memory:
+    /// for tests and the fuzz targets, which lay a ring out in a heap buffer
+    /// (where AddressSanitizer sees every byte past its end). Not unmapped
+    /// on drop.
+    ///
+    /// # Safety
+    /// `base..base + len` must stay readable and writable, and not be
+    /// accessed through any Rust reference, for as long as the result (and
+    /// anything built on it, such as a [`crate::ring::Ring`]) lives. `base`
+    /// must be 64-byte aligned (the header's cache lines); for use as a ring
+    /// `len` must be at least `EC_HEADER_BYTES`.
+    pub unsafe fn from_raw_parts(base: NonNull<u8>, len: usize) -> Mapping {
+        assert!((base.as_ptr() as usize).is_multiple_of(64), "mapping base must be 64-aligned");
+        Mapping {
+            base,
+            len,
+            unmap: false,
+        }
     }
 
     pub fn base(&self) -> NonNull<u8> {
@@ -221,6 +244,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if !self.unmap {
+            return;
+        }
         // SAFETY: unmaps exactly what `new` mapped; nothing borrows it any
         // more (borrows of the mapping cannot outlive `self`).
         let _ = unsafe { munmap(self.base.cast(), self.len) };

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 5, point 7: gpud's unsafe code (mmap of the memfds, volatile and
+# atomic accesses to the rings, raw slices over the arena, SCM_RIGHTS fds)
+# run under valgrind's memcheck:
+#   1. gpud's unit tests (the lib test binary) under valgrind;
+#   2. the e2e tests (tests/e2e.rs: the test plays the VM, drives the rings
+#      and the handshake) and tests/peer_uid.rs, with GPUD_BIN pointing at a
+#      wrapper that runs the real gpud under valgrind, one log per gpud;
+#   3. the same e2e tests against the fault-injection build, so the
+#      fault path (every job answered, exit 3) runs under valgrind too.
+# Fails on any memcheck error (invalid read/write, use of uninitialised
+# values, bad free, fd misuse); leaks are not errors (gpud exits with its
+# thread pool's memory held, by design). Usage: test/valgrind.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+V=$ROOT/_build/valgrind
+rm -rf "$V"; mkdir -p "$V/logs"
+chmod 1777 "$V/logs"   # peer_uid runs one gpud as nobody
+t0=$(date +%s)
+VG=(valgrind --tool=memcheck --error-exitcode=97 --track-origins=yes --num-callers=30
+    --leak-check=no --track-fds=no)
+
+# Test binaries, as cargo reports them (no guessing among stale deps/ files).
+bins() {   # $1: extra cargo args
+    cargo test --release -p gpud $1 --no-run --message-format=json 2>/dev/null \
+        | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["kind"][0], m["target"]["name"], m["executable"])
+'
+}
+cargo test --release -p gpud --no-run -q
+cargo test --release -p gpud --features fault-injection --target-dir target/fault --no-run -q
+bins "" > "$V/bins"
+bins "--features fault-injection --target-dir target/fault" > "$V/bins-fault"
+cat "$V/bins" "$V/bins-fault"
+UNIT=$(awk '$1 == "lib" {print $3}' "$V/bins")
+[ -x "$UNIT" ] || { echo "valgrind: no unit-test binary" >&2; exit 1; }
+
+# 1. Unit tests in-process.
+t1=$(date +%s)
+"${VG[@]}" --log-file="$V/logs/unit.%p" "$UNIT" --test-threads=1 -q
+echo "valgrind: unit tests: $(( $(date +%s) - t1 )) s"
+
+# 2, 3. gpud under valgrind, driven by the e2e tests (run natively). The
+# wrapper keeps gpud's own exit status (no --error-exitcode): the tests
+# check it; errors are counted from the logs below.
+wrapper() {  # $1: gpud binary, $2: wrapper path
+    cat > "$2" <<W
+#!/bin/sh
+exec valgrind --tool=memcheck --track-origins=yes --num-callers=30 --leak-check=no \\
+    --log-file="$V/logs/gpud.%p" "$1" "\$@"
+W
+    chmod +x "$2"
+}
+wrapper "$ROOT/target/release/gpud" "$V/gpud-vg"
+wrapper "$ROOT/target/fault/release/gpud" "$V/gpud-fault-vg"
+run_e2e() {  # $1: bins file, $2: wrapper
+    while read -r kind name exe; do
+        [ "$kind" = test ] || continue
+        t=$(date +%s)
+        GPUD_BIN=$2 "$exe" --test-threads=1 -q
+        echo "valgrind: $name with $(basename "$2"): $(( $(date +%s) - t )) s"
+    done < "$1"
+}
+run_e2e "$V/bins" "$V/gpud-vg"
+run_e2e "$V/bins-fault" "$V/gpud-fault-vg"
+
+# Every log: a gpud killed on purpose (SIGKILL) leaves no summary, which is
+# fine; an error anywhere is not.
+nlogs=$(ls "$V"/logs | wc -l)
+ngpud=$(grep -l '^==[0-9]*== Command: .*/gpud ' "$V"/logs/* | wc -l)
+[ "$ngpud" -gt 0 ] || { echo "valgrind: no gpud ran under valgrind" >&2; exit 1; }
+errs=$(cat "$V"/logs/* | grep -E '^==[0-9]+== ERROR SUMMARY: [1-9]' | wc -l || true)
+summaries=$(cat "$V"/logs/* | grep -cE '^==[0-9]+== ERROR SUMMARY: 0 errors' || true)
+echo "valgrind: $nlogs processes ($ngpud gpud), $summaries clean summaries, $errs with errors, $(( $(date +%s) - t0 )) s"
+if [ "$errs" != 0 ]; then
+    grep -lE '^==[0-9]+== ERROR SUMMARY: [1-9]' "$V"/logs/* | xargs cat >&2
+    exit 1
+fi
