@@ -43,9 +43,15 @@ demo: setup $(BENCH_EBIN)
 test: setup
 	$(MAKE) check-ptx
 	$(MAKE) test-rust
+	$(MAKE) test-fuzz
 	$(MAKE) test-erlang
 	$(MAKE) test-asan
 	$(MAKE) test-valgrind
+
+# Hostile shared memory: gpud's libFuzzer targets, FUZZ_SECONDS in all.
+FUZZ_SECONDS ?= 60
+test-fuzz:
+	bash gpud/fuzz/run.sh $(FUZZ_SECONDS)
 
 # The Erlang suites with the NIF built with AddressSanitizer (zero reports).
 test-asan: compile gpud-fault
