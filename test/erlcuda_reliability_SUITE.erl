@@ -243,7 +243,10 @@ vm_dies(_) ->
     %% Nothing left: no process maps the peer's memfd or holds an fd on it.
     timer:sleep(100),
     ?assertEqual([], holders(Inodes)),
-    ?assertEqual(gone, alive(Gpud)).
+    %% Dead: a zombie at most. Its parent (the peer's erl_child_setup) died
+    %% with the VM, so reaping is up to whatever adopts it; where PID 1 does
+    %% not reap (some containers) the zombie stays, holding no memory or fd.
+    ?assert(lists:member(alive(Gpud), [gone, zombie])).
 
 %% Runs in the peer: N processes streaming jobs forever.
 peer_load(N) ->
