@@ -326,14 +326,11 @@ memfd_fds() ->
     [T || F <- Fds, {ok, T} <- [file:read_link("/proc/self/fd/" ++ F)],
           string:find(T, "memfd:erlcuda") =/= nomatch].
 
+%% A zombie counts as gone: dead, holding nothing.
 alive(OsPid) ->
-    case file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/stat") of
-        {error, _} -> gone;
-        {ok, Stat} ->
-            case binary:split(Stat, <<") ">>) of
-                [_, <<"Z", _/binary>>] -> gone;
-                _ -> alive
-            end
+    case erlcuda_ref:os_state(OsPid) of
+        alive -> alive;
+        _ -> gone
     end.
 
 %%% arena: zero-copy results and growth

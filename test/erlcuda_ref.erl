@@ -3,7 +3,7 @@
 -module(erlcuda_ref).
 
 -export([f32/1, random_vector/1, to_binary/1, from_binary/1, args/3, shape/2,
-         check/3, reference/2, start_app/1, stop_app/0]).
+         check/3, reference/2, start_app/1, stop_app/0, os_state/1]).
 
 %% @doc Rounds a float to the nearest f32.
 -spec f32(number()) -> float().
@@ -115,3 +115,16 @@ start_app(Env) ->
 stop_app() ->
     _ = application:stop(erlcuda),
     ok.
+
+%% @doc State of an OS process: `gone', `zombie' (dead, not yet reaped: it
+%% holds no memory or fds) or `alive'.
+-spec os_state(integer()) -> gone | zombie | alive.
+os_state(OsPid) ->
+    case file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/stat") of
+        {error, _} -> gone;
+        {ok, Stat} ->
+            case binary:split(Stat, <<") ">>) of
+                [_, <<"Z", _/binary>>] -> zombie;
+                _ -> alive
+            end
+    end.

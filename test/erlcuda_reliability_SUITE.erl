@@ -559,15 +559,7 @@ wait_stats(Pred, N) ->
 kill9(OsPid) ->
     os:cmd("kill -9 " ++ integer_to_list(OsPid)).
 
-alive(OsPid) ->
-    case file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/stat") of
-        {error, _} -> gone;
-        {ok, Stat} ->
-            case binary:split(Stat, <<") ">>) of
-                [_, <<"Z", _/binary>>] -> zombie;
-                _ -> alive
-            end
-    end.
+alive(OsPid) -> erlcuda_ref:os_state(OsPid).
 
 %% gone once the process no longer exists (zombies count as there).
 wait_gone(OsPid, Tries) ->

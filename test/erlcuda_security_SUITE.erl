@@ -225,12 +225,9 @@ wait_new_gpud(Old, N) ->
         _ -> timer:sleep(10), wait_new_gpud(Old, N - 1)
     end.
 
+%% A zombie counts as gone: dead, holding nothing.
 alive(OsPid) ->
-    case file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/stat") of
-        {error, _} -> gone;
-        {ok, Stat} ->
-            case binary:split(Stat, <<") ">>) of
-                [_, <<"Z", _/binary>>] -> gone;
-                _ -> alive
-            end
+    case erlcuda_ref:os_state(OsPid) of
+        alive -> alive;
+        _ -> gone
     end.
