@@ -8,7 +8,7 @@ main() ->
     [io:format("device ~p: backend ~p, ~ts, gpud os pid ~p, ready in ~.1f ms~n",
                [Id, B, Name, P, RU / 1000])
      || #{id := Id, backend := B, name := Name, os_pid := P, ready_us := RU} <- erlcuda:devices()],
-    io:format("~n~-12s ~-22s ~-52s ~10s~n", [kernel, "input", "result", "latency"]),
+    io:format("~n~-12s ~-22s ~-60s ~10s~n", [kernel, "input", "result", "latency"]),
     A = rand_vec(1000), B = rand_vec(1000),
     show(vector_add, "2 x 1000 (lists)", [A, B]),
     show(vector_add, "2 x 1000 (binaries)", [bin(A), bin(B)]),
@@ -30,7 +30,7 @@ show(Kernel, Input, Args) ->
     T0 = erlang:monotonic_time(nanosecond),
     {ok, R} = erlcuda:launch_sync(Kernel, Args),
     Us = (erlang:monotonic_time(nanosecond) - T0) / 1000,
-    io:format("~-12s ~-22s ~-52s ~8.1f us~n", [Kernel, Input, summary(R), Us]).
+    io:format("~-12s ~-22s ~-60s ~8.1f us~n", [Kernel, Input, summary(R), Us]).
 
 summary(R) when is_float(R) -> io_lib:format("~.6g", [R]);
 summary(R) when is_binary(R) ->
