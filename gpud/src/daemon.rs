@@ -156,6 +156,16 @@ impl Daemon {
         }
     }
 
+    /// While busy, gpud never blocks, so stdin EOF and socket hang-up are
+    /// polled every QUIT_CHECK_EVERY instead. True when gpud must exit.
+    fn quit_due(&mut self, last_check: &mut Instant) -> Result<bool> {
+        if last_check.elapsed() < QUIT_CHECK_EVERY {
+            return Ok(false);
+        }
+        *last_check = Instant::now();
+        Ok(self.wait(Some(Duration::ZERO))? == Wake::Quit)
+    }
+
     pub fn ring(&self) -> &Ring {
         &self.ring
     }
@@ -178,26 +188,14 @@ impl Daemon {
             }
             let can_drain = self.drains_in_flight() < MAX_DRAINS_IN_FLIGHT;
             if can_drain && self.ring.sq_nonempty() {
-                if !self.process_drain()? {
+                if !self.process_drain()? || self.quit_due(&mut last_check)? {
                     return Ok(());
-                }
-                if last_check.elapsed() >= QUIT_CHECK_EVERY {
-                    if self.wait(Some(Duration::ZERO))? == Wake::Quit {
-                        return Ok(());
-                    }
-                    last_check = Instant::now();
                 }
                 continue;
             }
             if !self.in_flight.is_empty() {
-                if self.wait_busy(can_drain)? == Wake::Quit {
+                if self.wait_busy(can_drain)? == Wake::Quit || self.quit_due(&mut last_check)? {
                     return Ok(());
-                }
-                if last_check.elapsed() >= QUIT_CHECK_EVERY {
-                    if self.wait(Some(Duration::ZERO))? == Wake::Quit {
-                        return Ok(());
-                    }
-                    last_check = Instant::now();
                 }
                 continue;
             }

@@ -251,19 +251,7 @@ fn matmul_case(ta: &mut TestArena, rng: &mut Rng, name: String, (m, n, k): (usiz
     let po = ta.alloc(segs[2], m * n, mis);
     Case {
         name,
-        sqe: Sqe {
-            kernel: Kernel::Matmul.id(),
-            in0: pa,
-            in1: pb,
-            out: po,
-            in0_len: (m * k) as u32,
-            in1_len: (k * n) as u32,
-            out_len: (m * n) as u32,
-            m: m as u32,
-            n: n as u32,
-            k: k as u32,
-            ..Sqe::default()
-        },
+        sqe: matmul_sqe(pa, pb, po, m, n, k),
         check: Check::Mat(want, mag),
     }
 }
@@ -446,6 +434,23 @@ pub fn gpu_for_tests() -> Option<crate::backend::cuda::CudaBackend> {
     }
 }
 
+/// The descriptor of an m×k by k×n matmul at the given arena addresses.
+fn matmul_sqe(pa: u64, pb: u64, po: u64, m: usize, n: usize, k: usize) -> Sqe {
+    Sqe {
+        kernel: Kernel::Matmul.id(),
+        in0: pa,
+        in1: pb,
+        out: po,
+        in0_len: (m * k) as u32,
+        in1_len: (k * n) as u32,
+        out_len: (m * n) as u32,
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        ..Sqe::default()
+    }
+}
+
 /// `gpud --bench-backend`: per kernel and size, the time from submit to
 /// completion with inputs read in place (mapped) and copied to the device
 /// first (copy-in, copy-in+out), median of 15 runs after 3 warm-ups, µs.
@@ -484,19 +489,7 @@ pub fn bench_backend(device: u32) -> Result<()> {
     let mm = |ta: &mut TestArena, rng: &mut Rng, m: usize, n: usize, k: usize| -> Sqe {
         let (pa, pb) = (ta.write(0, &rng.vec(m * k), 0), ta.write(0, &rng.vec(k * n), 0));
         let po = ta.alloc(0, m * n, 0);
-        Sqe {
-            kernel: Kernel::Matmul.id(),
-            in0: pa,
-            in1: pb,
-            out: po,
-            in0_len: (m * k) as u32,
-            in1_len: (k * n) as u32,
-            out_len: (m * n) as u32,
-            m: m as u32,
-            n: n as u32,
-            k: k as u32,
-            ..Sqe::default()
-        }
+        matmul_sqe(pa, pb, po, m, n, k)
     };
     for s in [64usize, 128, 256, 512, 1024, 2048] {
         benches.push(Bench {
