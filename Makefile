@@ -72,8 +72,16 @@ test-erlang: compile gpud-fault
 	$(REBAR) eunit
 	ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) $(REBAR) ct
 
+# The benchmarks (bench/erlcuda_bench.erl) on this machine's backend, then
+# bench/report.py: bench/results/$(BENCH_MACHINE).json and bench/RESULTS.md.
+# On a GPU machine use the bundle instead (bash .gpu-bundle/run.sh bench),
+# which adds the peers (bench/peers.py).
+BENCH_MACHINE ?= cpu-$(shell nproc)core
 bench: setup $(BENCH_EBIN)
-	erl -noshell +S 2 -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_bench:main(), halt().'
+	ERLCUDA_BENCH_JSON=_build/bench/erlang.json \
+	    erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_bench:main(), halt().'
+	python3 bench/report.py --machine $(BENCH_MACHINE) --erlang _build/bench/erlang.json \
+	    --command "make bench"
 
 # The whole-stack GPU check, for a machine with only a driver (README).
 gpu-bundle: setup

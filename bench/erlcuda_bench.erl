@@ -1,34 +1,463 @@
-%% Full-stack benchmarks of erlcuda; prints tables. Run with `make bench'
-%% (the backend comes from $ERLCUDA_BACKEND, default auto). Every figure here
-%% is measured from Erlang: launch to the message received.
+%% erlcuda's benchmarks, measured from Erlang (launch to the message
+%% received), in one long-lived VM. Prints tables as it goes and writes every
+%% figure as a record of bench/FORMAT.md to the JSON file named by
+%% $ERLCUDA_BENCH_JSON (default erlang.json); bench/report.py merges it with
+%% the peers' figures (bench/peers.py) into bench/results/<machine>.json and
+%% bench/RESULTS.md. Run with `make bench' (CPU backend here, whatever
+%% $ERLCUDA_BACKEND says) or `bash .gpu-bundle/run.sh bench' on a GPU machine.
+%%
+%% The in-process baseline (gpud --baseline: gpud's backend called from a
+%% plain Rust program) runs in blocks interleaved with the full-stack blocks
+%% (A B A B ...), so both see the same machine state; the ratio is per pair
+%% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0]).
+-export([main/0, zero_copy/0, busy_spin/0, pipeline/0]).
 
 -define(WARMUP, 2000).
--define(JOBS, 20000).
+-define(BLOCK, 1000).
+-define(BLOCKS, 12).
+-define(CALLERS, [1, 10, 100, 1000, 10000]).
+-define(LARGE_SIZES, [65536, 1048576, 16777216, 67108864]).
+-define(MATMUL_SIZES, [256, 512, 1024, 2048, 4096, 8192]).
+%% A size's repetitions stop once they have taken this long (the CPU backend
+%% is slow at the big sizes); larger sizes are skipped past twice this.
+-define(SIZE_BUDGET_MS, 4000).
 
 main() ->
     logger:set_primary_config(level, error),
     Backend = case os:getenv("ERLCUDA_BACKEND") of false -> auto; B -> list_to_atom(B) end,
     application:load(erlcuda),
     application:set_env(erlcuda, backend, Backend),
+    Date = calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}]),
     io:format("erlcuda benchmarks, ~s, ~p schedulers, ~p cores~n",
-              [calendar:system_time_to_rfc3339(erlang:system_time(second)),
-               erlang:system_info(schedulers_online), erlang:system_info(logical_processors)]),
+              [Date, erlang:system_info(schedulers_online), erlang:system_info(logical_processors)]),
+    put(records, []),
     startup(5),
     {ok, _} = application:ensure_all_started(erlcuda),
     [#{backend := Be, name := Name}] = erlcuda:devices(),
     io:format("device 0: ~p (~ts)~n~n", [Be, Name]),
-    round_trip(),
-    throughput([1, 10, 100, 1000]),
+    idle_cpu(5000),
+    latency(Be),
+    other_latency(),
+    throughput(?CALLERS),
+    large(),
+    matmul(),
     restart(5),
     application:stop(erlcuda),
-    zero_copy().
+    {ok, Host} = inet:gethostname(),
+    Meta = #{producer => <<"bench/erlcuda_bench.erl">>, date => list_to_binary(Date),
+             host => list_to_binary(Host), backend => Be, device => Name,
+             schedulers => erlang:system_info(schedulers_online),
+             cores => erlang:system_info(logical_processors),
+             otp => list_to_binary(erlang:system_info(otp_release))},
+    Out = case os:getenv("ERLCUDA_BENCH_JSON") of false -> "erlang.json"; F -> F end,
+    ok = file:write_file(Out, json(#{meta => Meta, records => lists:reverse(get(records))})),
+    io:format("~nwrote ~s (~p records)~n", [Out, length(get(records))]).
+
+%% ---------------------------------------------------------------- records
+
+record(Name, System, Value, Unit, Spread, N, Extra) ->
+    R = #{name => iolist_to_binary(Name), system => System, value => Value, unit => Unit,
+          spread => case Spread of {Lo, Hi} -> #{min => Lo, max => Hi}; null -> null end,
+          n => N, extra => Extra},
+    put(records, [R | get(records)]).
+
+percentiles(Name, System, Sorted) ->
+    [record([Name, ".", P], System, pct(Sorted, Q), us, {hd(Sorted), lists:last(Sorted)},
+            length(Sorted), #{})
+     || {P, Q} <- [{"p50", 0.5}, {"p90", 0.9}, {"p99", 0.99}, {"p99.9", 0.999}]].
+
+%% ---------------------------------------------------------------- gpud
+
+%% gpud cold start to ready, as the device server measures it.
+startup(N) ->
+    Ready = [begin
+                 {ok, _} = application:ensure_all_started(erlcuda),
+                 [#{ready_us := R}] = erlcuda:devices(),
+                 ok = application:stop(erlcuda),
+                 R / 1000
+             end || _ <- lists:seq(1, N)],
+    S = lists:sort(Ready),
+    record("gpud.cold_start_ready", erlcuda, pct(S, 0.5), ms, {hd(S), lists:last(S)}, N,
+           #{first => hd(Ready)}),
+    io:format("start to ready of gpud (~p starts): median ~.2f ms, first ~.2f, max ~.2f ms~n",
+              [N, pct(S, 0.5), hd(Ready), lists:last(S)]).
+
+%% CPU time gpud uses while nothing is submitted (it spins gpud_spin_us after
+%% the last job, then sleeps on its eventfd).
+idle_cpu(Ms) ->
+    [#{os_pid := P}] = erlcuda:devices(),
+    timer:sleep(500),
+    T0 = cpu_ticks(P),
+    timer:sleep(Ms),
+    T1 = cpu_ticks(P),
+    Hz = list_to_integer(string:trim(os:cmd("getconf CLK_TCK"))),
+    Pct = (T1 - T0) / Hz / (Ms / 1000) * 100,
+    record("gpud.idle_cpu", erlcuda, Pct, <<"% of a core">>, null, 1, #{window_ms => Ms}),
+    io:format("gpud idle: ~.2f% of a core over ~p ms~n~n", [Pct, Ms]).
+
+cpu_ticks(OsPid) ->
+    {ok, Stat} = file:read_file("/proc/" ++ integer_to_list(OsPid) ++ "/stat"),
+    %% Fields after the command name (which may hold spaces): utime, stime
+    %% are fields 14 and 15 of the line, 12 and 13 after ") ".
+    [_, After] = binary:split(Stat, <<") ">>),
+    Fields = binary:split(After, <<" ">>, [global]),
+    binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)).
+
+%% kill -9 of gpud: time until a job is served again, and the new gpud's
+%% start to ready.
+restart(N) ->
+    Rs = [begin
+              [#{os_pid := P, restarts := R0}] = erlcuda:devices(),
+              timer:sleep(200),
+              T0 = erlang:monotonic_time(microsecond),
+              os:cmd("kill -9 " ++ integer_to_list(P)),
+              Served = served_again(T0),
+              [#{ready_us := Ready, restarts := R1}] = erlcuda:devices(),
+              R1 = R0 + 1,
+              {Served / 1000, Ready / 1000}
+          end || _ <- lists:seq(1, N)],
+    S = lists:sort([X || {X, _} <- Rs]),
+    Rd = lists:sort([Y || {_, Y} <- Rs]),
+    record("gpud.kill9_to_served", erlcuda, pct(S, 0.5), ms, {hd(S), lists:last(S)}, N, #{}),
+    record("gpud.restart_ready", erlcuda, pct(Rd, 0.5), ms, {hd(Rd), lists:last(Rd)}, N, #{}),
+    io:format("kill -9 of gpud (~p kills): to the next job served median ~.1f ms (max ~.1f); "
+              "restart to ready median ~.1f ms (max ~.1f)~n",
+              [N, pct(S, 0.5), lists:last(S), pct(Rd, 0.5), lists:last(Rd)]).
+
+served_again(T0) ->
+    case erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 5000}]) of
+        {ok, 1.0} -> erlang:monotonic_time(microsecond) - T0;
+        {error, _} -> timer:sleep(1), served_again(T0)
+    end.
+
+%% ---------------------------------------------------------------- latency
+
+%% vector_add of 1000 elements, one in flight, in blocks rotating over the
+%% full stack with binaries, with lists, and the in-process baseline.
+latency(Backend) ->
+    A = vec(1000), B = vec(1000),
+    BA = bin(A), BB = bin(B),
+    Bin = fun() -> erlcuda:launch(vector_add, [BA, BB]) end,
+    Lists = fun() -> erlcuda:launch(vector_add, [A, B]) end,
+    Port = baseline_open(Backend),
+    [one(Bin) || _ <- lists:seq(1, ?WARMUP)],
+    [one(Lists) || _ <- lists:seq(1, ?WARMUP)],
+    _ = baseline(Port, ?WARMUP),
+    Blocks = [{block(Bin), block(Lists), lists:sort(baseline(Port, ?BLOCK))}
+              || _ <- lists:seq(1, ?BLOCKS)],
+    port_close(Port),
+    Full = lists:sort(lists:append([X || {X, _, _} <- Blocks])),
+    L = lists:sort(lists:append([Y || {_, Y, _} <- Blocks])),
+    Base = lists:sort(lists:append([Z || {_, _, Z} <- Blocks])),
+    Name = "latency.vector_add_1000",
+    percentiles(Name, erlcuda, Full),
+    percentiles(Name, erlcuda_lists, L),
+    percentiles(Name, in_process, Base),
+    Ratios = lists:sort([pct(X, 0.5) / pct(Z, 0.5) || {X, _, Z} <- Blocks]),
+    record([Name, ".ratio_full_stack_in_process"], erlcuda, pct(Ratios, 0.5), x,
+           {hd(Ratios), lists:last(Ratios)}, length(Ratios), #{blocks => length(Ratios)}),
+    io:format("~-44s ~9s ~9s ~9s ~9s~n", ["vector_add 1000, one in flight (" ++
+                                              integer_to_list(length(Full)) ++ " jobs)",
+                                          "p50 us", "p90 us", "p99 us", "p99.9 us"]),
+    [io:format("~-44s ~9.1f ~9.1f ~9.1f ~9.1f~n",
+               [Label, pct(S, 0.5), pct(S, 0.9), pct(S, 0.99), pct(S, 0.999)])
+     || {Label, S} <- [{"erlcuda, binaries", Full}, {"erlcuda, lists", L},
+                       {"in-process baseline (gpud --baseline)", Base}]],
+    io:format("full stack / in-process, p50 per block pair: median ~.2f (~.2f .. ~.2f) over ~p pairs~n~n",
+              [pct(Ratios, 0.5), hd(Ratios), lists:last(Ratios), length(Ratios)]).
+
+block(Launch) -> lists:sort([one(Launch) || _ <- lists:seq(1, ?BLOCK)]).
+
+one(Launch) ->
+    T0 = erlang:monotonic_time(nanosecond),
+    {ok, Ref} = Launch(),
+    receive {erlcuda, Ref, {ok, _}} -> ok end,
+    (erlang:monotonic_time(nanosecond) - T0) / 1000.
+
+baseline_open(Backend) ->
+    open_port({spawn_executable, erlcuda_sup:gpud_path()},
+              [{args, ["--baseline", "--backend", atom_to_list(Backend), "--device", "0"]},
+               {packet, 4}, binary, use_stdio]).
+
+%% Latencies in us of Jobs vector_add 1000 jobs run by the baseline.
+baseline(Port, Jobs) ->
+    port_command(Port, <<1:8, 1000:32, Jobs:32>>),
+    receive
+        {Port, {data, Ns}} when byte_size(Ns) =:= 4 * Jobs -> [X / 1000 || <<X:32>> <= Ns]
+    after 60000 -> error(baseline_timeout)
+    end.
+
+other_latency() ->
+    BA = bin(vec(1000)), BB = bin(vec(1000)), M = bin(vec(32 * 32)),
+    io:format("~-44s ~9s ~9s~n", ["other kernels, one in flight", "p50 us", "p99 us"]),
+    [begin
+         [one(F) || _ <- lists:seq(1, ?WARMUP)],
+         S = lists:sort([one(F) || _ <- lists:seq(1, 5000)]),
+         [record(["latency.", Name, ".", P], erlcuda, pct(S, Q), us,
+                 {hd(S), lists:last(S)}, length(S), #{}) || {P, Q} <- [{"p50", 0.5}, {"p99", 0.99}]],
+         io:format("~-44s ~9.1f ~9.1f~n", [Name, pct(S, 0.5), pct(S, 0.99)])
+     end || {Name, F} <- [{"reduce_1000", fun() -> erlcuda:launch(reduce, [BA]) end},
+                          {"dot_product_1000", fun() -> erlcuda:launch(dot_product, [BA, BB]) end},
+                          {"matmul_32", fun() -> erlcuda:launch(matmul, [M, M, 32, 32, 32]) end}]],
+    io:format("~n").
+
+%% ---------------------------------------------------------------- throughput
+
+%% C callers, each keeping one 1000-element job of a kernel (round robin over
+%% the four) in flight for the duration; jobs/s and gpud's batch sizes.
+throughput(Callers) ->
+    io:format("~-10s ~12s ~10s ~12s ~12s  ~s~n",
+              ["callers", "jobs/s", "busy", "batches", "jobs/batch", "batch-size histogram"]),
+    Jobs = [{vector_add, [bin(vec(1000)), bin(vec(1000))]},
+            {reduce, [bin(vec(1000))]},
+            {dot_product, [bin(vec(1000)), bin(vec(1000))]},
+            {matmul, [bin(vec(40 * 25)), bin(vec(25 * 40)), 40, 40, 25]}],
+    [throughput_row(C, Jobs, 3000) || C <- Callers],
+    io:format("~n").
+
+throughput_row(C, Jobs, Ms) ->
+    Self = self(),
+    Go = atomics:new(2, []),
+    Pids = [spawn_link(fun() ->
+                               {K, A} = lists:nth(I rem 4 + 1, Jobs),
+                               wait_go(Go),
+                               Self ! {self(), loop(K, A, Go, 0, 0)}
+                       end) || I <- lists:seq(1, C)],
+    %% Every caller exists before the clock starts.
+    timer:sleep(100),
+    [#{os_pid := GpudPid}] = erlcuda:devices(),
+    Cpu0 = thread_ticks(GpudPid),
+    S0 = erlcuda:stats(0),
+    T0 = erlang:monotonic_time(microsecond),
+    atomics:put(Go, 1, 1),
+    timer:sleep(Ms),
+    atomics:put(Go, 2, 1),
+    Cpu = cpu_use(Cpu0, thread_ticks(GpudPid), Ms),
+    Res = [receive {P, R} -> R end || P <- Pids],
+    Us = erlang:monotonic_time(microsecond) - T0,
+    S1 = erlcuda:stats(0),
+    Done = lists:sum([D || {D, _} <- Res]),
+    Busy = lists:sum([Bz || {_, Bz} <- Res]),
+    Batches = maps:get(batches, S1) - maps:get(batches, S0),
+    Hist = lists:zipwith(fun(X, Y) -> Y - X end, maps:get(batch_hist, S0), maps:get(batch_hist, S1)),
+    Rate = Done * 1.0e6 / Us,
+    HistMap = maps:from_list([{integer_to_binary(1 bsl I), N}
+                              || {I, N} <- lists:zip(lists:seq(0, length(Hist) - 1), Hist), N > 0]),
+    record(["throughput.callers_", integer_to_list(C)], erlcuda, Rate, <<"jobs/s">>, null, Done,
+           #{hist => HistMap, batches => Batches, busy => Busy, seconds => Us / 1.0e6,
+             cpu_pct => maps:from_list([{list_to_binary(K), V} || {K, V} <- Cpu])}),
+    io:format("~-10w ~12w ~10w ~12w ~12.1f  ~s~n~10s cpu % of a core: ~s~n",
+              [C, round(Rate), Busy, Batches, Done / max(1, Batches), hist(Hist), "",
+               string:join([io_lib:format("~s ~w", [K, round(V)]) || {K, V} <- Cpu, V >= 1], ", ")]).
+
+%% CPU ticks per thread kind ("gpud", or the VM thread's name without its
+%% number: "scheduler", "erlcuda.completion", ...) of the VM and gpud, to see
+%% which side bounds the throughput.
+thread_ticks(GpudPid) ->
+    Hz = list_to_integer(string:trim(os:cmd("getconf CLK_TCK"))),
+    Vm = [{kind(Comm), T} || {Comm, T} <- task_ticks(os:getpid())],
+    Gpud = [{"gpud", T} || {_, T} <- task_ticks(integer_to_list(GpudPid))],
+    {Hz, lists:foldl(fun({K, T}, M) -> maps:update_with(K, fun(X) -> X + T end, T, M) end,
+                     #{}, Vm ++ Gpud)}.
+
+task_ticks(Pid) ->
+    Dir = "/proc/" ++ Pid ++ "/task",
+    case file:list_dir(Dir) of
+        {ok, Tids} ->
+            lists:append([case file:read_file(Dir ++ "/" ++ T ++ "/stat") of
+                               {ok, Stat} ->
+                                   [Head, After] = binary:split(Stat, <<") ">>),
+                                   [_, Comm] = binary:split(Head, <<"(">>),
+                                   F = binary:split(After, <<" ">>, [global]),
+                                   [{binary_to_list(Comm),
+                                     binary_to_integer(lists:nth(12, F)) +
+                                         binary_to_integer(lists:nth(13, F))}];
+                               _ -> []
+                           end || T <- Tids]);
+        _ -> []
+    end.
+
+kind(Comm) -> string:trim(Comm, both, "0123456789_").
+
+cpu_use({Hz, M0}, {Hz, M1}, Ms) ->
+    lists:reverse(lists:keysort(2, [{K, (T - maps:get(K, M0, 0)) / Hz / (Ms / 1000) * 100}
+                                    || {K, T} <- maps:to_list(M1)])).
+
+wait_go(Go) ->
+    case atomics:get(Go, 1) of 1 -> ok; 0 -> timer:sleep(1), wait_go(Go) end.
+
+%% Jobs completed (answered {ok, _} after the start) and busy refusals.
+loop(K, A, Go, Done, Busy) ->
+    case atomics:get(Go, 2) of
+        1 -> {Done, Busy};
+        0 ->
+            case erlcuda:launch(K, A) of
+                {ok, Ref} ->
+                    receive {erlcuda, Ref, {ok, _}} -> ok end,
+                    loop(K, A, Go, Done + 1, Busy);
+                {error, busy} ->
+                    erlang:yield(),
+                    loop(K, A, Go, Done, Busy + 1)
+            end
+    end.
+
+%% "2^i+:count" for the non-empty buckets of gpud's batch histogram.
+hist(H) ->
+    string:join([io_lib:format("~w+:~w", [1 bsl I, N])
+                 || {I, N} <- lists:zip(lists:seq(0, length(H) - 1), H), N > 0], " ").
+
+%% ---------------------------------------------------------------- large vectors
+
+%% vector_add, reduce, dot_product on N elements end to end, with inputs that
+%% are (a) plain binaries, copied into the arena by the NIF, and (b) already
+%% in the arena: results of earlier jobs (binaries above zero_copy_bytes stay
+%% in the arena), named in place.
+large() ->
+    io:format("~-36s ~12s ~10s ~10s~n", ["large vectors, end to end", "median ms", "GB/s", "reps"]),
+    [large_size(N) || N <- ?LARGE_SIZES],
+    io:format("~n").
+
+large_size(N) ->
+    A = big_bin(N), B = big_bin(N),
+    {ok, X} = erlcuda:launch_sync(vector_add, [A, B]),
+    {ok, Y} = erlcuda:launch_sync(vector_add, [B, A]),
+    [large_case(K, Mode, N, Bytes, Args)
+     || {K, Bytes, In} <- [{vector_add, 12 * N, fun(P, Q) -> [P, Q] end},
+                           {reduce, 4 * N, fun(P, _) -> [P] end},
+                           {dot_product, 8 * N + 4, fun(P, Q) -> [P, Q] end}],
+        {Mode, Args} <- [{binaries, In(A, B)}, {arena, In(X, Y)}]],
+    ok.
+
+large_case(K, Mode, N, Bytes, Args) ->
+    Time = fun() ->
+                   T0 = erlang:monotonic_time(nanosecond),
+                   {ok, _} = erlcuda:launch_sync(K, Args, [{timeout, 60000}]),
+                   (erlang:monotonic_time(nanosecond) - T0) / 1.0e6
+           end,
+    Ts = lists:sort(timed_reps(Time, 2, max(5, min(50, 1 bsl 26 div N)))),
+    Ms = pct(Ts, 0.5),
+    record(["large.", atom_to_list(K), ".", atom_to_list(Mode), ".n", integer_to_list(N)],
+           erlcuda, Ms, ms, {hd(Ts), lists:last(Ts)}, length(Ts),
+           #{bytes => Bytes, gbps => Bytes / (Ms * 1.0e6)}),
+    io:format("~-36s ~12.3f ~10.1f ~10w~n",
+              [io_lib:format("~p ~p n=~p", [K, Mode, N]), Ms, Bytes / (Ms * 1.0e6), length(Ts)]).
+
+%% Reps of F after Warm warm-ups, fewer when each takes long (CPU backend),
+%% collecting garbage in between so that results do not pile up in the arena.
+timed_reps(F, Warm, Reps) ->
+    [begin F(), erlang:garbage_collect() end || _ <- lists:seq(1, Warm)],
+    T0 = erlang:monotonic_time(millisecond),
+    timed_reps(F, Reps, T0, []).
+
+timed_reps(_, 0, _, Acc) -> Acc;
+timed_reps(F, Left, T0, Acc) ->
+    T = F(),
+    erlang:garbage_collect(),
+    case erlang:monotonic_time(millisecond) - T0 > ?SIZE_BUDGET_MS andalso length(Acc) >= 2 of
+        true -> [T | Acc];
+        false -> timed_reps(F, Left - 1, T0, [T | Acc])
+    end.
+
+%% ---------------------------------------------------------------- matmul
+
+matmul() ->
+    io:format("~-36s ~12s ~10s ~10s~n", ["matmul S^3 end to end, binaries", "median ms",
+                                         "TFLOP/s", "reps"]),
+    matmul(?MATMUL_SIZES),
+    io:format("~n").
+
+matmul([]) -> ok;
+matmul([S | Rest]) ->
+    A = big_bin(S * S), B = big_bin(S * S),
+    Time = fun() ->
+                   T0 = erlang:monotonic_time(nanosecond),
+                   {ok, _} = erlcuda:launch_sync(matmul, [A, B, S, S, S], [{timeout, 600000}]),
+                   (erlang:monotonic_time(nanosecond) - T0) / 1.0e6
+           end,
+    Ts = lists:sort(timed_reps(Time, 1, 10)),
+    Ms = pct(Ts, 0.5),
+    Tf = 2 * S * S * S / (Ms * 1.0e9),
+    record(["matmul.end_to_end.n", integer_to_list(S)], erlcuda, Tf, <<"TFLOP/s">>,
+           {2 * S * S * S / (lists:last(Ts) * 1.0e9), 2 * S * S * S / (hd(Ts) * 1.0e9)},
+           length(Ts), #{ms => Ms}),
+    io:format("~-36s ~12.3f ~10.2f ~10w~n", [io_lib:format("~p^3", [S]), Ms, Tf, length(Ts)]),
+    %% The next size is 8 times the work: skip it where it would take long.
+    case Ms * 8 > 5 * ?SIZE_BUDGET_MS of
+        true -> io:format("(larger sizes skipped: ~p^3 took ~.1f ms)~n", [S, Ms]);
+        false -> matmul(Rest)
+    end.
+
+%% ---------------------------------------------------------------- busy spin
+
+%% Before and after of completion_busy_spin_us: the completion thread
+%% sleeping as soon as spin_us has passed (0) against spinning while jobs are
+%% in flight (the default), vector_add 1000 one in flight, A B A B blocks.
+%% Not part of main/0: it measured that change (see the README).
+busy_spin() ->
+    {ok, Default} = (fun() -> application:load(erlcuda),
+                              application:get_env(erlcuda, completion_busy_spin_us) end)(),
+    BA = bin(vec(1000)), BB = bin(vec(1000)),
+    F = fun() -> erlcuda:launch(vector_add, [BA, BB]) end,
+    Run = fun(Us) ->
+                  application:set_env(erlcuda, completion_busy_spin_us, Us),
+                  {ok, _} = application:ensure_all_started(erlcuda),
+                  [one(F) || _ <- lists:seq(1, ?WARMUP)],
+                  S = block(F) ++ block(F) ++ block(F),
+                  ok = application:stop(erlcuda),
+                  S
+          end,
+    Rounds = [{Run(0), Run(Default)} || _ <- lists:seq(1, 4)],
+    Off = lists:sort(lists:append([X || {X, _} <- Rounds])),
+    On = lists:sort(lists:append([Y || {_, Y} <- Rounds])),
+    io:format("~-44s ~9s ~9s ~9s ~9s~n", ["completion_busy_spin_us, vector_add 1000",
+                                          "p50 us", "p90 us", "p99 us", "p99.9 us"]),
+    [io:format("~-44s ~9.1f ~9.1f ~9.1f ~9.1f~n",
+               [Label, pct(S, 0.5), pct(S, 0.9), pct(S, 0.99), pct(S, 0.999)])
+     || {Label, S} <- [{"0 (sleep after spin_us)", Off},
+                       {integer_to_list(Default) ++ " (spin while in flight)", On}]],
+    ok.
+
+%% ---------------------------------------------------------------- pipeline
+
+%% Before and after of pipelined copies: vector_add of two 2^26-element
+%% binaries with pipeline_min_bytes off (the inputs copied whole, then one
+%% job) and at its default (copied in slices, each published as it lands),
+%% A B A B in one run. Not part of main/0: it measured that change.
+pipeline() ->
+    application:load(erlcuda),
+    {ok, Default} = application:get_env(erlcuda, pipeline_min_bytes),
+    N = 1 bsl 26,
+    A = big_bin(N), B = big_bin(N),
+    Run = fun(Bytes) ->
+                  application:set_env(erlcuda, pipeline_min_bytes, Bytes),
+                  {ok, _} = application:ensure_all_started(erlcuda),
+                  #{pipelined := P0} = erlcuda:stats(0),
+                  F = fun() ->
+                              T0 = erlang:monotonic_time(nanosecond),
+                              {ok, _} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+                              (erlang:monotonic_time(nanosecond) - T0) / 1.0e6
+                      end,
+                  Ts = timed_reps(F, 2, 8),
+                  #{pipelined := P1} = erlcuda:stats(0),
+                  ok = application:stop(erlcuda),
+                  {Ts, P1 - P0}
+          end,
+    Rounds = [{Run(1 bsl 62), Run(Default)} || _ <- lists:seq(1, 3)],
+    Off = lists:sort(lists:append([X || {{X, _}, _} <- Rounds])),
+    On = lists:sort(lists:append([Y || {_, {Y, _}} <- Rounds])),
+    io:format("vector_add 2^26 from binaries, ms: pipelining off median ~.2f (~.2f .. ~.2f), "
+              "on median ~.2f (~.2f .. ~.2f), pipelined jobs ~p~n",
+              [pct(Off, 0.5), hd(Off), lists:last(Off), pct(On, 0.5), hd(On), lists:last(On),
+               lists:sum([P || {_, {_, P}} <- Rounds])]).
+
+%% ---------------------------------------------------------------- zero copy
 
 %% Where does keeping a binary result in the arena (a resource binary) beat
 %% copying it to the heap? Round trip of vector_add on binaries, with the
 %% result then passed to a second job (reduce), for both settings of
-%% zero_copy_bytes, alternating A B A B in one run.
+%% zero_copy_bytes, alternating A B A B in one run. Not part of main/0: it
+%% decided the default of zero_copy_bytes (see the README).
 zero_copy() ->
     Sizes = [256, 1024, 4096, 16384, 65536, 262144, 1048576],
     Modes = [{copy, 1 bsl 62}, {arena, 0}],
@@ -61,115 +490,37 @@ chain2(A) ->
     {ok, _} = erlcuda:launch_sync(reduce, [R]),
     (erlang:monotonic_time(nanosecond) - T0) / 1000.
 
-%% gpud cold start to ready, as the device server measures it.
-startup(N) ->
-    Ready = [begin
-                 {ok, _} = application:ensure_all_started(erlcuda),
-                 [#{ready_us := R}] = erlcuda:devices(),
-                 ok = application:stop(erlcuda),
-                 R
-             end || _ <- lists:seq(1, N)],
-    S = lists:sort(Ready),
-    io:format("start to ready of gpud (~p starts): median ~.2f ms, max ~.2f ms~n",
-              [N, pct(S, 0.5) / 1000, lists:last(S) / 1000]).
-
-%% One job in flight at a time, launch to message.
-round_trip() ->
-    io:format("~-40s ~9s ~9s ~9s ~9s~n", ["round trip, one in flight", "p50 us", "p90 us",
-                                            "p99 us", "p99.9 us"]),
-    A = vec(1000), B = vec(1000),
-    row("vector_add 1000, lists", fun() -> erlcuda:launch(vector_add, [A, B]) end),
-    BA = bin(A), BB = bin(B),
-    row("vector_add 1000, binaries", fun() -> erlcuda:launch(vector_add, [BA, BB]) end),
-    row("reduce 1000, binary", fun() -> erlcuda:launch(reduce, [BA]) end),
-    row("dot_product 1000, binaries", fun() -> erlcuda:launch(dot_product, [BA, BB]) end),
-    M = bin(vec(32 * 32)),
-    row("matmul 32x32x32, binaries", fun() -> erlcuda:launch(matmul, [M, M, 32, 32, 32]) end),
-    io:format("~n").
-
-row(Label, Launch) ->
-    [one(Launch) || _ <- lists:seq(1, ?WARMUP)],
-    S = lists:sort([one(Launch) || _ <- lists:seq(1, ?JOBS)]),
-    io:format("~-40s ~9.1f ~9.1f ~9.1f ~9.1f~n",
-              [Label, pct(S, 0.5), pct(S, 0.9), pct(S, 0.99), pct(S, 0.999)]).
-
-one(Launch) ->
-    T0 = erlang:monotonic_time(nanosecond),
-    {ok, Ref} = Launch(),
-    receive {erlcuda, Ref, {ok, _}} -> ok end,
-    (erlang:monotonic_time(nanosecond) - T0) / 1000.
-
-%% C callers, each keeping one 1000-element job of a kernel (round robin over
-%% the four) in flight for the duration; jobs/s and gpud's batch sizes.
-throughput(Callers) ->
-    io:format("~-10s ~12s ~10s ~12s ~12s  ~s~n",
-              ["callers", "jobs/s", "busy", "batches", "jobs/batch", "batch-size histogram"]),
-    Jobs = [{vector_add, [bin(vec(1000)), bin(vec(1000))]},
-            {reduce, [bin(vec(1000))]},
-            {dot_product, [bin(vec(1000)), bin(vec(1000))]},
-            {matmul, [bin(vec(40 * 25)), bin(vec(25 * 40)), 40, 40, 25]}],
-    [throughput_row(C, Jobs, 2000) || C <- Callers],
-    io:format("~n").
-
-throughput_row(C, Jobs, Ms) ->
-    S0 = erlcuda:stats(0),
-    Self = self(),
-    Stop = atomics:new(1, []),
-    Pids = [spawn_link(fun() ->
-                               {K, A} = lists:nth(I rem 4 + 1, Jobs),
-                               Self ! {self(), loop(K, A, Stop, 0, 0)}
-                       end) || I <- lists:seq(1, C)],
-    T0 = erlang:monotonic_time(microsecond),
-    timer:sleep(Ms),
-    atomics:put(Stop, 1, 1),
-    Res = [receive {P, R} -> R end || P <- Pids],
-    Us = erlang:monotonic_time(microsecond) - T0,
-    S1 = erlcuda:stats(0),
-    Done = lists:sum([D || {D, _} <- Res]),
-    Busy = lists:sum([Bz || {_, Bz} <- Res]),
-    Batches = maps:get(batches, S1) - maps:get(batches, S0),
-    Hist = lists:zipwith(fun(X, Y) -> Y - X end, maps:get(batch_hist, S0), maps:get(batch_hist, S1)),
-    io:format("~-10w ~12w ~10w ~12w ~12.1f  ~s~n",
-              [C, round(Done * 1.0e6 / Us), Busy, Batches, Done / max(1, Batches), hist(Hist)]).
-
-loop(K, A, Stop, Done, Busy) ->
-    case atomics:get(Stop, 1) of
-        1 -> {Done, Busy};
-        0 ->
-            case erlcuda:launch(K, A) of
-                {ok, Ref} ->
-                    receive {erlcuda, Ref, {ok, _}} -> ok end,
-                    loop(K, A, Stop, Done + 1, Busy);
-                {error, busy} ->
-                    erlang:yield(),
-                    loop(K, A, Stop, Done, Busy + 1)
-            end
-    end.
-
-%% "2^i:count" for the non-empty buckets of gpud's batch histogram.
-hist(H) ->
-    string:join([io_lib:format("~w+:~w", [1 bsl I, N])
-                 || {I, N} <- lists:zip(lists:seq(0, length(H) - 1), H), N > 0], " ").
-
-%% kill -9 of gpud: time until a job is served again.
-restart(N) ->
-    Ts = [begin
-              [#{os_pid := P}] = erlcuda:devices(),
-              timer:sleep(200),
-              T0 = erlang:monotonic_time(microsecond),
-              os:cmd("kill -9 " ++ integer_to_list(P)),
-              served_again(T0)
-          end || _ <- lists:seq(1, N)],
-    S = lists:sort(Ts),
-    io:format("kill -9 of gpud to the next job served (~p kills): median ~.1f ms, max ~.1f ms~n",
-              [N, pct(S, 0.5) / 1000, lists:last(S) / 1000]).
-
-served_again(T0) ->
-    case erlcuda:launch_sync(reduce, [[1.0]], [{timeout, 5000}]) of
-        {ok, 1.0} -> erlang:monotonic_time(microsecond) - T0;
-        {error, _} -> timer:sleep(1), served_again(T0)
-    end.
+%% ---------------------------------------------------------------- helpers
 
 pct(Sorted, P) -> lists:nth(max(1, min(length(Sorted), round(P * length(Sorted)))), Sorted).
 vec(N) -> [rand:uniform() * 2 - 1 || _ <- lists:seq(1, N)].
 bin(L) -> << <<X:32/float-native>> || X <- L >>.
+
+%% N random floats; beyond 2^20 a random block repeated (generating 2^26
+%% random floats in Erlang would take longer than the whole benchmark).
+big_bin(N) when N =< 1 bsl 20 -> bin(vec(N));
+big_bin(N) ->
+    Block = bin(vec(1 bsl 20)),
+    Whole = binary:copy(Block, N div (1 bsl 20)),
+    <<Whole/binary, (bin(vec(N rem (1 bsl 20))))/binary>>.
+
+%% A minimal JSON encoder for the records (maps, lists, atoms, numbers,
+%% binaries); OTP 25 has none.
+json(M) when is_map(M) ->
+    ["{", lists:join(",", [[json(key(K)), ":", json(V)] || {K, V} <- lists:sort(maps:to_list(M))]), "}"];
+json(L) when is_list(L) -> ["[", lists:join(",", [json(X) || X <- L]), "]"];
+json(null) -> "null";
+json(true) -> "true";
+json(false) -> "false";
+json(A) when is_atom(A) -> json(atom_to_binary(A));
+json(I) when is_integer(I) -> integer_to_list(I);
+json(F) when is_float(F) -> float_to_list(F, [short]);
+json(B) when is_binary(B) -> [$", [esc(C) || <<C/utf8>> <= B], $"].
+
+key(K) when is_atom(K) -> atom_to_binary(K);
+key(K) -> K.
+
+esc($") -> "\\\"";
+esc($\\) -> "\\\\";
+esc(C) when C < 32 -> io_lib:format("\\u~4.16.0b", [C]);
+esc(C) -> <<C/utf8>>.

@@ -51,6 +51,15 @@
 
 enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
 
+/* A vector_add whose binary inputs are at least pipeline_bytes each (option
+ * of open/2) is
+ * copied into the arena in slices of at least PIPELINE_SLICE_BYTES, each
+ * published as soon as it is in (up to PIPELINE_MAX_PARTS descriptors), so
+ * the GPU streams the first slices while the next are still being copied:
+ * the end-to-end time becomes max(copy, GPU) instead of copy + GPU. */
+#define PIPELINE_SLICE_BYTES (8u << 20)
+#define PIPELINE_MAX_PARTS 32u
+
 /* A byte range of one arena segment. bytes == 0: none. */
 struct region {
     uint32_t seg;
@@ -70,6 +79,15 @@ struct job {
     struct region in;  /* copied inputs */
     struct region out; /* the output */
     uint32_t out_len;
+    /* A pipelined job (see submit_pipelined) is published as `parts`
+     * descriptors over slices of its regions; it is answered once all of
+     * them are back. Its extra slots hold no job: each is the ring credit of
+     * one extra descriptor, so the SQ never holds more entries than slots. */
+    uint32_t parts;      /* descriptors of this job: 1 unless pipelined */
+    uint32_t parts_left; /* __atomic: descriptors not yet completed */
+    int32_t part_status; /* __atomic: the first non-OK status of a part */
+    uint32_t ncredit;
+    uint32_t credit[PIPELINE_MAX_PARTS - 1];
 };
 
 /* A result binary that stays in the arena: the region is freed when the last
@@ -81,11 +99,15 @@ struct region_res {
 
 struct counters {
     uint64_t submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
-        dirty_submits, arena_inputs;
+        dirty_submits, arena_inputs, pipelined;
 };
 
 struct device {
     ErlNifRWLock *life;
+    /* Held (read) by a pipelined submit from its first published part to
+     * its last; reset takes it (write), so it never fails a job whose
+     * other parts are still being copied and published. */
+    ErlNifRWLock *pipe;
     ErlNifMutex *cq_lock;
     ErlNifMutex *lock;
     int closed;
@@ -94,13 +116,14 @@ struct device {
     struct arena alloc[EC_MAX_SEGMENTS]; /* one allocator per arena segment */
     uint64_t arena_total, arena_max;     /* bytes in segments; the growth limit */
     uint64_t zero_copy_bytes;            /* vector results this large stay in the arena */
+    uint64_t pipeline_bytes;             /* vector_add inputs this large are pipelined */
     int poison;                          /* fill outputs with NaN before submitting */
     uint64_t exported;                   /* live region_res, __atomic */
-    uint32_t id, nslots, spin_us;
+    uint32_t id, nslots, spin_us, busy_spin_us;
     struct job *jobs;
     uint32_t *free_stack;
     uint32_t nfree;
-    uint32_t in_flight, in_flight_peak; /* under lock */
+    uint32_t in_flight, in_flight_peak; /* written under lock; wait_cq reads in_flight unlocked */
     ErlNifTid thread;
     int thread_started;
     int ctl_efd; /* wakes the completion thread for shutdown */
@@ -116,7 +139,7 @@ static ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, A
     ATOM_unknown_kernel, ATOM_args, ATOM_arg, ATOM_length_mismatch, ATOM_shape, ATOM_too_large,
     ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
     ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
-    ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_zero_copy_bytes,
+    ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes, ATOM_pipeline_bytes,
     ATOM_poison_outputs;
 
 #define KERNEL_ATOM_DECL(NAME, ID, ATOM, NIN) static ERL_NIF_TERM ATOM_k_##ATOM;
@@ -409,7 +432,12 @@ static void release_job_locked(struct device *d, uint32_t idx)
     enif_clear_env(j->env);
     __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
     d->free_stack[d->nfree++] = idx;
-    d->in_flight--;
+    for (uint32_t i = 0; i < j->ncredit; i++)
+        d->free_stack[d->nfree++] = j->credit[i];
+    /* read by wait_cq */
+    __atomic_store_n(&d->in_flight, d->in_flight - 1 - j->ncredit, __ATOMIC_RELAXED);
+    j->ncredit = 0;
+    __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
 }
 
 /* Takes ownership of an in-flight job for answering it. Returns 1 when the
@@ -454,21 +482,35 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_
         count(&d->c.bogus_cqes, 1);
         return;
     }
+    struct job *j = &d->jobs[idx];
+    int32_t status = cqe->status;
+    int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+    if ((st == JOB_INFLIGHT || st == JOB_CANCELLED) && __atomic_load_n(&j->gen, __ATOMIC_RELAXED) == gen &&
+        __atomic_load_n(&j->parts, __ATOMIC_RELAXED) > 1) {
+        /* One part of a pipelined job: only the last one answers it. */
+        if (status != EC_STATUS_OK) {
+            int32_t ok = EC_STATUS_OK;
+            __atomic_compare_exchange_n(&j->part_status, &ok, status, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED);
+        }
+        if (__atomic_sub_fetch(&j->parts_left, 1, __ATOMIC_ACQ_REL) > 0)
+            return;
+        status = __atomic_load_n(&j->part_status, __ATOMIC_RELAXED);
+    }
     int claim = claim_job(d, idx, gen);
     if (claim < 0) {
         count(&d->c.bogus_cqes, 1);
         return;
     }
-    struct job *j = &d->jobs[idx];
     if (claim == 1) {
         ErlNifEnv *m = d->msg_env;
         ERL_NIF_TERM result;
-        if (cqe->status == EC_STATUS_OK) {
+        if (status == EC_STATUS_OK) {
             result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         } else {
-            ERL_NIF_TERM why = cqe->status > 0 && cqe->status < (int32_t)EC_STATUS_COUNT
-                                   ? STATUS_ATOMS[cqe->status]
-                                   : enif_make_int(m, cqe->status);
+            ERL_NIF_TERM why = status > 0 && status < (int32_t)EC_STATUS_COUNT
+                                   ? STATUS_ATOMS[status]
+                                   : enif_make_int(m, status);
             result = make_error(m, enif_make_tuple2(m, ATOM_gpud, why));
         }
         send_answer(caller_env, m, j, result);
@@ -509,18 +551,28 @@ static int cq_pending(struct device *d)
            __atomic_load_n(&h->cq_head, __ATOMIC_RELAXED);
 }
 
-/* Waits for completions: spins for spin_us, then sleeps on the CQ eventfd
- * under the NEED_WAKEUP protocol of erlcuda_ring.h. */
+/* Waits for completions: spins for spin_us (the next job of a caller that
+ * just got its answer usually follows within microseconds), and for up to
+ * busy_spin_us while jobs are in flight (a GPU job of tens of microseconds
+ * then costs no eventfd write in gpud and no thread wake-up here: ~10 us of
+ * a one-in-flight round trip); then sleeps on the CQ eventfd under the
+ * NEED_WAKEUP protocol of erlcuda_ring.h. */
 static void wait_cq(struct device *d)
 {
     struct ec_header *h = d->shm.hdr;
-    int64_t until = now_ns() + (int64_t)d->spin_us * 1000;
-    while (now_ns() < until) {
+    int64_t start = now_ns();
+    int64_t idle_until = start + (int64_t)d->spin_us * 1000;
+    int64_t busy_until = start + (int64_t)d->busy_spin_us * 1000;
+    for (;;) {
         for (int i = 0; i < 64; i++) {
             if (cq_pending(d) || __atomic_load_n(&d->stop, __ATOMIC_RELAXED))
                 return;
             cpu_relax();
         }
+        int64_t now = now_ns();
+        if (now >= idle_until &&
+            (now >= busy_until || __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED) == 0))
+            break;
     }
     __atomic_fetch_or(&h->cq_flags, EC_NEED_WAKEUP, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -618,6 +670,8 @@ static void device_dtor(ErlNifEnv *env, void *obj)
         device_close(d, env, ATOM_closed);
         enif_rwlock_destroy(d->life);
     }
+    if (d->pipe)
+        enif_rwlock_destroy(d->pipe);
     if (d->cq_lock)
         enif_mutex_destroy(d->cq_lock);
     if (d->lock)
@@ -659,12 +713,13 @@ static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNi
     return enif_get_map_value(env, map, key, &t) && enif_get_uint64(env, t, v);
 }
 
-/* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us,
+/* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
+ *               pipeline_bytes,
  *               zero_copy_bytes, poison_outputs}) -> {ok, Handle} | {error, Reason} */
 static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     unsigned dev;
-    ErlNifUInt64 entries, arena_bytes, arena_max, spin, zero_copy;
+    ErlNifUInt64 entries, arena_bytes, arena_max, spin, busy_spin, zero_copy, pipeline;
     ERL_NIF_TERM poison;
     (void)argc;
     if (!enif_get_uint(env, argv[0], &dev) || !enif_is_map(env, argv[1]) ||
@@ -672,11 +727,13 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
         !get_opt_u64(env, argv[1], ATOM_arena_bytes, &arena_bytes) ||
         !get_opt_u64(env, argv[1], ATOM_arena_max_bytes, &arena_max) ||
         !get_opt_u64(env, argv[1], ATOM_spin_us, &spin) ||
+        !get_opt_u64(env, argv[1], ATOM_busy_spin_us, &busy_spin) ||
         !get_opt_u64(env, argv[1], ATOM_zero_copy_bytes, &zero_copy) ||
+        !get_opt_u64(env, argv[1], ATOM_pipeline_bytes, &pipeline) ||
         !enif_get_map_value(env, argv[1], ATOM_poison_outputs, &poison) ||
         entries < 2 || entries > (1u << 20) || (entries & (entries - 1)) != 0 ||
         arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT) ||
-        arena_max < arena_bytes || spin > 1000000)
+        arena_max < arena_bytes || spin > 1000000 || busy_spin > 1000000)
         return enif_make_badarg(env);
 
     struct device *d = enif_alloc_resource(DEVICE_RT, sizeof *d);
@@ -689,20 +746,24 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->id = dev;
     d->nslots = (uint32_t)entries;
     d->spin_us = (uint32_t)spin;
+    d->busy_spin_us = (uint32_t)busy_spin;
     d->arena_max = arena_max;
     d->zero_copy_bytes = zero_copy;
+    d->pipeline_bytes = pipeline;
     d->poison = enif_is_identical(poison, ATOM_true);
     d->life = enif_rwlock_create("erlcuda.life");
+    d->pipe = enif_rwlock_create("erlcuda.pipe");
     d->cq_lock = enif_mutex_create("erlcuda.cq");
     d->lock = enif_mutex_create("erlcuda.lock");
     d->msg_env = enif_alloc_env();
     d->jobs = enif_alloc(entries * sizeof *d->jobs);
     d->free_stack = enif_alloc(entries * sizeof *d->free_stack);
-    if (!d->life || !d->cq_lock || !d->lock || !d->msg_env || !d->jobs || !d->free_stack)
+    if (!d->life || !d->pipe || !d->cq_lock || !d->lock || !d->msg_env || !d->jobs || !d->free_stack)
         return make_error(env, enif_make_atom(env, "enomem"));
     memset(d->jobs, 0, entries * sizeof *d->jobs);
     for (uint32_t i = 0; i < entries; i++) {
         d->jobs[i].env = enif_alloc_env();
+        d->jobs[i].parts = 1;
         if (!d->jobs[i].env)
             return make_error(env, enif_make_atom(env, "enomem"));
         d->free_stack[i] = entries - 1 - i;
@@ -776,6 +837,7 @@ static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         return enif_make_badarg(env);
     enif_rwlock_rlock(d->life);
     if (!d->closed) {
+        enif_rwlock_rwlock(d->pipe);
         enif_mutex_lock(d->cq_lock);
         drain_cq(d, env);
         /* One hold of the lock from failing the jobs in flight to zeroing the
@@ -787,6 +849,7 @@ static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         shm_disconnect(&d->shm);
         enif_mutex_unlock(d->lock);
         enif_mutex_unlock(d->cq_lock);
+        enif_rwlock_rwunlock(d->pipe);
     }
     enif_rwlock_runlock(d->life);
     return ATOM_ok;
@@ -979,18 +1042,27 @@ static int region_alloc_locked(struct device *d, uint64_t bytes, struct region *
 
 /* Takes a slot and the job's input and output regions. Returns the slot
  * index, or -1 (busy). */
-static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes)
+/* Reserves a slot and the job's regions, plus `credits` extra slots for the
+ * extra descriptors of a pipelined job. */
+static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
+                           uint32_t credits)
 {
     int64_t idx = -1;
     struct region in = {0, 0, 0}, out;
     enif_mutex_lock(d->lock);
-    if (d->nfree > 0 && region_alloc_locked(d, out_bytes, &out) == 0) {
+    if (d->nfree > credits && region_alloc_locked(d, out_bytes, &out) == 0) {
         if (in_bytes == 0 || region_alloc_locked(d, in_bytes, &in) == 0) {
             idx = d->free_stack[--d->nfree];
-            d->jobs[idx].in = in;
-            d->jobs[idx].out = out;
-            d->jobs[idx].out_taken = 0;
-            if (++d->in_flight > d->in_flight_peak)
+            struct job *j = &d->jobs[idx];
+            j->in = in;
+            j->out = out;
+            j->out_taken = 0;
+            j->ncredit = credits;
+            for (uint32_t i = 0; i < credits; i++)
+                j->credit[i] = d->free_stack[--d->nfree];
+            /* read by wait_cq */
+            __atomic_store_n(&d->in_flight, d->in_flight + 1 + credits, __ATOMIC_RELAXED);
+            if (d->in_flight > d->in_flight_peak)
                 d->in_flight_peak = d->in_flight;
         } else {
             free_region_locked(d, &out);
@@ -1023,6 +1095,86 @@ static void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
         shm_signal(d->shm.sq_efd);
         count(&d->c.wakeups_sent, 1);
     }
+}
+
+/* How many descriptors a job is published as: more than 1 only for a
+ * vector_add of two binaries of at least pipeline_bytes not in the arena. */
+static uint32_t pipeline_parts(const struct device *d, const struct job_spec *s)
+{
+    uint64_t bytes = s->out_len * sizeof(float);
+    if (s->kernel != EC_KERNEL_VECTOR_ADD || bytes < d->pipeline_bytes || bytes == 0 || !s->in[0].is_binary ||
+        !s->in[1].is_binary || s->in[0].in_arena || s->in[1].in_arena)
+        return 1;
+    uint64_t parts = (bytes + PIPELINE_SLICE_BYTES - 1) / PIPELINE_SLICE_BYTES;
+    return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
+}
+
+struct pipeline {
+    struct device *d;
+    uint32_t idx, parts;
+    struct ec_sqe whole;     /* the job's descriptor over all of its regions */
+    const uint8_t *src[2];   /* the binaries */
+    uint8_t *dst[2];         /* their places in the arena */
+    uint64_t slice;          /* elements per part (the last one may have fewer) */
+    uint32_t next;           /* __atomic: the next part to copy */
+};
+
+/* Copies parts of both inputs into the arena and publishes each part's
+ * descriptor as soon as its slices are in; run by several threads at once. */
+static void *pipeline_run(void *arg)
+{
+    struct pipeline *p = arg;
+    uint64_t len = p->whole.out_len;
+    for (;;) {
+        uint32_t c = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+        if (c >= p->parts)
+            return NULL;
+        uint64_t first = (uint64_t)c * p->slice;
+        uint64_t n = len - first < p->slice ? len - first : p->slice;
+        for (int i = 0; i < 2; i++)
+            memcpy(p->dst[i] + first * sizeof(float), p->src[i] + first * sizeof(float),
+                   n * sizeof(float));
+        struct ec_sqe sqe = p->whole;
+        sqe.in0 += first * sizeof(float);
+        sqe.in1 += first * sizeof(float);
+        sqe.out += first * sizeof(float);
+        sqe.in0_len = sqe.in1_len = sqe.out_len = (uint32_t)n;
+        publish(p->d, p->idx, &sqe);
+    }
+}
+
+/* Publishes job idx as `parts` descriptors over consecutive slices, copying
+ * the inputs with up to PARALLEL_COPY_THREADS threads; the GPU starts on the
+ * first slices while the others are copied. Returns when all are published
+ * (the binaries are only valid during the NIF call). */
+static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                             const uint8_t *src[2], uint8_t *dst[2], uint32_t parts)
+{
+    struct job *j = &d->jobs[idx];
+    /* Slices of whole pages: every part's addresses stay aligned. */
+    uint64_t slice = (whole->out_len + parts - 1) / parts;
+    slice = (slice + 1023) & ~(uint64_t)1023;
+    parts = (uint32_t)((whole->out_len + slice - 1) / slice);
+    __atomic_store_n(&j->part_status, EC_STATUS_OK, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts_left, parts, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts, parts, __ATOMIC_RELEASE);
+    struct pipeline p = {.d = d, .idx = idx, .parts = parts, .whole = *whole,
+                         .src = {src[0], src[1]}, .dst = {dst[0], dst[1]}, .slice = slice,
+                         .next = 0};
+    static long cpus;
+    if (cpus == 0)
+        cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t t = cpus > PARALLEL_COPY_THREADS ? PARALLEL_COPY_THREADS : (uint32_t)(cpus > 1 ? cpus : 1);
+    if (t > parts)
+        t = parts;
+    ErlNifTid tid[PARALLEL_COPY_THREADS];
+    int started[PARALLEL_COPY_THREADS] = {0};
+    for (uint32_t i = 1; i < t; i++)
+        started[i] = enif_thread_create("erlcuda.copy", &tid[i], pipeline_run, &p, NULL) == 0;
+    pipeline_run(&p); /* this thread too; it also finishes whatever a missing thread left */
+    for (uint32_t i = 1; i < t; i++)
+        if (started[i])
+            enif_thread_join(tid[i], NULL);
 }
 
 /* submit(Handle, Kernel, Args, Flags) -> {ok, Ref} | {error, Reason}.
@@ -1071,7 +1223,12 @@ static ERL_NIF_TERM submit_impl(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
         enif_rwlock_runlock(d->life);
         return make_badarg(env, ATOM_too_large);
     }
-    int64_t idx = reserve_job(d, in_bytes, out_bytes);
+    uint32_t parts = flags == 0 ? pipeline_parts(d, &s) : 1;
+    int64_t idx = reserve_job(d, in_bytes, out_bytes, parts - 1);
+    if (idx < 0 && parts > 1) {
+        parts = 1; /* not enough free slots for the extra descriptors: one is fine */
+        idx = reserve_job(d, in_bytes, out_bytes, 0);
+    }
     if (idx < 0) {
         enif_rwlock_runlock(d->life);
         count(&d->c.busy, 1);
@@ -1088,6 +1245,8 @@ static ERL_NIF_TERM submit_impl(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
             continue;
         }
         addr[i] = region_addr(&j->in) + in_off[i];
+        if (parts > 1)
+            continue; /* binaries, copied slice by slice by submit_pipelined */
         if (!copy_vec(env, &s.in[i], (float *)(region_ptr(d, &j->in) + in_off[i]))) {
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
@@ -1121,7 +1280,16 @@ static ERL_NIF_TERM submit_impl(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
         .n = (uint32_t)s.n,
         .k = (uint32_t)s.k,
     };
-    publish(d, (uint32_t)idx, &sqe);
+    if (parts > 1) {
+        const uint8_t *src[2] = {s.in[0].bin.data, s.in[1].bin.data};
+        uint8_t *dst[2] = {region_ptr(d, &j->in) + in_off[0], region_ptr(d, &j->in) + in_off[1]};
+        enif_rwlock_rlock(d->pipe);
+        submit_pipelined(d, (uint32_t)idx, &sqe, src, dst, parts);
+        enif_rwlock_runlock(d->pipe);
+        count(&d->c.pipelined, 1);
+    } else {
+        publish(d, (uint32_t)idx, &sqe);
+    }
     enif_rwlock_runlock(d->life);
     count(&d->c.submitted, 1);
     return enif_make_tuple2(env, ATOM_ok, ref);
@@ -1151,6 +1319,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "failed_by_restart", load64(&d->c.failed_by_reset));
     put(env, &m, "dirty_submits", load64(&d->c.dirty_submits));
     put(env, &m, "arena_inputs", load64(&d->c.arena_inputs));
+    put(env, &m, "pipelined", load64(&d->c.pipelined));
     put(env, &m, "slots", d->nslots);
 
     enif_rwlock_rlock(d->life);
@@ -1234,6 +1403,8 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     A(arena_bytes);
     A(arena_max_bytes);
     A(spin_us);
+    A(busy_spin_us);
+    A(pipeline_bytes);
     A(zero_copy_bytes);
     A(poison_outputs);
 #undef A

@@ -11,7 +11,6 @@ host-side helpers in kernels/src/abi.rs (constants are read from that file).
 """
 import math
 import os
-import re
 import sys
 import time
 
@@ -19,21 +18,23 @@ import numpy as np
 import cupy as cp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from ptx_launch import MM_DT, cdiv, matmul_smem, matmul_table, read_abi, u32  # noqa: E402
+
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 QUICK = "--quick" in sys.argv
 PTX = args[0] if args else os.path.join(HERE, "out", "erlcuda_kernels.ptx")
 
-# ---- constants from abi.rs (single source of truth)
-ABI = {}
-for m in re.finditer(r"pub const (\w+): \w+ = ([0-9_]+);", open(os.path.join(HERE, "src", "abi.rs")).read()):
-    ABI[m.group(1)] = int(m.group(2).replace("_", ""))
+# ---- constants from abi.rs (single source of truth; parsed by ptx_launch.read_abi)
+ABI = read_abi(os.path.join(HERE, "src", "abi.rs"))
 VADD_EPB = ABI["VADD_ELEMS_PER_BLOCK"]
 VADD_MAX_GRID = 132 * 64
 SMALL_MAX, MEDIUM_MAX, CHUNK = ABI["REDUCE_SMALL_MAX"], ABI["REDUCE_MEDIUM_MAX"], ABI["REDUCE_LARGE_CHUNK"]
 WARPS = 256 // 32
 REDUCE_SMEM = ABI["REDUCE_SMEM_BYTES"]
 BM, BN = ABI["MATMUL_BM"], ABI["MATMUL_BN"]
-MATMUL_SMEM = 2 * ABI["MATMUL_BK_MAX"] * (BM + 4 + BN) * 4
+MATMUL_SMEM = matmul_smem(ABI)
 
 mod = cp.RawModule(path=PTX)
 K_VADD = mod.get_function("vector_add_batch")
@@ -51,14 +52,6 @@ def report(kernel, case, ok, detail):
     failed |= not ok
     rows.append((kernel, case, "PASS" if ok else "FAIL", detail))
     print(f"{kernel:18} {case:40} {'PASS' if ok else 'FAIL'}  {detail}", flush=True)
-
-
-def cdiv(a, b):
-    return (a + b - 1) // b
-
-
-def u32(x):
-    return np.uint32(x)
 
 
 def alloc_vec(n, misalign):
@@ -175,11 +168,6 @@ def reduce_case(kernel, dot, lens, misalign, grid=None, label=""):
 
 
 # ------------------------------------------------------------------ matmul
-MM_DT = np.dtype([("a", "<u8"), ("b", "<u8"), ("c", "<u8"), ("m", "<u4"), ("n", "<u4"),
-                  ("k", "<u4"), ("tiles_n", "<u4"), ("tile_start", "<u8")])
-assert MM_DT.itemsize == 48
-
-
 def mm_jobs(shapes, misalign):
     jobs, keep = [], []
     for (m, n, k), mis in zip(shapes, misalign):
@@ -190,12 +178,8 @@ def mm_jobs(shapes, misalign):
         keep += [da, db, dc]
         jobs.append(dict(m=m, n=n, k=k, pa=pa, pb=pb, pc=pc, ha=ha.reshape(m, k), hb=hb.reshape(k, n),
                          dc=dc, off=1 if mis else 0))
-    table = np.zeros(len(jobs), dtype=MM_DT)
-    acc = 0
-    for i, j in enumerate(jobs):
-        tn = cdiv(j["n"], BN)
-        table[i] = (j["pa"], j["pb"], j["pc"], j["m"], j["n"], j["k"], tn, acc)
-        acc += cdiv(j["m"], BM) * tn
+    table, acc = matmul_table([(j["pa"], j["pb"], j["pc"], j["m"], j["n"], j["k"]) for j in jobs], BM, BN)
+    assert table.dtype == MM_DT
     return jobs, keep, cp.asarray(table.view(np.uint8)), acc
 
 

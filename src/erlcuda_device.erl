@@ -62,7 +62,9 @@ init({Id, Backend}) ->
     Arena = Env(arena_bytes),
     Opts = #{ring_entries => Env(ring_entries), arena_bytes => Arena,
              arena_max_bytes => max(Arena, Env(arena_max_bytes)),
-             spin_us => Env(completion_spin_us), zero_copy_bytes => Env(zero_copy_bytes),
+             spin_us => Env(completion_spin_us),
+             busy_spin_us => Env(completion_busy_spin_us),
+             pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
              poison_outputs => Env(poison_outputs)},
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->

@@ -8,6 +8,7 @@
 
 all() ->
     [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
+     {group, pipeline},
      app_stop_leaves_nothing, arena_growth, result_outlives_app, fault_isolation].
 
 groups() ->
@@ -17,7 +18,8 @@ groups() ->
                           timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty,
                           zero_copy_chain]},
      {two_devices, [], [routed_by_device]},
-     {small_ring, [], [busy_when_full]}].
+     {small_ring, [], [busy_when_full]},
+     {pipeline, [sequence], [pipelined_vector_add, pipelined_cancel, pipelined_gpud_kill]}].
 
 -define(SIZES, [0, 1, 7, 1000, 4097, 1 bsl 20 + 7]).
 
@@ -33,6 +35,9 @@ init_per_group(two_devices, Config) ->
     Config;
 init_per_group(small_ring, Config) ->
     ok = erlcuda_ref:start_app([{ring_entries, 4}]),
+    Config;
+init_per_group(pipeline, Config) ->
+    ok = erlcuda_ref:start_app([{poison_outputs, true}]),
     Config;
 init_per_group(_, Config) ->
     ok = erlcuda_ref:start_app([]),
@@ -263,6 +268,105 @@ big_job_on_dirty(_) ->
     ok = erlcuda_ref:check(reduce, Args, R),
     #{dirty_submits := D1} = erlcuda:stats(0),
     ?assert(D1 > D0).
+
+%%% pipelined vector_add (large binaries copied and published in slices)
+
+%% 2^23 + 1031 elements: 32 MiB + 4124 bytes per input, so five slices, the
+%% last one short. B holds each element's index, so a slice copied from or to
+%% the wrong place cannot go unnoticed; outputs are poisoned with NaN first.
+-define(PIPE_N, (1 bsl 23 + 1031)).
+
+pipe_inputs() ->
+    Block = erlcuda_ref:to_binary(erlcuda_ref:random_vector(65536)),
+    A = binary:part(binary:copy(Block, ?PIPE_N div 65536 + 1), 0, 4 * ?PIPE_N),
+    B = << <<I:32/float-native>> || I <- lists:seq(0, ?PIPE_N - 1) >>,
+    {A, B}.
+
+pipelined_vector_add(_) ->
+    {A, B} = pipe_inputs(),
+    #{pipelined := P0} = erlcuda:stats(0),
+    {ok, R} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+    #{pipelined := P1} = erlcuda:stats(0),
+    ?assertEqual(P0 + 1, P1),
+    ?assertEqual(4 * ?PIPE_N, byte_size(R)),
+    ?assertEqual(ok, same_sums(A, B, R, 0)),
+    %% Again with one input already in the arena: not pipelined, same answer.
+    {ok, R2} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+    {ok, R3} = erlcuda:launch_sync(vector_add, [R2, B], [{timeout, 60000}]),
+    #{pipelined := P2} = erlcuda:stats(0),
+    ?assertEqual(P1 + 1, P2),
+    ok = same_sums(R2, B, R3, 0),
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end).
+
+%% A term with its large binaries shortened, for failure reports (a 32 MiB
+%% binary printed into the CT log takes minutes).
+small(B) when is_binary(B), byte_size(B) > 64 -> {binary, byte_size(B)};
+small(T) when is_tuple(T) -> list_to_tuple([small(X) || X <- tuple_to_list(T)]);
+small(L) when is_list(L) -> [small(X) || X <- L];
+small(X) -> X.
+
+%% X + Y rounded to f32 for every element, and never NaN (the poison).
+same_sums(<<X:32/float-native, A/binary>>, <<Y:32/float-native, B/binary>>,
+          <<Z:32/float-native, R/binary>>, I) ->
+    <<Want:32/float-native>> = <<(X + Y):32/float-native>>,
+    case Z == Want of
+        true -> same_sums(A, B, R, I + 1);
+        false -> {mismatch, I, X, Y, Z}
+    end;
+same_sums(<<>>, <<>>, <<>>, _) -> ok.
+
+%% A pipelined job given up by launch_sync: no message later, and its slot
+%% and extra descriptor slots all come back.
+pipelined_cancel(_) ->
+    {A, B} = pipe_inputs(),
+    %% The job may also finish within the submit (the CPU backend is quick
+    %% on the first slices); either way exactly one outcome.
+    Outcomes = [case erlcuda:launch_sync(vector_add, [A, B], [{timeout, 0}]) of
+                    {error, timeout} -> timeout;
+                    {ok, R0} when byte_size(R0) =:= 4 * ?PIPE_N -> ok;
+                    Other -> ct:fail({unexpected, small(Other)})
+                end || _ <- lists:seq(1, 4)],
+    ct:pal("launch_sync with timeout 0: ~p", [Outcomes]),
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end),
+    receive Stray -> ct:fail({stray, small(Stray)}) after 200 -> ok end,
+    {ok, R} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+    ok = same_sums(A, B, R, 0).
+
+%% gpud killed while pipelined jobs are being copied, published and run
+%% (callers in parallel, the kill a few ms in): each job gets exactly one
+%% answer, right or {gpud_exit, _}, and the device serves again afterwards.
+pipelined_gpud_kill(_) ->
+    {A, B} = pipe_inputs(),
+    Answers = lists:append([kill_round(A, B, Delay) || Delay <- [1, 3, 10, 30]]),
+    ct:pal("answers around the kills: ~p", [Answers]),
+    ?assert(lists:member(gpud_exit, Answers)),
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end),
+    {ok, R} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+    ?assertEqual(ok, same_sums(A, B, R, 0)).
+
+kill_round(A, B, DelayMs) ->
+    [#{os_pid := OsPid0}] = wait_up(0, 500),
+    Self = self(),
+    Pids = [spawn_link(fun() ->
+                               {ok, Ref} = erlcuda:launch(vector_add, [A, B]),
+                               Ans = receive {erlcuda, Ref, X} -> X
+                                     after 60000 -> exit({lost, Ref})
+                                     end,
+                               receive {erlcuda, Ref, Dup} -> exit({duplicate, small(Dup)})
+                               after 100 -> ok
+                               end,
+                               Self ! {self(), case Ans of
+                                                   {ok, R} -> same_sums(A, B, R, 0);
+                                                   {error, {gpud_exit, _}} -> gpud_exit;
+                                                   Other -> {unexpected, small(Other)}
+                                               end}
+                       end) || _ <- lists:seq(1, 3)],
+    timer:sleep(DelayMs),
+    os:cmd("kill -9 " ++ integer_to_list(OsPid0)),
+    Answers = [receive {P, Ans} -> Ans after 90000 -> ct:fail({no_answer, P}) end || P <- Pids],
+    [?assert(Ans =:= ok orelse Ans =:= gpud_exit) || Ans <- Answers],
+    wait_new_gpud(0, OsPid0),
+    Answers.
 
 %%% two devices
 

@@ -27,6 +27,9 @@ pub enum Command {
     /// Hidden: `gpud --bench-backend [--device N]` times mapped vs copied
     /// inputs on the CUDA backend and prints a table (see backend/cuda.rs).
     BenchBackend { device: u32 },
+    /// Hidden: `gpud --baseline [--backend B] [--device N]`, the in-process
+    /// baseline the benchmarks drive over a port (see baseline.rs).
+    Baseline { backend: BackendKind, device: u32 },
     Help,
 }
 
@@ -37,6 +40,7 @@ fn usage(msg: impl Into<String>) -> Error {
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut probe = false;
     let mut bench = false;
+    let mut baseline = false;
     let mut socket = None;
     let mut device = None;
     let mut backend = None;
@@ -57,6 +61,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         match flag.as_str() {
             "--probe" => probe = true,
             "--bench-backend" => bench = true,
+            "--baseline" => baseline = true,
             "-h" | "--help" => return Ok(Command::Help),
             "--socket" => {
                 let v = value("--socket")?;
@@ -84,6 +89,15 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         }
     }
     let backend = backend.unwrap_or(BackendKind::Auto);
+    if baseline {
+        if bench || probe || socket.is_some() || spin_us.is_some() {
+            return Err(usage("--baseline takes only --backend and --device"));
+        }
+        return Ok(Command::Baseline {
+            backend,
+            device: device.unwrap_or(0),
+        });
+    }
     if bench {
         if probe || socket.is_some() {
             return Err(usage("--bench-backend takes only --device"));
@@ -146,6 +160,14 @@ mod tests {
     }
 
     #[test]
+    fn parses_baseline() {
+        assert_eq!(
+            p("--baseline --backend cpu").unwrap(),
+            Command::Baseline { backend: BackendKind::Cpu, device: 0 }
+        );
+    }
+
+    #[test]
     fn refuses_bad_lines() {
         for bad in [
             "",
@@ -157,6 +179,8 @@ mod tests {
             "--socket",
             "--probe --socket x",
             "--bench-backend --probe",
+            "--baseline --socket x",
+            "--baseline --bench-backend",
             "--frobnicate",
             "stray",
         ] {

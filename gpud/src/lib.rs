@@ -13,8 +13,12 @@
 //! - [`segment`]: arena segments sent after the handshake;
 //! - [`backend`]: the backends (`cpu`, `cuda`);
 //! - [`daemon`]: the main loop tying them together.
+//!
+//! Besides: [`testvec`] (shared test vectors, `--bench-backend`) and
+//! [`baseline`] (`--baseline`, the benchmarks' in-process baseline).
 
 pub mod backend;
+pub mod baseline;
 pub mod cli;
 pub mod coalesce;
 pub mod daemon;
@@ -41,6 +45,7 @@ pub fn main_with_args<I: IntoIterator<Item = String>>(args: I) -> ExitCode {
         Ok(Command::Probe { backend }) => probe(backend),
         Ok(Command::Daemon(opts)) => daemon::run(&opts),
         Ok(Command::BenchBackend { device }) => testvec::bench_backend(device),
+        Ok(Command::Baseline { backend, device }) => baseline::run(backend, device),
         Err(e) => Err(e),
     };
     match result {

@@ -152,6 +152,18 @@ impl TestArena {
         addr
     }
 
+    /// Overwrites the region at `addr` (allocated earlier) with `data`.
+    pub fn write_at(&mut self, addr: u64, data: &[f32]) {
+        // SAFETY: a region allocated inside the mapping, no launch in flight.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr(addr), data.len()) };
+    }
+
+    /// Copies `out.len()` floats from `addr` into `out`.
+    pub fn read_into(&self, addr: u64, out: &mut [f32]) {
+        // SAFETY: as for `write_at`.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(addr), out.as_mut_ptr(), out.len()) };
+    }
+
     pub fn read(&self, addr: u64, n: usize) -> Vec<f32> {
         // SAFETY: a region inside the mapping, no launch in flight.
         unsafe { std::slice::from_raw_parts(self.ptr(addr), n).to_vec() }

@@ -889,6 +889,44 @@ fn probe_lines() {
     assert_eq!(run(&["--bogus"]), (String::new(), Some(2)));
 }
 
+/// `gpud --baseline` (the benchmarks' in-process baseline): one timing per
+/// job asked for, an empty reply for a request it refuses, exit 0 on EOF.
+#[test]
+fn baseline_times_jobs_and_refuses_bad_requests() {
+    use std::io::{Read, Write};
+    let mut child = Command::new(gpud_bin())
+        .args(["--baseline", "--backend", &backend()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut to, mut from) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+    let mut ask = |kernel: u8, n: u32, jobs: u32| -> Vec<u32> {
+        let mut m = vec![kernel];
+        m.extend_from_slice(&n.to_be_bytes());
+        m.extend_from_slice(&jobs.to_be_bytes());
+        to.write_all(&(m.len() as u32).to_be_bytes()).unwrap();
+        to.write_all(&m).unwrap();
+        to.flush().unwrap();
+        let mut len = [0u8; 4];
+        from.read_exact(&mut len).unwrap();
+        let mut reply = vec![0u8; u32::from_be_bytes(len) as usize];
+        from.read_exact(&mut reply).unwrap();
+        reply.chunks(4).map(|c| u32::from_be_bytes(c.try_into().unwrap())).collect()
+    };
+    for kernel in 1..=3 {
+        let ns = ask(kernel, 1000, 50);
+        assert_eq!(ns.len(), 50);
+        assert!(ns.iter().all(|&t| t > 0));
+    }
+    assert!(ask(1, 0, 3).len() == 3, "empty vectors are jobs too");
+    assert!(ask(4, 10, 10).is_empty(), "matmul is not a baseline kernel");
+    assert!(ask(9, 10, 10).is_empty(), "no such kernel");
+    assert!(ask(1, 1 << 30, 1).is_empty(), "over the baseline's arena");
+    drop(to);
+    assert!(child.wait().unwrap().success());
+}
+
 #[test]
 fn exits_when_nobody_listens() {
     let out = Command::new(gpud_bin())

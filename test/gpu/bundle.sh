@@ -3,7 +3,8 @@
 # that has only an NVIDIA driver (no Rust, no Erlang, no network): gpud (and a
 # gpud built with fault injection), the NIF, the beams, and Debian's
 # erlang-base .deb. Then, there: bash .gpu-bundle/run.sh (the check) or
-# bash .gpu-bundle/run.sh bench (the full-stack benchmarks).
+# bash .gpu-bundle/run.sh bench (the benchmarks, peers included; results
+# under $OUT or the current folder).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-bundle
@@ -18,6 +19,10 @@ cp target/fault/release/gpud "$out/gpud-fault"
 cp _build/default/lib/erlcuda/ebin/* "$out/lib/erlcuda/ebin/"
 erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl
 erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
+# The peers' half of the benchmarks (PyTorch, CuPy, erlcuda's PTX timed with
+# CUDA events) and the report, which needs only Python's standard library.
+cp bench/peers.py bench/report.py bench/FORMAT.md kernels/ptx_launch.py kernels/src/abi.rs "$out/bench/"
+bash kernels/build.sh "$out"
 cp test/gpu/run.sh "$out/run.sh"
 
 deb=$(ls .deb/erlang-base_*.deb 2>/dev/null | head -n1 || true)

@@ -1,0 +1,82 @@
+"""Host-side helpers for launching erlcuda's PTX kernels from Python.
+
+Shared by kernels/gpu_check.py and bench/peers.py. Pure Python + numpy: no
+GPU work, no CuPy/torch import, nothing done at import time. It mirrors the
+host-side prep of kernels/src/abi.rs, whose constants it reads (abi.rs is the
+single source of truth):
+
+    abi = read_abi("kernels/src/abi.rs")      # {"MATMUL_BM": 128, ..., "MATMUL_ENTRY": "matmul_batch_bk16"}
+    table, total = matmul_table([(pa, pb, pc, m, n, k)], abi["MATMUL_BM"], abi["MATMUL_BN"])
+    # upload table.view(np.uint8); launch grid (total,), block (256,),
+    # params (table_ptr, u32(njobs), u32(total)), shared_mem=matmul_smem(abi)
+"""
+import os
+import re
+
+import numpy as np
+
+DEFAULT_ABI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "src", "abi.rs")
+
+# `pub const NAME: u32 = 128;` (plain integer literals only; expressions are skipped)
+_INT_RE = re.compile(r"pub const (\w+): \w+ = ([0-9_]+);")
+# `pub const NAME: &str = "text";`
+_STR_RE = re.compile(r'pub const (\w+): &str = "([^"]*)";')
+# `pub const NAME: &str = OTHER_NAME;` (an alias of another string constant)
+_ALIAS_RE = re.compile(r"pub const (\w+): &str = ([A-Za-z_]\w*);")
+
+# MatmulJob (#[repr(C)], 48 bytes): a, b, c: u64; m, n, k, tiles_n: u32; tile_start: u64
+MM_DT = np.dtype([("a", "<u8"), ("b", "<u8"), ("c", "<u8"), ("m", "<u4"), ("n", "<u4"),
+                  ("k", "<u4"), ("tiles_n", "<u4"), ("tile_start", "<u8")])
+assert MM_DT.itemsize == 48
+
+
+def read_abi(path=None):
+    """Constants of abi.rs: integer literals as int, string constants as str
+    (aliases such as `MATMUL_ENTRY = ENTRY_MATMUL_BK16` resolved)."""
+    with open(path or DEFAULT_ABI) as fh:
+        text = fh.read()
+    abi = {}
+    for m in _INT_RE.finditer(text):
+        abi[m.group(1)] = int(m.group(2).replace("_", ""))
+    for m in _STR_RE.finditer(text):
+        abi[m.group(1)] = m.group(2)
+    aliases = {m.group(1): m.group(2) for m in _ALIAS_RE.finditer(text)}
+    for name, target in aliases.items():
+        seen = {name}
+        while target in aliases and target not in seen:  # alias of an alias
+            seen.add(target)
+            target = aliases[target]
+        if target in abi and isinstance(abi[target], str):
+            abi[name] = abi[target]
+    return abi
+
+
+def matmul_smem(abi):
+    """Dynamic shared memory of the matmul entries (MATMUL_SMEM_BYTES:
+    two stages of A^T[BK][BM+4] and B[BK][BN] f32 at the largest BK)."""
+    return 2 * abi["MATMUL_BK_MAX"] * (abi["MATMUL_BM"] + 4 + abi["MATMUL_BN"]) * 4
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def u32(x):
+    return np.uint32(x)
+
+
+def matmul_table(jobs, bm, bn):
+    """Descriptor table for matmul_batch / matmul_batch_bk16, as abi::matmul_prepare.
+
+    jobs: sequence of (a_ptr, b_ptr, c_ptr, m, n, k) with device pointers as ints
+    (C(m x n) = A(m x k) . B(k x n), row-major f32). Returns (table, total_tiles):
+    table is a numpy array of MM_DT (upload `table.view(np.uint8)` to the device
+    and pass its device pointer as the first kernel parameter); a launch with
+    total_tiles == 0 must be skipped."""
+    table = np.zeros(len(jobs), dtype=MM_DT)
+    acc = 0
+    for i, (pa, pb, pc, m, n, k) in enumerate(jobs):
+        tn = cdiv(n, bn)
+        table[i] = (pa, pb, pc, m, n, k, tn, acc)
+        acc += cdiv(m, bm) * tn
+    return table, acc
