@@ -41,6 +41,7 @@ demo: setup $(BENCH_EBIN)
 	erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_demo:main(), halt().'
 
 test: setup
+	$(MAKE) -C c_src test
 	$(MAKE) check-ptx
 	$(MAKE) test-rust
 	$(MAKE) test-fuzz

@@ -17,6 +17,7 @@
 -define(BLOCK, 1000).
 -define(BLOCKS, 12).
 -define(CALLERS, [1, 10, 100, 1000, 10000]).
+-define(THROUGHPUT_RING, 16384).
 -define(LARGE_SIZES, [65536, 1048576, 16777216, 67108864]).
 -define(MATMUL_SIZES, [256, 512, 1024, 2048, 4096, 8192]).
 %% A size's repetitions stop once they have taken this long (the CPU backend
@@ -205,8 +206,22 @@ other_latency() ->
 %% ---------------------------------------------------------------- throughput
 
 %% C callers, each keeping one 1000-element job of a kernel (round robin over
-%% the four) in flight for the duration; jobs/s and gpud's batch sizes.
+%% the four) in flight for the duration; jobs/s and gpud's batch sizes. With
+%% ring_entries of ?THROUGHPUT_RING, so that every one of 10,000 callers can
+%% have its job in flight (with the default 4096 the rest spin on
+%% {error, busy}).
 throughput(Callers) ->
+    {ok, Ring} = application:get_env(erlcuda, ring_entries),
+    ok = application:stop(erlcuda),
+    application:set_env(erlcuda, ring_entries, ?THROUGHPUT_RING),
+    {ok, _} = application:ensure_all_started(erlcuda),
+    io:format("throughput, ring_entries ~p~n", [?THROUGHPUT_RING]),
+    throughput_rows(Callers),
+    ok = application:stop(erlcuda),
+    application:set_env(erlcuda, ring_entries, Ring),
+    {ok, _} = application:ensure_all_started(erlcuda).
+
+throughput_rows(Callers) ->
     io:format("~-10s ~12s ~10s ~12s ~12s  ~s~n",
               ["callers", "jobs/s", "busy", "batches", "jobs/batch", "batch-size histogram"]),
     Jobs = [{vector_add, [bin(vec(1000)), bin(vec(1000))]},
@@ -246,6 +261,7 @@ throughput_row(C, Jobs, Ms) ->
                               || {I, N} <- lists:zip(lists:seq(0, length(Hist) - 1), Hist), N > 0]),
     record(["throughput.callers_", integer_to_list(C)], erlcuda, Rate, <<"jobs/s">>, null, Done,
            #{hist => HistMap, batches => Batches, busy => Busy, seconds => Us / 1.0e6,
+             ring_entries => ?THROUGHPUT_RING,
              cpu_pct => maps:from_list([{list_to_binary(K), V} || {K, V} <- Cpu])}),
     io:format("~-10w ~12w ~10w ~12w ~12.1f  ~s~n~10s cpu % of a core: ~s~n",
               [C, round(Rate), Busy, Batches, Done / max(1, Batches), hist(Hist), "",

@@ -5,8 +5,12 @@
  * EC_ARENA_ALIGN-aligned byte ranges. It keeps the free space as an array of
  * spans sorted by offset and coalesces neighbours on free, so fragmentation
  * stays bounded by the number of live regions. First fit: O(free spans) per
- * call, which stays small because jobs are short-lived. Not thread-safe: the
- * caller holds the device lock.
+ * call, and freeing shifts the span array: both grow with the regions alive,
+ * which thousands of concurrent small jobs make slow (under the device lock).
+ * So freed regions of up to ARENA_QUICK_MAX bytes go onto a LIFO list per
+ * size (quick lists) and are handed out again in O(1); they return to the
+ * spans only when an allocation finds no span large enough. Not
+ * thread-safe: the caller holds the device lock.
  */
 #ifndef ERLCUDA_ARENA_H
 #define ERLCUDA_ARENA_H
@@ -18,6 +22,16 @@ struct arena_span {
     uint64_t len;
 };
 
+/* Quick lists: sizes EC_ARENA_ALIGN .. ARENA_QUICK_MAX, one per multiple of
+ * EC_ARENA_ALIGN, each holding at most ARENA_QUICK_DEPTH offsets. */
+#define ARENA_QUICK_MAX (64u << 10)
+#define ARENA_QUICK_DEPTH 4096u
+
+struct arena_quick {
+    uint32_t n, cap;
+    uint64_t *off;
+};
+
 struct arena {
     uint64_t size;    /* bytes managed */
     uint64_t used;    /* bytes handed out */
@@ -25,6 +39,8 @@ struct arena {
     uint32_t nspans;  /* free spans in use */
     uint32_t cap;     /* capacity of spans */
     struct arena_span *spans;
+    uint64_t quick_bytes; /* free bytes parked on quick lists */
+    struct arena_quick *quick; /* ARENA_QUICK_MAX / EC_ARENA_ALIGN lists, or NULL */
 };
 
 /* Rounds a byte count up to the region alignment; 0 stays 0. Returns 0 on

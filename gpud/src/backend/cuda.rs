@@ -65,6 +65,13 @@ const FAULT_PTR: u64 = 0x8;
 /// the totals as u32).
 const MAX_CHUNK_BLOCKS: u64 = 1 << 30;
 
+/// Descriptor tables up to this size are read by the kernel straight from
+/// the mapped staging buffer: for a launch of a few jobs that saves the
+/// table's copy (one more driver call and DMA ahead of the kernel on the
+/// stream) for one PCIe read per block. Larger tables, read by many blocks,
+/// are copied to the device first.
+const MAPPED_TABLE_MAX: usize = 1024;
+
 /// Alignment of buffers in device scratch (and of table chunks).
 const SCRATCH_ALIGN: u64 = 256;
 
@@ -234,6 +241,9 @@ struct Slot {
     ticket: Ticket,
     event: sys::CUevent,
     host_table: *mut u8,
+    /// The staging buffer's device address (it is mapped): small tables are
+    /// read from there by the kernel, without a copy (see MAPPED_TABLE_MAX).
+    host_table_dev: u64,
     host_cap: usize,
     dev_table: u64,
     dev_cap: usize,
@@ -253,6 +263,7 @@ impl Slot {
             ticket: 0,
             event,
             host_table: ptr::null_mut(),
+            host_table_dev: 0,
             host_cap: 0,
             dev_table: 0,
             dev_cap: 0,
@@ -274,8 +285,12 @@ impl Slot {
                     self.host_cap = 0;
                 }
                 let mut p = ptr::null_mut();
-                ck(sys::cuMemHostAlloc(&mut p, cap, 0), "cuMemHostAlloc")?;
+                ck(sys::cuMemHostAlloc(&mut p, cap, sys::CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc")?;
                 self.host_table = p.cast();
+                ck(
+                    sys::cuMemHostGetDevicePointer_v2(&mut self.host_table_dev, p, 0),
+                    "cuMemHostGetDevicePointer (table)",
+                )?;
             }
             self.host_cap = cap;
         }
@@ -641,7 +656,9 @@ impl CudaBackend {
                 )?;
             }
             ptr::copy_nonoverlapping(self.bytes.as_ptr(), slot.host_table, self.bytes.len());
-            if !self.bytes.is_empty() {
+            let mapped_table = self.bytes.len() <= MAPPED_TABLE_MAX;
+            let table_base = if mapped_table { slot.host_table_dev } else { slot.dev_table };
+            if !mapped_table {
                 ck(
                     sys::cuMemcpyHtoDAsync_v2(slot.dev_table, slot.host_table.cast(), self.bytes.len(), stream),
                     "cuMemcpyHtoDAsync (table)",
@@ -652,7 +669,7 @@ impl CudaBackend {
             }
             let f = self.funcs[kidx(kernel)];
             for c in &self.chunks {
-                let mut table = slot.dev_table + c.table_off as u64;
+                let mut table = table_base + c.table_off as u64;
                 let (grid, smem) = match kernel {
                     Kernel::VectorAdd => (abi::grid_for(c.total, abi::VADD_MAX_GRID), 0),
                     Kernel::Reduce | Kernel::DotProduct => (
