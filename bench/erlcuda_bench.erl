@@ -257,14 +257,18 @@ throughput_row(C, Jobs, Ms) ->
     Batches = maps:get(batches, S1) - maps:get(batches, S0),
     Hist = lists:zipwith(fun(X, Y) -> Y - X end, maps:get(batch_hist, S0), maps:get(batch_hist, S1)),
     Rate = Done * 1.0e6 / Us,
+    %% gpud's share of the time spent working (draining, launching,
+    %% answering) rather than waiting: near 100% means gpud bounds the rate.
+    GpudLoad = 100 * (maps:get(gpud_work_ns, S1) - maps:get(gpud_work_ns, S0)) / (Us * 1000),
     HistMap = maps:from_list([{integer_to_binary(1 bsl I), N}
                               || {I, N} <- lists:zip(lists:seq(0, length(Hist) - 1), Hist), N > 0]),
     record(["throughput.callers_", integer_to_list(C)], erlcuda, Rate, <<"jobs/s">>, null, Done,
            #{hist => HistMap, batches => Batches, busy => Busy, seconds => Us / 1.0e6,
-             ring_entries => ?THROUGHPUT_RING,
+             ring_entries => ?THROUGHPUT_RING, gpud_work_pct => GpudLoad,
              cpu_pct => maps:from_list([{list_to_binary(K), V} || {K, V} <- Cpu])}),
-    io:format("~-10w ~12w ~10w ~12w ~12.1f  ~s~n~10s cpu % of a core: ~s~n",
-              [C, round(Rate), Busy, Batches, Done / max(1, Batches), hist(Hist), "",
+    io:format("~-10w ~12w ~10w ~12w ~12.1f  ~s~n~10s gpud working ~.1f% of the time; "
+              "cpu % of a core: ~s~n",
+              [C, round(Rate), Busy, Batches, Done / max(1, Batches), hist(Hist), "", GpudLoad,
                string:join([io_lib:format("~s ~w", [K, round(V)]) || {K, V} <- Cpu, V >= 1], ", ")]).
 
 %% CPU ticks per thread kind ("gpud", or the VM thread's name without its

@@ -1430,6 +1430,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         put(env, &m, "bad_descriptors", load64(&g->bad_descriptors));
         put(env, &m, "max_batch", load64(&g->max_batch));
         put(env, &m, "gpud_sleeps", load64(&g->sleeps));
+        put(env, &m, "gpud_work_ns", load64(&g->work_ns));
         ERL_NIF_TERM hist = enif_make_list(env, 0);
         for (unsigned i = EC_BATCH_HIST_BUCKETS; i > 0; i--)
             hist = enif_make_list_cell(env, enif_make_uint64(env, load64(&g->batch_hist[i - 1])),

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 1u
+#define EC_ABI_VERSION 2u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -163,6 +163,8 @@ struct ec_stats {
     uint64_t max_batch;
     uint64_t sleeps;         /* times gpud blocked on the SQ eventfd */
     uint64_t batch_hist[EC_BATCH_HIST_BUCKETS];
+    uint64_t work_ns;        /* time spent draining, launching and answering
+                                (not waiting): gpud's load */
 };
 
 struct ec_header {

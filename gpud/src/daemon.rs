@@ -188,7 +188,10 @@ impl Daemon {
             }
             let can_drain = self.drains_in_flight() < MAX_DRAINS_IN_FLIGHT;
             if can_drain && self.ring.sq_nonempty() {
-                if !self.process_drain()? || self.quit_due(&mut last_check)? {
+                let t = Instant::now();
+                let more = self.process_drain()?;
+                self.count_work(t);
+                if !more || self.quit_due(&mut last_check)? {
                     return Ok(());
                 }
                 continue;
@@ -300,6 +303,7 @@ impl Daemon {
         if self.done.is_empty() {
             return Ok(true);
         }
+        let started = Instant::now();
         let done = std::mem::take(&mut self.done);
         for t in &done {
             let Some(i) = self.in_flight.iter().position(|f| f.ticket == *t) else {
@@ -314,7 +318,14 @@ impl Daemon {
         }
         self.done = done;
         self.done.clear();
+        self.count_work(started);
         Ok(true)
+    }
+
+    /// Adds the time since `t` to the `work_ns` statistic.
+    fn count_work(&self, t: Instant) {
+        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.ring.stats().work_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Writes one completion per job with `status`; batch = the launch size.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 1;
+pub const EC_ABI_VERSION: u32 = 2;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -81,6 +81,7 @@ pub struct Stats {
     pub max_batch: AtomicU64,
     pub sleeps: AtomicU64,
     pub batch_hist: [AtomicU64; EC_BATCH_HIST_BUCKETS],
+    pub work_ns: AtomicU64,
 }
 
 /// `struct ec_header`, at offset 0 of the memfd.
@@ -361,7 +362,7 @@ int main(void)
     SZ(ec_stats); AL(ec_stats);
     OF(ec_stats, jobs_ok); OF(ec_stats, jobs_failed); OF(ec_stats, batches);
     OF(ec_stats, launches); OF(ec_stats, bad_descriptors); OF(ec_stats, max_batch);
-    OF(ec_stats, sleeps); OF(ec_stats, batch_hist);
+    OF(ec_stats, sleeps); OF(ec_stats, batch_hist); OF(ec_stats, work_ns);
 
     SZ(ec_header); AL(ec_header);
     OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);
@@ -451,6 +452,7 @@ int main(void)
         of!("ec_stats", Stats, max_batch, u64);
         of!("ec_stats", Stats, sleeps, u64);
         of!("ec_stats", Stats, batch_hist, [u64; EC_BATCH_HIST_BUCKETS]);
+        of!("ec_stats", Stats, work_ns, u64);
 
         sz!("ec_header", Header);
         of!("ec_header", Header, magic, u64);
