@@ -469,7 +469,7 @@ mod tests {
         type Edit = fn(&mut HeaderFields);
         let cases: &[(&str, Edit)] = &[
             ("magic", |h| h.magic ^= 1),
-            ("abi", |h| h.abi_version = 2),
+            ("abi", |h| h.abi_version = EC_ABI_VERSION + 1),
             ("header_bytes", |h| h.header_bytes = 2048),
             ("sqe", |h| h.sqe_bytes = 32),
             ("cqe", |h| h.cqe_bytes = 32),
