@@ -237,19 +237,7 @@ def torch_events(c, fn, reps, warm):
 
 
 def cupy_events(c, fn, reps, warm):
-    cp = c.cp
-    for _ in range(warm):
-        fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e-3)
-    return ts
+    return find_ptx_launch().cupy_event_times(c.cp, fn, reps, warm)
 
 
 # ---------------------------------------------------------------- 1. PCIe

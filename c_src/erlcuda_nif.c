@@ -1113,42 +1113,37 @@ static int region_alloc_locked(struct device *d, uint64_t bytes, struct region *
 static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
                            uint32_t credits, int keep_out)
 {
-    int64_t idx = -1;
-    struct region in = {0, 0, 0, 0}, out;
+    struct region in = {0, 0, 0, 0}, out = {0, 0, 0, 0};
     dev_lock(d);
-    if (!keep_out && in_bytes + out_bytes <= INLINE_BYTES && d->nfree > credits &&
-        d->free_stack[d->nfree - 1] < d->inline_slots) {
-        idx = d->free_stack[--d->nfree];
-        uint64_t base = d->inline_off + (uint64_t)idx * INLINE_BYTES;
-        struct job *j = &d->jobs[idx];
-        j->in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
-        j->out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
-        j->out_taken = 0;
-        j->ncredit = credits;
-        for (uint32_t i = 0; i < credits; i++)
-            j->credit[i] = d->free_stack[--d->nfree];
-        /* read by wait_cq */
-        __atomic_store_n(&d->in_flight, d->in_flight + 1 + credits, __ATOMIC_RELAXED);
-        if (d->in_flight > d->in_flight_peak)
-            d->in_flight_peak = d->in_flight;
-    } else if (d->nfree > credits && region_alloc_locked(d, out_bytes, &out) == 0) {
-        if (in_bytes == 0 || region_alloc_locked(d, in_bytes, &in) == 0) {
-            idx = d->free_stack[--d->nfree];
-            struct job *j = &d->jobs[idx];
-            j->in = in;
-            j->out = out;
-            j->out_taken = 0;
-            j->ncredit = credits;
-            for (uint32_t i = 0; i < credits; i++)
-                j->credit[i] = d->free_stack[--d->nfree];
-            /* read by wait_cq */
-            __atomic_store_n(&d->in_flight, d->in_flight + 1 + credits, __ATOMIC_RELAXED);
-            if (d->in_flight > d->in_flight_peak)
-                d->in_flight_peak = d->in_flight;
-        } else {
-            free_region_locked(d, &out);
-        }
+    if (d->nfree <= credits) {
+        dev_unlock(d);
+        return -1;
     }
+    uint32_t top = d->free_stack[d->nfree - 1];
+    if (!keep_out && in_bytes + out_bytes <= INLINE_BYTES && top < d->inline_slots) {
+        uint64_t base = d->inline_off + (uint64_t)top * INLINE_BYTES;
+        in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
+        out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
+    } else if (region_alloc_locked(d, out_bytes, &out) != 0) {
+        dev_unlock(d);
+        return -1;
+    } else if (in_bytes > 0 && region_alloc_locked(d, in_bytes, &in) != 0) {
+        free_region_locked(d, &out);
+        dev_unlock(d);
+        return -1;
+    }
+    int64_t idx = d->free_stack[--d->nfree];
+    struct job *j = &d->jobs[idx];
+    j->in = in;
+    j->out = out;
+    j->out_taken = 0;
+    j->ncredit = credits;
+    for (uint32_t i = 0; i < credits; i++)
+        j->credit[i] = d->free_stack[--d->nfree];
+    /* read by wait_cq */
+    __atomic_store_n(&d->in_flight, d->in_flight + 1 + credits, __ATOMIC_RELAXED);
+    if (d->in_flight > d->in_flight_peak)
+        d->in_flight_peak = d->in_flight;
     dev_unlock(d);
     return idx;
 }

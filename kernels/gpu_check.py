@@ -9,7 +9,6 @@ references; times matmul 4096^3 next to torch.matmul (TF32 off). Prints a
 table; exits non-zero when any check fails. The launch logic mirrors the
 host-side helpers in kernels/src/abi.rs (constants are read from that file).
 """
-import math
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ import cupy as cp
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+import ptx_launch  # noqa: E402
 from ptx_launch import MM_DT, cdiv, matmul_smem, matmul_table, read_abi, u32  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -63,18 +63,7 @@ def alloc_vec(n, misalign):
 
 
 def events_time(fn, reps=20, warm=3):
-    for _ in range(warm):
-        fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e-3)
-    return float(np.median(ts))
+    return float(np.median(ptx_launch.cupy_event_times(cp, fn, reps, warm)))
 
 
 # ---------------------------------------------------------------- vector_add
@@ -184,7 +173,7 @@ def mm_jobs(shapes, misalign):
 
 
 def mm_check(j, sample=None):
-    m, n, k = j["m"], j["n"], j["k"]
+    m, n = j["m"], j["n"]
     got = cp.asnumpy(j["dc"])[j["off"]:j["off"] + m * n].reshape(m, n)
     A, B = j["ha"].astype(np.float64), j["hb"].astype(np.float64)
     if sample is None:

@@ -80,3 +80,20 @@ def matmul_table(jobs, bm, bn):
         table[i] = (pa, pb, pc, m, n, k, tn, acc)
         acc += cdiv(m, bm) * tn
     return table, acc
+
+
+def cupy_event_times(cp, fn, reps, warm):
+    """Seconds per call of fn (which enqueues GPU work on the current
+    stream), each timed with a pair of CUDA events, after warm calls."""
+    for _ in range(warm):
+        fn()
+    cp.cuda.Device().synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e-3)
+    return ts
