@@ -120,7 +120,8 @@ kill_cycle(C, Ctl) ->
     case C rem 2 of
         1 ->
             os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
-            wait_in_flight(?KILL_CALLERS, 500);
+            %% (up to 5 s: on a loaded 2-core machine 1 s was once too short)
+            wait_in_flight(?KILL_CALLERS, 2500);
         0 -> ok
     end,
     #{in_flight := InFlight} = erlcuda:stats(0),
