@@ -803,7 +803,11 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->id = dev;
     d->nslots = (uint32_t)entries;
     d->spin_us = (uint32_t)spin;
-    d->busy_spin_us = (uint32_t)busy_spin;
+    /* Spinning while jobs are in flight needs a core of its own: on a
+     * 2-core machine it doubled the p99 round trip of the CPU backend
+     * (erlcuda_bench:busy_spin/0: 142 -> 271 us), so below 4 cores the
+     * completion thread spins spin_us only. */
+    d->busy_spin_us = sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? (uint32_t)busy_spin : 0;
     d->arena_max = arena_max;
     d->zero_copy_bytes = zero_copy;
     d->pipeline_bytes = pipeline;
