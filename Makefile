@@ -6,7 +6,7 @@ BENCH_EBIN := _build/bench/ebin
 EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-fault compile demo test check-ptx test-rust test-erlang \
-        test-asan test-valgrind test-fuzz bench \
+        test-asan test-valgrind test-fuzz test-bench bench \
         gpu-bundle clean
 
 all: compile
@@ -48,6 +48,7 @@ test: setup
 	$(MAKE) test-erlang
 	$(MAKE) test-asan
 	$(MAKE) test-valgrind
+	$(MAKE) test-bench
 
 # Hostile shared memory: gpud's libFuzzer targets, FUZZ_SECONDS in all.
 FUZZ_SECONDS ?= 60
@@ -61,6 +62,10 @@ test-asan: compile gpud-fault
 # gpud's tests (and gpud under the e2e tests) under valgrind memcheck.
 test-valgrind:
 	bash test/valgrind.sh
+
+# bench/report.py (and bench/plot.py where matplotlib is installed) on fixtures.
+test-bench:
+	bash bench/testdata/check_report.sh
 
 # The kernels' PTX builds, and ptxas (CUDA 13.0) assembles it for sm_90.
 check-ptx:
