@@ -22,6 +22,8 @@ main(Opts) ->
                 [kernel_checks(),
                  check("1000 concurrent callers, all four kernels", fun concurrent/0),
                  check("zero-copy chain of three jobs, 2^26", fun chain/0),
+                 check("pipelined vector_add from binaries, 2^25+77, every element",
+                       fun pipelined/0),
                  check("kill -9 of gpud mid-load", fun kill_mid_load/0),
                  figures(),
                  check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
@@ -120,6 +122,29 @@ within(R, S, Abs) -> {mismatch, R, S, Abs}.
 samples(N, Pred) ->
     Bad = [I || I <- [rand:uniform(N) - 1 || _ <- lists:seq(1, 100000)], not Pred(I)],
     case Bad of [] -> ok; _ -> {mismatch_at, lists:sublist(Bad, 5)} end.
+
+%% Binaries this large are copied into the arena slice by slice, each
+%% slice launched as soon as it is in (pipeline_min_bytes): every element
+%% of the odd-sized result is checked, so a slice copied or launched at the
+%% wrong place cannot hide.
+pipelined() ->
+    N = 1 bsl 25 + 77,
+    #{pipelined := P0} = erlcuda:stats(0),
+    A = rand_bin(N), B = rand_bin(N),
+    {ok, R} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+    #{pipelined := P1} = erlcuda:stats(0),
+    case P1 - P0 of
+        1 -> every_sum(A, B, R, 0);
+        D -> {not_pipelined, D}
+    end.
+
+every_sum(<<X:32/float-native, A/binary>>, <<Y:32/float-native, B/binary>>,
+          <<Z:32/float-native, R/binary>>, I) ->
+    case Z =:= erlcuda_ref:f32(X + Y) of
+        true -> every_sum(A, B, R, I + 1);
+        false -> {mismatch_at, I, Z, erlcuda_ref:f32(X + Y)}
+    end;
+every_sum(<<>>, <<>>, <<>>, _) -> ok.
 
 %%% load, crash, fault
 
