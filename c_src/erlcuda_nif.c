@@ -340,14 +340,21 @@ static void *copy_part_run(void *arg)
     return NULL;
 }
 
-/* memcpy, in up to PARALLEL_COPY_THREADS pieces at once when large. Any
- * thread that cannot be created is done inline: the copy always completes. */
-static void copy_bytes(void *dst, const void *src, size_t n)
+/* Threads a large copy is split over: PARALLEL_COPY_THREADS, or fewer on a
+ * machine with fewer cores. */
+static uint32_t copy_threads(void)
 {
     static long cpus;
     if (cpus == 0)
         cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t t = cpus > PARALLEL_COPY_THREADS ? PARALLEL_COPY_THREADS : (size_t)(cpus > 1 ? cpus : 1);
+    return cpus > PARALLEL_COPY_THREADS ? PARALLEL_COPY_THREADS : (uint32_t)(cpus > 1 ? cpus : 1);
+}
+
+/* memcpy, in up to copy_threads() pieces at once when large. Any thread
+ * that cannot be created is done inline: the copy always completes. */
+static void copy_bytes(void *dst, const void *src, size_t n)
+{
+    size_t t = copy_threads();
     if (n < PARALLEL_COPY_BYTES || t < 2) {
         memcpy(dst, src, n);
         return;
@@ -1241,10 +1248,7 @@ static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe
     struct pipeline p = {.d = d, .idx = idx, .parts = parts, .whole = *whole,
                          .src = {src[0], src[1]}, .dst = {dst[0], dst[1]}, .slice = slice,
                          .next = 0};
-    static long cpus;
-    if (cpus == 0)
-        cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    uint32_t t = cpus > PARALLEL_COPY_THREADS ? PARALLEL_COPY_THREADS : (uint32_t)(cpus > 1 ? cpus : 1);
+    uint32_t t = copy_threads();
     if (t > parts)
         t = parts;
     ErlNifTid tid[PARALLEL_COPY_THREADS];

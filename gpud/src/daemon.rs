@@ -597,7 +597,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
     use crate::handshake::{validate_header, HeaderFields, Mapping};
-    use crate::layout::{Header, EC_ABI_VERSION, EC_HEADER_BYTES, EC_MAGIC};
+    use crate::layout::Header;
 
     fn eventfd() -> OwnedFd {
         // SAFETY: a fresh fd, owned by nobody else.
@@ -618,19 +618,7 @@ mod tests {
         let layout = Layout::from_size_align(total, 4096).unwrap();
         // SAFETY: non-zero size.
         let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
-        let fields = HeaderFields {
-            magic: EC_MAGIC,
-            abi_version: EC_ABI_VERSION,
-            header_bytes: EC_HEADER_BYTES,
-            sqe_bytes: 64,
-            cqe_bytes: 16,
-            sq_entries: SQ,
-            cq_entries: CQ,
-            sq_offset: sq_off,
-            cq_offset: cq_off,
-            arena_offset: arena_off,
-            arena_bytes,
-        };
+        let fields = HeaderFields::for_geometry(SQ, CQ, sq_off, cq_off, arena_off, arena_bytes);
         let geo = validate_header(&fields, total as u64).unwrap();
         let vadd = |user_data, out| Sqe {
             user_data,

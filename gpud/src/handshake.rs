@@ -53,6 +53,56 @@ pub struct HeaderFields {
     pub arena_bytes: u64,
 }
 
+impl HeaderFields {
+    /// The header the VM writes for rings of the given geometry: this
+    /// contract's magic, ABI version and entry sizes. For tests and the fuzz
+    /// harness, which lay out shared memory the way the NIF does.
+    pub fn for_geometry(
+        sq_entries: u32,
+        cq_entries: u32,
+        sq_offset: u64,
+        cq_offset: u64,
+        arena_offset: u64,
+        arena_bytes: u64,
+    ) -> HeaderFields {
+        HeaderFields {
+            magic: EC_MAGIC,
+            abi_version: EC_ABI_VERSION,
+            header_bytes: EC_HEADER_BYTES,
+            sqe_bytes: std::mem::size_of::<crate::layout::Sqe>() as u32,
+            cqe_bytes: std::mem::size_of::<crate::layout::Cqe>() as u32,
+            sq_entries,
+            cq_entries,
+            sq_offset,
+            cq_offset,
+            arena_offset,
+            arena_bytes,
+        }
+    }
+
+    /// Writes these fields into the immutable block of the header at `h`.
+    ///
+    /// # Safety
+    /// `h` must point to writable memory at least `EC_HEADER_BYTES` long,
+    /// aligned for [`Header`], that nobody else accesses meanwhile.
+    pub unsafe fn write_to(&self, h: *mut Header) {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            (*h).magic = self.magic;
+            (*h).abi_version = self.abi_version;
+            (*h).header_bytes = self.header_bytes;
+            (*h).sqe_bytes = self.sqe_bytes;
+            (*h).cqe_bytes = self.cqe_bytes;
+            (*h).sq_entries = self.sq_entries;
+            (*h).cq_entries = self.cq_entries;
+            (*h).sq_offset = self.sq_offset;
+            (*h).cq_offset = self.cq_offset;
+            (*h).arena_offset = self.arena_offset;
+            (*h).arena_bytes = self.arena_bytes;
+        }
+    }
+}
+
 fn bad(msg: impl Into<String>) -> Error {
     Error::Handshake(msg.into())
 }
@@ -429,19 +479,7 @@ mod tests {
     use super::*;
 
     fn good() -> HeaderFields {
-        HeaderFields {
-            magic: EC_MAGIC,
-            abi_version: EC_ABI_VERSION,
-            header_bytes: EC_HEADER_BYTES,
-            sqe_bytes: 64,
-            cqe_bytes: 16,
-            sq_entries: 256,
-            cq_entries: 256,
-            sq_offset: 4096,
-            cq_offset: 4096 + 256 * 64,
-            arena_offset: 4096 + 256 * 64 + 256 * 16,
-            arena_bytes: 1 << 20,
-        }
+        HeaderFields::for_geometry(256, 256, 4096, 4096 + 256 * 64, 4096 + 256 * 64 + 256 * 16, 1 << 20)
     }
 
     fn total() -> u64 {

@@ -447,7 +447,7 @@ pub fn gpu_for_tests() -> Option<crate::backend::cuda::CudaBackend> {
 }
 
 /// The descriptor of an m×k by k×n matmul at the given arena addresses.
-fn matmul_sqe(pa: u64, pb: u64, po: u64, m: usize, n: usize, k: usize) -> Sqe {
+pub fn matmul_sqe(pa: u64, pb: u64, po: u64, m: usize, n: usize, k: usize) -> Sqe {
     Sqe {
         kernel: Kernel::Matmul.id(),
         in0: pa,

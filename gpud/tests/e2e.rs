@@ -12,7 +12,9 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use gpud::handshake::HeaderFields;
 use gpud::layout::*;
+use gpud::testvec::matmul_sqe;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -112,17 +114,8 @@ impl Vm {
         // SAFETY: the mapping is zero-filled, page-aligned and larger than
         // Header; gpud is not running yet, so plain writes are fine.
         unsafe {
-            (*h).magic = EC_MAGIC;
-            (*h).abi_version = EC_ABI_VERSION;
-            (*h).header_bytes = EC_HEADER_BYTES;
-            (*h).sqe_bytes = 64;
-            (*h).cqe_bytes = 16;
-            (*h).sq_entries = entries;
-            (*h).cq_entries = entries;
-            (*h).sq_offset = sq_off;
-            (*h).cq_offset = cq_off;
-            (*h).arena_offset = arena_off;
-            (*h).arena_bytes = arena_bytes;
+            HeaderFields::for_geometry(entries, entries, sq_off, cq_off, arena_off, arena_bytes)
+                .write_to(h);
         }
         let listener = socket(
             AddressFamily::Unix,
@@ -589,19 +582,7 @@ fn end_to_end_mixed_jobs_and_hostile_descriptors() {
                 }
             }
         }
-        let s = Sqe {
-            kernel: Kernel::Matmul.id(),
-            in0: pa,
-            in1: pb,
-            out: po,
-            in0_len: (m * k) as u32,
-            in1_len: (k * n) as u32,
-            out_len: (m * n) as u32,
-            m: m as u32,
-            n: n as u32,
-            k: k as u32,
-            ..Sqe::default()
-        };
+        let s = matmul_sqe(pa, pb, po, m, n, k);
         add(&mut sqes, s, Expect::Close { out: po, want, tol });
         *per_kernel.entry(4).or_default() += 1;
     }

@@ -39,7 +39,7 @@ use gpud::daemon::Daemon;
 use gpud::descriptor::validate;
 use gpud::handshake::{validate_header, HeaderFields, Mapping};
 use gpud::layout::{
-    Cqe, Header, Kernel, SegmentMsg, Sqe, Status, EC_ABI_VERSION, EC_HEADER_BYTES, EC_MAGIC,
+    Cqe, Header, Kernel, SegmentMsg, Sqe, Status, EC_HEADER_BYTES,
     EC_NEED_WAKEUP, EC_SEGMENT_MAGIC,
 };
 use gpud::ring::Ring;
@@ -145,6 +145,7 @@ pub fn run(data: &[u8]) {
     }
 
     // Lay it out.
+    let fields = HeaderFields::for_geometry(sq_entries, cq_entries, sq_offset, cq_offset, arena_offset, arena_bytes);
     let buf = Buf::new(total as usize);
     let base = buf.ptr.as_ptr();
     let h = base.cast::<Header>();
@@ -152,17 +153,7 @@ pub fn run(data: &[u8]) {
     // so the header and every SQ slot (64-aligned) are in bounds and aligned;
     // no reference to the memory outlives the statement.
     unsafe {
-        (*h).magic = EC_MAGIC;
-        (*h).abi_version = EC_ABI_VERSION;
-        (*h).header_bytes = EC_HEADER_BYTES;
-        (*h).sqe_bytes = 64;
-        (*h).cqe_bytes = 16;
-        (*h).sq_entries = sq_entries;
-        (*h).cq_entries = cq_entries;
-        (*h).sq_offset = sq_offset;
-        (*h).cq_offset = cq_offset;
-        (*h).arena_offset = arena_offset;
-        (*h).arena_bytes = arena_bytes;
+        fields.write_to(h);
         (*h).sq_head.0.store(sq_head, Ordering::Relaxed);
         (*h).sq_tail.0.store(sq_tail, Ordering::Relaxed);
         (*h).cq_head.0.store(cq_head, Ordering::Relaxed);
@@ -178,19 +169,6 @@ pub fn run(data: &[u8]) {
             }
         }
     }
-    let fields = HeaderFields {
-        magic: EC_MAGIC,
-        abi_version: EC_ABI_VERSION,
-        header_bytes: EC_HEADER_BYTES,
-        sqe_bytes: 64,
-        cqe_bytes: 16,
-        sq_entries,
-        cq_entries,
-        sq_offset,
-        cq_offset,
-        arena_offset,
-        arena_bytes,
-    };
     let geo = validate_header(&fields, total).expect("the harness lays out a valid header");
     let header_before = buf.snapshot(0, 256);
     let sq_before = buf.snapshot(sq_offset as usize, (cq_offset - sq_offset) as usize);
