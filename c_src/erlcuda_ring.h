@@ -196,6 +196,11 @@ struct ec_hello {
     uint32_t abi_version;
     uint32_t device;
     uint64_t total_bytes; /* size of the memfd */
+    uint32_t segments;    /* ec_segment messages that follow at once (arena
+                             segments after the first): gpud reads them all
+                             before it is ready, so no job it drains can
+                             name a segment still on its way */
+    uint32_t reserved;
 };
 
 /* An arena segment after the first; travels with its memfd. */

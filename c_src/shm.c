@@ -242,6 +242,7 @@ int shm_handover(struct shm *s, int fd, uint32_t device)
         .abi_version = EC_ABI_VERSION,
         .device = device,
         .total_bytes = s->total_bytes,
+        .segments = s->nseg - 1,
     };
     int fds[3] = {s->memfd, s->sq_efd, s->cq_efd};
     int err = send_with_fds(fd, &hello, sizeof hello, fds, 3);

@@ -363,9 +363,7 @@ kill_round(A, B, DelayMs) ->
                                                end}
                        end) || _ <- lists:seq(1, 3)],
     %% The kill comes DelayMs after every caller entered launch, so it hits
-    %% jobs being copied, published or run. (A pipelined job submitted
-    %% across the restart can be refused out_of_bounds: gpud may drain it
-    %% before the handover's segment messages arrive; see the README.)
+    %% jobs being copied, published or run.
     [receive {launching, P} -> ok end || P <- Pids],
     timer:sleep(DelayMs),
     os:cmd("kill -9 " ++ integer_to_list(OsPid0)),

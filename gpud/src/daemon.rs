@@ -34,6 +34,9 @@ use crate::segment::{Segments, SockState};
 /// the socket, so that it notices the VM going away.
 const QUIT_CHECK_EVERY: Duration = Duration::from_millis(10);
 
+/// How long the segment messages announced in the hello may take to come.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Drains whose launches may be on the backend at once. Two keeps the GPU
 /// fed (the next batch is queued behind the running one) without splitting
 /// the SQ into many small launches while the GPU is busy anyway.
@@ -64,15 +67,8 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     // and drops after `segments` (field order below).
     let segments = unsafe { Segments::new(seg0, seg0_bytes) };
     let name = backend.name().replace(['\n', '\r'], " ");
-    announce(&format!("ready {} {name}", backend.kind()))?;
-    eprintln!(
-        "gpud[{}]: ready: backend {} ({name}), sq {} cq {} entries, arena {} bytes",
-        opts.device,
-        backend.kind(),
-        ring.geometry().sq_entries,
-        ring.geometry().cq_entries,
-        ring.geometry().arena_bytes
-    );
+    let kind = backend.kind();
+    let geo = ring.geometry().clone();
     let mut d = Daemon::new(
         opts.device,
         Duration::from_micros(opts.spin_us),
@@ -81,10 +77,17 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
         ring,
         session.sock,
     );
-    // Segments the VM sent right after the hello.
-    if d.read_segments()? == Wake::Quit {
+    // Every segment the hello announced, before ready: jobs queued while
+    // gpud was down may name any of them, and the first drain may come
+    // before the last segment message would otherwise have been read.
+    if d.await_segments(session.hello.segments)? == Wake::Quit {
         return Ok(());
     }
+    announce(&format!("ready {kind} {name}"))?;
+    eprintln!(
+        "gpud[{}]: ready: backend {kind} ({name}), sq {} cq {} entries, arena {} bytes",
+        opts.device, geo.sq_entries, geo.cq_entries, geo.arena_bytes
+    );
     d.main_loop()
 }
 
@@ -402,6 +405,29 @@ impl Daemon {
             self.ring.drain_sq_eventfd();
         }
         Ok(Wake::Look)
+    }
+
+    /// Reads segment messages until `n` segments besides segment 0 are
+    /// mapped, waiting for them on the socket (the VM sends them right
+    /// after the hello). A VM that does not send them within
+    /// HANDOVER_TIMEOUT broke the handshake.
+    fn await_segments(&mut self, n: u32) -> Result<Wake> {
+        let deadline = Instant::now() + HANDOVER_TIMEOUT;
+        loop {
+            if self.read_segments()? == Wake::Quit {
+                return Ok(Wake::Quit);
+            }
+            let have = self.segments.sizes().extra();
+            if have >= n {
+                return Ok(Wake::Look);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Handshake(format!("the hello announced {n} segments, {have} came")));
+            }
+            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            let _ = ppoll(&mut fds, Some(TimeSpec::from_duration(left)), None);
+        }
     }
 
     /// Reads queued arena-segment messages. Quit when the VM hung up.

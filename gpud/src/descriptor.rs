@@ -49,6 +49,11 @@ impl SegmentSizes {
     pub fn is_known(&self, seg: usize) -> bool {
         self.get(seg).is_some()
     }
+
+    /// Segments mapped besides segment 0.
+    pub fn extra(&self) -> u32 {
+        (self.known & !1).count_ones()
+    }
 }
 
 /// What validation checks addresses against: a plain `u64` is a lone

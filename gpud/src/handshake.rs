@@ -22,7 +22,7 @@ use nix::sys::stat::{fstat, SFlag};
 
 use crate::error::{Error, Result};
 use crate::layout::{
-    Cqe, Header, Hello, Sqe, EC_ABI_VERSION, EC_HEADER_BYTES, EC_MAGIC,
+    Cqe, Header, Hello, Sqe, EC_ABI_VERSION, EC_HEADER_BYTES, EC_MAGIC, EC_MAX_SEGMENTS,
 };
 
 /// The validated shape of the shared memory.
@@ -330,6 +330,9 @@ pub fn handshake(name: &str, device: u32) -> Result<Session> {
     }
     if hello.device != device {
         return Err(bad(format!("hello is for device {}, I am {device}", hello.device)));
+    }
+    if hello.segments >= EC_MAX_SEGMENTS {
+        return Err(bad(format!("hello announces {} segments, at most {}", hello.segments, EC_MAX_SEGMENTS - 1)));
     }
     let mapping = map_shared(&memfd, hello.total_bytes)?;
     let geometry = validate_header(&mapping.read_header_fields(), hello.total_bytes)?;

@@ -127,6 +127,9 @@ pub struct Hello {
     pub abi_version: u32,
     pub device: u32,
     pub total_bytes: u64,
+    /// Segment messages that follow the hello at once.
+    pub segments: u32,
+    pub reserved: u32,
 }
 
 impl Hello {
@@ -143,15 +146,19 @@ impl Hello {
             abi_version: u32_at(8),
             device: u32_at(12),
             total_bytes: u64_at(16),
+            segments: u32_at(24),
+            reserved: u32_at(28),
         })
     }
 
-    pub fn to_bytes(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
         b[0..8].copy_from_slice(&self.magic.to_ne_bytes());
         b[8..12].copy_from_slice(&self.abi_version.to_ne_bytes());
         b[12..16].copy_from_slice(&self.device.to_ne_bytes());
         b[16..24].copy_from_slice(&self.total_bytes.to_ne_bytes());
+        b[24..28].copy_from_slice(&self.segments.to_ne_bytes());
+        b[28..32].copy_from_slice(&self.reserved.to_ne_bytes());
         b
     }
 }
@@ -312,7 +319,7 @@ impl Status {
 // Cheap compile-time guards; the probe test below is the real proof.
 const _: () = assert!(std::mem::size_of::<Sqe>() == 64);
 const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
-const _: () = assert!(std::mem::size_of::<Hello>() == 24);
+const _: () = assert!(std::mem::size_of::<Hello>() == 32);
 const _: () = assert!(std::mem::size_of::<SegmentMsg>() == 24);
 const _: () = assert!(std::mem::size_of::<Header>() <= EC_HEADER_BYTES as usize);
 const _: () = assert!(std::mem::align_of::<Header>() == EC_CACHELINE as usize);
@@ -375,7 +382,7 @@ int main(void)
 
     SZ(ec_hello); AL(ec_hello);
     OF(ec_hello, magic); OF(ec_hello, abi_version); OF(ec_hello, device);
-    OF(ec_hello, total_bytes);
+    OF(ec_hello, total_bytes); OF(ec_hello, segments); OF(ec_hello, reserved);
 
     SZ(ec_segment); AL(ec_segment);
     OF(ec_segment, magic); OF(ec_segment, segment); OF(ec_segment, reserved);
@@ -481,6 +488,8 @@ int main(void)
         of!("ec_hello", Hello, abi_version, u32);
         of!("ec_hello", Hello, device, u32);
         of!("ec_hello", Hello, total_bytes, u64);
+        of!("ec_hello", Hello, segments, u32);
+        of!("ec_hello", Hello, reserved, u32);
 
         sz!("ec_segment", SegmentMsg);
         of!("ec_segment", SegmentMsg, magic, u64);
@@ -628,10 +637,12 @@ int main(void)
             abi_version: 7,
             device: 3,
             total_bytes: 1 << 40,
+            segments: 2,
+            reserved: 0,
         };
         assert_eq!(Hello::from_bytes(&h.to_bytes()), Some(h));
-        assert_eq!(Hello::from_bytes(&[0u8; 23]), None);
-        assert_eq!(Hello::from_bytes(&[0u8; 25]), None);
+        assert_eq!(Hello::from_bytes(&[0u8; 31]), None);
+        assert_eq!(Hello::from_bytes(&[0u8; 33]), None);
         let s = SegmentMsg {
             magic: EC_SEGMENT_MAGIC,
             segment: 5,

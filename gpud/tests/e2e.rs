@@ -234,6 +234,8 @@ impl Vm {
             abi_version: EC_ABI_VERSION,
             device,
             total_bytes: self.total as u64,
+            segments: 0,
+            reserved: 0,
         });
         let bytes = hello.to_bytes();
         let fds = [
@@ -822,6 +824,8 @@ fn refuses_a_bad_hello() {
         abi_version,
         device: 0,
         total_bytes,
+        segments: 0,
+        reserved: 0,
     };
     expect_handshake_failure(&mut vm, Some(hello(EC_MAGIC + 1, EC_ABI_VERSION, total)), 0);
     let mut vm = Vm::new(64, 1 << 16);
@@ -988,6 +992,44 @@ fn vadd_sqe(user_data: u64, a: u64, b: u64, out: u64, n: usize) -> Sqe {
         out_len: n as u32,
         ..Sqe::default()
     }
+}
+
+/// The hello says how many segment messages follow it; gpud maps them all
+/// before it is ready (jobs queued while it was down may name any of them),
+/// however late they come, and gives up on a VM that never sends them.
+#[test]
+fn ready_waits_for_the_segments_the_hello_announces() {
+    let mut vm = Vm::new(64, 1 << 16);
+    let mut gpud = vm.spawn(0, &[]);
+    let total = vm.total as u64;
+    let announce = |segments| Hello {
+        magic: EC_MAGIC,
+        abi_version: EC_ABI_VERSION,
+        device: 0,
+        total_bytes: total,
+        segments,
+        reserved: 0,
+    };
+    vm.accept_and_hello(0, Some(announce(1)));
+    assert_eq!(gpud.line(Duration::from_millis(300)), None, "ready before the announced segment");
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
+    vm.send_segment(1, 1 << 20, seals, None, 1, true);
+    gpud.expect_ready();
+    let mut rng = Rng(12);
+    let (a, b) = (rng.vec(1000), rng.vec(1000));
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    let (pa, pb) = (vm.write_in(1, &a), vm.write_in(1, &b));
+    let po = vm.alloc_in(1, 1000);
+    vm.submit(&[vadd_sqe(1, pa, pb, po, 1000)]);
+    let c = vm.wait_cqes(1, Duration::from_secs(10));
+    assert_eq!((c[0].user_data, c[0].status), (1, 0));
+    assert_eq!(vm.read(po, 1000), want);
+
+    // Announced and never sent: a broken handshake, gpud exits 1.
+    let mut vm = Vm::new(64, 1 << 16);
+    let mut gpud = vm.spawn(0, &[]);
+    vm.accept_and_hello(0, Some(announce(2)));
+    assert_eq!(gpud.wait_exit(Duration::from_secs(10)).code(), Some(1));
 }
 
 /// Arena segments: one sent right after the hello, one while gpud sleeps

@@ -75,6 +75,8 @@ fn run_gpud(uid: Option<u32>) -> Outcome {
         abi_version: EC_ABI_VERSION,
         device: 0,
         total_bytes: 1 << 20,
+        segments: 0,
+        reserved: 0,
     }
     .to_bytes();
     let fds = [eventfd(), eventfd(), eventfd()];
