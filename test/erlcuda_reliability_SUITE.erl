@@ -135,7 +135,16 @@ kill_cycle(C, Ctl) ->
     ?assertEqual(gone, wait_gone(OsPid, 100)),
     {C, Restart, InFlight}.
 
-wait_in_flight(_, 0) -> ok;
+wait_in_flight(N, 0) ->
+    %% Not every caller got a job in flight: say where the others are.
+    Where = [{P, erlang:process_info(P, [current_function, message_queue_len])}
+             || P <- erlang:processes(),
+                {current_function, {?MODULE, F, _}} <- [erlang:process_info(P, current_function)],
+                F =/= wait_in_flight],
+    ct:pal("in flight ~p of ~p; stats ~p; callers where: ~p",
+           [maps:get(in_flight, erlcuda:stats(0)), N, erlcuda:stats(0),
+            lists:usort([W || {_, W} <- Where])]),
+    ok;
 wait_in_flight(N, Tries) ->
     case erlcuda:stats(0) of
         #{in_flight := F} when F >= N -> ok;
