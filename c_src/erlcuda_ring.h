@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 2u
+#define EC_ABI_VERSION 3u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -88,21 +88,111 @@
 /* ec_sqe.flags: everything else must be 0. EC_FLAG_FAULT makes a gpud built
  * with the `fault-injection` feature fault the device on purpose (the test of
  * crash isolation); any other gpud refuses it with BAD_FLAGS. */
-#define EC_FLAG_FAULT (1u << 31)
+#define EC_FLAG_FAULT (1u << 7)
 
-/* Kernels: the one table. X(NAME, id, erlang_atom, vector_inputs) */
-#define EC_KERNELS(X)              \
-    X(VECTOR_ADD, 1, vector_add, 2)  \
-    X(REDUCE, 2, reduce, 1)          \
-    X(DOT_PRODUCT, 3, dot_product, 2) \
-    X(MATMUL, 4, matmul, 2)
+/* Element types of vectors: X(NAME, id, erlang_atom, bytes). A vector's
+ * elements are native-endian; a list of numbers is f32. */
+#define EC_TYPES(X)      \
+    X(F32, 0, f32, 4)    \
+    X(F64, 1, f64, 8)    \
+    X(S32, 2, s32, 4)    \
+    X(U32, 3, u32, 4)    \
+    X(S64, 4, s64, 8)    \
+    X(U8, 5, u8, 1)
+
+enum ec_type {
+#define EC_TYPE_ENUM(NAME, ID, ATOM, BYTES) EC_TYPE_##NAME = ID,
+    EC_TYPES(EC_TYPE_ENUM)
+#undef EC_TYPE_ENUM
+    EC_TYPE_COUNT = 6
+};
+#define EC_TYPE_BIT(NAME) (1u << EC_TYPE_##NAME)
+#define EC_FLOATS (EC_TYPE_BIT(F32) | EC_TYPE_BIT(F64))
+
+/* Shape rules: how the lengths of a job's vectors relate. `n` is the length
+ * of the first vector; m, n, k are the kernel's three 'd' arguments.
+ *   ELEMENTWISE  every vector and the output have the same length
+ *   REDUCTION    every vector has the same length; the output is one element
+ *   MATMUL       in0 is m*k, in1 is k*n, the output m*n (row-major)
+ * X(NAME, id, erlang_atom) */
+#define EC_SHAPES(X)               \
+    X(ELEMENTWISE, 0, elementwise) \
+    X(REDUCTION, 1, reduction)     \
+    X(MATMUL, 2, matmul)
+
+enum ec_shape {
+#define EC_SHAPE_ENUM(NAME, ID, ATOM) EC_SHAPE_##NAME = ID,
+    EC_SHAPES(EC_SHAPE_ENUM)
+#undef EC_SHAPE_ENUM
+    EC_SHAPE_COUNT = 3
+};
+
+/* Output rules: what the caller gets back.
+ *   VECTOR  a vector, in the form of the first vector argument (a list gives
+ *           a list, a binary a binary, {Type, Binary} gives {Type, Binary})
+ *   SCALAR  one number (an Erlang float)
+ * X(NAME, id, erlang_atom) */
+#define EC_OUTPUTS(X)      \
+    X(VECTOR, 0, vector)   \
+    X(SCALAR, 1, scalar)
+
+enum ec_output {
+#define EC_OUTPUT_ENUM(NAME, ID, ATOM) EC_OUTPUT_##NAME = ID,
+    EC_OUTPUTS(EC_OUTPUT_ENUM)
+#undef EC_OUTPUT_ENUM
+    EC_OUTPUT_COUNT = 2
+};
+
+/* Kernels: the one table. Everything about a kernel that the VM and gpud
+ * share is its row here; the NIF parses Args and builds results from it, gpud
+ * validates and coalesces by it (and generates its kernel list from this very
+ * text at build time), erlcuda:kernels/0 reports it.
+ *
+ *   X(NAME, id, erlang_atom, signature, shape, output, types, entry)
+ *
+ * signature  the Args list, one letter per argument, in order:
+ *              v  a vector (at most EC_MAX_VECTORS; all of one element type)
+ *              s  a scalar: any Erlang number, carried as an f64 in the
+ *                 descriptor's parameter area (the kernel rounds it to its
+ *                 element type)
+ *              d  a dimension: an integer in 0..2^32-1, carried as a u32
+ * shape      an EC_SHAPE_*, output an EC_OUTPUT_*
+ * types      the element types the kernel runs on (EC_TYPE_BIT mask)
+ * entry      the device code: PTX entry "<entry>_<type>" (kernels/src/<entry>.rs),
+ *            and gpud/src/ops/<erlang_atom>.rs for the host side
+ *
+ * Accumulation, the same on every backend: sums are accumulated in the
+ * element type (f32 jobs in f32, f64 jobs in f64). A reduction of n terms
+ * adds each term through at most EC_SUM_SERIAL serial additions, then a
+ * pairwise tree of depth <= 16, then at most ceil(n / EC_SUM_CHUNK) partials
+ * in sequence; a matmul output is a serial (fused) multiply-add chain over k.
+ * Tests derive their tolerance from these depths (test/erlcuda_ref.erl).
+ *
+ * Adding a kernel: one row here, gpud/src/ops/<atom>.rs, kernels/src/<entry>.rs
+ * and its f64 reference in test/erlcuda_ref.erl. */
+#define EC_KERNELS(X)                                                                 \
+    X(VECTOR_ADD, 1, vector_add, "vv", ELEMENTWISE, VECTOR, EC_FLOATS, "vector_add")   \
+    X(REDUCE, 2, reduce, "v", REDUCTION, SCALAR, EC_FLOATS, "reduce")                  \
+    X(DOT_PRODUCT, 3, dot_product, "vv", REDUCTION, SCALAR, EC_FLOATS, "dot")          \
+    X(MATMUL, 4, matmul, "vvddd", MATMUL, VECTOR, EC_FLOATS, "matmul")                 \
+    X(SAXPY, 5, saxpy, "svv", ELEMENTWISE, VECTOR, EC_FLOATS, "saxpy")
 
 enum ec_kernel {
-#define EC_KERNEL_ENUM(NAME, ID, ATOM, NIN) EC_KERNEL_##NAME = ID,
+#define EC_KERNEL_ENUM(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY) EC_KERNEL_##NAME = ID,
     EC_KERNELS(EC_KERNEL_ENUM)
 #undef EC_KERNEL_ENUM
-    EC_KERNEL_COUNT = 5 /* one past the largest id */
 };
+/* One past the largest id: ids run 1, 2, ... in row order (the probe test
+ * checks), so this counts the rows and a new row needs no other edit. */
+#define EC_KERNEL_PLUS_ONE(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY) +1
+#define EC_KERNEL_COUNT (1u EC_KERNELS(EC_KERNEL_PLUS_ONE))
+
+/* Limits of a signature: vectors (in0, in1) and the parameter area. */
+#define EC_MAX_VECTORS 2u
+#define EC_PARAM_BYTES 16u
+/* The accumulation depths stated above. */
+#define EC_SUM_SERIAL 256u
+#define EC_SUM_CHUNK 65536u
 
 /* Completion status: 0 is success, everything else names why gpud refused or
  * failed a job. X(NAME, code, erlang_atom) */
@@ -114,13 +204,14 @@ enum ec_kernel {
     X(BAD_SHAPE, 4, bad_shape)          \
     X(OVERLAP, 5, overlap)              \
     X(MISALIGNED, 6, misaligned)        \
-    X(DEVICE_ERROR, 7, device_error)
+    X(DEVICE_ERROR, 7, device_error)    \
+    X(BAD_TYPE, 8, bad_type)
 
 enum ec_status {
 #define EC_STATUS_ENUM(NAME, CODE, ATOM) EC_STATUS_##NAME = CODE,
     EC_STATUSES(EC_STATUS_ENUM)
 #undef EC_STATUS_ENUM
-    EC_STATUS_COUNT = 8
+    EC_STATUS_COUNT = 9
 };
 
 /* An arena address: segment index in the top 16 bits, byte offset inside the
@@ -129,18 +220,31 @@ enum ec_status {
 #define EC_ADDR_SEGMENT_SHIFT 48u
 #define EC_ADDR_OFFSET_MASK ((UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT) - 1)
 
-/* A submission: 64 bytes, one cache line. Lengths count f32 elements. */
+/* A submission: 64 bytes, one cache line. Lengths count elements of `type`.
+ *
+ * The parameter area `p` holds the kernel's scalar ('s') and dimension ('d')
+ * arguments, packed in signature order the way io_uring overlays per-opcode
+ * fields in its SQE: an 's' takes the next 8-aligned f64, a 'd' the next u32.
+ * saxpy ("svv"): p.scalar[0] = alpha; matmul ("vvddd"): p.dim[0..3] = m, n, k.
+ * Bytes no argument uses must be 0. */
+union ec_params {
+    uint8_t bytes[EC_PARAM_BYTES];
+    double scalar[EC_PARAM_BYTES / 8];
+    uint32_t dim[EC_PARAM_BYTES / 4];
+};
+
 struct ec_sqe {
     uint64_t user_data; /* echoed in the CQE; opaque to gpud */
-    uint32_t kernel;    /* enum ec_kernel */
-    uint32_t flags;     /* must be 0 */
-    uint64_t in0;       /* arena address of input 0 */
-    uint64_t in1;       /* arena address of input 1 (0 when unused) */
+    uint64_t in0;       /* arena address of vector argument 0 */
+    uint64_t in1;       /* arena address of vector argument 1 (0 when unused) */
     uint64_t out;       /* arena address of the output */
+    union ec_params p;
     uint32_t in0_len;
-    uint32_t in1_len;
+    uint32_t in1_len; /* 0 when the kernel takes one vector */
     uint32_t out_len;
-    uint32_t m, n, k; /* matmul: A is m x k, B is k x n, out is m x n */
+    uint16_t kernel; /* enum ec_kernel */
+    uint8_t type;    /* enum ec_type, of every vector and the output */
+    uint8_t flags;   /* EC_FLAG_*; must be 0 otherwise */
 };
 
 /* A completion: 16 bytes. */

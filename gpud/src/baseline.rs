@@ -19,8 +19,8 @@ use std::time::Instant;
 use crate::backend::{self, BackendKind, Launch};
 use crate::descriptor::validate;
 use crate::error::{Error, Result};
-use crate::layout::{Kernel, Sqe};
-use crate::testvec::{Rng, TestArena};
+use crate::layout::{ElemType, Kernel, Shape, Sqe};
+use crate::testvec::{shaped_sqe, Rng, TestArena};
 
 /// Largest `N` a request may ask for (the arena below holds 3 of them).
 const MAX_N: usize = 1 << 22;
@@ -51,26 +51,23 @@ pub fn run(kind: BackendKind, device: u32) -> Result<()> {
         stdin.read_exact(&mut req).map_err(|e| broken("stdin", e))?;
         let parsed = (req.len() == 9)
             .then(|| {
-                let k = Kernel::from_id(req[0] as u32)?;
+                let k = Kernel::from_id(u16::from(req[0]))?;
                 let n = u32::from_be_bytes(req[1..5].try_into().unwrap()) as usize;
                 let jobs = u32::from_be_bytes(req[5..9].try_into().unwrap()) as usize;
-                (k != Kernel::Matmul && n <= MAX_N).then_some((k, n, jobs))
+                (k.row().shape != Shape::Matmul && n <= MAX_N).then_some((k, n, jobs))
             })
             .flatten();
         let mut reply = Vec::new();
         if let Some((kernel, n, jobs)) = parsed {
             let (a, bv) = (rng.vec(n), rng.vec(n));
-            let out_len = if kernel == Kernel::VectorAdd { n } else { 1 };
+            let scalars: Vec<f64> = kernel.row().signature.chars().filter(|&c| c == 's').map(|_| 1.5).collect();
             let sqe = Sqe {
-                kernel: kernel.id(),
                 in0: pa,
                 in1: pb,
                 out: po,
-                in0_len: n as u32,
-                in1_len: if kernel == Kernel::Reduce { 0 } else { n as u32 },
-                out_len: out_len as u32,
-                ..Sqe::default()
+                ..shaped_sqe(kernel, ElemType::F32, n as u32, [0; 3], &scalars)
             };
+            let out_len = sqe.out_len as usize;
             let mut result = vec![0f32; out_len];
             reply.reserve(4 * jobs);
             for _ in 0..jobs {
@@ -79,12 +76,13 @@ pub fn run(kind: BackendKind, device: u32) -> Result<()> {
                 // arena; what gpud does: validate; then launch and wait; then
                 // what the NIF does again: copy the result out.
                 ta.write_at(pa, &a);
-                if kernel != Kernel::Reduce {
+                if kernel.vector_inputs() == 2 {
                     ta.write_at(pb, &bv);
                 }
                 let job = validate(&sqe, &sizes).map_err(|s| broken("job", format!("{s:?}")))?;
                 let launch = Launch {
                     kernel,
+                    ty: ElemType::F32,
                     jobs: std::slice::from_ref(&job),
                     independent: true,
                 };

@@ -1,14 +1,28 @@
-//! Coalescing: everything one drain of the SQ produced is grouped by kernel,
-//! and each group becomes one backend launch.
+//! Coalescing: everything one drain of the SQ produced is grouped by kernel
+//! and element type (one PTX entry each), and each group becomes one
+//! backend launch.
 
 use crate::descriptor::{Job, Region};
-use crate::layout::{Kernel, EC_BATCH_HIST_BUCKETS, EC_KERNEL_COUNT};
+use crate::layout::{ElemType, Kernel, EC_BATCH_HIST_BUCKETS, EC_TYPE_COUNT};
 
-/// Groups jobs by kernel, keeping submission order inside each group. The
-/// buffers are reused from drain to drain, so steady state allocates nothing.
-#[derive(Default)]
+/// Groups jobs by (kernel, type), keeping submission order inside each
+/// group. The buffers are reused from drain to drain, so steady state
+/// allocates nothing.
 pub struct Coalescer {
-    by_kernel: [Vec<Job>; EC_KERNEL_COUNT as usize],
+    /// Index `(kernel id - 1) * EC_TYPE_COUNT + type id`.
+    by_kernel: Vec<Vec<Job>>,
+}
+
+impl Default for Coalescer {
+    fn default() -> Coalescer {
+        Coalescer {
+            by_kernel: (0..Kernel::ALL.len() * EC_TYPE_COUNT as usize).map(|_| Vec::new()).collect(),
+        }
+    }
+}
+
+fn group(kernel: Kernel, ty: ElemType) -> usize {
+    (kernel.id() as usize - 1) * EC_TYPE_COUNT as usize + ty as usize
 }
 
 impl Coalescer {
@@ -23,15 +37,16 @@ impl Coalescer {
     }
 
     pub fn push(&mut self, job: Job) {
-        self.by_kernel[job.kernel().id() as usize].push(job);
+        self.by_kernel[group(job.kernel(), job.ty())].push(job);
     }
 
-    /// The non-empty groups, in kernel id order: one launch each.
-    pub fn groups(&self) -> impl Iterator<Item = (Kernel, &[Job])> + '_ {
+    /// The non-empty groups, in (kernel id, type id) order: one launch each.
+    pub fn groups(&self) -> impl Iterator<Item = (Kernel, ElemType, &[Job])> + '_ {
         Kernel::ALL
             .into_iter()
-            .map(|k| (k, self.by_kernel[k.id() as usize].as_slice()))
-            .filter(|(_, jobs)| !jobs.is_empty())
+            .flat_map(|k| ElemType::ALL.into_iter().map(move |t| (k, t)))
+            .map(|(k, t)| (k, t, self.by_kernel[group(k, t)].as_slice()))
+            .filter(|(_, _, jobs)| !jobs.is_empty())
     }
 
     pub fn len(&self) -> usize {
@@ -103,50 +118,15 @@ mod tests {
     use super::*;
     use crate::descriptor::validate;
     use crate::layout::Sqe;
+    use crate::testvec::shaped_sqe;
 
     const ARENA: u64 = 1 << 20;
 
+    /// A job of `kernel` on f32: `len` elements (a matmul: 1×len by len×1,
+    /// so its inputs hold `len` elements and its output one).
     fn job(kernel: Kernel, in0: u64, in1: u64, out: u64, len: u32) -> Job {
-        let s = match kernel {
-            Kernel::VectorAdd => Sqe {
-                in0_len: len,
-                in1_len: len,
-                out_len: len,
-                ..Sqe::default()
-            },
-            Kernel::Reduce => Sqe {
-                in0_len: len,
-                out_len: 1,
-                ..Sqe::default()
-            },
-            Kernel::DotProduct => Sqe {
-                in0_len: len,
-                in1_len: len,
-                out_len: 1,
-                ..Sqe::default()
-            },
-            Kernel::Matmul => Sqe {
-                in0_len: len,
-                in1_len: len,
-                out_len: len,
-                m: 1,
-                n: 1,
-                k: 1,
-                ..Sqe::default()
-            },
-        };
-        validate(
-            &Sqe {
-                user_data: out,
-                kernel: kernel.id(),
-                in0,
-                in1,
-                out,
-                ..s
-            },
-            ARENA,
-        )
-        .unwrap()
+        let s = shaped_sqe(kernel, ElemType::F32, len, [1, 1, len], &[2.0]);
+        validate(&Sqe { user_data: out, in0, in1, out, ..s }, ARENA).unwrap()
     }
 
     #[test]
@@ -159,7 +139,7 @@ mod tests {
         c.push(job(Kernel::VectorAdd, 0, 16, 0x500, 4));
         let g: Vec<(Kernel, Vec<u64>)> = c
             .groups()
-            .map(|(k, jobs)| (k, jobs.iter().map(Job::user_data).collect()))
+            .map(|(k, _, jobs)| (k, jobs.iter().map(Job::user_data).collect()))
             .collect();
         assert_eq!(
             g,
@@ -169,6 +149,18 @@ mod tests {
             ]
         );
         assert_eq!(c.len(), 5);
+        // Another element type is another PTX entry: another group.
+        let f64_job = shaped_sqe(Kernel::VectorAdd, ElemType::F64, 4, [0; 3], &[]);
+        c.push(validate(&Sqe { user_data: 0x600, in0: 0, in1: 32, out: 0x600, ..f64_job }, ARENA).unwrap());
+        let g: Vec<(Kernel, ElemType, usize)> = c.groups().map(|(k, t, jobs)| (k, t, jobs.len())).collect();
+        assert_eq!(
+            g,
+            vec![
+                (Kernel::VectorAdd, ElemType::F32, 3),
+                (Kernel::VectorAdd, ElemType::F64, 1),
+                (Kernel::Matmul, ElemType::F32, 2)
+            ]
+        );
         c.clear();
         assert!(c.is_empty() && c.groups().next().is_none());
     }

@@ -499,7 +499,7 @@ impl Daemon {
         self.sqes = sqes;
         self.ring.cq_publish();
 
-        // One launch per kernel.
+        // One launch per kernel and element type.
         let coalescer = std::mem::take(&mut self.coalescer);
         let result = self.submit_all(&coalescer);
         self.coalescer = coalescer;
@@ -510,10 +510,11 @@ impl Daemon {
         let drain = self.next_drain;
         self.next_drain += 1;
         let mut groups = coalescer.groups();
-        while let Some((kernel, jobs)) = groups.next() {
+        while let Some((kernel, ty, jobs)) = groups.next() {
             self.ring.stats().launches.fetch_add(1, Ordering::Relaxed);
             let launch = Launch {
                 kernel,
+                ty,
                 jobs,
                 independent: coalesce::independent(jobs),
             };
@@ -532,7 +533,7 @@ impl Daemon {
                     // Launches that did finish (the CPU backend's, say)
                     // are answered as done; everything else DEVICE_ERROR.
                     let mut ok = self.answer(jobs, Status::DeviceError);
-                    for (_, rest) in groups.by_ref() {
+                    for (_, _, rest) in groups.by_ref() {
                         ok = ok && self.answer(rest, Status::DeviceError);
                     }
                     self.ring.cq_publish();

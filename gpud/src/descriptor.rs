@@ -8,12 +8,9 @@
 //! rely on when they turn its regions into slices.
 
 use crate::layout::{
-    Kernel, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_FAULT,
-    EC_MAX_SEGMENTS,
+    ElemType, Kernel, Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_FAULT,
+    EC_MAX_SEGMENTS, EC_PARAM_BYTES,
 };
-
-/// Bytes per element: every kernel works on f32.
-pub const ELEM_BYTES: u64 = 4;
 
 /// The arena segments gpud has mapped, and their sizes: what addresses are
 /// validated against. Segment 0 is the arena inside the first memfd.
@@ -74,12 +71,13 @@ impl Sizes for &SegmentSizes {
     }
 }
 
-/// A validated run of f32 elements in one arena segment: `len` elements
-/// starting at byte `offset` of segment `seg`, with `offset % 4 == 0` and
-/// `offset + 4 * len <=` the segment's size.
+/// A validated run of elements in one arena segment: `len` elements of
+/// `elem` bytes starting at byte `offset` of segment `seg`, with
+/// `offset % elem == 0` and `offset + elem * len <=` the segment's size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Region {
     seg: u16,
+    elem: u8,
     offset: u64,
     len: u32,
 }
@@ -88,6 +86,7 @@ impl Region {
     /// The empty region; used for inputs a kernel does not read.
     pub const EMPTY: Region = Region {
         seg: 0,
+        elem: 4,
         offset: 0,
         len: 0,
     };
@@ -102,9 +101,19 @@ impl Region {
         self.offset
     }
 
-    /// Number of f32 elements.
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.len as usize
+    }
+
+    /// Bytes per element.
+    pub fn elem_bytes(&self) -> u64 {
+        u64::from(self.elem)
+    }
+
+    /// Bytes covered.
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.len) * u64::from(self.elem)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -113,7 +122,7 @@ impl Region {
 
     /// One past the last byte. Cannot overflow: checked at validation.
     pub fn end(&self) -> u64 {
-        self.offset + u64::from(self.len) * ELEM_BYTES
+        self.offset + self.bytes()
     }
 
     /// True when both regions are non-empty and share at least one byte
@@ -126,17 +135,19 @@ impl Region {
             && other.offset < self.end()
     }
 
-    /// Checks an arena address and an element count against the segments.
-    pub fn new(addr: u64, len: u32, sizes: impl Sizes) -> Result<Region, Status> {
+    /// Checks an arena address and a count of `ty` elements against the
+    /// segments.
+    pub fn new(addr: u64, len: u32, ty: ElemType, sizes: impl Sizes) -> Result<Region, Status> {
+        let elem = ty.bytes();
         let seg = (addr >> EC_ADDR_SEGMENT_SHIFT) as usize;
         // A segment gpud has not mapped names memory it does not have.
         let seg_bytes = sizes.segment_bytes(seg).ok_or(Status::OutOfBounds)?;
         let offset = addr & EC_ADDR_OFFSET_MASK;
-        if !offset.is_multiple_of(ELEM_BYTES) {
+        if !offset.is_multiple_of(elem) {
             return Err(Status::Misaligned);
         }
         let end = u64::from(len)
-            .checked_mul(ELEM_BYTES)
+            .checked_mul(elem)
             .and_then(|bytes| offset.checked_add(bytes))
             .ok_or(Status::OutOfBounds)?;
         if end > seg_bytes {
@@ -144,6 +155,7 @@ impl Region {
         }
         Ok(Region {
             seg: seg as u16,
+            elem: elem as u8,
             offset,
             len,
         })
@@ -170,16 +182,18 @@ pub fn names_unknown_segment(sqe: &Sqe, sizes: &SegmentSizes) -> bool {
 
 /// A job that passed [`validate`]. Fields are private so that only
 /// validation can make one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Job {
     user_data: u64,
     kernel: Kernel,
+    ty: ElemType,
     in0: Region,
     in1: Region,
     out: Region,
-    m: u32,
-    n: u32,
-    k: u32,
+    /// The kernel's 's' arguments in order (decoded from the parameter area).
+    scalars: [f64; EC_PARAM_BYTES / 8],
+    /// The kernel's 'd' arguments in order.
+    dims: [u32; EC_PARAM_BYTES / 4],
     /// EC_FLAG_FAULT was set (only possible with the `fault-injection` feature).
     fault: bool,
 }
@@ -191,6 +205,10 @@ impl Job {
     pub fn kernel(&self) -> Kernel {
         self.kernel
     }
+    /// The element type of every vector of the job and of its output.
+    pub fn ty(&self) -> ElemType {
+        self.ty
+    }
     pub fn in0(&self) -> Region {
         self.in0
     }
@@ -201,9 +219,20 @@ impl Job {
     pub fn out(&self) -> Region {
         self.out
     }
-    /// Matmul dimensions (A is m×k, B is k×n); zero for other kernels.
+    /// The `i`-th scalar ('s') argument.
+    pub fn scalar(&self, i: usize) -> f64 {
+        self.scalars[i]
+    }
+    /// The `i`-th dimension ('d') argument.
+    pub fn dim(&self, i: usize) -> u32 {
+        self.dims[i]
+    }
+    /// Matmul dimensions (A is m×k, B is k×n); zero for other shapes.
     pub fn dims(&self) -> (usize, usize, usize) {
-        (self.m as usize, self.n as usize, self.k as usize)
+        match self.kernel.row().shape {
+            Shape::Matmul => (self.dims[0] as usize, self.dims[1] as usize, self.dims[2] as usize),
+            _ => (0, 0, 0),
+        }
     }
     /// True when the job asks the backend to fault the device on purpose.
     /// Always false without the `fault-injection` feature.
@@ -217,10 +246,11 @@ impl Job {
     /// Elements touched; a rough measure of the work, for scheduling.
     pub fn work(&self) -> u64 {
         let base = self.in0.len as u64 + self.in1.len as u64 + self.out.len as u64;
-        match self.kernel {
+        match self.kernel.row().shape {
             // m*n*k multiply-adds; computed in u128 so that it cannot overflow.
-            Kernel::Matmul => {
-                let mnk = self.m as u128 * self.n as u128 * self.k as u128;
+            Shape::Matmul => {
+                let (m, n, k) = self.dims();
+                let mnk = m as u128 * n as u128 * k as u128;
                 base.max(mnk.min(u64::MAX as u128) as u64)
             }
             _ => base,
@@ -230,10 +260,11 @@ impl Job {
 
 /// Turns a copied submission into a job, or names what is wrong with it.
 ///
-/// Checks, in order: flags, kernel id, shape (lengths against the kernel and
-/// the matmul dimensions), each used address (segment, alignment, bounds),
-/// and finally that the output does not overlap an input. Inputs may overlap
-/// each other: reading the same region twice is harmless.
+/// Checks, in order: flags, kernel id, element type (one the kernel runs
+/// on), shape (lengths against the kernel's shape rule and dimensions), each
+/// used address (segment, alignment, bounds), and finally that the output
+/// does not overlap an input. Inputs may overlap each other: reading the
+/// same region twice is harmless.
 pub fn validate(sqe: &Sqe, sizes: impl Sizes + Copy) -> Result<Job, Status> {
     let fault = match sqe.flags {
         0 => false,
@@ -241,45 +272,49 @@ pub fn validate(sqe: &Sqe, sizes: impl Sizes + Copy) -> Result<Job, Status> {
         _ => return Err(Status::BadFlags),
     };
     let kernel = Kernel::from_id(sqe.kernel).ok_or(Status::BadKernel)?;
-    check_shape(kernel, sqe)?;
+    let row = kernel.row();
+    let ty = ElemType::from_id(sqe.ty)
+        .filter(|t| kernel.runs_on(*t))
+        .ok_or(Status::BadType)?;
+    let (scalars, dims) = sqe.p.decode(row.signature);
+    check_shape(kernel, sqe, &dims)?;
 
-    let in0 = Region::new(sqe.in0, sqe.in0_len, sizes)?;
-    // Reduce reads one vector; its in1 address is documented as unused, so
+    let in0 = Region::new(sqe.in0, sqe.in0_len, ty, sizes)?;
+    // A one-vector kernel's in1 address is documented as unused, so
     // whatever is there is ignored rather than judged.
     let in1 = match kernel.vector_inputs() {
         1 => Region::EMPTY,
-        _ => Region::new(sqe.in1, sqe.in1_len, sizes)?,
+        _ => Region::new(sqe.in1, sqe.in1_len, ty, sizes)?,
     };
-    let out = Region::new(sqe.out, sqe.out_len, sizes)?;
+    let out = Region::new(sqe.out, sqe.out_len, ty, sizes)?;
     if out.overlaps(&in0) || out.overlaps(&in1) {
         return Err(Status::Overlap);
     }
-    let (m, n, k) = match kernel {
-        Kernel::Matmul => (sqe.m, sqe.n, sqe.k),
-        _ => (0, 0, 0),
-    };
     Ok(Job {
         user_data: sqe.user_data,
         kernel,
+        ty,
         in0,
         in1,
         out,
-        m,
-        n,
-        k,
+        scalars,
+        dims,
         fault,
     })
 }
 
-fn check_shape(kernel: Kernel, s: &Sqe) -> Result<(), Status> {
-    let ok = match kernel {
-        Kernel::VectorAdd => s.in0_len == s.in1_len && s.in1_len == s.out_len,
-        Kernel::Reduce => s.in1_len == 0 && s.out_len == 1,
-        Kernel::DotProduct => s.in0_len == s.in1_len && s.out_len == 1,
-        Kernel::Matmul => {
+/// The lengths a descriptor names against the kernel's shape rule.
+fn check_shape(kernel: Kernel, s: &Sqe, dims: &[u32]) -> Result<(), Status> {
+    let two = kernel.vector_inputs() == 2;
+    // A one-vector kernel names no second length.
+    let in1_ok = |want: u32| if two { s.in1_len == want } else { s.in1_len == 0 };
+    let ok = match kernel.row().shape {
+        Shape::Elementwise => s.in0_len == s.out_len && in1_ok(s.out_len),
+        Shape::Reduction => s.out_len == 1 && in1_ok(s.in0_len),
+        Shape::Matmul => {
             // u32 × u32 always fits in u64, so these products are exact; a
             // product above u32::MAX can never equal a u32 length.
-            let (m, n, k) = (u64::from(s.m), u64::from(s.n), u64::from(s.k));
+            let (m, n, k) = (u64::from(dims[0]), u64::from(dims[1]), u64::from(dims[2]));
             m * k == u64::from(s.in0_len)
                 && k * n == u64::from(s.in1_len)
                 && m * n == u64::from(s.out_len)
@@ -295,6 +330,7 @@ fn check_shape(kernel: Kernel, s: &Sqe) -> Result<(), Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{Params, EC_KERNEL_COUNT};
 
     const ARENA: u64 = 1 << 20;
 
@@ -322,9 +358,7 @@ mod tests {
             in0_len: lens.0,
             in1_len: lens.1,
             out_len: lens.2,
-            m,
-            n,
-            k,
+            p: Params::pack("vvddd", &[], &[m, n, k]),
             ..Sqe::default()
         }
     }
@@ -370,16 +404,16 @@ mod tests {
 
     #[test]
     fn region_exactly_at_the_end_is_in_bounds() {
-        let r = Region::new(ARENA - 16, 4, ARENA).unwrap();
+        let r = Region::new(ARENA - 16, 4, ElemType::F32, ARENA).unwrap();
         assert_eq!(r.end(), ARENA);
-        assert_eq!(Region::new(ARENA - 16, 5, ARENA), Err(Status::OutOfBounds));
-        assert_eq!(Region::new(ARENA, 0, ARENA).unwrap().len(), 0);
-        assert_eq!(Region::new(ARENA + 4, 0, ARENA), Err(Status::OutOfBounds));
+        assert_eq!(Region::new(ARENA - 16, 5, ElemType::F32, ARENA), Err(Status::OutOfBounds));
+        assert_eq!(Region::new(ARENA, 0, ElemType::F32, ARENA).unwrap().len(), 0);
+        assert_eq!(Region::new(ARENA + 4, 0, ElemType::F32, ARENA), Err(Status::OutOfBounds));
     }
 
     #[test]
     fn refuses_flags() {
-        for flags in [1, 2, 0x4000_0000, 0x8000_0001, u32::MAX] {
+        for flags in [1, 2, 0x40, 0x81, u8::MAX] {
             let mut s = vadd(0, 0x100, 0x200, 4);
             s.flags = flags;
             assert_eq!(validate(&s, ARENA), Err(Status::BadFlags));
@@ -469,7 +503,7 @@ mod tests {
 
     #[test]
     fn refuses_unknown_kernels() {
-        for kernel in [0, 5, 6, 255, 0x1_0001, u32::MAX] {
+        for kernel in [0, EC_KERNEL_COUNT as u16, 255, 0x1001, u16::MAX] {
             let mut s = vadd(0, 0x100, 0x200, 4);
             s.kernel = kernel;
             assert_eq!(validate(&s, ARENA), Err(Status::BadKernel), "kernel {kernel}");
@@ -502,8 +536,8 @@ mod tests {
             validate(&vadd(0, 0x100, 0x200, 4), 0x200),
             Err(Status::OutOfBounds)
         );
-        assert_eq!(Region::new(big, u32::MAX, u64::MAX), Ok(Region { seg: 0, offset: big, len: u32::MAX }));
-        assert_eq!(Region::new(big, u32::MAX, big), Err(Status::OutOfBounds));
+        assert_eq!(Region::new(big, u32::MAX, ElemType::F32, u64::MAX), Ok(Region { seg: 0, elem: 4, offset: big, len: u32::MAX }));
+        assert_eq!(Region::new(big, u32::MAX, ElemType::F32, big), Err(Status::OutOfBounds));
     }
 
     #[test]
@@ -626,22 +660,22 @@ mod tests {
     fn every_field_extreme_at_once() {
         let s = Sqe {
             user_data: u64::MAX,
-            kernel: u32::MAX,
-            flags: u32::MAX,
+            kernel: u16::MAX,
+            ty: u8::MAX,
+            flags: u8::MAX,
             in0: u64::MAX,
             in1: u64::MAX,
             out: u64::MAX,
             in0_len: u32::MAX,
             in1_len: u32::MAX,
             out_len: u32::MAX,
-            m: u32::MAX,
-            n: u32::MAX,
-            k: u32::MAX,
+            p: Params([0xff; EC_PARAM_BYTES]),
         };
         assert_eq!(validate(&s, ARENA), Err(Status::BadFlags));
         assert_eq!(validate(&Sqe { flags: 0, ..s }, ARENA), Err(Status::BadKernel));
+        assert_eq!(validate(&Sqe { flags: 0, kernel: 1, ..s }, ARENA), Err(Status::BadType));
         for k in Kernel::ALL {
-            let r = validate(&Sqe { flags: 0, kernel: k.id(), ..s }, u64::MAX);
+            let r = validate(&Sqe { flags: 0, kernel: k.id(), ty: 0, ..s }, u64::MAX);
             assert!(r.is_err(), "{k:?} accepted an all-ones descriptor");
         }
         // Zero arena: only empty regions at offset 0 fit.
@@ -699,41 +733,31 @@ mod tests {
                 2 => 1 << 20,
                 _ => rng.next() % (1 << 24),
             };
+            let (m, n, k) = (rng.dim(), rng.dim(), rng.dim());
             let mut s = Sqe {
                 user_data: rng.next(),
-                kernel: (rng.next() % 7) as u32,
-                flags: if rng.next().is_multiple_of(16) { rng.next() as u32 } else { 0 },
+                kernel: (rng.next() % (EC_KERNEL_COUNT as u64 + 2)) as u16,
+                ty: match rng.next() % 4 {
+                    0 => rng.next() as u8,
+                    1 => (rng.next() % 8) as u8,
+                    2 => ElemType::F64.id(),
+                    _ => ElemType::F32.id(),
+                },
+                flags: if rng.next().is_multiple_of(16) { rng.next() as u8 } else { 0 },
                 in0: rng.addr(arena),
                 in1: rng.addr(arena),
                 out: rng.addr(arena),
                 in0_len: rng.len(),
                 in1_len: rng.len(),
                 out_len: rng.len(),
-                m: rng.dim(),
-                n: rng.dim(),
-                k: rng.dim(),
+                p: Params::default(),
             };
             // Make a good share of the shapes consistent so that the address
             // checks get exercised, not only the shape check.
-            match (s.kernel, rng.next() % 2) {
-                (1, 0) => {
-                    s.in1_len = s.in0_len;
-                    s.out_len = s.in0_len;
-                }
-                (2, 0) => {
-                    s.in1_len = 0;
-                    s.out_len = 1;
-                }
-                (3, 0) => {
-                    s.in1_len = s.in0_len;
-                    s.out_len = 1;
-                }
-                (4, 0) => {
-                    s.in0_len = s.m.wrapping_mul(s.k);
-                    s.in1_len = s.k.wrapping_mul(s.n);
-                    s.out_len = s.m.wrapping_mul(s.n);
-                }
-                _ => {}
+            if let (Some(kernel), 0) = (Kernel::from_id(s.kernel), rng.next() % 2) {
+                let scalars = [f64::from_bits(rng.next()), 1.5];
+                let sh = crate::testvec::shaped_sqe(kernel, ElemType::F32, s.in0_len, [m, n, k], &scalars);
+                (s.in0_len, s.in1_len, s.out_len, s.p) = (sh.in0_len, sh.in1_len, sh.out_len, sh.p);
             }
             match validate(&s, arena) {
                 Err(st) => {
@@ -743,26 +767,29 @@ mod tests {
                     accepted += 1;
                     assert!(s.flags == 0 || (s.flags == EC_FLAG_FAULT && j.fault()));
                     assert_eq!(j.kernel().id(), s.kernel);
+                    assert_eq!(j.ty().id(), s.ty);
+                    assert!(j.kernel().runs_on(j.ty()));
+                    let eb = j.ty().bytes();
                     let mut regions = vec![j.in0(), j.out()];
                     if j.kernel().vector_inputs() == 2 {
                         regions.push(j.in1());
                     }
                     for r in &regions {
-                        assert_eq!(r.offset() % 4, 0);
-                        let end = r.offset() as u128 + r.len() as u128 * 4;
+                        assert_eq!(r.offset() % eb, 0);
+                        let end = r.offset() as u128 + r.len() as u128 * eb as u128;
                         assert!(end <= arena as u128, "{s:?} -> {r:?} beyond {arena}");
                     }
                     assert!(!j.out().overlaps(&j.in0()) && !j.out().overlaps(&j.in1()));
-                    let (m, n, k) = j.dims();
-                    match j.kernel() {
-                        Kernel::VectorAdd => {
-                            assert!(j.in0().len() == j.in1().len() && j.in0().len() == j.out().len())
+                    let two = j.kernel().vector_inputs() == 2;
+                    match j.kernel().row().shape {
+                        Shape::Elementwise => {
+                            assert!(j.in0().len() == j.out().len() && (!two || j.in1().len() == j.out().len()))
                         }
-                        Kernel::Reduce => assert_eq!(j.out().len(), 1),
-                        Kernel::DotProduct => {
-                            assert!(j.in0().len() == j.in1().len() && j.out().len() == 1)
+                        Shape::Reduction => {
+                            assert!(j.out().len() == 1 && (!two || j.in0().len() == j.in1().len()))
                         }
-                        Kernel::Matmul => {
+                        Shape::Matmul => {
+                            let (m, n, k) = j.dims();
                             assert_eq!(m as u128 * k as u128, j.in0().len() as u128);
                             assert_eq!(k as u128 * n as u128, j.in1().len() as u128);
                             assert_eq!(m as u128 * n as u128, j.out().len() as u128);
@@ -779,6 +806,7 @@ mod tests {
             Status::BadShape,
             Status::Overlap,
             Status::Misaligned,
+            Status::BadType,
         ] {
             assert!(seen.contains(&st), "fuzzing never produced {st:?}");
         }

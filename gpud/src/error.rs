@@ -22,6 +22,12 @@ pub enum Error {
     /// The backend failed in a way that leaves it unusable (for CUDA: a
     /// poisoned context). gpud answers what it holds and exits on purpose.
     Device(String),
+    /// A CUDA driver call failed: the call, and the driver's own code
+    /// (kept as data: nothing matches on its text). As fatal as `Device`.
+    Driver {
+        what: &'static str,
+        err: cudarc::driver::DriverError,
+    },
 }
 
 impl Error {
@@ -36,7 +42,7 @@ impl Error {
         match self {
             Error::Handshake(_) | Error::Sys { .. } => 1,
             Error::Usage(_) | Error::NoCuda { .. } => 2,
-            Error::Device(_) => 3,
+            Error::Device(_) | Error::Driver { .. } => 3,
         }
     }
 
@@ -58,6 +64,7 @@ impl fmt::Display for Error {
             Error::Sys { what, errno } => write!(f, "{what}: {}", errno.desc()),
             Error::NoCuda { reason, detail } => write!(f, "no CUDA backend ({reason}): {detail}"),
             Error::Device(m) => write!(f, "device error: {m}"),
+            Error::Driver { what, err } => write!(f, "device error: {what}: {:?}", err.0),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 2;
+pub const EC_ABI_VERSION: u32 = 3;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -20,13 +20,20 @@ pub const EC_MAX_SEGMENTS: u32 = 64;
 pub const EC_SEGMENT_MAGIC: u64 = 0x544e_454d_4745_5343;
 /// `ec_sqe.flags`: fault the device on purpose (only a gpud built with the
 /// `fault-injection` feature accepts it; any other refuses it with BAD_FLAGS).
-pub const EC_FLAG_FAULT: u32 = 1 << 31;
+pub const EC_FLAG_FAULT: u8 = 1 << 7;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
 /// One past the largest kernel id.
-pub const EC_KERNEL_COUNT: u32 = 5;
-pub const EC_STATUS_COUNT: u32 = 8;
+pub const EC_KERNEL_COUNT: u32 = KERNEL_ROWS.len() as u32 + 1;
+pub const EC_STATUS_COUNT: u32 = 9;
+pub const EC_TYPE_COUNT: u32 = 6;
+pub const EC_SHAPE_COUNT: u32 = 3;
+pub const EC_OUTPUT_COUNT: u32 = 2;
+pub const EC_MAX_VECTORS: u32 = 2;
+pub const EC_PARAM_BYTES: usize = 16;
+pub const EC_SUM_SERIAL: u32 = 256;
+pub const EC_SUM_CHUNK: u32 = 65536;
 
 /// Puts `T` alone on its own 64-byte cache line, like `_Alignas(64)` in the
 /// header: the VM and gpud never write the same line, so neither side's
@@ -35,7 +42,8 @@ pub const EC_STATUS_COUNT: u32 = 8;
 #[derive(Debug, Default)]
 pub struct CacheLine<T>(pub T);
 
-/// `struct ec_sqe`: one submission, 64 bytes. Lengths count f32 elements.
+/// `struct ec_sqe`: one submission, 64 bytes. Lengths count elements of
+/// `type`.
 ///
 /// Plain data: gpud copies each entry out of the ring exactly once (one
 /// volatile read of the whole struct) and only ever looks at the copy, so
@@ -44,17 +52,98 @@ pub struct CacheLine<T>(pub T);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sqe {
     pub user_data: u64,
-    pub kernel: u32,
-    pub flags: u32,
     pub in0: u64,
     pub in1: u64,
     pub out: u64,
+    /// `union ec_params`: the scalar and dimension arguments packed in
+    /// signature order (see [`Params`]).
+    pub p: Params,
     pub in0_len: u32,
     pub in1_len: u32,
     pub out_len: u32,
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
+    pub kernel: u16,
+    /// An [`ElemType`] id.
+    pub ty: u8,
+    pub flags: u8,
+}
+
+/// `union ec_params`: 16 bytes, 8-aligned. An 's' argument takes the next
+/// 8-aligned f64, a 'd' argument the next u32, in signature order.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Params(pub [u8; EC_PARAM_BYTES]);
+
+impl Params {
+    /// Calls `f(letter, byte offset)` for each scalar ('s') and dimension
+    /// ('d') argument of `signature`, in order; false if they do not fit.
+    pub fn walk(signature: &str, mut f: impl FnMut(char, usize)) -> bool {
+        let mut at = 0usize;
+        for c in signature.chars() {
+            let size = match c {
+                's' => 8,
+                'd' => 4,
+                _ => continue,
+            };
+            at = at.next_multiple_of(size);
+            if at + size > EC_PARAM_BYTES {
+                return false;
+            }
+            f(c, at);
+            at += size;
+        }
+        true
+    }
+
+    /// The offsets [`Params::walk`] visits, collected (for tests and tools).
+    pub fn offsets(signature: &str) -> Option<Vec<(char, usize)>> {
+        let mut v = Vec::new();
+        Params::walk(signature, |c, at| v.push((c, at))).then_some(v)
+    }
+
+    /// The scalar and dimension arguments of a kernel with `signature`.
+    pub fn decode(&self, signature: &str) -> ([f64; EC_PARAM_BYTES / 8], [u32; EC_PARAM_BYTES / 4]) {
+        let (mut s, mut d) = ([0f64; EC_PARAM_BYTES / 8], [0u32; EC_PARAM_BYTES / 4]);
+        let (mut ns, mut nd) = (0, 0);
+        Params::walk(signature, |c, at| {
+            if c == 's' {
+                s[ns] = self.f64_at(at);
+                ns += 1;
+            } else {
+                d[nd] = self.u32_at(at);
+                nd += 1;
+            }
+        });
+        (s, d)
+    }
+
+    pub fn f64_at(&self, off: usize) -> f64 {
+        f64::from_ne_bytes(self.0[off..off + 8].try_into().unwrap())
+    }
+
+    pub fn u32_at(&self, off: usize) -> u32 {
+        u32::from_ne_bytes(self.0[off..off + 4].try_into().unwrap())
+    }
+
+    pub fn set_f64(&mut self, off: usize, v: f64) {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+
+    pub fn set_u32(&mut self, off: usize, v: u32) {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+
+    /// The area of a kernel with the given scalar and dimension arguments,
+    /// in signature order: what the NIF writes.
+    pub fn pack(signature: &str, scalars: &[f64], dims: &[u32]) -> Params {
+        let mut p = Params::default();
+        let (mut s, mut d) = (scalars.iter(), dims.iter());
+        let fits = Params::walk(signature, |c, off| match c {
+            's' => p.set_f64(off, *s.next().expect("a scalar per 's'")),
+            _ => p.set_u32(off, *d.next().expect("a dimension per 'd'")),
+        });
+        assert!(fits, "signature {signature} does not fit the parameter area");
+        p
+    }
 }
 
 /// `struct ec_cqe`: one completion, 16 bytes.
@@ -200,58 +289,140 @@ impl SegmentMsg {
     }
 }
 
-/// `enum ec_kernel` (the `EC_KERNELS` X-macro).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kernel {
-    VectorAdd = 1,
-    Reduce = 2,
-    DotProduct = 3,
-    Matmul = 4,
+include!(concat!(env!("OUT_DIR"), "/kernel_table.rs"));
+
+/// One row of the `EC_KERNELS` table: everything about a kernel that the VM
+/// and gpud share. Generated from the header by `build.rs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelRow {
+    pub kernel: Kernel,
+    /// The NAME column (`EC_KERNEL_<NAME>`).
+    pub c_name: &'static str,
+    /// The Erlang atom naming the kernel.
+    pub atom: &'static str,
+    /// One letter per argument: `v` vector, `s` scalar, `d` dimension.
+    pub signature: &'static str,
+    pub shape: Shape,
+    pub output: Output,
+    /// Bit `t` set: the kernel runs on element type `t`.
+    pub types: u32,
+    /// PTX entry prefix: the entry for type `t` is `<entry>_<t>`.
+    pub entry: &'static str,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 4] = [
-        Kernel::VectorAdd,
-        Kernel::Reduce,
-        Kernel::DotProduct,
-        Kernel::Matmul,
-    ];
-
-    pub fn from_id(id: u32) -> Option<Kernel> {
-        Kernel::ALL.into_iter().find(|k| *k as u32 == id)
+    pub fn from_id(id: u16) -> Option<Kernel> {
+        let i = usize::from(id).checked_sub(1)?;
+        KERNEL_ROWS.get(i).map(|r| r.kernel)
     }
 
-    pub fn id(self) -> u32 {
-        self as u32
+    pub fn id(self) -> u16 {
+        self as u16
     }
 
-    /// The NAME column of the X-macro (`EC_KERNEL_<NAME>`).
+    pub fn row(self) -> &'static KernelRow {
+        &KERNEL_ROWS[self as usize - 1]
+    }
+
     pub fn c_name(self) -> &'static str {
-        match self {
-            Kernel::VectorAdd => "VECTOR_ADD",
-            Kernel::Reduce => "REDUCE",
-            Kernel::DotProduct => "DOT_PRODUCT",
-            Kernel::Matmul => "MATMUL",
-        }
+        self.row().c_name
     }
 
-    /// The Erlang atom naming the kernel.
     pub fn atom(self) -> &'static str {
+        self.row().atom
+    }
+
+    /// How many vector arguments the kernel reads.
+    pub fn vector_inputs(self) -> u32 {
+        self.row().signature.chars().filter(|&c| c == 'v').count() as u32
+    }
+
+    pub fn runs_on(self, ty: ElemType) -> bool {
+        self.row().types & (1 << ty as u32) != 0
+    }
+}
+
+/// `enum ec_type` (the `EC_TYPES` X-macro): a vector's element type.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemType {
+    #[default]
+    F32 = 0,
+    F64 = 1,
+    S32 = 2,
+    U32 = 3,
+    S64 = 4,
+    U8 = 5,
+}
+
+impl ElemType {
+    pub const ALL: [ElemType; 6] =
+        [ElemType::F32, ElemType::F64, ElemType::S32, ElemType::U32, ElemType::S64, ElemType::U8];
+
+    pub fn from_id(id: u8) -> Option<ElemType> {
+        ElemType::ALL.get(usize::from(id)).copied()
+    }
+
+    pub fn id(self) -> u8 {
+        self as u8
+    }
+
+    pub fn bytes(self) -> u64 {
         match self {
-            Kernel::VectorAdd => "vector_add",
-            Kernel::Reduce => "reduce",
-            Kernel::DotProduct => "dot_product",
-            Kernel::Matmul => "matmul",
+            ElemType::U8 => 1,
+            ElemType::F32 | ElemType::S32 | ElemType::U32 => 4,
+            ElemType::F64 | ElemType::S64 => 8,
         }
     }
 
-    /// How many vector inputs the kernel reads.
-    pub fn vector_inputs(self) -> u32 {
-        match self {
-            Kernel::Reduce => 1,
-            _ => 2,
-        }
+    /// The Erlang atom, also the suffix of PTX entries.
+    pub fn atom(self) -> &'static str {
+        ["f32", "f64", "s32", "u32", "s64", "u8"][self as usize]
+    }
+
+    pub fn c_name(self) -> &'static str {
+        ["F32", "F64", "S32", "U32", "S64", "U8"][self as usize]
+    }
+}
+
+/// `enum ec_shape`: how a job's lengths relate (see the header).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    Elementwise = 0,
+    Reduction = 1,
+    Matmul = 2,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 3] = [Shape::Elementwise, Shape::Reduction, Shape::Matmul];
+
+    pub fn c_name(self) -> &'static str {
+        ["ELEMENTWISE", "REDUCTION", "MATMUL"][self as usize]
+    }
+
+    pub fn atom(self) -> &'static str {
+        ["elementwise", "reduction", "matmul"][self as usize]
+    }
+}
+
+/// `enum ec_output`: what the caller gets back.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Output {
+    Vector = 0,
+    Scalar = 1,
+}
+
+impl Output {
+    pub const ALL: [Output; 2] = [Output::Vector, Output::Scalar];
+
+    pub fn c_name(self) -> &'static str {
+        ["VECTOR", "SCALAR"][self as usize]
+    }
+
+    pub fn atom(self) -> &'static str {
+        ["vector", "scalar"][self as usize]
     }
 }
 
@@ -267,10 +438,11 @@ pub enum Status {
     Overlap = 5,
     Misaligned = 6,
     DeviceError = 7,
+    BadType = 8,
 }
 
 impl Status {
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Status::Ok,
         Status::BadKernel,
         Status::BadFlags,
@@ -279,6 +451,7 @@ impl Status {
         Status::Overlap,
         Status::Misaligned,
         Status::DeviceError,
+        Status::BadType,
     ];
 
     pub fn code(self) -> i32 {
@@ -299,6 +472,7 @@ impl Status {
             Status::Overlap => "OVERLAP",
             Status::Misaligned => "MISALIGNED",
             Status::DeviceError => "DEVICE_ERROR",
+            Status::BadType => "BAD_TYPE",
         }
     }
 
@@ -312,6 +486,7 @@ impl Status {
             Status::Overlap => "overlap",
             Status::Misaligned => "misaligned",
             Status::DeviceError => "device_error",
+            Status::BadType => "bad_type",
         }
     }
 }
@@ -345,11 +520,26 @@ mod tests {
 #define OF(S, f) P("offsetof." #S "." #f, offsetof(struct S, f)); \
                  P("sizeof." #S "." #f, sizeof(((struct S *)0)->f))
 #define C(name) P("const." #name, name)
-#define KERNEL(NAME, ID, ATOM, NIN) \
+#define KERNEL(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY) \
     P("kernel." #NAME ".id", EC_KERNEL_##NAME); \
     P("kernel." #NAME ".id_column", ID); \
     printf("kernel.%s.atom %s\n", #NAME, #ATOM); \
-    P("kernel." #NAME ".inputs", NIN);
+    printf("kernel.%s.signature %s\n", #NAME, SIG); \
+    P("kernel." #NAME ".shape", EC_SHAPE_##SHAPE); \
+    P("kernel." #NAME ".output", EC_OUTPUT_##OUTPUT); \
+    P("kernel." #NAME ".types", TYPES); \
+    printf("kernel.%s.entry %s\n", #NAME, ENTRY);
+#define TYPE(NAME, ID, ATOM, BYTES) \
+    P("type." #NAME ".id", EC_TYPE_##NAME); \
+    P("type." #NAME ".id_column", ID); \
+    printf("type.%s.atom %s\n", #NAME, #ATOM); \
+    P("type." #NAME ".bytes", BYTES);
+#define SHAPE(NAME, ID, ATOM) \
+    P("shape." #NAME ".id", EC_SHAPE_##NAME); \
+    printf("shape.%s.atom %s\n", #NAME, #ATOM);
+#define OUTPUT(NAME, ID, ATOM) \
+    P("output." #NAME ".id", EC_OUTPUT_##NAME); \
+    printf("output.%s.atom %s\n", #NAME, #ATOM);
 #define STATUS(NAME, CODE, ATOM) \
     P("status." #NAME ".code", EC_STATUS_##NAME); \
     P("status." #NAME ".code_column", CODE); \
@@ -358,10 +548,11 @@ mod tests {
 int main(void)
 {
     SZ(ec_sqe); AL(ec_sqe);
-    OF(ec_sqe, user_data); OF(ec_sqe, kernel); OF(ec_sqe, flags);
-    OF(ec_sqe, in0); OF(ec_sqe, in1); OF(ec_sqe, out);
-    OF(ec_sqe, in0_len); OF(ec_sqe, in1_len); OF(ec_sqe, out_len);
-    OF(ec_sqe, m); OF(ec_sqe, n); OF(ec_sqe, k);
+    OF(ec_sqe, user_data); OF(ec_sqe, in0); OF(ec_sqe, in1); OF(ec_sqe, out);
+    OF(ec_sqe, p); OF(ec_sqe, in0_len); OF(ec_sqe, in1_len); OF(ec_sqe, out_len);
+    OF(ec_sqe, kernel); OF(ec_sqe, type); OF(ec_sqe, flags);
+    P("sizeof.ec_params", sizeof(union ec_params));
+    P("alignof.ec_params", _Alignof(union ec_params));
 
     SZ(ec_cqe); AL(ec_cqe);
     OF(ec_cqe, user_data); OF(ec_cqe, status); OF(ec_cqe, batch);
@@ -395,12 +586,17 @@ int main(void)
     P("const.EC_ADDR_OFFSET_MASK_HI", EC_ADDR_OFFSET_MASK >> 32);
     P("const.EC_ADDR_OFFSET_MASK_LO", EC_ADDR_OFFSET_MASK & 0xffffffffu);
     C(EC_KERNEL_COUNT); C(EC_STATUS_COUNT); C(EC_MAX_SEGMENTS);
+    C(EC_TYPE_COUNT); C(EC_SHAPE_COUNT); C(EC_OUTPUT_COUNT);
+    C(EC_MAX_VECTORS); C(EC_PARAM_BYTES); C(EC_SUM_SERIAL); C(EC_SUM_CHUNK);
     P("const.EC_SEGMENT_MAGIC_HI", EC_SEGMENT_MAGIC >> 32);
     P("const.EC_SEGMENT_MAGIC_LO", EC_SEGMENT_MAGIC & 0xffffffffu);
     P("const.EC_FLAG_FAULT", (unsigned long long)EC_FLAG_FAULT);
 
     EC_KERNELS(KERNEL)
     EC_STATUSES(STATUS)
+    EC_TYPES(TYPE)
+    EC_SHAPES(SHAPE)
+    EC_OUTPUTS(OUTPUT)
     return 0;
 }
 "#;
@@ -433,17 +629,20 @@ int main(void)
         }
         sz!("ec_sqe", Sqe);
         of!("ec_sqe", Sqe, user_data, u64);
-        of!("ec_sqe", Sqe, kernel, u32);
-        of!("ec_sqe", Sqe, flags, u32);
         of!("ec_sqe", Sqe, in0, u64);
         of!("ec_sqe", Sqe, in1, u64);
         of!("ec_sqe", Sqe, out, u64);
+        of!("ec_sqe", Sqe, p, Params);
         of!("ec_sqe", Sqe, in0_len, u32);
         of!("ec_sqe", Sqe, in1_len, u32);
         of!("ec_sqe", Sqe, out_len, u32);
-        of!("ec_sqe", Sqe, m, u32);
-        of!("ec_sqe", Sqe, n, u32);
-        of!("ec_sqe", Sqe, k, u32);
+        of!("ec_sqe", Sqe, kernel, u16);
+        // The C member is `type`, a Rust keyword: ours is `ty`.
+        put("offsetof.ec_sqe.type", offset_of!(Sqe, ty).to_string());
+        put("sizeof.ec_sqe.type", "1".to_string());
+        of!("ec_sqe", Sqe, flags, u8);
+        put("sizeof.ec_params", size_of::<Params>().to_string());
+        put("alignof.ec_params", std::mem::align_of::<Params>().to_string());
 
         sz!("ec_cqe", Cqe);
         of!("ec_cqe", Cqe, user_data, u64);
@@ -517,6 +716,13 @@ int main(void)
         put("const.EC_KERNEL_COUNT", EC_KERNEL_COUNT.to_string());
         put("const.EC_STATUS_COUNT", EC_STATUS_COUNT.to_string());
         put("const.EC_MAX_SEGMENTS", EC_MAX_SEGMENTS.to_string());
+        put("const.EC_TYPE_COUNT", EC_TYPE_COUNT.to_string());
+        put("const.EC_SHAPE_COUNT", EC_SHAPE_COUNT.to_string());
+        put("const.EC_OUTPUT_COUNT", EC_OUTPUT_COUNT.to_string());
+        put("const.EC_MAX_VECTORS", EC_MAX_VECTORS.to_string());
+        put("const.EC_PARAM_BYTES", EC_PARAM_BYTES.to_string());
+        put("const.EC_SUM_SERIAL", EC_SUM_SERIAL.to_string());
+        put("const.EC_SUM_CHUNK", EC_SUM_CHUNK.to_string());
         put("const.EC_SEGMENT_MAGIC_HI", (EC_SEGMENT_MAGIC >> 32).to_string());
         put("const.EC_SEGMENT_MAGIC_LO", (EC_SEGMENT_MAGIC & 0xffff_ffff).to_string());
         put("const.EC_FLAG_FAULT", EC_FLAG_FAULT.to_string());
@@ -526,7 +732,29 @@ int main(void)
             put(&format!("{p}.id"), k.id().to_string());
             put(&format!("{p}.id_column"), k.id().to_string());
             put(&format!("{p}.atom"), k.atom().to_string());
-            put(&format!("{p}.inputs"), k.vector_inputs().to_string());
+            let r = k.row();
+            put(&format!("{p}.signature"), r.signature.to_string());
+            put(&format!("{p}.shape"), (r.shape as u8).to_string());
+            put(&format!("{p}.output"), (r.output as u8).to_string());
+            put(&format!("{p}.types"), r.types.to_string());
+            put(&format!("{p}.entry"), r.entry.to_string());
+        }
+        for t in ElemType::ALL {
+            let p = format!("type.{}", t.c_name());
+            put(&format!("{p}.id"), t.id().to_string());
+            put(&format!("{p}.id_column"), t.id().to_string());
+            put(&format!("{p}.atom"), t.atom().to_string());
+            put(&format!("{p}.bytes"), t.bytes().to_string());
+        }
+        for s in Shape::ALL {
+            let p = format!("shape.{}", s.c_name());
+            put(&format!("{p}.id"), (s as u8).to_string());
+            put(&format!("{p}.atom"), s.atom().to_string());
+        }
+        for o in Output::ALL {
+            let p = format!("output.{}", o.c_name());
+            put(&format!("{p}.id"), (o as u8).to_string());
+            put(&format!("{p}.atom"), o.atom().to_string());
         }
         for s in Status::ALL {
             let p = format!("status.{}", s.c_name());
@@ -617,11 +845,26 @@ int main(void)
     fn layout_kernel_and_status_tables_round_trip() {
         for k in Kernel::ALL {
             assert_eq!(Kernel::from_id(k.id()), Some(k));
-            assert!(k.id() < EC_KERNEL_COUNT);
+            assert!(u32::from(k.id()) < EC_KERNEL_COUNT);
         }
-        for id in [0, 5, 6, u32::MAX] {
+        for id in [0, EC_KERNEL_COUNT as u16, EC_KERNEL_COUNT as u16 + 1, u16::MAX] {
             assert_eq!(Kernel::from_id(id), None);
         }
+        for t in ElemType::ALL {
+            assert_eq!(ElemType::from_id(t.id()), Some(t));
+        }
+        assert_eq!(ElemType::from_id(EC_TYPE_COUNT as u8), None);
+        // Every signature's parameters fit the area, and vectors the SQE.
+        for r in KERNEL_ROWS {
+            assert!(Params::offsets(r.signature).is_some(), "{}", r.atom);
+            assert!(r.kernel.vector_inputs() >= 1 && r.kernel.vector_inputs() <= EC_MAX_VECTORS, "{}", r.atom);
+            assert!(r.signature.chars().all(|c| "vsd".contains(c)), "{}", r.atom);
+        }
+        assert_eq!(Params::offsets("svv"), Some(vec![('s', 0)]));
+        assert_eq!(Params::offsets("vvddd"), Some(vec![('d', 0), ('d', 4), ('d', 8)]));
+        // d at 0, s aligned up to 8, then d at 16: past the 16 bytes.
+        assert_eq!(Params::offsets("dsd"), None);
+        assert_eq!(Params::offsets("ds"), Some(vec![('d', 0), ('s', 8)]));
         for s in Status::ALL {
             assert_eq!(Status::from_code(s.code()), Some(s));
         }

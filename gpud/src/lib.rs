@@ -26,6 +26,7 @@ pub mod descriptor;
 pub mod error;
 pub mod handshake;
 pub mod layout;
+pub mod ops;
 pub mod ring;
 pub mod segment;
 pub mod testvec;

@@ -1,12 +1,17 @@
-//! Shared test vectors: one deterministic set of cases (seeded PRNG) with
-//! f64 references and tolerances, run through the [`Backend`] trait exactly
-//! as the daemon does (validate, coalesce, submit, poll). `cargo test` runs
-//! them on the CPU backend everywhere and on the CUDA backend where a driver
-//! and a device exist (skipped with a note otherwise; `ERLCUDA_REQUIRE_GPU=1`
-//! makes a missing GPU a failure).
+//! Shared test vectors: one deterministic set of cases (seeded PRNG) for
+//! every kernel of the table and every element type it runs on, with f64
+//! references (each kernel's `KernelOp::reference`) and tolerances derived
+//! from the accumulation the header states, run through the [`Backend`]
+//! trait exactly as the daemon does (validate, coalesce, submit, poll).
+//! `cargo test` runs them on the CPU backend everywhere and on the CUDA
+//! backend where a driver and a device exist (skipped with a note
+//! otherwise; `ERLCUDA_REQUIRE_GPU=1` makes a missing GPU a failure).
 //!
-//! Tolerances: `vector_add` bit-exact; `reduce`/`dot_product` within
-//! 1e-5 · Σ|terms|; `matmul` per element within 1e-5 · Σ|a||b|.
+//! Tolerance per output: `depth · u · Σ|terms|` with `u` the type's unit
+//! roundoff and `depth` the longest chain of roundings the shape allows:
+//! 2 for elementwise kernels (a product and a sum), the stated reduction
+//! depth (`EC_SUM_SERIAL + 16 + ceil(n / EC_SUM_CHUNK) + 1`), `k + 1` for a
+//! matmul. Outputs are poisoned with NaN before every run.
 //!
 //! The arena is real shared memory: two memfds mapped like the VM's (segment
 //! 0 and segment 1), so the CUDA backend registers them as in production.
@@ -25,9 +30,11 @@ use crate::coalesce::{self, Coalescer};
 use crate::descriptor::{validate, Job, SegmentSizes};
 use crate::error::{Error, Result};
 use crate::handshake::Mapping;
-use crate::layout::{Kernel, Sqe, EC_ADDR_SEGMENT_SHIFT};
+use crate::layout::{ElemType, Kernel, Params, Shape, Sqe, EC_ADDR_SEGMENT_SHIFT, EC_SUM_CHUNK, EC_SUM_SERIAL};
+use crate::ops;
 
-/// xorshift64: deterministic and dependency-free.
+/// xorshift64: deterministic and dependency-free; the one PRNG of gpud's
+/// tests and tools.
 pub struct Rng(pub u64);
 
 impl Rng {
@@ -57,10 +64,46 @@ impl Rng {
     pub fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.f()).collect()
     }
+    /// Like [`Rng::f`] with all 53 bits for f64, representable in `ty`.
+    pub fn of(&mut self, ty: ElemType) -> f64 {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let x = 2.0 * u - 1.0;
+        let x = if self.next().is_multiple_of(64) { x * 1000.0 } else { x };
+        round_to(x, ty)
+    }
+    pub fn vec_of(&mut self, n: usize, ty: ElemType) -> Vec<f64> {
+        (0..n).map(|_| self.of(ty)).collect()
+    }
+}
+
+/// `x` rounded to the nearest value of `ty` (a float type).
+pub fn round_to(x: f64, ty: ElemType) -> f64 {
+    match ty {
+        ElemType::F32 => x as f32 as f64,
+        _ => x,
+    }
+}
+
+/// The unit roundoff of a float type.
+pub fn unit_roundoff(ty: ElemType) -> f64 {
+    match ty {
+        ElemType::F32 => f64::from(f32::EPSILON) / 2.0,
+        _ => f64::EPSILON / 2.0,
+    }
+}
+
+/// The longest chain of roundings an output of `kernel` goes through, as
+/// the header states it (see the module doc).
+pub fn depth(kernel: Kernel, n: usize, k: usize) -> f64 {
+    match kernel.row().shape {
+        Shape::Elementwise => 2.0,
+        Shape::Reduction => (EC_SUM_SERIAL as usize + 16 + n.div_ceil(EC_SUM_CHUNK as usize) + 1) as f64,
+        Shape::Matmul => (k + 1) as f64,
+    }
 }
 
 /// Sizes every vector kernel is checked at.
-pub const SIZES: [usize; 6] = [0, 1, 7, 1000, 4097, (1 << 20) + 7];
+pub const SIZES: [usize; 6] = [0, 1, 7, 1023, 4097, (1 << 20) + 7];
 
 /// Ragged matmul shapes (m, n, k), zero dims included.
 pub const MATMUL_SHAPES: [(usize, usize, usize); 16] = [
@@ -81,6 +124,44 @@ pub const MATMUL_SHAPES: [(usize, usize, usize); 16] = [
     (256, 256, 64),
     (200, 300, 40),
 ];
+
+/// The descriptor of one job of `kernel` on `ty` with the lengths its shape
+/// rule asks for: `n` elements (elementwise, reduction) or the `dims`
+/// (m, n, k: matmul); scalars in signature order. Addresses are left 0.
+/// The one descriptor builder of gpud's tests.
+pub fn shaped_sqe(kernel: Kernel, ty: ElemType, n: u32, dims: [u32; 3], scalars: &[f64]) -> Sqe {
+    let two = kernel.vector_inputs() == 2;
+    let (l0, l1, lo) = match kernel.row().shape {
+        Shape::Elementwise => (n, if two { n } else { 0 }, n),
+        Shape::Reduction => (n, if two { n } else { 0 }, 1),
+        Shape::Matmul => {
+            // Wrapping: hostile tests build dimensions whose products do not
+            // fit a length on purpose.
+            let [m, nn, k] = dims;
+            (m.wrapping_mul(k), k.wrapping_mul(nn), m.wrapping_mul(nn))
+        }
+    };
+    let dims_used: &[u32] = if kernel.row().shape == Shape::Matmul { &dims } else { &[] };
+    Sqe {
+        kernel: kernel.id(),
+        ty: ty.id(),
+        in0_len: l0,
+        in1_len: l1,
+        out_len: lo,
+        p: Params::pack(kernel.row().signature, scalars, dims_used),
+        ..Sqe::default()
+    }
+}
+
+/// The descriptor of an f32 m×k by k×n matmul at the given arena addresses.
+pub fn matmul_sqe(pa: u64, pb: u64, po: u64, m: usize, n: usize, k: usize) -> Sqe {
+    Sqe {
+        in0: pa,
+        in1: pb,
+        out: po,
+        ..shaped_sqe(Kernel::Matmul, ElemType::F32, 0, [m as u32, n as u32, k as u32], &[])
+    }
+}
 
 /// Arena segments in memfds, mapped MAP_SHARED like the VM's.
 pub struct TestArena {
@@ -132,191 +213,201 @@ impl TestArena {
     /// Allocates `n` f32 in segment `seg`: 256-aligned like the NIF, or
     /// (misaligned) 4 to 12 bytes past that, to reach the kernels' scalar paths.
     pub fn alloc(&mut self, seg: usize, n: usize, misalign: u64) -> u64 {
+        self.alloc_of(seg, n, ElemType::F32, misalign)
+    }
+
+    /// Allocates `n` elements of `ty` in segment `seg`, `misalign` elements
+    /// past a 256-byte boundary.
+    pub fn alloc_of(&mut self, seg: usize, n: usize, ty: ElemType, misalign: u64) -> u64 {
         let s = &mut self.segs[seg];
-        let off = s.2 + misalign * 4;
-        s.2 = (off + n as u64 * 4).next_multiple_of(256);
+        let off = s.2 + misalign * ty.bytes();
+        s.2 = (off + n as u64 * ty.bytes()).next_multiple_of(256);
         assert!(s.2 <= s.1.len() as u64, "test arena segment {seg} too small");
         (seg as u64) << EC_ADDR_SEGMENT_SHIFT | off
     }
 
-    fn ptr(&self, addr: u64) -> *mut f32 {
+    fn ptr(&self, addr: u64) -> *mut u8 {
         let seg = (addr >> EC_ADDR_SEGMENT_SHIFT) as usize;
         let off = addr & ((1 << EC_ADDR_SEGMENT_SHIFT) - 1);
-        self.segs[seg].1.base().as_ptr().wrapping_add(off as usize).cast()
+        self.segs[seg].1.base().as_ptr().wrapping_add(off as usize)
     }
 
     pub fn write(&mut self, seg: usize, data: &[f32], misalign: u64) -> u64 {
         let addr = self.alloc(seg, data.len(), misalign);
-        // SAFETY: a freshly allocated region inside the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr(addr), data.len()) };
+        self.write_at(addr, data);
         addr
     }
 
-    /// Overwrites the region at `addr` (allocated earlier) with `data`.
+    /// Overwrites the f32 region at `addr` (allocated earlier) with `data`.
     pub fn write_at(&mut self, addr: u64, data: &[f32]) {
         // SAFETY: a region allocated inside the mapping, no launch in flight.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr(addr), data.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr(addr).cast(), data.len()) };
     }
 
     /// Copies `out.len()` floats from `addr` into `out`.
     pub fn read_into(&self, addr: u64, out: &mut [f32]) {
         // SAFETY: as for `write_at`.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr(addr), out.as_mut_ptr(), out.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(addr).cast::<f32>(), out.as_mut_ptr(), out.len()) };
     }
 
     pub fn read(&self, addr: u64, n: usize) -> Vec<f32> {
-        // SAFETY: a region inside the mapping, no launch in flight.
-        unsafe { std::slice::from_raw_parts(self.ptr(addr), n).to_vec() }
+        let mut v = vec![0f32; n];
+        self.read_into(addr, &mut v);
+        v
     }
 
-    pub fn fill(&mut self, addr: u64, n: usize, v: f32) {
-        // SAFETY: as for `read`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr(addr), n).fill(v) }
+    /// Writes `data` (values of `ty`) as elements of `ty` at a fresh region.
+    pub fn write_of(&mut self, seg: usize, data: &[f64], ty: ElemType, misalign: u64) -> u64 {
+        let addr = self.alloc_of(seg, data.len(), ty, misalign);
+        self.store(addr, data, ty);
+        addr
     }
-}
 
-/// What a case must produce.
-pub enum Check {
-    Exact(Vec<f32>),
-    /// Sum (reduce, dot): reference and Σ|terms|.
-    Sum(f64, f64),
-    /// Matmul: per-element reference and Σ|a||b|.
-    Mat(Vec<f64>, Vec<f64>),
-}
-
-pub struct Case {
-    pub name: String,
-    pub sqe: Sqe,
-    pub check: Check,
-}
-
-fn vadd_case(ta: &mut TestArena, rng: &mut Rng, name: String, n: usize, segs: [usize; 3], mis: u64) -> Case {
-    let (a, b) = (rng.vec(n), rng.vec(n));
-    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-    let (pa, pb) = (ta.write(segs[0], &a, mis), ta.write(segs[1], &b, mis));
-    let po = ta.alloc(segs[2], n, mis);
-    Case {
-        name,
-        sqe: Sqe {
-            kernel: Kernel::VectorAdd.id(),
-            in0: pa,
-            in1: pb,
-            out: po,
-            in0_len: n as u32,
-            in1_len: n as u32,
-            out_len: n as u32,
-            ..Sqe::default()
-        },
-        check: Check::Exact(want),
-    }
-}
-
-fn sum_case(ta: &mut TestArena, rng: &mut Rng, name: String, n: usize, dot: bool, alias: bool, segs: [usize; 3], mis: u64) -> Case {
-    let a = rng.vec(n);
-    let pa = ta.write(segs[0], &a, mis);
-    let (b, pb) = if !dot {
-        (Vec::new(), 0xdead_beef_dead_beef) // unused by reduce: ignored
-    } else if alias {
-        (a.clone(), pa)
-    } else {
-        let b = rng.vec(n);
-        let pb = ta.write(segs[1], &b, mis);
-        (b, pb)
-    };
-    let terms: Vec<f64> = if dot {
-        a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).collect()
-    } else {
-        a.iter().map(|&x| f64::from(x)).collect()
-    };
-    let po = ta.alloc(segs[2], 1, mis);
-    Case {
-        name,
-        sqe: Sqe {
-            kernel: if dot { Kernel::DotProduct.id() } else { Kernel::Reduce.id() },
-            in0: pa,
-            in1: pb,
-            out: po,
-            in0_len: n as u32,
-            in1_len: if dot { n as u32 } else { 0 },
-            out_len: 1,
-            ..Sqe::default()
-        },
-        check: Check::Sum(terms.iter().sum(), terms.iter().map(|t| t.abs()).sum()),
-    }
-}
-
-fn matmul_case(ta: &mut TestArena, rng: &mut Rng, name: String, (m, n, k): (usize, usize, usize), segs: [usize; 3], mis: u64) -> Case {
-    let (a, b) = (rng.vec(m * k), rng.vec(k * n));
-    let mut want = vec![0f64; m * n];
-    let mut mag = vec![0f64; m * n];
-    for i in 0..m {
-        for p in 0..k {
-            let aip = f64::from(a[i * k + p]);
-            for j in 0..n {
-                let t = aip * f64::from(b[p * n + j]);
-                want[i * n + j] += t;
-                mag[i * n + j] += t.abs();
+    /// Stores `data` as elements of `ty` at `addr`.
+    pub fn store(&mut self, addr: u64, data: &[f64], ty: ElemType) {
+        let p = self.ptr(addr);
+        for (i, &x) in data.iter().enumerate() {
+            // SAFETY: inside a region allocated for data.len() elements of ty;
+            // unaligned writes, so any misalignment is fine.
+            unsafe {
+                match ty {
+                    ElemType::F32 => p.cast::<f32>().add(i).write_unaligned(x as f32),
+                    _ => p.cast::<f64>().add(i).write_unaligned(x),
+                }
             }
         }
     }
-    let (pa, pb) = (ta.write(segs[0], &a, mis), ta.write(segs[1], &b, mis));
-    let po = ta.alloc(segs[2], m * n, mis);
+
+    /// Reads `n` elements of `ty` at `addr`, as f64.
+    pub fn load(&self, addr: u64, n: usize, ty: ElemType) -> Vec<f64> {
+        let p = self.ptr(addr);
+        // SAFETY: as for `store`.
+        (0..n)
+            .map(|i| unsafe {
+                match ty {
+                    ElemType::F32 => f64::from(p.cast::<f32>().add(i).read_unaligned()),
+                    _ => p.cast::<f64>().add(i).read_unaligned(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// One job and what it must produce: per output element the f64
+/// reference and Σ|terms| (the tolerance's scale), and the depth.
+pub struct Case {
+    pub name: String,
+    pub sqe: Sqe,
+    pub ty: ElemType,
+    pub want: Vec<(f64, f64)>,
+    pub depth: f64,
+}
+
+/// Where and how a case's vectors are placed.
+#[derive(Clone, Copy)]
+pub struct Placing {
+    /// Segment of in0, in1, out.
+    pub segs: [usize; 3],
+    /// Elements past a 256-byte boundary.
+    pub misalign: u64,
+    /// in1 names in0's region (for two-vector kernels).
+    pub alias: bool,
+}
+
+const PLAIN: Placing = Placing { segs: [0, 0, 0], misalign: 0, alias: false };
+
+/// A case of `kernel` on `ty`: random inputs (and scalars) of the lengths
+/// its shape asks for (`n`, or `dims` for a matmul), the reference from
+/// the kernel's op.
+pub fn case(ta: &mut TestArena, rng: &mut Rng, kernel: Kernel, ty: ElemType, n: usize, dims: [usize; 3], at: Placing) -> Case {
+    let nscalars = kernel.row().signature.chars().filter(|&c| c == 's').count();
+    let scalars: Vec<f64> = (0..nscalars).map(|_| rng.of(ElemType::F64)).collect();
+    let d = [dims[0] as u32, dims[1] as u32, dims[2] as u32];
+    let mut sqe = shaped_sqe(kernel, ty, n as u32, d, &scalars);
+    let a = rng.vec_of(sqe.in0_len as usize, ty);
+    sqe.in0 = ta.write_of(at.segs[0], &a, ty, at.misalign);
+    let mut ins = vec![a];
+    if kernel.vector_inputs() == 2 {
+        if at.alias {
+            sqe.in1 = sqe.in0;
+            ins.push(ins[0].clone());
+        } else {
+            let b = rng.vec_of(sqe.in1_len as usize, ty);
+            sqe.in1 = ta.write_of(at.segs[1], &b, ty, at.misalign);
+            ins.push(b);
+        }
+    } else {
+        sqe.in1 = 0xdead_beef_dead_beef; // unused: ignored
+    }
+    sqe.out = ta.alloc_of(at.segs[2], sqe.out_len as usize, ty, at.misalign);
+    let refs: Vec<&[f64]> = ins.iter().map(Vec::as_slice).collect();
+    let want = ops::op(kernel).reference(ty, &refs, &scalars, &d);
+    assert_eq!(want.len(), sqe.out_len as usize, "{kernel:?} reference length");
+    let tag = if at.misalign > 0 { " misaligned" } else if at.alias { " aliased" } else { "" };
+    let what = if kernel.row().shape == Shape::Matmul { format!("{dims:?}") } else { format!("n={n}") };
     Case {
-        name,
-        sqe: matmul_sqe(pa, pb, po, m, n, k),
-        check: Check::Mat(want, mag),
+        name: format!("{} {} {what}{tag}", kernel.atom(), ty.atom()),
+        sqe,
+        ty,
+        want,
+        depth: depth(kernel, n, dims[2]),
     }
 }
 
 /// Segment 0 and 1 sizes the cases need.
-pub const ARENA_BYTES: [u64; 2] = [96 << 20, 16 << 20];
+pub const ARENA_BYTES: [u64; 2] = [448 << 20, 64 << 20];
 
-/// The shared cases, deterministic from `seed`.
+/// The float types a kernel runs on.
+fn types_of(kernel: Kernel) -> impl Iterator<Item = ElemType> {
+    ElemType::ALL.into_iter().filter(move |t| kernel.runs_on(*t))
+}
+
+/// The shared cases, deterministic from `seed`: every kernel of the table,
+/// every type it runs on, every size (or matmul shape), aligned and not.
 pub fn build_cases(ta: &mut TestArena, seed: u64) -> Vec<Case> {
     let mut rng = Rng(seed);
     let mut cases = Vec::new();
-    for &n in &SIZES {
-        for mis in [0, 1] {
-            if mis == 1 && n > 5000 {
+    for kernel in Kernel::ALL {
+        for ty in types_of(kernel) {
+            if kernel.row().shape == Shape::Matmul {
+                for &(m, n, k) in &MATMUL_SHAPES {
+                    cases.push(case(ta, &mut rng, kernel, ty, 0, [m, n, k], PLAIN));
+                }
+                let mis = Placing { misalign: 1, ..PLAIN };
+                cases.push(case(ta, &mut rng, kernel, ty, 0, [64, 200, 33], mis));
+                cases.push(case(ta, &mut rng, kernel, ty, 0, [150, 140, 30], Placing { segs: [1, 0, 1], ..PLAIN }));
                 continue;
             }
-            let tag = if mis == 1 { " misaligned" } else { "" };
-            cases.push(vadd_case(ta, &mut rng, format!("vector_add n={n}{tag}"), n, [0, 0, 0], mis));
-            cases.push(sum_case(ta, &mut rng, format!("reduce n={n}{tag}"), n, false, false, [0, 0, 0], mis));
-            cases.push(sum_case(ta, &mut rng, format!("dot n={n}{tag}"), n, true, false, [0, 0, 0], mis));
+            for &n in &SIZES {
+                cases.push(case(ta, &mut rng, kernel, ty, n, [0; 3], PLAIN));
+                if n <= 5000 {
+                    cases.push(case(ta, &mut rng, kernel, ty, n, [0; 3], Placing { misalign: 1, ..PLAIN }));
+                }
+                if kernel.vector_inputs() == 2 {
+                    cases.push(case(ta, &mut rng, kernel, ty, n, [0; 3], Placing { alias: true, ..PLAIN }));
+                }
+            }
+            // Segment 1, alone and mixed with segment 0.
+            cases.push(case(ta, &mut rng, kernel, ty, 5000, [0; 3], Placing { segs: [1, 1, 1], ..PLAIN }));
+            cases.push(case(ta, &mut rng, kernel, ty, 200_000, [0; 3], Placing { segs: [0, 1, 0], ..PLAIN }));
         }
-        cases.push(sum_case(ta, &mut rng, format!("dot n={n} aliased"), n, true, true, [0, 0, 0], 0));
     }
-    for &shape in &MATMUL_SHAPES {
-        cases.push(matmul_case(ta, &mut rng, format!("matmul {shape:?}"), shape, [0, 0, 0], 0));
-    }
-    cases.push(matmul_case(ta, &mut rng, "matmul (64, 200, 33) misaligned".into(), (64, 200, 33), [0, 0, 0], 1));
-    // Segment 1, alone and mixed with segment 0.
-    cases.push(vadd_case(ta, &mut rng, "vector_add seg1".into(), 5000, [1, 1, 1], 0));
-    cases.push(vadd_case(ta, &mut rng, "vector_add seg0+1".into(), 70000, [0, 1, 0], 0));
-    cases.push(sum_case(ta, &mut rng, "reduce seg1 large".into(), 200_000, false, false, [1, 1, 1], 0));
-    cases.push(sum_case(ta, &mut rng, "dot seg1/0".into(), 3000, true, false, [1, 0, 1], 0));
-    cases.push(matmul_case(ta, &mut rng, "matmul seg1".into(), (150, 140, 30), [1, 0, 1], 0));
-    // A mixed batch of many jobs of every kernel.
-    for i in 0..400 {
+    // A mixed batch of many jobs of every kernel and type.
+    for _ in 0..400 {
+        let kernel = Kernel::ALL[rng.below(Kernel::ALL.len() as u64) as usize];
+        let tys: Vec<ElemType> = types_of(kernel).collect();
+        let ty = tys[rng.below(tys.len() as u64) as usize];
         let seg = |r: &mut Rng| if r.below(4) == 0 { 1 } else { 0 };
-        let segs = [seg(&mut rng), seg(&mut rng), seg(&mut rng)];
-        let mis = rng.below(3) / 2;
+        let at = Placing { segs: [seg(&mut rng), seg(&mut rng), seg(&mut rng)], misalign: rng.below(3) / 2, alias: false };
         let n = match rng.below(10) {
             0 => 0,
             1..=6 => rng.below(3000) as usize,
             _ => rng.below(90_000) as usize,
         };
-        let c = match rng.below(4) {
-            0 => vadd_case(ta, &mut rng, format!("mixed#{i} vector_add n={n}"), n, segs, mis),
-            1 => sum_case(ta, &mut rng, format!("mixed#{i} reduce n={n}"), n, false, false, segs, mis),
-            2 => sum_case(ta, &mut rng, format!("mixed#{i} dot n={n}"), n, true, false, segs, mis),
-            _ => {
-                let d = |r: &mut Rng| r.below(48) as usize;
-                let shape = (d(&mut rng), d(&mut rng), d(&mut rng));
-                matmul_case(ta, &mut rng, format!("mixed#{i} matmul {shape:?}"), shape, segs, mis)
-            }
-        };
+        let d = |r: &mut Rng| r.below(48) as usize;
+        let dims = [d(&mut rng), d(&mut rng), d(&mut rng)];
+        let mut c = case(ta, &mut rng, kernel, ty, n, dims, at);
+        c.name = format!("mixed {}", c.name);
         cases.push(c);
     }
     for (i, c) in cases.iter_mut().enumerate() {
@@ -328,41 +419,27 @@ pub fn build_cases(ta: &mut TestArena, seed: u64) -> Vec<Case> {
 /// Poisons every output with NaN.
 fn poison(ta: &mut TestArena, cases: &[Case]) {
     for c in cases {
-        ta.fill(c.sqe.out, c.sqe.out_len as usize, f32::NAN);
+        ta.store(c.sqe.out, &vec![f64::NAN; c.sqe.out_len as usize], c.ty);
     }
 }
 
 /// Checks every case's output; returns one line per failure.
 pub fn check(ta: &TestArena, cases: &[Case]) -> Vec<String> {
-    let tiny = f64::from(f32::MIN_POSITIVE);
     let mut bad = Vec::new();
     for c in cases {
-        let got = ta.read(c.sqe.out, c.sqe.out_len as usize);
-        match &c.check {
-            Check::Exact(want) => {
-                if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-                    bad.push(format!("{}: elem {i}: {} != {}", c.name, got[i], want[i]));
-                }
+        let got = ta.load(c.sqe.out, c.sqe.out_len as usize, c.ty);
+        let u = unit_roundoff(c.ty);
+        let tiny = if c.ty == ElemType::F32 { f64::from(f32::MIN_POSITIVE) } else { f64::MIN_POSITIVE };
+        if let Some(i) = (0..got.len()).find(|&i| {
+            let (want, mag) = c.want[i];
+            if mag == 0.0 {
+                got[i] != want
+            } else {
+                !((got[i] - want).abs() <= c.depth * u * mag + tiny)
             }
-            Check::Sum(want, mag) => {
-                let g = f64::from(got[0]);
-                let ok = if *mag == 0.0 { g == 0.0 } else { (g - want).abs() <= 1e-5 * mag + tiny };
-                if !ok {
-                    bad.push(format!("{}: {g} vs {want} (Σ|t| {mag})", c.name));
-                }
-            }
-            Check::Mat(want, mag) => {
-                if let Some(i) = (0..want.len()).find(|&i| {
-                    let g = f64::from(got[i]);
-                    if mag[i] == 0.0 {
-                        g != 0.0
-                    } else {
-                        !((g - want[i]).abs() <= 1e-5 * mag[i] + tiny)
-                    }
-                }) {
-                    bad.push(format!("{}: elem {i}: {} vs {} (Σ|ab| {})", c.name, got[i], want[i], mag[i]));
-                }
-            }
+        }) {
+            let (want, mag) = c.want[i];
+            bad.push(format!("{}: elem {i}: {} vs {want} (Σ|terms| {mag}, depth {})", c.name, got[i], c.depth));
         }
     }
     bad
@@ -380,10 +457,11 @@ pub fn run(backend: &mut dyn Backend, ta: &TestArena, cases: &[Case], per_launch
     }
     let arena = ta.arena();
     let mut tickets: Vec<Ticket> = Vec::new();
-    for (kernel, jobs) in co.groups() {
+    for (kernel, ty, jobs) in co.groups() {
         for chunk in jobs.chunks(per_launch.max(1)) {
             let launch = Launch {
                 kernel,
+                ty,
                 jobs: chunk,
                 independent: coalesce::independent(chunk),
             };
@@ -446,28 +524,12 @@ pub fn gpu_for_tests() -> Option<crate::backend::cuda::CudaBackend> {
     }
 }
 
-/// The descriptor of an m×k by k×n matmul at the given arena addresses.
-pub fn matmul_sqe(pa: u64, pb: u64, po: u64, m: usize, n: usize, k: usize) -> Sqe {
-    Sqe {
-        kernel: Kernel::Matmul.id(),
-        in0: pa,
-        in1: pb,
-        out: po,
-        in0_len: (m * k) as u32,
-        in1_len: (k * n) as u32,
-        out_len: (m * n) as u32,
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        ..Sqe::default()
-    }
-}
-
 /// `gpud --bench-backend`: per kernel and size, the time from submit to
 /// completion with inputs read in place (mapped) and copied to the device
 /// first (copy-in, copy-in+out), median of 15 runs after 3 warm-ups, µs.
 pub fn bench_backend(device: u32) -> Result<()> {
-    use crate::backend::cuda::{CudaBackend, Mode};
+    use crate::backend::cuda::CudaBackend;
+    use crate::ops::Placement as Mode;
     let mut b = CudaBackend::open(device)?;
     let mut ta = TestArena::new(&[1536 << 20]);
     ta.attach(&mut b)?;
@@ -478,12 +540,7 @@ pub fn bench_backend(device: u32) -> Result<()> {
     }
     let mut benches = Vec::new();
     let one = |ta: &mut TestArena, rng: &mut Rng, k: Kernel, n: usize| -> Sqe {
-        let c = match k {
-            Kernel::VectorAdd => vadd_case(ta, rng, String::new(), n, [0; 3], 0),
-            Kernel::Reduce => sum_case(ta, rng, String::new(), n, false, false, [0; 3], 0),
-            _ => sum_case(ta, rng, String::new(), n, true, false, [0; 3], 0),
-        };
-        c.sqe
+        case(ta, rng, k, ElemType::F32, n, [0; 3], PLAIN).sqe
     };
     for k in [Kernel::VectorAdd, Kernel::Reduce, Kernel::DotProduct] {
         for n in [4096usize, 1 << 16, 1 << 20, 1 << 24] {
@@ -530,6 +587,7 @@ pub fn bench_backend(device: u32) -> Result<()> {
         let kernel = jobs[0].kernel();
         let launch = Launch {
             kernel,
+            ty: jobs[0].ty(),
             jobs: &jobs,
             independent: true,
         };
@@ -547,14 +605,14 @@ pub fn bench_backend(device: u32) -> Result<()> {
             ts.sort_by(f64::total_cmp);
             cols.push(ts[ts.len() / 2]);
         }
-        let p = crate::backend::cuda::policy(kernel, &jobs[0], jobs.len());
+        let p = crate::backend::cuda::policy(&jobs[0], jobs.len());
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | {:?} |",
             bench.label, cols[0], cols[1], cols[2], p
         );
         if kernel == Kernel::Matmul && jobs.len() == 1 {
-            let j = &bench.sqes[0];
-            let flop = 2.0 * j.m as f64 * j.n as f64 * j.k as f64;
+            let (m, n, k) = jobs[0].dims();
+            let flop = 2.0 * m as f64 * n as f64 * k as f64;
             let best = cols.iter().cloned().fold(f64::INFINITY, f64::min);
             println!("|   (best mode: {:.2} TFLOP/s, transfers included) | | | | |", flop / best / 1e6);
         }
@@ -578,7 +636,7 @@ mod tests {
     /// so that both data paths are checked whatever the policy picks.
     #[test]
     fn shared_vectors_cuda() {
-        use crate::backend::cuda::Mode;
+        use crate::ops::Placement as Mode;
         for mode in [None, Some(Mode::CopyIn), Some(Mode::CopyInOut), Some(Mode::Mapped)] {
             let Some(mut b) = gpu_for_tests() else { return };
             eprintln!("testvec: cuda device {}, placement {mode:?}", b.name());
@@ -595,6 +653,12 @@ mod tests {
         assert_eq!(a.len(), b.len());
         assert!(a.iter().zip(&b).all(|(x, y)| x.sqe == y.sqe && x.name == y.name));
         assert!(a.len() > 450);
+        // Every kernel and every type it runs on is covered.
+        for k in Kernel::ALL {
+            for t in types_of(k) {
+                assert!(a.iter().any(|c| c.sqe.kernel == k.id() && c.ty == t), "{k:?} {t:?} has no case");
+            }
+        }
     }
 
     /// The context really faults: run in a child process (the fault poisons
@@ -642,19 +706,21 @@ mod tests {
         let sizes = ta.sizes();
         let good = validate(&s, &sizes).unwrap();
         // A clean launch first: the backend works.
-        crate::backend::run_to_completion(&mut b, &ta.arena(), &Launch { kernel: Kernel::VectorAdd, jobs: &[good], independent: true }).unwrap();
+        crate::backend::run_to_completion(&mut b, &ta.arena(), &Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &[good], independent: true }).unwrap();
         assert_eq!(ta.read(po, 16), vec![2.0; 16]);
         s.flags = crate::layout::EC_FLAG_FAULT;
         let bad = validate(&s, &sizes).unwrap();
         let arena = ta.arena();
-        let r = crate::backend::run_to_completion(&mut b, &arena, &Launch { kernel: Kernel::VectorAdd, jobs: &[good, bad], independent: true });
+        let r = crate::backend::run_to_completion(&mut b, &arena, &Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &[good, bad], independent: true });
         let e = r.expect_err("a faulting launch completed");
         eprintln!("fault reported as: {e}");
-        assert!(matches!(e, Error::Device(_)));
         assert_eq!(e.exit_code(), 3);
-        assert!(e.to_string().contains("ILLEGAL_ADDRESS"), "{e}");
+        assert!(
+            matches!(e, Error::Driver { err: cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS), .. }),
+            "{e}"
+        );
         // The context is gone: the next launch fails too.
-        let again = crate::backend::run_to_completion(&mut b, &arena, &Launch { kernel: Kernel::Reduce, jobs: &[], independent: true });
+        let again = crate::backend::run_to_completion(&mut b, &arena, &Launch { kernel: Kernel::Reduce, ty: ElemType::F32, jobs: &[], independent: true });
         assert!(again.is_err(), "the context survived an illegal address");
         println!("FAULT-CHILD-OK");
     }

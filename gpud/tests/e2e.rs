@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use gpud::handshake::HeaderFields;
 use gpud::layout::*;
-use gpud::testvec::matmul_sqe;
+use gpud::testvec::{matmul_sqe, shaped_sqe};
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -505,7 +505,7 @@ fn end_to_end_mixed_jobs_and_hostile_descriptors() {
     let mut rng = Rng(0x5eed);
     let mut sqes = Vec::new();
     let mut expect: HashMap<u64, Expect> = HashMap::new();
-    let mut per_kernel: HashMap<u32, u32> = HashMap::new();
+    let mut per_kernel: HashMap<u16, u32> = HashMap::new();
     let mut next_id = 1000u64;
     let mut add = |sqes: &mut Vec<Sqe>, s: Sqe, e: Expect| {
         let id = next_id;
@@ -605,8 +605,11 @@ fn end_to_end_mixed_jobs_and_hostile_descriptors() {
         (Sqe { flags: 1, ..good }, Status::BadFlags),
         (Sqe { flags: EC_FLAG_FAULT | 1, ..good }, Status::BadFlags),
         (Sqe { kernel: 0, ..good }, Status::BadKernel),
-        (Sqe { kernel: 5, ..good }, Status::BadKernel),
-        (Sqe { kernel: u32::MAX, ..good }, Status::BadKernel),
+        (Sqe { kernel: EC_KERNEL_COUNT as u16, ..good }, Status::BadKernel),
+        (Sqe { kernel: u16::MAX, ..good }, Status::BadKernel),
+        // An element type the kernel does not run on, and no type at all.
+        (Sqe { ty: ElemType::S32.id(), ..good }, Status::BadType),
+        (Sqe { ty: 200, ..good }, Status::BadType),
         (Sqe { in0: arena - 8, ..good }, Status::OutOfBounds),
         (Sqe { out: u64::MAX, ..good }, Status::OutOfBounds),
         (Sqe { in1: 1 << 48, ..good }, Status::OutOfBounds),
@@ -619,14 +622,10 @@ fn end_to_end_mixed_jobs_and_hostile_descriptors() {
         ),
         (
             Sqe {
-                kernel: Kernel::Matmul.id(),
-                m: 65536,
-                k: 65536,
-                n: 0,
-                in0_len: 0,
-                in1_len: 0,
-                out_len: 0,
-                ..good
+                in0: good.in0,
+                in1: good.in1,
+                out: good.out,
+                ..shaped_sqe(Kernel::Matmul, ElemType::F32, 0, [65536, 0, 65536], &[])
             },
             Status::BadShape,
         ),

@@ -281,3 +281,21 @@ const _: () = assert!(core::mem::size_of::<ReduceJob>() == 40);
 const _: () = assert!(core::mem::size_of::<MatmulJob>() == 48);
 const _: () = assert!(MATMUL_SMEM_BYTES == 33_280);
 const _: () = assert!(REDUCE_LARGE_CHUNK % 4 == 0 && REDUCE_SMEM_BYTES >= 4 * REDUCE_WARPS);
+
+// ------------------------------------------------------------------ saxpy (TEMP until kgen merge)
+pub const SAXPY_THREADS: u32 = 256;
+pub const SAXPY_ELEMS_PER_BLOCK: u64 = 4096;
+pub const SAXPY_MAX_GRID: u32 = 132 * 64;
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SaxpyJob { pub x: u64, pub y: u64, pub out: u64, pub len: u64, pub block_start: u64, pub alpha: f64 }
+pub fn saxpy_prepare(jobs: &mut [SaxpyJob]) -> Option<u32> {
+    let mut acc: u64 = 0;
+    for j in jobs.iter_mut() {
+        j.block_start = acc;
+        acc = acc.checked_add(div_ceil_u64(j.len, SAXPY_ELEMS_PER_BLOCK))?;
+    }
+    u32::try_from(acc).ok()
+}
+#[path = "matmul_f64_abi.rs"]
+pub mod matmul_f64_abi;

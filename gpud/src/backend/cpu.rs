@@ -1,10 +1,10 @@
-//! The CPU backend: the four kernels in plain Rust on rayon's pool.
+//! The CPU backend: every kernel's CPU path (`ops/<kernel>.rs`) on rayon's
+//! pool.
 //!
-//! Semantics every backend must match: f32 in, f32 out, IEEE NaN/Inf.
-//! `vector_add` is an f32 add (bit-exact); `reduce` and `dot_product`
-//! accumulate in f64; `matmul` accumulates each output element in f64.
-//! Results do not depend on the thread count: parallel sums combine their
-//! per-chunk partials in a fixed order.
+//! Semantics every backend must match: IEEE NaN/Inf, sums accumulated in
+//! the element type in the order `c_src/erlcuda_ring.h` states (see
+//! [`crate::ops::sum`]). Results do not depend on the thread count:
+//! parallel sums combine their per-chunk partials in a fixed order.
 
 use rayon::prelude::*;
 
@@ -13,13 +13,8 @@ use std::ptr::NonNull;
 use super::{Arena, Backend, Launch, Ticket};
 use crate::descriptor::Job;
 use crate::error::{Error, Result};
-use crate::layout::Kernel;
+use crate::ops;
 
-/// Elements per parallel chunk for the streaming kernels. Below two chunks
-/// a job runs on the calling thread: fork/join would cost more than it saves.
-const PAR_CHUNK: usize = 1 << 16;
-/// Multiply-adds above which a matmul is split by rows.
-const PAR_MATMUL_WORK: u64 = 1 << 18;
 /// Total elements in a launch above which its jobs are spread over threads.
 const PAR_BATCH_WORK: u64 = 1 << 15;
 
@@ -107,142 +102,8 @@ impl CpuBackend {
 /// the job's regions (the output must not be read or written elsewhere, and
 /// the inputs not written).
 unsafe fn run_job(arena: &Arena<'_>, job: &Job) {
-    // SAFETY: per this function's contract plus validation (the output does
-    // not overlap either input; inputs may alias each other, both shared).
-    let (a, b, out) = unsafe {
-        (
-            arena.input(job.in0()),
-            arena.input(job.in1()),
-            arena.output(job.out()),
-        )
-    };
-    match job.kernel() {
-        Kernel::VectorAdd => vector_add(a, b, out),
-        Kernel::Reduce => out[0] = reduce(a),
-        Kernel::DotProduct => out[0] = dot_product(a, b),
-        Kernel::Matmul => {
-            let (m, n, k) = job.dims();
-            matmul(a, b, out, m, n, k)
-        }
-    }
-}
-
-/// `out[i] = a[i] + b[i]` in f32.
-pub fn vector_add(a: &[f32], b: &[f32], out: &mut [f32]) {
-    assert!(a.len() == out.len() && b.len() == out.len());
-    if out.len() >= 2 * PAR_CHUNK {
-        out.par_chunks_mut(PAR_CHUNK)
-            .zip(a.par_chunks(PAR_CHUNK).zip(b.par_chunks(PAR_CHUNK)))
-            .for_each(|(o, (a, b))| add_seq(a, b, o));
-    } else {
-        add_seq(a, b, out);
-    }
-}
-
-fn add_seq(a: &[f32], b: &[f32], out: &mut [f32]) {
-    for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
-        *o = x + y;
-    }
-}
-
-/// Sum of `a`, accumulated in f64, rounded once to f32.
-pub fn reduce(a: &[f32]) -> f32 {
-    chunked(a.len(), |r| sum_seq(&a[r])) as f32
-}
-
-/// Dot product of `a` and `b`, accumulated in f64, rounded once to f32.
-pub fn dot_product(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    chunked(a.len(), |r| dot_seq(&a[r.clone()], &b[r])) as f32
-}
-
-/// Splits `0..len` into `PAR_CHUNK` pieces, evaluates `f` on each (in
-/// parallel when there are several) and adds the partials in index order,
-/// so the result is the same on any number of threads.
-fn chunked(len: usize, f: impl Fn(std::ops::Range<usize>) -> f64 + Sync) -> f64 {
-    if len < 2 * PAR_CHUNK {
-        return f(0..len);
-    }
-    let parts: Vec<f64> = (0..len.div_ceil(PAR_CHUNK))
-        .into_par_iter()
-        .map(|c| f(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(len)))
-        .collect();
-    parts.iter().sum()
-}
-
-/// Eight independent f64 lanes: lets the compiler vectorise the adds and
-/// works as a short pairwise tree for the rounding error.
-const LANES: usize = 8;
-
-fn sum_seq(a: &[f32]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let chunks = a.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (s, x) in acc.iter_mut().zip(c) {
-            *s += f64::from(*x);
-        }
-    }
-    let mut total = fold_lanes(acc);
-    for x in tail {
-        total += f64::from(*x);
-    }
-    total
-}
-
-fn dot_seq(a: &[f32], b: &[f32]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let ca = a.chunks_exact(LANES);
-    let cb = b.chunks_exact(LANES);
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..LANES {
-            acc[i] += f64::from(x[i]) * f64::from(y[i]);
-        }
-    }
-    let mut total = fold_lanes(acc);
-    for (x, y) in ta.iter().zip(tb) {
-        total += f64::from(*x) * f64::from(*y);
-    }
-    total
-}
-
-fn fold_lanes(a: [f64; LANES]) -> f64 {
-    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
-}
-
-/// Row-major `out (m×n) = a (m×k) · b (k×n)`, each row accumulated in f64.
-pub fn matmul(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize) {
-    assert!(a.len() == m * k && b.len() == k * n && out.len() == m * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    let row = |i: usize, acc: &mut Vec<f64>, orow: &mut [f32]| {
-        // i-k-j order: the inner loop streams one row of B and the
-        // accumulator row with unit stride, which vectorises.
-        acc.clear();
-        acc.resize(n, 0.0);
-        for (p, &aip) in a[i * k..(i + 1) * k].iter().enumerate() {
-            let aip = f64::from(aip);
-            for (s, &bpj) in acc.iter_mut().zip(&b[p * n..(p + 1) * n]) {
-                *s += aip * f64::from(bpj);
-            }
-        }
-        for (o, s) in orow.iter_mut().zip(acc.iter()) {
-            *o = *s as f32;
-        }
-    };
-    let work = m as u64 * n as u64 * k.max(1) as u64;
-    if work >= PAR_MATMUL_WORK && m > 1 {
-        out.par_chunks_mut(n)
-            .enumerate()
-            .for_each_init(Vec::new, |acc, (i, orow)| row(i, acc, orow));
-    } else {
-        let mut acc = Vec::with_capacity(n);
-        for (i, orow) in out.chunks_mut(n).enumerate() {
-            row(i, &mut acc, orow);
-        }
-    }
+    // SAFETY: per this function's contract.
+    unsafe { ops::op(job.kernel()).cpu(arena, job) }
 }
 
 #[cfg(test)]
@@ -250,7 +111,7 @@ mod tests {
     use super::*;
     use crate::backend::run_to_completion;
     use crate::descriptor::validate;
-    use crate::layout::Sqe;
+    use crate::layout::{ElemType, Kernel, Params, Sqe, EC_SUM_CHUNK, EC_SUM_SERIAL};
 
     struct Rng(u64);
     impl Rng {
@@ -261,8 +122,8 @@ mod tests {
             self.0
         }
         /// Uniform in [-1, 1), with the occasional larger magnitude.
-        fn f(&mut self) -> f32 {
-            let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+        fn f(&mut self) -> f64 {
+            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
             let x = 2.0 * u - 1.0;
             if self.next().is_multiple_of(64) {
                 x * 1000.0
@@ -270,62 +131,140 @@ mod tests {
                 x
             }
         }
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.f()).collect()
+        fn vec(&mut self, n: usize, ty: ElemType) -> Vec<f64> {
+            // Values representable in `ty`, so the reference sees the inputs.
+            (0..n).map(|_| round(self.f(), ty)).collect()
         }
     }
 
-    const SIZES: [usize; 6] = [0, 1, 7, 1000, 4097, (1 << 20) + 7];
+    fn round(x: f64, ty: ElemType) -> f64 {
+        if ty == ElemType::F32 { x as f32 as f64 } else { x }
+    }
+
+    /// Unit roundoff of the type.
+    fn unit(ty: ElemType) -> f64 {
+        if ty == ElemType::F32 { f64::from(f32::EPSILON) / 2.0 } else { f64::EPSILON / 2.0 }
+    }
+
+    /// Runs one job of `kernel` on `ty` through the backend and the arena:
+    /// vectors placed at 256-byte boundaries, the output poisoned with NaN.
+    fn run_one(kernel: Kernel, ty: ElemType, vecs: &[&[f64]], scalars: &[f64], dims: &[u32], out_len: usize) -> Vec<f64> {
+        let eb = ty.bytes() as usize;
+        let place = |n: usize| (n * eb).next_multiple_of(256);
+        let total = vecs.iter().map(|v| place(v.len())).sum::<usize>() + place(out_len);
+        let mut buf = vec![0f64; total / 8 + 1];
+        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len() * 8) };
+        let put = |bytes: &mut [u8], at: usize, x: f64, i: usize| match ty {
+            ElemType::F32 => bytes[at + 4 * i..at + 4 * i + 4].copy_from_slice(&(x as f32).to_ne_bytes()),
+            _ => bytes[at + 8 * i..at + 8 * i + 8].copy_from_slice(&x.to_ne_bytes()),
+        };
+        let mut addrs = Vec::new();
+        let mut at = 0;
+        for v in vecs {
+            for (i, &x) in v.iter().enumerate() {
+                put(bytes, at, x, i);
+            }
+            addrs.push(at as u64);
+            at += place(v.len());
+        }
+        let out = at;
+        for i in 0..out_len {
+            put(bytes, out, f64::NAN, i);
+        }
+        let sqe = Sqe {
+            user_data: 1,
+            kernel: kernel.id(),
+            ty: ty.id(),
+            in0: addrs[0],
+            in1: addrs.get(1).copied().unwrap_or(0),
+            out: out as u64,
+            in0_len: vecs[0].len() as u32,
+            in1_len: vecs.get(1).map_or(0, |v| v.len() as u32),
+            out_len: out_len as u32,
+            p: Params::pack(kernel.row().signature, scalars, dims),
+            ..Sqe::default()
+        };
+        let job = validate(&sqe, bytes.len() as u64).unwrap();
+        let mut backend = CpuBackend::new(0);
+        {
+            let arena = Arena::from_slice(&mut buf);
+            let launch = Launch { kernel, ty, jobs: &[job], independent: true };
+            run_to_completion(&mut backend, &arena, &launch).unwrap();
+        }
+        let bytes: &[u8] = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), buf.len() * 8) };
+        (0..out_len)
+            .map(|i| match ty {
+                ElemType::F32 => f64::from(f32::from_ne_bytes(bytes[out + 4 * i..out + 4 * i + 4].try_into().unwrap())),
+                _ => f64::from_ne_bytes(bytes[out + 8 * i..out + 8 * i + 8].try_into().unwrap()),
+            })
+            .collect()
+    }
+
+    const SIZES: [usize; 6] = [0, 1, 7, 1023, 4097, (1 << 20) + 7];
+    const FLOATS: [ElemType; 2] = [ElemType::F32, ElemType::F64];
+
+    /// The stated reduction depth (erlcuda_ring.h): serial runs, a pairwise
+    /// tree, the chunks' partials in sequence, and the final rounding.
+    fn sum_depth(n: usize) -> f64 {
+        (EC_SUM_SERIAL + 16 + (n as u32).div_ceil(EC_SUM_CHUNK) + 1) as f64
+    }
 
     #[test]
-    fn vector_add_is_bit_exact() {
+    fn elementwise_kernels_match_the_f64_reference() {
         let mut rng = Rng(1);
-        for n in SIZES {
-            let (a, b) = (rng.vec(n), rng.vec(n));
-            let mut out = vec![f32::NAN; n];
-            vector_add(&a, &b, &mut out);
-            for i in 0..n {
-                assert_eq!(out[i].to_bits(), (a[i] + b[i]).to_bits(), "n={n} i={i}");
+        for ty in FLOATS {
+            for n in SIZES {
+                let (a, b) = (rng.vec(n, ty), rng.vec(n, ty));
+                let out = run_one(Kernel::VectorAdd, ty, &[&a, &b], &[], &[], n);
+                for i in 0..n {
+                    // One rounding of the exact sum: bit-exact.
+                    assert_eq!(out[i], round(a[i] + b[i], ty), "{ty:?} n={n} i={i}");
+                }
+                let alpha = rng.f();
+                let out = run_one(Kernel::Saxpy, ty, &[&a, &b], &[alpha], &[], n);
+                let al = round(alpha, ty);
+                for i in 0..n {
+                    let exact = al * a[i] + b[i];
+                    let tol = 2.0 * unit(ty) * ((al * a[i]).abs() + b[i].abs());
+                    assert!((out[i] - exact).abs() <= tol, "saxpy {ty:?} n={n} i={i}: {} vs {exact}", out[i]);
+                }
             }
         }
     }
 
     #[test]
-    fn reduce_and_dot_match_f64_reference() {
+    fn reductions_match_the_f64_reference_within_the_stated_depth() {
         let mut rng = Rng(2);
-        for n in SIZES {
-            let (a, b) = (rng.vec(n), rng.vec(n));
-            let exact: f64 = a.iter().map(|&x| f64::from(x)).sum();
-            let mag: f64 = a.iter().map(|&x| f64::from(x).abs()).sum();
-            let got = reduce(&a);
-            assert!(
-                (f64::from(got) - exact).abs() <= 1e-5 * mag + f64::from(f32::MIN_POSITIVE),
-                "reduce n={n}: {got} vs {exact}"
-            );
-            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
-            let mag: f64 = a.iter().zip(&b).map(|(&x, &y)| (f64::from(x) * f64::from(y)).abs()).sum();
-            let got = dot_product(&a, &b);
-            assert!(
-                (f64::from(got) - exact).abs() <= 1e-5 * mag + f64::from(f32::MIN_POSITIVE),
-                "dot n={n}: {got} vs {exact}"
-            );
+        for ty in FLOATS {
+            for n in SIZES {
+                let (a, b) = (rng.vec(n, ty), rng.vec(n, ty));
+                let tol = |mag: f64| sum_depth(n) * unit(ty) * mag + f64::MIN_POSITIVE;
+                let got = run_one(Kernel::Reduce, ty, &[&a], &[], &[], 1)[0];
+                let exact: f64 = a.iter().sum();
+                let mag: f64 = a.iter().map(|x| x.abs()).sum();
+                assert!((got - exact).abs() <= tol(mag), "reduce {ty:?} n={n}: {got} vs {exact}");
+                let got = run_one(Kernel::DotProduct, ty, &[&a, &b], &[], &[], 1)[0];
+                let exact: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+                let mag: f64 = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum();
+                assert!((got - exact).abs() <= tol(mag), "dot {ty:?} n={n}: {got} vs {exact}");
+                if n == 0 {
+                    assert_eq!(got.to_bits(), 0f64.to_bits());
+                }
+            }
         }
-        assert_eq!(reduce(&[]).to_bits(), 0.0f32.to_bits());
-        assert_eq!(dot_product(&[], &[]).to_bits(), 0.0f32.to_bits());
     }
 
     #[test]
     fn sums_do_not_depend_on_threads() {
         let mut rng = Rng(3);
-        let a = rng.vec(5 * PAR_CHUNK + 3);
+        let a: Vec<f32> = rng.vec(5 * ops::PAR_CHUNK + 3, ElemType::F32).iter().map(|&x| x as f32).collect();
+        let sum = || ops::sum::<f32>(a.len(), |i| a[i]);
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let one = pool.install(|| (reduce(&a), dot_product(&a, &a)));
-        assert_eq!(one.0.to_bits(), reduce(&a).to_bits());
-        assert_eq!(one.1.to_bits(), dot_product(&a, &a).to_bits());
+        assert_eq!(pool.install(sum).to_bits(), sum().to_bits());
     }
 
     #[test]
-    fn matmul_matches_f64_reference() {
+    fn matmul_matches_the_f64_reference() {
         let mut rng = Rng(4);
         let shapes = [
             (0, 0, 0),
@@ -337,30 +276,28 @@ mod tests {
             (7, 1, 5),
             (5, 9, 13),
             (33, 17, 65),
-            (64, 64, 64),
             (130, 70, 33),
             (1, 1000, 300),
         ];
-        for (m, n, k) in shapes {
-            let (a, b) = (rng.vec(m * k), rng.vec(k * n));
-            let mut out = vec![f32::NAN; m * n];
-            matmul(&a, &b, &mut out, m, n, k);
-            for i in 0..m {
-                for j in 0..n {
-                    let mut exact = 0f64;
-                    let mut mag = 0f64;
-                    for p in 0..k {
-                        let t = f64::from(a[i * k + p]) * f64::from(b[p * n + j]);
-                        exact += t;
-                        mag += t.abs();
-                    }
-                    let got = f64::from(out[i * n + j]);
-                    assert!(
-                        (got - exact).abs() <= 1e-5 * mag + f64::from(f32::MIN_POSITIVE),
-                        "matmul {m}x{n}x{k} [{i},{j}]: {got} vs {exact}"
-                    );
-                    if k == 0 {
-                        assert_eq!(got.to_bits(), 0f64.to_bits());
+        for ty in FLOATS {
+            for (m, n, k) in shapes {
+                let (a, b) = (rng.vec(m * k, ty), rng.vec(k * n, ty));
+                let out = run_one(Kernel::Matmul, ty, &[&a, &b], &[], &[m as u32, n as u32, k as u32], m * n);
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut mag) = (0f64, 0f64);
+                        for p in 0..k {
+                            let t = a[i * k + p] * b[p * n + j];
+                            exact += t;
+                            mag += t.abs();
+                        }
+                        let got = out[i * n + j];
+                        // A serial chain of k multiply-adds, then nothing.
+                        let tol = (k as f64 + 1.0) * unit(ty) * mag + f64::MIN_POSITIVE;
+                        assert!((got - exact).abs() <= tol, "matmul {ty:?} {m}x{n}x{k} [{i},{j}]: {got} vs {exact}");
+                        if k == 0 {
+                            assert_eq!(got.to_bits(), 0f64.to_bits());
+                        }
                     }
                 }
             }
@@ -369,30 +306,31 @@ mod tests {
 
     #[test]
     fn ieee_specials_propagate() {
-        let a = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0];
-        let b = [1.0, 1.0, f32::INFINITY, f32::MAX];
-        let mut out = [0.0; 4];
-        vector_add(&a, &b, &mut out);
-        assert!(out[0].is_nan() && out[1] == f32::INFINITY && out[2].is_nan());
-        assert_eq!(out[3], f32::MAX);
-        assert!(reduce(&a).is_nan());
-        assert_eq!(reduce(&[f32::INFINITY, 1.0]), f32::INFINITY);
-        // The f64 accumulator does not overflow where f32 would, but the
-        // rounded result does.
-        assert_eq!(reduce(&[f32::MAX, f32::MAX]), f32::INFINITY);
-        assert_eq!(reduce(&[f32::MAX, f32::MAX, -f32::MAX]), f32::MAX);
-        assert!(dot_product(&[0.0], &[f32::INFINITY]).is_nan());
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
+        let f32max = f64::from(f32::MAX);
+        let out = run_one(Kernel::VectorAdd, ElemType::F32, &[&[nan, inf, -inf, 1.0], &[1.0, 1.0, inf, f32max]], &[], &[], 4);
+        assert!(out[0].is_nan() && out[1] == inf && out[2].is_nan());
+        assert_eq!(out[3], f32max);
+        let reduce = |ty, a: &[f64]| run_one(Kernel::Reduce, ty, &[a], &[], &[], 1)[0];
+        assert!(reduce(ElemType::F32, &[nan, inf, -inf, 1.0]).is_nan());
+        assert_eq!(reduce(ElemType::F32, &[inf, 1.0]), inf);
+        // Accumulated in f32: f32 overflows where f64 would not.
+        assert_eq!(reduce(ElemType::F32, &[f32max, f32max, -f32max]), inf);
+        assert_eq!(reduce(ElemType::F64, &[f32max, f32max, -f32max]), f32max);
+        assert!(run_one(Kernel::DotProduct, ElemType::F64, &[&[0.0], &[inf]], &[], &[], 1)[0].is_nan());
+        assert!(run_one(Kernel::Saxpy, ElemType::F32, &[&[1.0], &[1.0]], &[nan], &[], 1)[0].is_nan());
     }
 
     #[test]
     fn backend_runs_a_mixed_launch_through_the_arena() {
         let mut rng = Rng(5);
-        let mut buf = vec![0f32; 1 << 16];
-        for x in buf.iter_mut() {
-            *x = rng.f();
+        let mut buf = vec![0f64; 1 << 15];
+        let arena_bytes = (buf.len() * 8) as u64;
+        let floats: &mut [f32] = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len() * 2) };
+        for x in floats.iter_mut() {
+            *x = rng.f() as f32;
         }
-        let snapshot = buf.clone();
-        let arena_bytes = (buf.len() * 4) as u64;
+        let snapshot = floats.to_vec();
         let sqe = |i: u64| Sqe {
             user_data: i,
             kernel: Kernel::VectorAdd.id(),
@@ -410,19 +348,16 @@ mod tests {
         {
             let arena = Arena::from_slice(&mut buf);
             for independent in [false, true] {
-                let launch = Launch {
-                    kernel: Kernel::VectorAdd,
-                    jobs: &jobs,
-                    independent,
-                };
+                let launch = Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &jobs, independent };
                 run_to_completion(&mut backend, &arena, &launch).unwrap();
             }
         }
         assert_eq!(backend.in_flight(), 0);
+        let floats: &[f32] = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), buf.len() * 2) };
         for i in 0..100usize {
             for e in 0..4 {
                 let want = snapshot[i * 16 + e] + snapshot[i * 16 + 4 + e];
-                assert_eq!(buf[0x20000 / 4 + i * 4 + e], want);
+                assert_eq!(floats[0x20000 / 4 + i * 4 + e], want);
             }
         }
     }
@@ -432,7 +367,9 @@ mod tests {
     #[cfg(feature = "fault-injection")]
     #[test]
     fn fault_flag_is_a_device_error() {
-        let mut buf = vec![1f32; 64];
+        let mut buf = vec![1f64; 32];
+        let floats: &mut [f32] = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), 64) };
+        floats.fill(1.0);
         let mut s = Sqe {
             user_data: 1,
             kernel: Kernel::VectorAdd.id(),
@@ -450,14 +387,10 @@ mod tests {
         let mut backend = CpuBackend::new(0);
         let arena = Arena::from_slice(&mut buf);
         let jobs = [good, bad];
-        let launch = Launch {
-            kernel: Kernel::VectorAdd,
-            jobs: &jobs,
-            independent: false,
-        };
+        let launch = Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &jobs, independent: false };
         let e = backend.submit(&arena, &launch).unwrap_err();
         assert!(matches!(e, Error::Device(_)), "{e}");
         assert_eq!(e.exit_code(), 3);
-        assert_eq!(unsafe { arena.input(good.out()) }, &[1.0; 4], "a faulting launch ran anyway");
+        assert_eq!(unsafe { arena.input::<f32>(good.out()) }, &[1.0; 4], "a faulting launch ran anyway");
     }
 }

@@ -42,19 +42,26 @@ use std::time::Instant;
 use cudarc::driver::sys::{self, CUresult};
 
 use super::{Arena, Backend, Launch, Ticket};
-use crate::descriptor::Job;
+use crate::descriptor::{Job, Region};
 use crate::error::{Error, Result};
-use crate::layout::{Kernel, EC_MAX_SEGMENTS};
+use crate::layout::{ElemType, Kernel, EC_MAX_SEGMENTS, EC_TYPE_COUNT, KERNEL_ROWS};
+use crate::ops::{self, DevPtrs, DeviceLaunch, Placement};
 
-// The kernels' ABI, shared verbatim with the device code.
-#[path = "../../../kernels/src/abi.rs"]
-#[allow(clippy::all)]
-mod abi;
-
+/// The kernels built for sm_70 (any GPU of compute capability >= 7.0 JITs
+/// them), and the same kernels built for sm_80 with the instructions only
+/// sm_80+ has (f64 tensor-core matmul): gpud loads the second where the GPU
+/// can run it.
 #[cfg(not(erlcuda_no_ptx))]
 const PTX: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/erlcuda_kernels.ptx")));
+#[cfg(not(erlcuda_no_ptx))]
+const PTX_SM80: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/erlcuda_kernels_sm80.ptx")));
 #[cfg(erlcuda_no_ptx)]
 const PTX: Option<&str> = None;
+#[cfg(erlcuda_no_ptx)]
+const PTX_SM80: Option<&str> = None;
+
+/// Dynamic shared memory a launch may use without opting in per function.
+const SMEM_DEFAULT_MAX: u32 = 48 * 1024;
 
 /// Where a deliberately faulting job points (fault-injection builds only):
 /// nothing is ever mapped at device address 8.
@@ -82,12 +89,9 @@ fn no_cuda(reason: &'static str, detail: impl Into<String>) -> Error {
     }
 }
 
-fn ck(r: CUresult, what: &str) -> Result<()> {
-    if r == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Device(format!("{what}: {r:?}")))
-    }
+/// A driver call's result as data (cudarc's `DriverError`), named by the call.
+fn ck(r: CUresult, what: &'static str) -> Result<()> {
+    r.result().map_err(|err| Error::Driver { what, err })
 }
 
 /// Loads the driver and counts devices. The reasons are the `error <reason>`
@@ -129,19 +133,8 @@ pub fn probe() -> Result<u32> {
     driver_devices()
 }
 
-/// How a job's data reaches the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// The kernel reads and writes the arena through its device mapping.
-    Mapped,
-    /// Inputs copied to device scratch (async, from the registered arena);
-    /// the kernel writes its output straight into the mapped arena.
-    CopyIn,
-    /// Inputs copied in, output computed in device scratch and copied back.
-    CopyInOut,
-}
-
-/// Input placement per kernel, size and batch.
+/// Input placement per kernel, size and batch: each kernel's
+/// `KernelOp::placement` (in `ops/`), from these measurements.
 ///
 /// MEASURED on the H200 (driver 580.159.04, PCIe host link), `gpud
 /// --bench-backend`: wall time of one launch from `submit` to its event,
@@ -192,40 +185,9 @@ pub enum Mode {
 /// - matmul: inputs are re-read once per 128-wide tile, so copy once there
 ///   is reuse and real work: >= 2^25 multiply-adds (512^3: 140 vs 224 µs,
 ///   2048^3: 8x); up to 256^3 mapped wins (56 vs 63 µs).
-pub fn policy(kernel: Kernel, job: &Job, njobs: usize) -> Mode {
-    match kernel {
-        Kernel::VectorAdd => Mode::Mapped,
-        Kernel::Reduce | Kernel::DotProduct => {
-            let n = job.in0().len() as u64;
-            let lone_medium = njobs <= SUM_COPY_MAX_JOBS
-                && n >= SUM_COPY_MIN_MEDIUM
-                && abi::reduce_strategy(n) == abi::ReduceStrategy::Medium;
-            if lone_medium || n >= SUM_COPY_MIN_LARGE {
-                Mode::CopyIn
-            } else {
-                Mode::Mapped
-            }
-        }
-        Kernel::Matmul => {
-            let (m, n, k) = job.dims();
-            let reuse = m > abi::MATMUL_BM as usize || n > abi::MATMUL_BN as usize;
-            if reuse && (m as u64) * (n as u64) * (k as u64) >= MATMUL_COPY_MIN_WORK {
-                Mode::CopyIn
-            } else {
-                Mode::Mapped
-            }
-        }
-    }
+pub fn policy(job: &Job, njobs: usize) -> Placement {
+    ops::op(job.kernel()).placement(job, njobs)
 }
-
-/// Multiply-adds from which a matmul with tile reuse copies its inputs.
-const MATMUL_COPY_MIN_WORK: u64 = 1 << 25;
-/// Reduce/dot: medium jobs of at least this many elements are copied when
-/// the launch has at most `SUM_COPY_MAX_JOBS` jobs.
-const SUM_COPY_MIN_MEDIUM: u64 = 1 << 14;
-const SUM_COPY_MAX_JOBS: usize = 8;
-/// Reduce/dot jobs from this many elements are always copied.
-const SUM_COPY_MIN_LARGE: u64 = 1 << 22;
 
 struct Segment {
     /// Registered range (page-aligned around the segment).
@@ -346,14 +308,6 @@ impl Slot {
     }
 }
 
-/// Device pointers of one job, after the placement decision.
-#[derive(Clone, Copy)]
-struct Ptrs {
-    a: u64,
-    b: u64,
-    out: u64,
-}
-
 /// A copy to enqueue: host arena <-> device scratch.
 struct Copy {
     host: *mut u8,
@@ -364,10 +318,7 @@ struct Copy {
 /// One kernel launch of a (possibly split) batch.
 struct Chunk {
     table_off: usize,
-    njobs: u32,
-    /// vadd / matmul: total blocks; reduce: the plan.
-    total: u32,
-    plan: abi::ReducePlan,
+    launch: DeviceLaunch,
 }
 
 pub struct CudaBackend {
@@ -376,21 +327,26 @@ pub struct CudaBackend {
     ctx: sys::CUcontext,
     cu_dev: sys::CUdevice,
     module: sys::CUmodule,
-    funcs: [sys::CUfunction; 4],
-    streams: [sys::CUstream; 4],
+    /// `funcs[kernel id - 1][type id]`: the entry `<entry>_<type>` of every
+    /// type the kernel's row lists (null for the others).
+    funcs: Vec<[sys::CUfunction; EC_TYPE_COUNT as usize]>,
+    /// Dynamic shared memory each function was opened up to (beyond 48 KiB).
+    smem_max: Vec<[u32; EC_TYPE_COUNT as usize]>,
+    /// One stream per kernel: launches of different kernels overlap.
+    streams: Vec<sys::CUstream>,
     segs: Vec<Option<Segment>>,
     slots: Vec<Slot>,
     next_ticket: Ticket,
     busy: usize,
     /// Benchmarks force a placement for every job.
-    force_mode: Option<Mode>,
+    force_mode: Option<Placement>,
     // Reused per launch.
     bytes: Vec<u8>,
-    ptrs: Vec<Ptrs>,
+    ptrs: Vec<DevPtrs>,
     copies_in: Vec<Copy>,
     copies_out: Vec<Copy>,
     chunks: Vec<Chunk>,
-    zero_dev: Vec<u64>,
+    zero_dev: Vec<(u64, usize)>,
 }
 
 fn kidx(k: Kernel) -> usize {
@@ -445,20 +401,25 @@ impl CudaBackend {
             let mut ctx = ptr::null_mut();
             setup("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
             setup("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
-            let ptx = CString::new(PTX.unwrap_or_default()).map_err(|_| no_cuda("no_cuda_backend", "PTX holds a NUL"))?;
+            let sm80 = major >= 8 && PTX_SM80.is_some();
+            let src = if sm80 { PTX_SM80 } else { PTX };
+            let ptx = CString::new(src.unwrap_or_default()).map_err(|_| no_cuda("no_cuda_backend", "PTX holds a NUL"))?;
             let t = Instant::now();
             let mut module = ptr::null_mut();
             setup("cuModuleLoadData", sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()))?;
             let jit_ms = t.elapsed().as_secs_f64() * 1e3;
-            let mut funcs = [ptr::null_mut(); 4];
-            for (i, name) in [abi::ENTRY_VECTOR_ADD, abi::ENTRY_REDUCE, abi::ENTRY_DOT, abi::MATMUL_ENTRY]
-                .into_iter()
-                .enumerate()
-            {
-                let c = CString::new(name).unwrap();
-                setup("cuModuleGetFunction", sys::cuModuleGetFunction(&mut funcs[i], module, c.as_ptr()))?;
+            let mut funcs = vec![[ptr::null_mut(); EC_TYPE_COUNT as usize]; KERNEL_ROWS.len()];
+            for (row, fs) in KERNEL_ROWS.iter().zip(&mut funcs) {
+                for ty in ElemType::ALL.into_iter().filter(|t| row.kernel.runs_on(*t)) {
+                    let name = format!("{}_{}", row.entry, ty.atom());
+                    let c = CString::new(name.as_str()).unwrap();
+                    let r = sys::cuModuleGetFunction(&mut fs[ty as usize], module, c.as_ptr());
+                    if r != CUresult::CUDA_SUCCESS {
+                        return Err(no_cuda("cuda_setup_failed", format!("kernel entry {name}: {r:?}")));
+                    }
+                }
             }
-            let mut streams = [ptr::null_mut(); 4];
+            let mut streams = vec![ptr::null_mut(); KERNEL_ROWS.len()];
             for s in &mut streams {
                 setup(
                     "cuStreamCreate",
@@ -466,9 +427,10 @@ impl CudaBackend {
                 )?;
             }
             eprintln!(
-                "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, PTX JIT {jit_ms:.0} ms",
+                "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, PTX ({}) JIT {jit_ms:.0} ms",
                 drv / 1000,
-                drv % 1000 / 10
+                drv % 1000 / 10,
+                if sm80 { "sm_80" } else { "sm_70" }
             );
             Ok(CudaBackend {
                 device,
@@ -476,6 +438,7 @@ impl CudaBackend {
                 ctx,
                 cu_dev: dev,
                 module,
+                smem_max: vec![[SMEM_DEFAULT_MAX; EC_TYPE_COUNT as usize]; funcs.len()],
                 funcs,
                 streams,
                 segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
@@ -494,11 +457,11 @@ impl CudaBackend {
     }
 
     /// Benchmarks: place every job's data this way (None: [`policy`]).
-    pub fn force_mode(&mut self, mode: Option<Mode>) {
+    pub fn force_mode(&mut self, mode: Option<Placement>) {
         self.force_mode = mode;
     }
 
-    fn dev_ptr(&self, r: crate::descriptor::Region) -> Result<u64> {
+    fn dev_ptr(&self, r: Region) -> Result<u64> {
         if r.is_empty() {
             // Never dereferenced; any valid-looking address will do.
             return Ok(self.segs[r.segment()].as_ref().map_or(0, |s| s.dev));
@@ -520,55 +483,41 @@ impl CudaBackend {
         Ok(self.slots.len() - 1)
     }
 
-    /// Blocks of one job in its kernel's grid (for splitting huge batches).
-    fn job_blocks(kernel: Kernel, j: &Job) -> u64 {
-        match kernel {
-            Kernel::VectorAdd => abi::vadd_blocks(j.out().len() as u64),
-            Kernel::Reduce | Kernel::DotProduct => {
-                abi::div_ceil_u64(j.in0().len() as u64, abi::REDUCE_LARGE_CHUNK).max(1)
-            }
-            Kernel::Matmul => {
-                let (m, n, _) = j.dims();
-                abi::matmul_tiles(m as u32, n as u32)
-            }
-        }
-    }
-
     fn submit_inner(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
         let kernel = launch.kernel;
+        let op = ops::op(kernel);
         let jobs = launch.jobs;
         let slot_i = self.free_slot()?;
         let stream = self.streams[kidx(kernel)];
+        let f = self.funcs[kidx(kernel)][launch.ty as usize];
+        if f.is_null() {
+            return Err(Error::Device(format!("no entry for {kernel:?} on {:?}", launch.ty)));
+        }
 
-        // 1. Placement: device pointers and the copies they need.
+        // 1. Placement: device pointers and the copies they need. Outputs
+        //    the kernel accumulates into atomically live in zeroed device
+        //    scratch, never in mapped host memory, where atomics over PCIe
+        //    are not guaranteed.
         self.ptrs.clear();
         self.copies_in.clear();
         self.copies_out.clear();
         self.zero_dev.clear();
-        // Large reduce/dot jobs add block partials into their output with
-        // `red.global.add`: that output always lives in device scratch
-        // (zeroed on the stream, copied back after), never in mapped host
-        // memory, where atomics over PCIe are not guaranteed.
-        let large_sum = |j: &Job| {
-            matches!(kernel, Kernel::Reduce | Kernel::DotProduct)
-                && abi::reduce_strategy(j.in0().len() as u64) == abi::ReduceStrategy::Large
-        };
         let mut scratch_need = 0u64;
         let mut modes = Vec::with_capacity(jobs.len());
         for j in jobs {
             let mode = if j.fault() {
-                Mode::Mapped
+                Placement::Mapped
             } else {
-                self.force_mode.unwrap_or_else(|| policy(kernel, j, jobs.len()))
+                self.force_mode.unwrap_or_else(|| policy(j, jobs.len()))
             };
             modes.push(mode);
-            if mode != Mode::Mapped {
+            if mode != Placement::Mapped {
                 for r in j.inputs() {
-                    scratch_need += (r.len() as u64 * 4).next_multiple_of(SCRATCH_ALIGN);
+                    scratch_need += r.bytes().next_multiple_of(SCRATCH_ALIGN);
                 }
             }
-            if !j.fault() && (mode == Mode::CopyInOut || large_sum(j)) {
-                scratch_need += (j.out().len() as u64 * 4).next_multiple_of(SCRATCH_ALIGN);
+            if !j.fault() && (mode == Placement::CopyInOut || op.accumulates_into_output(j)) {
+                scratch_need += j.out().bytes().next_multiple_of(SCRATCH_ALIGN);
             }
         }
         if scratch_need > 0 {
@@ -588,31 +537,31 @@ impl CudaBackend {
             }
             dev
         };
-        let bytes = |r: crate::descriptor::Region| r.len() as u64 * 4;
         for (j, mode) in jobs.iter().zip(&modes) {
             if j.fault() {
-                self.ptrs.push(Ptrs {
-                    a: FAULT_PTR,
-                    b: FAULT_PTR,
+                self.ptrs.push(DevPtrs {
+                    in0: FAULT_PTR,
+                    in1: FAULT_PTR,
                     out: FAULT_PTR,
                 });
                 continue;
             }
-            let mut p = Ptrs {
-                a: self.dev_ptr(j.in0())?,
-                b: self.dev_ptr(j.in1())?,
+            let mut p = DevPtrs {
+                in0: self.dev_ptr(j.in0())?,
+                in1: self.dev_ptr(j.in1())?,
                 out: self.dev_ptr(j.out())?,
             };
-            if *mode != Mode::Mapped {
-                p.a = place(arena.host_ptr(j.in0()).cast(), bytes(j.in0()), &mut self.copies_in);
+            if *mode != Placement::Mapped {
+                p.in0 = place(arena.host_ptr(j.in0()), j.in0().bytes(), &mut self.copies_in);
                 if kernel.vector_inputs() == 2 {
-                    p.b = place(arena.host_ptr(j.in1()).cast(), bytes(j.in1()), &mut self.copies_in);
+                    p.in1 = place(arena.host_ptr(j.in1()), j.in1().bytes(), &mut self.copies_in);
                 }
             }
-            if *mode == Mode::CopyInOut || large_sum(j) {
-                p.out = place(arena.host_ptr(j.out()).cast(), bytes(j.out()), &mut self.copies_out);
-                if large_sum(j) {
-                    self.zero_dev.push(p.out);
+            let zeroed = op.accumulates_into_output(j);
+            if *mode == Placement::CopyInOut || zeroed {
+                p.out = place(arena.host_ptr(j.out()), j.out().bytes(), &mut self.copies_out);
+                if zeroed {
+                    self.zero_dev.push((p.out, j.out().bytes() as usize));
                 }
             }
             self.ptrs.push(p);
@@ -626,9 +575,9 @@ impl CudaBackend {
         while start < jobs.len() {
             let mut end = start + 1;
             if launch.independent {
-                let mut blocks = Self::job_blocks(kernel, &jobs[start]);
+                let mut blocks = op.blocks(&jobs[start]);
                 while end < jobs.len() {
-                    let b = Self::job_blocks(kernel, &jobs[end]);
+                    let b = op.blocks(&jobs[end]);
                     if blocks + b > MAX_CHUNK_BLOCKS {
                         break;
                     }
@@ -636,8 +585,34 @@ impl CudaBackend {
                     end += 1;
                 }
             }
-            self.build_chunk(kernel, &jobs[start..end], start)?;
+            let off = self.bytes.len().next_multiple_of(SCRATCH_ALIGN as usize);
+            self.bytes.resize(off, 0);
+            let dl = op
+                .device_table(&jobs[start..end], &self.ptrs[start..end], &mut self.bytes)
+                .ok_or_else(|| Error::Device("batch too large for one launch".into()))?;
+            self.chunks.push(Chunk {
+                table_off: off,
+                launch: dl,
+            });
             start = end;
+        }
+
+        // Functions that need more than the default dynamic shared memory
+        // opt in once.
+        let smem_need = self.chunks.iter().map(|c| c.launch.smem).max().unwrap_or(0);
+        if smem_need > self.smem_max[kidx(kernel)][launch.ty as usize] {
+            // SAFETY: a function of this backend's module; the value is a size.
+            ck(
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem_need as i32,
+                    )
+                },
+                "cuFuncSetAttribute",
+            )?;
+            self.smem_max[kidx(kernel)][launch.ty as usize] = smem_need;
         }
 
         // 3. Enqueue: input copies, table upload, zeroing, launches, output
@@ -664,44 +639,23 @@ impl CudaBackend {
                     "cuMemcpyHtoDAsync (table)",
                 )?;
             }
-            for &d in &self.zero_dev {
-                ck(sys::cuMemsetD32Async(d, 0, 1, stream), "cuMemsetD32Async")?;
+            for &(d, bytes) in &self.zero_dev {
+                ck(sys::cuMemsetD8Async(d, 0, bytes, stream), "cuMemsetD8Async")?;
             }
-            let f = self.funcs[kidx(kernel)];
             for c in &self.chunks {
-                let mut table = table_base + c.table_off as u64;
-                let (grid, smem) = match kernel {
-                    Kernel::VectorAdd => (abi::grid_for(c.total, abi::VADD_MAX_GRID), 0),
-                    Kernel::Reduce | Kernel::DotProduct => (
-                        abi::grid_for(c.plan.total_blocks, abi::REDUCE_MAX_GRID),
-                        abi::REDUCE_SMEM_BYTES,
-                    ),
-                    Kernel::Matmul => (abi::grid_for(c.total, abi::MATMUL_MAX_GRID), abi::MATMUL_SMEM_BYTES),
-                };
-                if grid == 0 {
+                let dl = c.launch;
+                if dl.grid == 0 {
                     continue; // no work: a zero grid is invalid
                 }
-                let (mut njobs, mut total) = (c.njobs, c.total);
-                let (mut ns, mut nm, mut nl, mut tb) =
-                    (c.plan.n_small, c.plan.n_medium, c.plan.n_large, c.plan.total_blocks);
-                let mut p3: [*mut c_void; 3] = [
-                    (&mut table as *mut u64).cast(),
-                    (&mut njobs as *mut u32).cast(),
-                    (&mut total as *mut u32).cast(),
-                ];
-                let mut p5: [*mut c_void; 5] = [
-                    (&mut table as *mut u64).cast(),
-                    (&mut ns as *mut u32).cast(),
-                    (&mut nm as *mut u32).cast(),
-                    (&mut nl as *mut u32).cast(),
-                    (&mut tb as *mut u32).cast(),
-                ];
-                let params = match kernel {
-                    Kernel::Reduce | Kernel::DotProduct => p5.as_mut_ptr(),
-                    _ => p3.as_mut_ptr(),
-                };
+                let mut table = table_base + c.table_off as u64;
+                let mut vals = dl.params;
+                let mut params: [*mut c_void; 5] = [ptr::null_mut(); 5];
+                params[0] = (&mut table as *mut u64).cast();
+                for (i, v) in vals.iter_mut().enumerate().take(dl.nparams) {
+                    params[1 + i] = (v as *mut u32).cast();
+                }
                 ck(
-                    sys::cuLaunchKernel(f, grid, 1, 1, 256, 1, 1, smem, stream, params, ptr::null_mut()),
+                    sys::cuLaunchKernel(f, dl.grid, 1, 1, 256, 1, 1, dl.smem, stream, params.as_mut_ptr(), ptr::null_mut()),
                     "cuLaunchKernel",
                 )?;
             }
@@ -719,91 +673,6 @@ impl CudaBackend {
         self.busy += 1;
         Ok(t)
     }
-
-    /// Appends the table of `jobs` (the launch's jobs from index `first`)
-    /// to `self.bytes` and records the chunk.
-    fn build_chunk(&mut self, kernel: Kernel, jobs: &[Job], first: usize) -> Result<()> {
-        let off = self.bytes.len().next_multiple_of(SCRATCH_ALIGN as usize);
-        self.bytes.resize(off, 0);
-        let ptrs = &self.ptrs[first..first + jobs.len()];
-        let too_big = || Error::Device("batch too large for one launch".into());
-        let mut chunk = Chunk {
-            table_off: off,
-            njobs: jobs.len() as u32,
-            total: 0,
-            plan: abi::ReducePlan::default(),
-        };
-        match kernel {
-            Kernel::VectorAdd => {
-                let mut t: Vec<abi::VecAddJob> = jobs
-                    .iter()
-                    .zip(ptrs)
-                    .map(|(j, p)| abi::VecAddJob {
-                        a: p.a,
-                        b: p.b,
-                        out: p.out,
-                        len: if j.fault() { (j.out().len() as u64).max(1) } else { j.out().len() as u64 },
-                        block_start: 0,
-                    })
-                    .collect();
-                chunk.total = abi::vadd_prepare(&mut t).ok_or_else(too_big)?;
-                push_pod(&mut self.bytes, &t);
-            }
-            Kernel::Reduce | Kernel::DotProduct => {
-                let dot = kernel == Kernel::DotProduct;
-                let mut t: Vec<abi::ReduceJob> = jobs
-                    .iter()
-                    .zip(ptrs)
-                    .map(|(j, p)| abi::ReduceJob {
-                        a: p.a,
-                        b: if dot { p.b } else { 0 },
-                        out: p.out,
-                        len: if j.fault() { (j.in0().len() as u64).max(1) } else { j.in0().len() as u64 },
-                        block_start: 0,
-                    })
-                    .collect();
-                chunk.plan = abi::reduce_prepare(&mut t).ok_or_else(too_big)?;
-                chunk.total = chunk.plan.total_blocks;
-                push_pod(&mut self.bytes, &t);
-            }
-            Kernel::Matmul => {
-                let mut t: Vec<abi::MatmulJob> = jobs
-                    .iter()
-                    .zip(ptrs)
-                    .map(|(j, p)| {
-                        let (m, n, k) = j.dims();
-                        let (m, n, k) = if j.fault() {
-                            (m.max(1), n.max(1), k.max(1))
-                        } else {
-                            (m, n, k)
-                        };
-                        abi::MatmulJob {
-                            a: p.a,
-                            b: p.b,
-                            c: p.out,
-                            m: m as u32,
-                            n: n as u32,
-                            k: k as u32,
-                            tiles_n: 0,
-                            tile_start: 0,
-                        }
-                    })
-                    .collect();
-                chunk.total = abi::matmul_prepare(&mut t).ok_or_else(too_big)?;
-                push_pod(&mut self.bytes, &t);
-            }
-        }
-        self.chunks.push(chunk);
-        Ok(())
-    }
-}
-
-/// Appends the bytes of plain `#[repr(C)]` descriptors.
-fn push_pod<T: std::marker::Copy>(out: &mut Vec<u8>, items: &[T]) {
-    // SAFETY: T is one of abi.rs's #[repr(C)] descriptor structs: plain
-    // integers with no padding (40 or 48 bytes of u64/u32 fields).
-    let b = unsafe { std::slice::from_raw_parts(items.as_ptr().cast::<u8>(), std::mem::size_of_val(items)) };
-    out.extend_from_slice(b);
 }
 
 impl Backend for CudaBackend {
@@ -884,7 +753,7 @@ impl Backend for CudaBackend {
                     self.busy -= 1;
                 }
                 CUresult::CUDA_ERROR_NOT_READY => {}
-                e => return Err(Error::Device(format!("launch failed on the GPU: {e:?}"))),
+                e => return Err(Error::Driver { what: "a launch on the GPU (cuEventQuery)", err: cudarc::driver::DriverError(e) }),
             }
         }
         Ok(())
@@ -909,7 +778,7 @@ impl Drop for CudaBackend {
                     sys::cuMemHostUnregister(s.reg_base);
                 }
             }
-            for s in self.streams {
+            for &s in &self.streams {
                 sys::cuStreamDestroy_v2(s);
             }
             sys::cuModuleUnload(self.module);
@@ -923,7 +792,7 @@ impl Drop for CudaBackend {
 mod tests {
     use super::*;
     use crate::descriptor::validate;
-    use crate::layout::Sqe;
+    use crate::layout::{Params, Sqe};
 
     fn job(kernel: Kernel, n: u32, dims: (u32, u32, u32)) -> Job {
         let (m, nn, k) = dims;
@@ -935,9 +804,7 @@ mod tests {
                 in0_len: m * k,
                 in1_len: k * nn,
                 out_len: m * nn,
-                m,
-                n: nn,
-                k,
+                p: Params::pack("vvddd", &[], &[m, nn, k]),
                 ..Sqe::default()
             },
             _ => Sqe {
@@ -955,18 +822,18 @@ mod tests {
 
     #[test]
     fn placement_policy_follows_the_measurements() {
-        use Mode::*;
+        use Placement::*;
         for n in [0, 4096, 1 << 16, 1 << 24] {
-            assert_eq!(policy(Kernel::VectorAdd, &job(Kernel::VectorAdd, n, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(&job(Kernel::VectorAdd, n, (0, 0, 0)), 1), Mapped);
         }
         for k in [Kernel::Reduce, Kernel::DotProduct] {
-            assert_eq!(policy(k, &job(k, 4096, (0, 0, 0)), 1), Mapped);
-            assert_eq!(policy(k, &job(k, 1 << 16, (0, 0, 0)), 1), CopyIn);
-            assert_eq!(policy(k, &job(k, 1 << 16, (0, 0, 0)), 100), Mapped);
-            assert_eq!(policy(k, &job(k, 1 << 20, (0, 0, 0)), 1), Mapped);
-            assert_eq!(policy(k, &job(k, 1 << 24, (0, 0, 0)), 100), CopyIn);
+            assert_eq!(policy(&job(k, 4096, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(&job(k, 1 << 16, (0, 0, 0)), 1), CopyIn);
+            assert_eq!(policy(&job(k, 1 << 16, (0, 0, 0)), 100), Mapped);
+            assert_eq!(policy(&job(k, 1 << 20, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(&job(k, 1 << 24, (0, 0, 0)), 100), CopyIn);
         }
-        let mm = |d| policy(Kernel::Matmul, &job(Kernel::Matmul, 0, d), 1);
+        let mm = |d| policy(&job(Kernel::Matmul, 0, d), 1);
         assert_eq!(mm((256, 256, 256)), Mapped);
         assert_eq!(mm((512, 512, 512)), CopyIn);
         assert_eq!(mm((4096, 64, 4096)), CopyIn);

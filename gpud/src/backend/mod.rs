@@ -16,7 +16,7 @@ use std::ptr::NonNull;
 
 use crate::descriptor::{Job, Region};
 use crate::error::Result;
-use crate::layout::{Kernel, EC_MAX_SEGMENTS};
+use crate::layout::{ElemType, Kernel, EC_MAX_SEGMENTS};
 
 /// Names one submitted launch until [`Backend::poll`] reports it done.
 pub type Ticket = u64;
@@ -72,7 +72,7 @@ impl<'a> Arena<'a> {
     ///
     /// # Safety
     /// `base..base + bytes` must stay mapped readable and writable for `'a`,
-    /// and `base` must be 4-byte aligned.
+    /// and `base` must be 8-byte aligned.
     pub unsafe fn from_raw(base: NonNull<u8>, bytes: u64) -> Arena<'a> {
         let mut a = Arena {
             segs: [None; EC_MAX_SEGMENTS as usize],
@@ -88,13 +88,13 @@ impl<'a> Arena<'a> {
     /// # Safety
     /// As for [`Arena::from_raw`]; `seg < EC_MAX_SEGMENTS`.
     pub unsafe fn set_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) {
-        assert_eq!(base.as_ptr() as usize % 4, 0, "arena base must hold f32");
+        assert_eq!(base.as_ptr() as usize % 8, 0, "arena base must hold any element type");
         assert!(usize::try_from(bytes).is_ok());
         self.segs[seg] = Some((base, bytes));
     }
 
     /// An arena over ordinary memory, for tests and benchmarks.
-    pub fn from_slice(buf: &'a mut [f32]) -> Arena<'a> {
+    pub fn from_slice(buf: &'a mut [f64]) -> Arena<'a> {
         let bytes = std::mem::size_of_val(buf) as u64;
         // SAFETY: the mutable borrow keeps the buffer alive and unaliased for 'a.
         unsafe { Arena::from_raw(NonNull::from(buf).cast(), bytes) }
@@ -110,37 +110,47 @@ impl<'a> Arena<'a> {
         self.segs.get(seg).copied().flatten()
     }
 
-    /// The host address of `r`'s first element (checked against its segment).
-    pub fn host_ptr(&self, r: Region) -> *mut f32 {
+    /// The host address of `r`'s first byte (checked against its segment).
+    pub fn host_ptr(&self, r: Region) -> *mut u8 {
         let (base, bytes) = self
             .segment(r.segment())
             .unwrap_or_else(|| panic!("region {r:?} in a segment the arena lacks"));
         assert!(r.end() <= bytes, "region {r:?} outside its segment");
-        // In bounds by the assert; offset % 4 == 0 by validation and the base
-        // is 4-aligned, so the pointer is aligned for f32.
-        base.as_ptr().wrapping_add(r.offset() as usize).cast()
+        // In bounds by the assert.
+        base.as_ptr().wrapping_add(r.offset() as usize)
+    }
+
+    /// `r` as elements of `T`, whose size must be the region's element size.
+    fn typed<T>(&self, r: Region) -> *mut T {
+        assert_eq!(std::mem::size_of::<T>() as u64, r.elem_bytes(), "region {r:?} read as another type");
+        let p = self.host_ptr(r);
+        // Validation made offset % elem == 0; segment bases are page
+        // aligned (mappings), so the pointer is aligned for T.
+        assert_eq!(p as usize % std::mem::align_of::<T>(), 0, "region {r:?} misaligned");
+        p.cast()
     }
 
     /// # Safety
     /// No `&mut` slice overlapping `r` may be live while the result is.
-    pub unsafe fn input(&self, r: Region) -> &[f32] {
-        // SAFETY: in bounds and aligned (see `host_ptr`); no conflicting
-        // writer per the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.host_ptr(r), r.len()) }
+    pub unsafe fn input<T>(&self, r: Region) -> &[T] {
+        // SAFETY: in bounds and aligned (see `typed`); no conflicting writer
+        // per the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.typed::<T>(r), r.len()) }
     }
 
     /// # Safety
     /// No other slice overlapping `r` may be live while the result is.
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn output(&self, r: Region) -> &mut [f32] {
+    pub unsafe fn output<T>(&self, r: Region) -> &mut [T] {
         // SAFETY: as for `input`, and exclusive per the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.host_ptr(r), r.len()) }
+        unsafe { std::slice::from_raw_parts_mut(self.typed::<T>(r), r.len()) }
     }
 }
 
-/// One launch: every job of one kernel from one drain.
+/// One launch: every job of one kernel and element type from one drain.
 pub struct Launch<'j> {
     pub kernel: Kernel,
+    pub ty: ElemType,
     pub jobs: &'j [Job],
     /// True when no job's output overlaps any region of another job in the
     /// launch, so the jobs may run concurrently. Validation only proves this

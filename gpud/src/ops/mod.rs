@@ -1,0 +1,301 @@
+//! The host side of every kernel: one file per kernel, `ops/<atom>.rs`,
+//! each implementing [`KernelOp`] — how a job runs on the CPU, and how a
+//! batch of jobs is described to the device and launched. The list of them
+//! is generated from the kernel table of `c_src/erlcuda_ring.h` (see
+//! `build.rs`), like candle's `Map1` ops beside its `candle-kernels` module
+//! table, or io_uring's `io_issue_defs[]`: adding a kernel edits no switch.
+//!
+//! What validation already settled (`descriptor.rs`, from the table's row)
+//! is not repeated here: a [`Job`] that reaches an op has the kernel's shape,
+//! one of its element types, and regions inside the arena.
+
+use std::ops::{Add, AddAssign, Mul};
+
+use crate::backend::Arena;
+use crate::descriptor::Job;
+use crate::layout::{ElemType, Kernel, EC_SUM_CHUNK, EC_SUM_SERIAL};
+
+// The kernels' ABI (job-table structs, grid rules), shared verbatim with the
+// device code.
+#[path = "../../../kernels/src/abi.rs"]
+#[allow(clippy::all)]
+pub mod abi;
+
+include!(concat!(env!("OUT_DIR"), "/ops_table.rs"));
+
+/// The host side of `kernel`.
+pub fn op(kernel: Kernel) -> &'static (dyn KernelOp + Sync) {
+    OPS[kernel as usize - 1]
+}
+
+/// Device addresses of one job's vectors, after the backend placed them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DevPtrs {
+    pub in0: u64,
+    pub in1: u64,
+    pub out: u64,
+}
+
+/// How one chunk of a batch is launched: the grid, the dynamic shared
+/// memory and the u32 parameters that follow the table pointer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceLaunch {
+    pub grid: u32,
+    pub smem: u32,
+    pub params: [u32; 4],
+    pub nparams: usize,
+}
+
+impl DeviceLaunch {
+    /// `(njobs, total)`: the parameters of the kernels that take them.
+    pub fn counted(njobs: usize, total: u32, max_grid: u32, smem: u32) -> DeviceLaunch {
+        DeviceLaunch {
+            grid: abi::grid_for(total, max_grid),
+            smem,
+            params: [njobs as u32, total, 0, 0],
+            nparams: 2,
+        }
+    }
+}
+
+/// Where a job's data lives while its kernel runs (the cuda backend's
+/// choice, per kernel and size: measured, see `backend/cuda.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// The kernel reads and writes the arena through its device mapping.
+    Mapped,
+    /// Inputs copied to device scratch (async, from the registered arena);
+    /// the kernel writes its output straight into the mapped arena.
+    CopyIn,
+    /// Inputs copied in, output computed in device scratch and copied back.
+    CopyInOut,
+}
+
+/// One kernel's host side.
+pub trait KernelOp {
+    /// CPU backend: computes `job` into its output region.
+    ///
+    /// # Safety
+    /// While this runs, no other thread may hold a slice that conflicts
+    /// with the job's regions (the output must not be read or written
+    /// elsewhere, and the inputs not written).
+    unsafe fn cpu(&self, arena: &Arena<'_>, job: &Job);
+
+    /// CUDA: appends the job table of `jobs` (device pointers in `ptrs`, one
+    /// per job) to `table` and says how to launch it; `None` when the batch
+    /// is too large for the kernel's u32 counts (the caller splits it).
+    fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch>;
+
+    /// Virtual blocks one job takes in its kernel's grid (to split batches
+    /// whose total would not fit a u32).
+    fn blocks(&self, job: &Job) -> u64;
+
+    /// Where the job's data should be (see [`Placement`]).
+    fn placement(&self, _job: &Job, _njobs: usize) -> Placement {
+        Placement::Mapped
+    }
+
+    /// True when the kernel adds partials into the job's output atomically:
+    /// that output then lives in zeroed device scratch (atomics over PCIe to
+    /// mapped host memory are not guaranteed) and is copied back.
+    fn accumulates_into_output(&self, _job: &Job) -> bool {
+        false
+    }
+
+    /// Tests: the exact result in f64 of a job on `ty` with vector inputs
+    /// `ins` (values of `ty`), scalar and dimension arguments in order: per
+    /// output element, the value and Σ|terms| (the scale of the rounding
+    /// error a backend may add; see `testvec`).
+    fn reference(&self, ty: ElemType, ins: &[&[f64]], scalars: &[f64], dims: &[u32]) -> Vec<(f64, f64)>;
+}
+
+/// `Σ a·b` over `pairs` as accurately as if computed in twice f64's
+/// precision (Ogita, Rump and Oishi's Dot2: error-free products and sums),
+/// and `Σ |a·b|`. The references' sums: a plain f64 sum of 2^20 terms errs
+/// by as much as the f64 kernels may, so it cannot judge them.
+pub fn dot2(pairs: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
+    let (mut s, mut c, mut mag) = (0f64, 0f64, 0f64);
+    for (a, b) in pairs {
+        let p = a * b;
+        let pe = a.mul_add(b, -p); // the product's rounding error, exactly
+        let t = s + p;
+        let z = t - s;
+        let se = (s - (t - z)) + (p - z); // the sum's rounding error, exactly
+        s = t;
+        c += pe + se;
+        mag += p.abs();
+    }
+    (s + c, mag)
+}
+
+/// `x` rounded to the element type `ty` (a scalar argument as the kernel
+/// sees it).
+pub fn rounded(x: f64, ty: ElemType) -> f64 {
+    crate::with_float!(ty, T => T::from_f64(x).into())
+}
+
+/// Appends the bytes of plain `#[repr(C)]` descriptors.
+pub fn push_pod<T: Copy>(out: &mut Vec<u8>, items: &[T]) {
+    // SAFETY: T is one of abi.rs's #[repr(C)] descriptor structs: plain
+    // integers and floats with no padding (size asserted there).
+    let b = unsafe { std::slice::from_raw_parts(items.as_ptr().cast::<u8>(), std::mem::size_of_val(items)) };
+    out.extend_from_slice(b);
+}
+
+/// The element types the built-in kernels compute in on the CPU.
+pub trait Float:
+    Copy + Default + PartialEq + Send + Sync + Add<Output = Self> + Mul<Output = Self> + AddAssign + Into<f64> + 'static
+{
+    const ZERO: Self;
+    /// Rounds a scalar argument (carried as f64) to the element type.
+    fn from_f64(x: f64) -> Self;
+}
+
+impl Float for f32 {
+    const ZERO: f32 = 0.0;
+    fn from_f64(x: f64) -> f32 {
+        x as f32
+    }
+}
+
+impl Float for f64 {
+    const ZERO: f64 = 0.0;
+    fn from_f64(x: f64) -> f64 {
+        x
+    }
+}
+
+/// `with_float!(ty, T => expr)`: `expr` with `T` the Rust type of `ty`,
+/// one of the float types (validation admits no other for the built-ins).
+#[macro_export]
+macro_rules! with_float {
+    ($ty:expr, $T:ident => $body:expr) => {
+        match $ty {
+            $crate::layout::ElemType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::layout::ElemType::F64 => {
+                type $T = f64;
+                $body
+            }
+            t => unreachable!("the built-in kernels run on f32 and f64, validation let {t:?} through"),
+        }
+    };
+}
+
+/// Elements per parallel chunk for the streaming kernels on the CPU. Below
+/// two chunks a job runs on the calling thread: fork/join would cost more
+/// than it saves.
+pub const PAR_CHUNK: usize = 1 << 16;
+
+/// A sum of `len` terms `term(i)` in the element type, in the order the
+/// header states for every backend: runs of at most `EC_SUM_SERIAL` terms
+/// added serially, their partials combined pairwise inside each
+/// `EC_SUM_CHUNK`-term chunk, and the chunks' partials added in index order.
+/// Chunks run in parallel when there are several; the result does not
+/// depend on the thread count.
+pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T + Sync) -> T {
+    use rayon::prelude::*;
+    let chunk = EC_SUM_CHUNK as usize;
+    let one = |c: usize| chunk_sum(c * chunk, ((c + 1) * chunk).min(len), &term);
+    let n = len.div_ceil(chunk);
+    if n >= 2 {
+        let parts: Vec<T> = (0..n).into_par_iter().map(one).collect();
+        let mut total = T::ZERO;
+        for p in parts {
+            total += p;
+        }
+        total
+    } else if n == 1 {
+        one(0)
+    } else {
+        T::ZERO
+    }
+}
+
+fn chunk_sum<T: Float>(lo: usize, hi: usize, term: &impl Fn(usize) -> T) -> T {
+    let serial = EC_SUM_SERIAL as usize;
+    // At most EC_SUM_CHUNK / EC_SUM_SERIAL = 256 partials per chunk.
+    let mut parts = [T::ZERO; (EC_SUM_CHUNK / EC_SUM_SERIAL) as usize];
+    let mut np = 0;
+    let mut i = lo;
+    while i < hi {
+        let end = (i + serial).min(hi);
+        let mut acc = T::ZERO;
+        for j in i..end {
+            acc += term(j);
+        }
+        parts[np] = acc;
+        np += 1;
+        i = end;
+    }
+    // Pairwise: depth log2(256) = 8.
+    while np > 1 {
+        let half = np.div_ceil(2);
+        for j in 0..np / 2 {
+            parts[j] = parts[2 * j] + parts[2 * j + 1];
+        }
+        if np % 2 == 1 {
+            parts[np / 2] = parts[np - 1];
+        }
+        np = half;
+    }
+    if np == 1 {
+        parts[0]
+    } else {
+        T::ZERO
+    }
+}
+
+/// The job's elementwise output on the CPU: `out[i] = f(a[i], b[i])`, in
+/// parallel chunks when long.
+///
+/// # Safety
+/// As for [`KernelOp::cpu`].
+pub unsafe fn elementwise<T: Float>(arena: &Arena<'_>, job: &Job, f: impl Fn(T, T) -> T + Sync) {
+    use rayon::prelude::*;
+    // SAFETY: forwarded; validation proved the output disjoint from the inputs.
+    let (a, b, out) = unsafe { (arena.input::<T>(job.in0()), arena.input::<T>(job.in1()), arena.output::<T>(job.out())) };
+    let seq = |a: &[T], b: &[T], o: &mut [T]| {
+        for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+    };
+    if out.len() >= 2 * PAR_CHUNK {
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(a.par_chunks(PAR_CHUNK).zip(b.par_chunks(PAR_CHUNK)))
+            .for_each(|(o, (a, b))| seq(a, b, o));
+    } else {
+        seq(a, b, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_has_its_op() {
+        for k in Kernel::ALL {
+            // The generated table is in id order: the op at k's index is k's.
+            let _ = op(k);
+        }
+        assert_eq!(OPS.len(), Kernel::ALL.len());
+    }
+
+    #[test]
+    fn sums_follow_the_stated_order() {
+        // 1.0 followed by 2^24 - 1 ones of 2^-24... exercise serial runs,
+        // the pairwise tree and several chunks; compare with an exact sum.
+        for len in [0usize, 1, 255, 256, 257, 65535, 65536, 65537, 3 * 65536 + 5] {
+            let got: f64 = sum(len, |i| (i % 7) as f64);
+            let exact: f64 = (0..len).map(|i| (i % 7) as f64).sum();
+            assert_eq!(got, exact, "len {len}");
+            let got32: f32 = sum(len, |i| (i % 3) as f32);
+            let exact: f64 = (0..len).map(|i| (i % 3) as f64).sum();
+            // Every partial is an integer below 2^24: exact in f32 too.
+            assert_eq!(got32 as f64, exact, "len {len}");
+        }
+    }
+}
