@@ -451,11 +451,11 @@ impl CudaBackend {
             setup("cuModuleLoadData", sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()))?;
             let jit_ms = t.elapsed().as_secs_f64() * 1e3;
             let mut funcs = [ptr::null_mut(); 4];
-            for (i, name) in [abi::ENTRY_VECTOR_ADD, abi::ENTRY_REDUCE, abi::ENTRY_DOT, abi::MATMUL_ENTRY]
+            for (i, name) in [abi::ENTRY_VECTOR_ADD, abi::ENTRY_REDUCE, abi::ENTRY_DOT, abi::ENTRY_MATMUL]
                 .into_iter()
                 .enumerate()
             {
-                let c = CString::new(name).unwrap();
+                let c = CString::new(format!("{name}{}", abi::Dtype::F32.suffix())).unwrap();
                 setup("cuModuleGetFunction", sys::cuModuleGetFunction(&mut funcs[i], module, c.as_ptr()))?;
             }
             let mut streams = [ptr::null_mut(); 4];
