@@ -32,7 +32,7 @@ What the figures mean (all wall-clock unless said otherwise):
 * matmul.kernel.nS (TFLOP/s = 2 S^3 / t): the kernel alone on device-resident
   S x S f32 matrices, CUDA events, median of reps after warm-up. cublas_sgemm
   = torch.matmul with TF32 off; erlcuda = erlcuda's PTX kernel (abi.rs
-  MATMUL_ENTRY) launched through CuPy, its result checked against torch's
+  ENTRY_MATMUL + "_f32": matmul_f32) launched through CuPy, its result checked against torch's
   (extra.checked; extra.max_rel_err = max |C - C_ref| / (|A||B|) over all
   elements, often exactly 0 as cuBLAS sums in the same order; extra.
   max_rel_err_f64_rows = the same against f64 on 16 sampled rows; bound 1e-4).
@@ -513,9 +513,10 @@ def load_erlcuda_matmul(c):
     if not c.abi or not os.path.isfile(c.abi):
         raise FileNotFoundError(f"abi.rs not found ({c.abi}); pass --abi")
     abi = pl.read_abi(c.abi)
-    entry = abi.get("MATMUL_ENTRY")
-    if not isinstance(entry, str):
-        raise RuntimeError(f"MATMUL_ENTRY not resolved from {c.abi}")
+    prefix = abi.get("ENTRY_MATMUL")
+    if not isinstance(prefix, str):
+        raise RuntimeError(f"ENTRY_MATMUL not resolved from {c.abi}")
+    entry = prefix + "_f32"  # entries are <prefix>_<type> (abi::Dtype::suffix)
     if not c.ptx or not os.path.isfile(c.ptx):
         raise FileNotFoundError(f"PTX not found ({c.ptx}); pass --ptx PATH/{PTX_NAME}")
     mod = c.cp.RawModule(path=c.ptx)

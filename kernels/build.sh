@@ -49,7 +49,7 @@ cargo +nightly build "${quiet[@]}" --release \
 
 ptx="$target_dir/nvptx64-nvidia-cuda/release/erlcuda_kernels.ptx"
 [[ -s "$ptx" ]] || die "expected $ptx, not found"
-for k in vector_add_batch reduce_batch dot_batch matmul_batch; do
+for k in vector_add_f32 vector_add_f64 reduce_f32 reduce_f64 dot_f32 dot_f64 matmul_f32 saxpy_f32 saxpy_f64; do
   grep -q "^.visible .entry $k(" "$ptx" || die "kernel $k missing from $ptx"
 done
 

@@ -1,14 +1,30 @@
 #!/usr/bin/env python3
 """GPU check of the erlcuda kernels' PTX (CuPy + numpy f64 references).
 
-    python3 kernels/gpu_check.py [PTX] [--quick]
+    python3 kernels/gpu_check.py [PTX] [--abi PATH/abi.rs] [--before OLD_PTX] [--quick]
 
-Runs every kernel in batched form (many jobs of mixed sizes in one launch),
-on fresh random inputs with outputs poisoned with NaN, against f64 numpy
-references; times matmul 4096^3 next to torch.matmul (TF32 off). Prints a
-table; exits non-zero when any check fails. The launch logic mirrors the
-host-side helpers in kernels/src/abi.rs (constants are read from that file).
+Checks every entry of both element types (vector_add, saxpy, reduce, dot:
+`<kernel>_f32` / `<kernel>_f64`; matmul_f32) at lengths 0, 1, 1023 and
+2^20+7 (one job per launch), in batches of many jobs of mixed lengths and
+alignments in one launch, and grid-stride with a tiny grid. Inputs are fresh
+random numbers every run; outputs are poisoned with NaN before each launch
+(plus one NaN guard element after each output, which must survive).
+References are float64 (numpy; exact sums via math.fsum and error-free
+products for f64). Tolerances:
+  * vector_add: one rounding, |err| <= u |a + b|;
+  * saxpy: |err| <= 2u (|alpha x| + |y|) (the kernel rounds once: fma);
+  * reduce / dot: the documented summation structure (abi.rs, reduce.rs):
+    |err| <= (SUM_SERIAL + SUM_TREE_DEPTH + ceil(n / SUM_CHUNK) + 1) u sum|terms|
+  with u = 2^-24 (f32) or 2^-53 (f64), plus a tiny absolute floor;
+  * matmul_f32: |err| <= 1e-5 (|A| |B|) elementwise, and 4096^3 timed next
+    to torch.matmul (TF32 off).
+Times vector_add / saxpy / reduce / dot at 2^24 (and, with --before, the
+old module's vector_add_batch / reduce_batch / dot_batch at the same size).
+Prints a table (also to $OUT/gpu_check.md when $OUT is set); exits non-zero
+when any check fails. The launch logic mirrors the host-side helpers of
+kernels/src/abi.rs, whose constants it reads.
 """
+import math
 import os
 import sys
 import time
@@ -22,27 +38,54 @@ if HERE not in sys.path:
 import ptx_launch  # noqa: E402
 from ptx_launch import MM_DT, cdiv, matmul_smem, matmul_table, read_abi, u32  # noqa: E402
 
-args = [a for a in sys.argv[1:] if not a.startswith("--")]
+
+def opt(name):
+    if name in sys.argv:
+        i = sys.argv.index(name)
+        return sys.argv[i + 1]
+    return None
+
+
+_skip = {i + 1 for i, a in enumerate(sys.argv) if a in ("--abi", "--before")}
+args = [a for i, a in enumerate(sys.argv) if i > 0 and i not in _skip and not a.startswith("--")]
 QUICK = "--quick" in sys.argv
 PTX = args[0] if args else os.path.join(HERE, "out", "erlcuda_kernels.ptx")
+ABI_PATH = opt("--abi") or next(p for p in (os.path.join(HERE, "src", "abi.rs"), os.path.join(HERE, "abi.rs"))
+                                if os.path.isfile(p))
+BEFORE = opt("--before")
 
 # ---- constants from abi.rs (single source of truth; parsed by ptx_launch.read_abi)
-ABI = read_abi(os.path.join(HERE, "src", "abi.rs"))
+ABI = read_abi(ABI_PATH)
 VADD_EPB = ABI["VADD_ELEMS_PER_BLOCK"]
-VADD_MAX_GRID = 132 * 64
+SAXPY_EPB = ABI["SAXPY_ELEMS_PER_BLOCK"]
+MAX_GRID = 132 * 64  # VADD_MAX_GRID = SAXPY_MAX_GRID = REDUCE_MAX_GRID (expressions in abi.rs)
 SMALL_MAX, MEDIUM_MAX, CHUNK = ABI["REDUCE_SMALL_MAX"], ABI["REDUCE_MEDIUM_MAX"], ABI["REDUCE_LARGE_CHUNK"]
+SUM_SERIAL, SUM_DEPTH, SUM_CHUNK = ABI["SUM_SERIAL"], ABI["SUM_TREE_DEPTH"], ABI["SUM_CHUNK"]
 WARPS = 256 // 32
 REDUCE_SMEM = ABI["REDUCE_SMEM_BYTES"]
 BM, BN = ABI["MATMUL_BM"], ABI["MATMUL_BN"]
 MATMUL_SMEM = matmul_smem(ABI)
 
-mod = cp.RawModule(path=PTX)
-K_VADD = mod.get_function("vector_add_batch")
-K_RED = mod.get_function("reduce_batch")
-K_DOT = mod.get_function("dot_batch")
-K_MM = {name: mod.get_function(name) for name in ("matmul_batch", "matmul_batch_bk16")}
+TYPES = {"f32": (np.float32, 2.0 ** -24), "f64": (np.float64, 2.0 ** -53)}
+SAXPY_DT = np.dtype([("x", "<u8"), ("y", "<u8"), ("out", "<u8"), ("len", "<u8"), ("block_start", "<u8"),
+                     ("alpha", "<f8")])
+assert SAXPY_DT.itemsize == 48
 
-rng = np.random.default_rng(int(time.time()))
+mod = cp.RawModule(path=PTX)
+
+
+def entry(prefix_const, t):
+    return ABI[prefix_const] + "_" + t
+
+
+K = {}
+for _t in TYPES:
+    for _k, _c in (("vector_add", "ENTRY_VECTOR_ADD"), ("saxpy", "ENTRY_SAXPY"), ("reduce", "ENTRY_REDUCE"),
+                   ("dot", "ENTRY_DOT")):
+        K[(_k, _t)] = (entry(_c, _t), mod.get_function(entry(_c, _t)))
+K_MM = {entry("ENTRY_MATMUL", "f32"): mod.get_function(entry("ENTRY_MATMUL", "f32"))}
+
+rng = np.random.default_rng(int(time.time() * 1000) % 2**32)
 rows = []
 failed = False
 
@@ -51,67 +94,166 @@ def report(kernel, case, ok, detail):
     global failed
     failed |= not ok
     rows.append((kernel, case, "PASS" if ok else "FAIL", detail))
-    print(f"{kernel:18} {case:40} {'PASS' if ok else 'FAIL'}  {detail}", flush=True)
+    print(f"{kernel:15} {case:42} {'PASS' if ok else 'FAIL'}  {detail}", flush=True)
 
 
-def alloc_vec(n, misalign):
-    """Random f32 vector on the device; returns (array_to_keep, device_ptr, host_copy)."""
-    h = rng.standard_normal(n + 1).astype(np.float32)
+def alloc_vec(n, misalign, dt):
+    """Random vector on the device; returns (array_to_keep, device_ptr, host_copy).
+    misalign: start one element in (never 16-byte aligned for f32 or f64)."""
+    h = rng.standard_normal(n + 1).astype(dt)
     d = cp.asarray(h)
     off = 1 if misalign else 0
-    return d, d.data.ptr + 4 * off, h[off:off + n]
+    return d, d.data.ptr + h.itemsize * off, h[off:off + n]
+
+
+def alloc_out(n, misalign, dt):
+    """NaN-poisoned output of n elements plus a NaN guard element after it."""
+    off = 1 if misalign else 0
+    d = cp.full(n + 2, np.nan, dtype=dt)
+    return d, d.data.ptr + d.itemsize * off, off
+
+
+def read_out(d, off, n):
+    """(the n outputs, guard intact?)"""
+    h = cp.asnumpy(d)
+    return h[off:off + n], bool(np.isnan(h[off + n]))
 
 
 def events_time(fn, reps=20, warm=3):
     return float(np.median(ptx_launch.cupy_event_times(cp, fn, reps, warm)))
 
 
+# --- error-free transformations (float64 numpy arrays)
+def _split(a):
+    c = 134217729.0 * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def two_prod(a, b):
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def exact_sum(*parts):
+    """Sum of all elements of the float64 arrays, correctly rounded."""
+    return math.fsum(np.concatenate([p.ravel() for p in parts]).tolist()) if parts else 0.0
+
+
 # ---------------------------------------------------------------- vector_add
-def vadd_case(lens, misalign, grid=None, label=""):
-    keep, table = [], np.zeros((len(lens), 5), dtype=np.uint64)
-    hs = []
-    acc = 0
+def vadd_case(t, lens, misalign, grid=None, label="", check=True, kern=None, name=None):
+    dt, u = TYPES[t]
+    if kern is None:
+        name, kern = K[("vector_add", t)]
+    keep, table, hs, acc = [], np.zeros((len(lens), 5), dtype=np.uint64), [], 0
     for i, n in enumerate(lens):
-        da, pa, ha = alloc_vec(n, misalign[i])
-        db, pb, hb = alloc_vec(n, misalign[i])
-        do = cp.full(n + 1, np.nan, dtype=cp.float32)
-        po = do.data.ptr + (4 if misalign[i] else 0)
+        da, pa, ha = alloc_vec(n, misalign[i], dt)
+        db, pb, hb = alloc_vec(n, misalign[i], dt)
+        do, po, off = alloc_out(n, misalign[i], dt)
         keep += [da, db, do]
-        hs.append((ha, hb, do, 1 if misalign[i] else 0))
+        hs.append((ha, hb, do, off))
         table[i] = (pa, pb, po, n, acc)
         acc += cdiv(n, VADD_EPB)
     total = acc
-    dt = cp.asarray(table)
-    g = grid or min(total, VADD_MAX_GRID)
-    launch = lambda: K_VADD((g,), (256,), (dt, u32(len(lens)), u32(total)))
+    dt_dev = cp.asarray(table)
+    g = grid or min(total, MAX_GRID)
+    launch = lambda: kern((g,), (256,), (dt_dev, u32(len(lens)), u32(total)))  # noqa: E731
     if total:
         launch()
     cp.cuda.Device().synchronize()
-    bad = 0
+    if not check:
+        return launch, keep
+    bad = bitwise = 0
+    worst = 0.0
     for n, (ha, hb, do, off) in zip(lens, hs):
-        got = cp.asnumpy(do)[off:off + n]
-        ref = ha + hb
-        if not np.array_equal(got.view(np.uint32), ref.view(np.uint32)):
-            bad += 1
-    report("vector_add_batch", f"{len(lens)} jobs {label}", bad == 0,
-           f"exact; {bad} bad jobs; grid={g} vblocks={total}")
-    return launch, total
+        got, guard = read_out(do, off, n)
+        ref = ha.astype(np.float64) + hb.astype(np.float64)
+        err = np.abs(got.astype(np.float64) - ref)
+        tol = u * np.abs(ref) + np.finfo(dt).tiny
+        ok = guard and bool(np.all(err <= tol))
+        bad += not ok
+        bitwise += bool(np.array_equal(got.view(np.uint8), (ha + hb).view(np.uint8)))
+        if n:
+            worst = max(worst, float(np.max(err / np.maximum(np.abs(ref), 1e-300))))
+    report(name, f"{len(lens)} jobs {label}", bad == 0,
+           f"<=1 rounding; {bad} bad; bitwise=numpy {bitwise}/{len(lens)}; max rel {worst:.1e}; grid={g} vblocks={total}")
+    return launch, keep
+
+
+# --------------------------------------------------------------------- saxpy
+def saxpy_case(t, lens, misalign, grid=None, label="", inplace=False, check=True):
+    dt, u = TYPES[t]
+    name, kern = K[("saxpy", t)]
+    keep, table, hs, acc = [], np.zeros(len(lens), dtype=SAXPY_DT), [], 0
+    for i, n in enumerate(lens):
+        dx, px, hx = alloc_vec(n, misalign[i], dt)
+        dy, py, hy = alloc_vec(n, misalign[i], dt)
+        if inplace:  # out = y exactly
+            do, po, off = dy, py, (1 if misalign[i] else 0)
+        else:
+            do, po, off = alloc_out(n, misalign[i], dt)
+        alpha = float(rng.standard_normal()) * (1 + 3 * (i % 2))
+        keep += [dx, dy, do]
+        hs.append((hx.copy(), hy.copy(), alpha, do, off))
+        table[i] = (px, py, po, n, acc, alpha)
+        acc += cdiv(n, SAXPY_EPB)
+    total = acc
+    dt_dev = cp.asarray(table.view(np.uint8))
+    g = grid or min(total, MAX_GRID)
+    launch = lambda: kern((g,), (256,), (dt_dev, u32(len(lens)), u32(total)))  # noqa: E731
+    if total:
+        launch()
+    cp.cuda.Device().synchronize()
+    if not check:
+        return launch, keep
+    bad = 0
+    worst = 0.0
+    for n, (hx, hy, alpha, do, off) in zip(lens, hs):
+        if inplace:  # y has no guard element
+            got, guard = cp.asnumpy(do)[off:off + n], True
+        else:
+            got, guard = read_out(do, off, n)
+        x, y = hx.astype(np.float64), hy.astype(np.float64)
+        a = float(np.float32(alpha)) if t == "f32" else alpha
+        p, e = two_prod(np.full_like(x, a), x)  # e == 0 for f32 inputs
+        s, f = two_sum(p, y)
+        err = np.abs((got.astype(np.float64) - s) - (f + e))
+        scale = np.abs(p) + np.abs(y)
+        tol = 2 * u * scale + np.finfo(dt).tiny
+        ok = guard and bool(np.all(err <= tol))
+        bad += not ok
+        if n:
+            worst = max(worst, float(np.max(err / np.maximum(scale, 1e-300))))
+    report(name, f"{len(lens)} jobs {label}", bad == 0,
+           f"{bad} bad; max err/(|ax|+|y|)={worst:.1e} (tol {2*u:.1e}); grid={g} vblocks={total}")
+    return launch, keep
 
 
 # ------------------------------------------------------------ reduce / dot
-def reduce_case(kernel, dot, lens, misalign, grid=None, label=""):
-    jobs = []
-    keep = []
+def reduce_case(t, dot, lens, misalign, grid=None, label="", check=True, kern=None, name=None):
+    dt, u = TYPES[t]
+    if kern is None:
+        name, kern = K[("dot" if dot else "reduce", t)]
+    jobs, keep = [], []
     for i, n in enumerate(lens):
-        da, pa, ha = alloc_vec(n, misalign[i])
+        da, pa, ha = alloc_vec(n, misalign[i], dt)
         keep.append(da)
         if dot:
-            db, pb, hb = alloc_vec(n, misalign[i])
+            db, pb, hb = alloc_vec(n, misalign[i], dt)
             keep.append(db)
         else:
             pb, hb = 0, None
         jobs.append(dict(n=n, pa=pa, pb=pb, ha=ha, hb=hb, slot=i))
-    out = cp.full(len(lens), np.nan, dtype=cp.float32)
+    out = cp.full(len(lens) + 1, np.nan, dtype=dt)  # last: guard
+    isz = out.itemsize
     # partition small | medium | large (as abi::reduce_prepare)
     small = [j for j in jobs if j["n"] <= SMALL_MAX]
     med = [j for j in jobs if SMALL_MAX < j["n"] <= MEDIUM_MAX]
@@ -123,45 +265,55 @@ def reduce_case(kernel, dot, lens, misalign, grid=None, label=""):
         if j["n"] > MEDIUM_MAX:
             bs = acc
             acc += cdiv(j["n"], CHUNK)
-        table[r] = (j["pa"], j["pb"], out.data.ptr + 4 * j["slot"], j["n"], bs)
+        table[r] = (j["pa"], j["pb"], out.data.ptr + isz * j["slot"], j["n"], bs)
     total = cdiv(len(small), WARPS) + len(med) + acc
-    dt = cp.asarray(table)
+    dt_dev = cp.asarray(table)
     large_slots = cp.asarray(np.array([j["slot"] for j in large], dtype=np.int64))
-    g = grid or min(total, 132 * 64)
+    g = grid or min(total, MAX_GRID)
 
     def launch():
         if len(large):
             out[large_slots] = 0.0  # host prep: large outputs start at 0
-        kernel((g,), (256,), (dt, u32(len(small)), u32(len(med)), u32(len(large)), u32(total)),
-               shared_mem=REDUCE_SMEM)
+        kern((g,), (256,), (dt_dev, u32(len(small)), u32(len(med)), u32(len(large)), u32(total)),
+             shared_mem=REDUCE_SMEM)
 
     launch()
     cp.cuda.Device().synchronize()
+    if not check:
+        return launch, keep
     got = cp.asnumpy(out)
-    worst = 0.0
-    bad = 0
+    worst, bad = 0.0, 0
+    if not np.isnan(got[-1]):
+        bad += 1
     for j in jobs:
         a = j["ha"].astype(np.float64)
-        terms = a * j["hb"].astype(np.float64) if dot else a
-        ref = terms.sum()
-        tol = 1e-5 * np.abs(terms).sum()
-        err = abs(float(got[j["slot"]]) - ref)
-        if not (err <= tol) or (j["n"] == 0 and got[j["slot"]] != 0.0):
+        if dot:
+            p, e = two_prod(a, j["hb"].astype(np.float64))
+            ref = exact_sum(p, e)
+            sabs = float(np.abs(p).sum())
+        else:
+            ref = exact_sum(a)
+            sabs = float(np.abs(a).sum())
+        n = j["n"]
+        tol = (SUM_SERIAL + SUM_DEPTH + cdiv(n, SUM_CHUNK) + 1) * u * sabs + np.finfo(dt).tiny
+        v = float(got[j["slot"]])
+        err = abs(v - ref)
+        if not (err <= tol) or (n == 0 and v != 0.0):
             bad += 1
-        if tol > 0:
-            worst = max(worst, err / (np.abs(terms).sum()))
-    name = "dot_batch" if dot else "reduce_batch"
+        if sabs > 0:
+            worst = max(worst, err / (u * sabs))
     report(name, f"{len(lens)} jobs {label}", bad == 0,
-           f"{bad} bad; max err/sum(abs terms)={worst:.2e}; S/M/L={len(small)}/{len(med)}/{len(large)} grid={g}")
-    return launch
+           f"{bad} bad; max err/(u sum|terms|)={worst:.2f} (tol >= {SUM_SERIAL + SUM_DEPTH + 2}); "
+           f"S/M/L={len(small)}/{len(med)}/{len(large)} grid={g}")
+    return launch, keep
 
 
 # ------------------------------------------------------------------ matmul
 def mm_jobs(shapes, misalign):
     jobs, keep = [], []
     for (m, n, k), mis in zip(shapes, misalign):
-        da, pa, ha = alloc_vec(m * k, mis)
-        db, pb, hb = alloc_vec(k * n, mis)
+        da, pa, ha = alloc_vec(m * k, mis, np.float32)
+        db, pb, hb = alloc_vec(k * n, mis, np.float32)
         dc = cp.full(m * n + 1, np.nan, dtype=cp.float32)
         pc = dc.data.ptr + (4 if mis else 0)
         keep += [da, db, dc]
@@ -193,9 +345,9 @@ def mm_check(j, sample=None):
 
 
 def matmul_batch_case(name, kern, shapes, misalign, grid=None, label=""):
-    jobs, keep, dt, total = mm_jobs(shapes, misalign)
+    jobs, keep, dt_dev, total = mm_jobs(shapes, misalign)
     g = grid or total
-    kern((g,), (256,), (dt, u32(len(jobs)), u32(total)), shared_mem=MATMUL_SMEM)
+    kern((g,), (256,), (dt_dev, u32(len(jobs)), u32(total)), shared_mem=MATMUL_SMEM)
     cp.cuda.Device().synchronize()
     for j in jobs:
         ok, rel = mm_check(j)
@@ -203,52 +355,86 @@ def matmul_batch_case(name, kern, shapes, misalign, grid=None, label=""):
                f"max err/sum(abs a*b)={rel:.2e}")
 
 
+# ------------------------------------------------------------------- timing
+def timing(old_mod):
+    N = 2 ** 24
+    for t in TYPES:
+        isz = np.dtype(TYPES[t][0]).itemsize
+        cases = [("vector_add", 3, lambda: vadd_case(t, [N], [False], check=False)),
+                 ("saxpy", 3, lambda: saxpy_case(t, [N], [False], check=False)),
+                 ("reduce", 1, lambda: reduce_case(t, False, [N], [False], check=False)),
+                 ("dot", 2, lambda: reduce_case(t, True, [N], [False], check=False))]
+        for kname, nvec, mk in cases:
+            launch, keep = mk()
+            s = events_time(launch, reps=20, warm=3)
+            report(K[(kname, t)][0], "timing 2^24", True,
+                   f"{s*1e3:.4f} ms, {nvec*isz*N/s/1e9:.0f} GB/s" + (" (incl. zeroing out)" if nvec < 3 else ""))
+            del keep
+    if old_mod is None:
+        return
+    # the previous module's f32 entries, same tables and harness
+    launch, keep = vadd_case("f32", [N], [False], label="(before)", kern=old_mod.get_function("vector_add_batch"),
+                             name="vector_add_batch")
+    s = events_time(launch, reps=20, warm=3)
+    report("vector_add_batch", "timing 2^24 (before)", True, f"{s*1e3:.4f} ms, {12*N/s/1e9:.0f} GB/s")
+    for nm, dot in (("reduce_batch", False), ("dot_batch", True)):
+        launch, keep = reduce_case("f32", dot, [N], [False], label="(before)", kern=old_mod.get_function(nm), name=nm)
+        s = events_time(launch, reps=20, warm=3)
+        report(nm, "timing 2^24 (before)", True,
+               f"{s*1e3:.4f} ms, {(8 if dot else 4)*N/s/1e9:.0f} GB/s (incl. zeroing out)")
+
+
 def main():
-    print(f"PTX: {PTX}")
+    print(f"PTX: {PTX}\nabi: {ABI_PATH}")
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"CC {cp.cuda.Device().compute_capability}")
-    sizes = [0, 1, 7, 1000, 4097, 2**20 + 7]
-    # ---- vector_add
-    lens = sizes * 4 + [int(x) for x in rng.integers(0, 70000, 200)] + [2**26]
-    mis = [i % 3 == 1 for i in range(len(lens) - 1)] + [False]
-    launch, _ = vadd_case(lens, mis, label="mixed+2^26")
-    t = events_time(launch, reps=10)
-    nbytes = 12 * sum(lens)
-    report("vector_add_batch", "timing (batch above)", True, f"{t*1e3:.3f} ms, {nbytes/t/1e9:.0f} GB/s")
-    vadd_case(sizes * 3, [i % 2 == 1 for i in range(18)], grid=5, label="grid-stride grid=5")
-    # ---- reduce / dot
-    for kern, dot in ((K_RED, False), (K_DOT, True)):
-        lens = sizes * 4 + [2048, 2049, 65536, 65537, 131072] + [int(x) for x in rng.integers(0, 200000, 300)] + [2**26]
-        mis = [i % 3 == 1 for i in range(len(lens) - 1)] + [False]
-        launch = reduce_case(kern, dot, lens, mis, label="mixed+2^26")
-        reduce_case(kern, dot, sizes * 2 + [2**26 + 3], [True] * 12 + [True], grid=7, label="grid-stride, unaligned 2^26+3")
-        big = reduce_case(kern, dot, [2**26], [False], label="single 2^26 (timing)")
-        t = events_time(big, reps=10)
-        report("dot_batch" if dot else "reduce_batch", "timing 2^26", True,
-               f"{t*1e3:.3f} ms, {(8 if dot else 4)*2**26/t/1e9:.0f} GB/s (incl. zeroing out)")
-    # ---- matmul
+    lens_req = [0, 1, 1023, 2 ** 20 + 7]
+    rnd = lambda k, hi: [int(x) for x in rng.integers(0, hi, k)]  # noqa: E731
+    for t in TYPES:
+        # ---- vector_add / saxpy
+        for n in lens_req:
+            vadd_case(t, [n], [False], label=f"n={n}")
+        lens = lens_req * 3 + [4096, 4097, 5] + rnd(60, 70000) + [2 ** 22 + 3]
+        mis = [i % 3 == 1 for i in range(len(lens))]
+        vadd_case(t, lens, mis, label="batch mixed, 1/3 unaligned")
+        vadd_case(t, lens_req * 3, [i % 2 == 1 for i in range(12)], grid=5, label="grid-stride grid=5")
+        for n in lens_req:
+            saxpy_case(t, [n], [False], label=f"n={n}")
+        saxpy_case(t, lens, mis, label="batch mixed, 1/3 unaligned")
+        saxpy_case(t, lens_req * 3, [i % 2 == 1 for i in range(12)], grid=5, label="grid-stride grid=5")
+        saxpy_case(t, lens_req + [4099], [False, False, True, False, True], inplace=True, label="in place out=y")
+        # ---- reduce / dot
+        for dot in (False, True):
+            for n in lens_req:
+                reduce_case(t, dot, [n], [False], label=f"n={n}")
+            lens = lens_req * 3 + [2048, 2049, 65536, 65537, 131072] + rnd(60, 200000) + [2 ** 22 + 3]
+            mis = [i % 3 == 1 for i in range(len(lens))]
+            reduce_case(t, dot, lens, mis, label="batch mixed, 1/3 unaligned")
+            reduce_case(t, dot, lens_req * 2 + [2 ** 22 + 3], [True] * 9, grid=7, label="grid-stride grid=7, unaligned")
+    # ---- matmul_f32
     shapes = [(1, 1, 1), (7, 13, 5), (129, 65, 257), (1000, 1000, 1000), (5, 3, 0), (0, 5, 5),
               (128, 128, 128), (130, 4, 9), (64, 200, 33), (300, 1, 700), (1, 517, 64)]
     mis = [False, False, False, False, False, False, False, False, True, False, True]
     for name, kern in K_MM.items():
         matmul_batch_case(name, kern, shapes, mis, label="(batch)")
         matmul_batch_case(name, kern, shapes[:3] + shapes[4:], mis[:3] + mis[4:], grid=3, label="(grid=3)")
-    # ---- 4096^3 timed
+    # ---- timings
+    timing(cp.RawModule(path=BEFORE) if BEFORE else None)
     N = 4096
-    jobs, keep, dt, total = mm_jobs([(N, N, N)], [False])
+    jobs, keep, dt_dev, total = mm_jobs([(N, N, N)], [False])
     flops = 2.0 * N ** 3
     results = {}
     for name, kern in K_MM.items():
         j = jobs[0]
         j["dc"].fill(np.nan)
-        f = lambda: kern((total,), (256,), (dt, u32(1), u32(total)), shared_mem=MATMUL_SMEM)
+        f = lambda: kern((total,), (256,), (dt_dev, u32(1), u32(total)), shared_mem=MATMUL_SMEM)  # noqa: E731
         f()
         cp.cuda.Device().synchronize()
         ok, rel = mm_check(j, sample=4096)
-        t = events_time(f, reps=20, warm=5)
-        results[name] = flops / t / 1e12
+        s = events_time(f, reps=20, warm=5)
+        results[name] = flops / s / 1e12
         report(name, "4096^3 (sampled f64 check)", ok,
-               f"max rel={rel:.2e}; {t*1e3:.3f} ms = {results[name]:.1f} TFLOP/s")
+               f"max rel={rel:.2e}; {s*1e3:.3f} ms = {results[name]:.1f} TFLOP/s")
     try:
         import torch
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -5,7 +5,8 @@ GPU work, no CuPy/torch import, nothing done at import time. It mirrors the
 host-side prep of kernels/src/abi.rs, whose constants it reads (abi.rs is the
 single source of truth):
 
-    abi = read_abi("kernels/src/abi.rs")      # {"MATMUL_BM": 128, ..., "MATMUL_ENTRY": "matmul_batch_bk16"}
+    abi = read_abi("kernels/src/abi.rs")      # {"MATMUL_BM": 128, ..., "ENTRY_MATMUL": "matmul"}
+    entry = abi["ENTRY_MATMUL"] + "_f32"      # entries are <prefix>_<type>: matmul_f32
     table, total = matmul_table([(pa, pb, pc, m, n, k)], abi["MATMUL_BM"], abi["MATMUL_BN"])
     # upload table.view(np.uint8); launch grid (total,), block (256,),
     # params (table_ptr, u32(njobs), u32(total)), shared_mem=matmul_smem(abi)
@@ -32,7 +33,8 @@ assert MM_DT.itemsize == 48
 
 def read_abi(path=None):
     """Constants of abi.rs: integer literals as int, string constants as str
-    (aliases such as `MATMUL_ENTRY = ENTRY_MATMUL_BK16` resolved)."""
+    (aliases such as `A: &str = B;` resolved). Entry names are the
+    ENTRY_* prefixes plus "_f32" / "_f64" (abi::Dtype::suffix)."""
     with open(path or DEFAULT_ABI) as fh:
         text = fh.read()
     abi = {}
@@ -52,9 +54,9 @@ def read_abi(path=None):
 
 
 def matmul_smem(abi):
-    """Dynamic shared memory of the matmul entries (MATMUL_SMEM_BYTES:
-    two stages of A^T[BK][BM+4] and B[BK][BN] f32 at the largest BK)."""
-    return 2 * abi["MATMUL_BK_MAX"] * (abi["MATMUL_BM"] + 4 + abi["MATMUL_BN"]) * 4
+    """Dynamic shared memory of matmul_f32 (MATMUL_SMEM_BYTES: two stages
+    of A^T[BK][BM+4] and B[BK][BN] f32)."""
+    return 2 * abi["MATMUL_BK"] * (abi["MATMUL_BM"] + 4 + abi["MATMUL_BN"]) * 4
 
 
 def cdiv(a, b):
@@ -66,7 +68,7 @@ def u32(x):
 
 
 def matmul_table(jobs, bm, bn):
-    """Descriptor table for matmul_batch / matmul_batch_bk16, as abi::matmul_prepare.
+    """Descriptor table for matmul_f32, as abi::matmul_prepare.
 
     jobs: sequence of (a_ptr, b_ptr, c_ptr, m, n, k) with device pointers as ints
     (C(m x n) = A(m x k) . B(k x n), row-major f32). Returns (table, total_tiles):

@@ -9,9 +9,27 @@
 //! mod abi;
 //! ```
 //!
+//! Entries: every kernel file `kernels/src/<kernel>.rs` defines one entry
+//! per element type, named `<kernel>_<type>` ([`ENTRY_VECTOR_ADD`] etc. are
+//! the `<kernel>` prefixes; append [`Dtype::suffix`]):
+//!
+//! | entry | element type |
+//! |---|---|
+//! | `vector_add_f32`, `vector_add_f64` | f32 / f64 |
+//! | `reduce_f32`, `reduce_f64` | f32 / f64 |
+//! | `dot_f32`, `dot_f64` | f32 / f64 |
+//! | `saxpy_f32`, `saxpy_f64` | f32 / f64 (`alpha` is f64 in the job) |
+//! | `matmul_f32` | f32 |
+//!
+//! The two entries of a kernel share its descriptor struct, launch shape
+//! and host prep: only the element type behind the pointers differs (and
+//! with it the size of `out` for reduce/dot). `len`, `m`, `n`, `k` count
+//! elements, never bytes.
+//!
 //! Conventions for every kernel:
 //! * device pointers are `u64` (a device address, or a device-mapped host
-//!   address from `cuMemHostRegister`); element type is always `f32`;
+//!   address from `cuMemHostRegister`), pointing to elements of the entry's
+//!   type;
 //! * the descriptor table itself lives in device memory (or device-mapped host
 //!   memory) and is passed as the first kernel parameter (a pointer);
 //! * scalar kernel parameters are `u32` and follow the table pointer in the
@@ -20,19 +38,31 @@
 //!   `1..=total` is correct; [`grid_for`] gives the recommended one.
 //!   `grid.y = grid.z = 1`, `block = (THREADS, 1, 1)`;
 //! * a launch with `total == 0` must be skipped (grid.x = 0 is invalid);
-//! * inputs must not overlap outputs (except `vector_add`, where `out` may be
-//!   exactly `a` or `b`); outputs of different jobs must not overlap;
+//! * inputs must not overlap outputs (except `vector_add` and `saxpy`, where
+//!   `out` may be exactly one of the inputs); outputs of different jobs must
+//!   not overlap;
 //! * alignment is not required: 16-byte aligned pointers (and, for matmul,
-//!   `k % 4 == 0` / `n % 4 == 0`) take the vectorised paths.
+//!   `k % 4 == 0` / `n % 4 == 0`) take the vectorised paths (for both
+//!   types: 4 consecutive elements, one `v4.f32` or two `v2.f64` accesses).
 //!
-//! # `vector_add_batch`  — `out[i] = a[i] + b[i]`
+//! # `vector_add_{f32,f64}`  — `out[i] = a[i] + b[i]`
 //! * params: `(jobs: u64 -> [VecAddJob; njobs], njobs: u32, total_blocks: u32)`
 //! * block `(VADD_THREADS,1,1)`, grid `(grid_for(total_blocks, VADD_MAX_GRID),1,1)`,
 //!   dynamic shared memory 0.
 //! * host prep: [`vadd_prepare`] fills `block_start` (an exclusive prefix of
-//!   `ceil(len / VADD_ELEMS_PER_BLOCK)`) and returns `total_blocks`.
+//!   `ceil(len / VADD_ELEMS_PER_BLOCK)`, the same for both types) and
+//!   returns `total_blocks`.
 //!
-//! # `reduce_batch` / `dot_batch`  — `*out = Σ a[i]` / `*out = Σ a[i]·b[i]`
+//! # `saxpy_{f32,f64}`  — `out[i] = alpha · x[i] + y[i]`
+//! * params: `(jobs: u64 -> [SaxpyJob; njobs], njobs: u32, total_blocks: u32)`
+//! * block `(SAXPY_THREADS,1,1)`, grid `(grid_for(total_blocks, SAXPY_MAX_GRID),1,1)`,
+//!   dynamic shared memory 0.
+//! * host prep: [`saxpy_prepare`] fills `block_start` (an exclusive prefix of
+//!   `ceil(len / SAXPY_ELEMS_PER_BLOCK)`) and returns `total_blocks`.
+//! * one fused multiply-add per element (one rounding); `saxpy_f32` rounds
+//!   the job's f64 `alpha` to f32 first. `out` may be exactly `x` or `y`.
+//!
+//! # `reduce_{f32,f64}` / `dot_{f32,f64}`  — `*out = Σ a[i]` / `*out = Σ a[i]·b[i]`
 //! * params: `(jobs: u64 -> [ReduceJob; n_small+n_medium+n_large], n_small: u32,
 //!   n_medium: u32, n_large: u32, total_blocks: u32)`
 //! * block `(REDUCE_THREADS,1,1)`, grid `(grid_for(total_blocks, REDUCE_MAX_GRID),1,1)`,
@@ -40,17 +70,23 @@
 //! * host prep: [`reduce_prepare`] reorders the table into small | medium |
 //!   large (by [`reduce_strategy`]), fills `block_start` of the large jobs and
 //!   returns the [`ReducePlan`] (the four scalar params). Each job's result
-//!   goes to its own `out`, so the reordering is invisible to the caller.
+//!   goes to its own `out` (one element of the entry's type), so the
+//!   reordering is invisible to the caller.
 //! * **the `out` of every Large job must hold `0.0` before the launch**: its
-//!   blocks add their partial sums into it with `red.global.add.f32` (order,
-//!   hence the last bits, may vary from run to run). Small and medium jobs
-//!   overwrite `out`. Zeroing all outputs is always fine.
+//!   blocks add their partial sums into it with `red.global.add.f32`/`.f64`
+//!   (order, hence the last bits, may vary from run to run). Small and
+//!   medium jobs overwrite `out`. Zeroing all outputs is always fine.
 //! * strategies: Small (`len <= REDUCE_SMALL_MAX`): one warp per job, 8 jobs
 //!   per block; Medium (`len <= REDUCE_MEDIUM_MAX`): one block per job;
 //!   Large: `ceil(len / REDUCE_LARGE_CHUNK)` blocks per job.
-//! * `b` is ignored by `reduce_batch` (set it to 0).
+//! * accuracy (both types, accumulated in the element type): each
+//!   accumulator sums at most [`SUM_SERIAL`] (256) terms serially, then a
+//!   pairwise tree of depth ≤ 16, then (Large) one atomic addition per
+//!   [`REDUCE_LARGE_CHUNK`] (65536) elements: |error| ≤ (256 + 16 +
+//!   ceil(len/65536) + 1) · u · Σ|terms|, u = 2^-24 (f32) / 2^-53 (f64).
+//! * `b` is ignored by `reduce_*` (set it to 0).
 //!
-//! # `matmul_batch` (and `matmul_batch_bk16`) — `C(m×n) = A(m×k) · B(k×n)`, row-major
+//! # `matmul_f32` — `C(m×n) = A(m×k) · B(k×n)`, row-major f32
 //! * params: `(jobs: u64 -> [MatmulJob; njobs], njobs: u32, total_tiles: u32)`
 //! * block `(MATMUL_THREADS,1,1)`, grid `(grid_for(total_tiles, MATMUL_MAX_GRID),1,1)`,
 //!   dynamic shared memory [`MATMUL_SMEM_BYTES`] (below the 48 KiB default, so
@@ -58,23 +94,54 @@
 //! * host prep: [`matmul_prepare`] fills `tiles_n` and `tile_start` (exclusive
 //!   prefix of `ceil(m/128)·ceil(n/128)`) and returns `total_tiles`.
 //! * any `m, n, k` (`k == 0` writes zeros; `m == 0` or `n == 0` does nothing).
-//! * `matmul_batch` uses a 128×128×8 tile, `matmul_batch_bk16` 128×128×16;
-//!   same ABI, pick by [`MATMUL_ENTRY`] (bk16, the faster on an H200).
+//! * a 128×128×16 tile (`MATMUL_BK`); measured on an H200 at 4096^3 (2 Dec,
+//!   driver JIT from sm_70 PTX): 43.9 TFLOP/s, 88 % of cuBLAS SGEMM with TF32
+//!   off (49.8); a BK = 8 variant (41.8) was dropped.
 //! * every kernel is assembled with `.maxntid 256,1,1`: a launch with more
 //!   than 256 threads per block fails (`CUDA_ERROR_INVALID_VALUE`).
 
 #![allow(dead_code)]
 
-/// Kernel entry names in the PTX module.
-pub const ENTRY_VECTOR_ADD: &str = "vector_add_batch";
-pub const ENTRY_REDUCE: &str = "reduce_batch";
-pub const ENTRY_DOT: &str = "dot_batch";
-/// The matmul entry the host should use: the faster of the two as measured
-/// on an H200 at 4096^3 (bk16 43.9 TFLOP/s, bk8 41.8, cuBLAS SGEMM 49.8;
-/// kernels/RESULTS.md). Both are correct on any CC >= 7.0.
-pub const MATMUL_ENTRY: &str = ENTRY_MATMUL_BK16;
-pub const ENTRY_MATMUL: &str = "matmul_batch";
-pub const ENTRY_MATMUL_BK16: &str = "matmul_batch_bk16";
+/// Kernel entry-name prefixes in the PTX module: the entry is the prefix
+/// followed by [`Dtype::suffix`] (`matmul` exists for f32 only).
+pub const ENTRY_VECTOR_ADD: &str = "vector_add";
+pub const ENTRY_REDUCE: &str = "reduce";
+pub const ENTRY_DOT: &str = "dot";
+pub const ENTRY_SAXPY: &str = "saxpy";
+pub const ENTRY_MATMUL: &str = "matmul";
+
+/// Element type of an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F64,
+}
+
+impl Dtype {
+    /// `"_f32"` / `"_f64"`: entry name = prefix + suffix.
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            Dtype::F32 => "_f32",
+            Dtype::F64 => "_f64",
+        }
+    }
+    /// Bytes per element.
+    pub const fn size(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F64 => 8,
+        }
+    }
+}
+
+/// Summation contract of reduce/dot (both types): at most this many terms
+/// summed serially per accumulator ...
+pub const SUM_SERIAL: u64 = 256;
+/// ... then a pairwise tree of at most this depth ...
+pub const SUM_TREE_DEPTH: u64 = 16;
+/// ... then one atomic addition per chunk of this many elements (=
+/// REDUCE_LARGE_CHUNK).
+pub const SUM_CHUNK: u64 = 65536;
 
 /// File name `kernels/build.sh OUT_DIR` writes.
 pub const PTX_FILE_NAME: &str = "erlcuda_kernels.ptx";
@@ -92,7 +159,7 @@ pub struct VecAddJob {
     pub a: u64,
     pub b: u64,
     pub out: u64,
-    /// Number of f32 elements.
+    /// Number of elements.
     pub len: u64,
     /// First virtual block of this job (exclusive prefix over jobs); set by
     /// [`vadd_prepare`].
@@ -123,11 +190,49 @@ pub fn grid_for(total: u32, max_grid: u32) -> u32 {
     if total < max_grid { total } else { max_grid }
 }
 
+// ------------------------------------------------------------------- saxpy
+
+pub const SAXPY_THREADS: u32 = 256;
+/// Elements one (virtual) block handles: 256 threads × 4 groups of 4.
+pub const SAXPY_ELEMS_PER_BLOCK: u64 = 4096;
+pub const SAXPY_MAX_GRID: u32 = 132 * 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SaxpyJob {
+    pub x: u64,
+    pub y: u64,
+    pub out: u64,
+    /// Number of elements.
+    pub len: u64,
+    /// First virtual block of this job (exclusive prefix over jobs); set by
+    /// [`saxpy_prepare`].
+    pub block_start: u64,
+    /// The scale; `saxpy_f32` rounds it to f32.
+    pub alpha: f64,
+}
+
+pub const fn saxpy_blocks(len: u64) -> u64 {
+    div_ceil_u64(len, SAXPY_ELEMS_PER_BLOCK)
+}
+
+/// Fills `block_start` and returns `total_blocks`, or `None` if the total
+/// does not fit the kernel's `u32` parameter.
+pub fn saxpy_prepare(jobs: &mut [SaxpyJob]) -> Option<u32> {
+    let mut acc: u64 = 0;
+    for j in jobs.iter_mut() {
+        j.block_start = acc;
+        acc = acc.checked_add(saxpy_blocks(j.len))?;
+    }
+    u32::try_from(acc).ok()
+}
+
 // ------------------------------------------------------------ reduce / dot
 
 pub const REDUCE_THREADS: u32 = 256;
 pub const REDUCE_WARPS: u32 = REDUCE_THREADS / 32;
-/// Dynamic shared memory for reduce/dot (one f32 per warp, rounded up).
+/// Dynamic shared memory for reduce/dot (one partial per warp: 8 × 8 bytes
+/// for f64).
 pub const REDUCE_SMEM_BYTES: u32 = 64;
 /// Up to this length: one warp per job.
 pub const REDUCE_SMALL_MAX: u64 = 2048;
@@ -142,9 +247,9 @@ pub const REDUCE_MAX_GRID: u32 = 132 * 64;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReduceJob {
     pub a: u64,
-    /// Second operand for `dot_batch`; ignored by `reduce_batch`.
+    /// Second operand for `dot_*`; ignored by `reduce_*`.
     pub b: u64,
-    /// Device pointer to ONE f32 result.
+    /// Device pointer to ONE result element (f32 or f64, as the entry).
     pub out: u64,
     pub len: u64,
     /// Large jobs only: first block of this job counted from the first
@@ -173,7 +278,7 @@ pub const fn reduce_strategy(len: u64) -> ReduceStrategy {
     }
 }
 
-/// The scalar kernel parameters of `reduce_batch` / `dot_batch`.
+/// The scalar kernel parameters of `reduce_*` / `dot_*`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReducePlan {
     pub n_small: u32,
@@ -232,11 +337,11 @@ pub const MATMUL_BN: u32 = 128;
 /// Shared-memory row stride (floats) of the transposed A tile (BM + 4 pad).
 pub const MATMUL_LDA_S: u32 = MATMUL_BM + 4;
 pub const MATMUL_LDB_S: u32 = MATMUL_BN;
-/// Largest BK among the entries (matmul_batch: 8, matmul_batch_bk16: 16).
-pub const MATMUL_BK_MAX: u32 = 16;
-/// Dynamic shared memory for either matmul entry: two stages of
-/// A^T[BK][BM+4] and B[BK][BN] f32 at the largest BK (33,280 bytes).
-pub const MATMUL_SMEM_BYTES: u32 = 2 * MATMUL_BK_MAX * (MATMUL_LDA_S + MATMUL_LDB_S) * 4;
+/// K depth of a tile.
+pub const MATMUL_BK: u32 = 16;
+/// Dynamic shared memory of `matmul_f32`: two stages of A^T[BK][BM+4] and
+/// B[BK][BN] f32 (33,280 bytes).
+pub const MATMUL_SMEM_BYTES: u32 = 2 * MATMUL_BK * (MATMUL_LDA_S + MATMUL_LDB_S) * 4;
 /// Tile rows grouped together in the launch order (L2 reuse).
 pub const MATMUL_GROUP_M: u32 = 8;
 pub const MATMUL_MAX_GRID: u32 = i32::MAX as u32;
@@ -279,23 +384,12 @@ pub fn matmul_prepare(jobs: &mut [MatmulJob]) -> Option<u32> {
 const _: () = assert!(core::mem::size_of::<VecAddJob>() == 40);
 const _: () = assert!(core::mem::size_of::<ReduceJob>() == 40);
 const _: () = assert!(core::mem::size_of::<MatmulJob>() == 48);
+const _: () = assert!(core::mem::size_of::<SaxpyJob>() == 48);
 const _: () = assert!(MATMUL_SMEM_BYTES == 33_280);
-const _: () = assert!(REDUCE_LARGE_CHUNK % 4 == 0 && REDUCE_SMEM_BYTES >= 4 * REDUCE_WARPS);
+const _: () = assert!(REDUCE_LARGE_CHUNK % 4 == 0 && REDUCE_SMEM_BYTES >= 8 * REDUCE_WARPS);
+const _: () = assert!(SUM_CHUNK == REDUCE_LARGE_CHUNK && REDUCE_LARGE_CHUNK / REDUCE_THREADS as u64 <= SUM_SERIAL);
+const _: () = assert!(REDUCE_MEDIUM_MAX <= REDUCE_LARGE_CHUNK);
 
-// ------------------------------------------------------------------ saxpy (TEMP until kgen merge)
-pub const SAXPY_THREADS: u32 = 256;
-pub const SAXPY_ELEMS_PER_BLOCK: u64 = 4096;
-pub const SAXPY_MAX_GRID: u32 = 132 * 64;
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SaxpyJob { pub x: u64, pub y: u64, pub out: u64, pub len: u64, pub block_start: u64, pub alpha: f64 }
-pub fn saxpy_prepare(jobs: &mut [SaxpyJob]) -> Option<u32> {
-    let mut acc: u64 = 0;
-    for j in jobs.iter_mut() {
-        j.block_start = acc;
-        acc = acc.checked_add(div_ceil_u64(j.len, SAXPY_ELEMS_PER_BLOCK))?;
-    }
-    u32::try_from(acc).ok()
-}
 #[path = "matmul_f64_abi.rs"]
 pub mod matmul_f64_abi;
+

@@ -23,6 +23,10 @@ pub mod abi;
 
 include!(concat!(env!("OUT_DIR"), "/ops_table.rs"));
 
+// The device code states the header's accumulation depths in abi.rs (it
+// cannot read the C header); they must be the header's.
+const _: () = assert!(abi::SUM_SERIAL == EC_SUM_SERIAL as u64 && abi::SUM_CHUNK == EC_SUM_CHUNK as u64);
+
 /// The host side of `kernel`.
 pub fn op(kernel: Kernel) -> &'static (dyn KernelOp + Sync) {
     OPS[kernel as usize - 1]
