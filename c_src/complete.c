@@ -1,0 +1,290 @@
+/*
+ * complete.c: slot state and completion. The completion thread drains the
+ * CQ and sends {erlcuda, Ref, Result} straight to the process that called
+ * launch; no Erlang server is in the path. A slot leaves INFLIGHT once, by
+ * a CAS (claim_job, cancel_job): see erlcuda_nif.h.
+ */
+#define _GNU_SOURCE
+#include "erlcuda_nif.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() __asm__ __volatile__("" ::: "memory")
+#endif
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void release_job_locked(struct device *d, uint32_t idx)
+{
+    struct job *j = &d->jobs[idx];
+    free_region_locked(d, &j->in);
+    if (!j->out_taken)
+        free_region_locked(d, &j->out);
+    j->out.bytes = 0;
+    enif_clear_env(j->env);
+    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
+    d->free_stack[d->nfree++] = idx;
+    for (uint32_t i = 0; i < j->ncredit; i++)
+        d->free_stack[d->nfree++] = j->credit[i];
+    /* read by wait_cq */
+    __atomic_store_n(&d->in_flight, d->in_flight - 1 - j->ncredit, __ATOMIC_RELAXED);
+    j->ncredit = 0;
+    __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
+}
+
+/* Takes ownership of an in-flight job for answering it. Returns 1 when the
+ * caller must send the answer, 0 when launch_sync already cancelled it (no
+ * message wanted), -1 when the job is not in flight (a bogus or duplicate
+ * completion: ignore it). */
+static int claim_job(struct device *d, uint32_t idx, uint32_t gen)
+{
+    struct job *j = &d->jobs[idx];
+    int expect = JOB_INFLIGHT;
+    if (__atomic_compare_exchange_n(&j->state, &expect, JOB_COMPLETING, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        if (j->gen == gen)
+            return 1;
+        __atomic_store_n(&j->state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+        return -1;
+    }
+    if (expect == JOB_CANCELLED &&
+        __atomic_compare_exchange_n(&j->state, &expect, JOB_COMPLETING, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        if (j->gen == gen)
+            return 0;
+        __atomic_store_n(&j->state, JOB_CANCELLED, __ATOMIC_RELEASE);
+    }
+    return -1;
+}
+
+int cancel_job(struct device *d, ERL_NIF_TERM ref)
+{
+    int cancelled = 0;
+    dev_lock(d);
+    for (uint32_t i = 0; i < d->nslots; i++) {
+        struct job *j = &d->jobs[i];
+        int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+        if (st == JOB_FREE || !enif_is_identical(j->ref, ref))
+            continue;
+        int expect = JOB_INFLIGHT;
+        if (__atomic_compare_exchange_n(&j->state, &expect, JOB_CANCELLED, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            cancelled = 1;
+        break;
+    }
+    dev_unlock(d);
+    return cancelled;
+}
+
+static void send_answer(ErlNifEnv *caller_env, ErlNifEnv *msg_env, struct job *j,
+                        ERL_NIF_TERM result)
+{
+    ERL_NIF_TERM msg =
+        enif_make_tuple3(msg_env, ATOM_erlcuda, enif_make_copy(msg_env, j->ref), result);
+    enif_send(caller_env, &j->pid, msg_env, msg);
+    enif_clear_env(msg_env);
+}
+
+/* Answers the job of one CQE; sets *release to its slot once answered (or
+ * cancelled), to be freed with release_jobs; leaves it alone otherwise. */
+static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_cqe *cqe,
+                       int64_t *release)
+{
+    uint32_t idx = (uint32_t)cqe->user_data;
+    uint32_t gen = (uint32_t)(cqe->user_data >> 32);
+    if (idx >= d->nslots) {
+        count(&d->c.bogus_cqes, 1);
+        return;
+    }
+    struct job *j = &d->jobs[idx];
+    int32_t status = cqe->status;
+    int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+    if ((st == JOB_INFLIGHT || st == JOB_CANCELLED) && __atomic_load_n(&j->gen, __ATOMIC_RELAXED) == gen &&
+        __atomic_load_n(&j->parts, __ATOMIC_RELAXED) > 1) {
+        /* One part of a pipelined job: only the last one answers it. */
+        if (status != EC_STATUS_OK) {
+            int32_t ok = EC_STATUS_OK;
+            __atomic_compare_exchange_n(&j->part_status, &ok, status, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED);
+        }
+        if (__atomic_sub_fetch(&j->parts_left, 1, __ATOMIC_ACQ_REL) > 0)
+            return;
+        status = __atomic_load_n(&j->part_status, __ATOMIC_RELAXED);
+    }
+    int claim = claim_job(d, idx, gen);
+    if (claim < 0) {
+        count(&d->c.bogus_cqes, 1);
+        return;
+    }
+    if (claim == 1) {
+        ErlNifEnv *m = d->msg_env;
+        ERL_NIF_TERM result;
+        if (status == EC_STATUS_OK) {
+            result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
+        } else {
+            ERL_NIF_TERM why = status > 0 && status < (int32_t)EC_STATUS_COUNT
+                                   ? STATUS_ATOMS[status]
+                                   : enif_make_int(m, status);
+            result = make_error(m, enif_make_tuple2(m, ATOM_gpud, why));
+        }
+        send_answer(caller_env, m, j, result);
+    }
+    count(&d->c.completed, 1);
+    *release = idx;
+}
+
+/* Frees the slots of answered jobs: one hold of the lock for many, which
+ * submitters contend for. */
+static void release_jobs(struct device *d, const uint32_t *idx, uint32_t n)
+{
+    if (n == 0)
+        return;
+    dev_lock(d);
+    for (uint32_t i = 0; i < n; i++)
+        release_job_locked(d, idx[i]);
+    dev_unlock(d);
+}
+
+/* Consumes every CQE present. Caller holds cq_lock. A hostile tail can claim
+ * at most nslots entries: more cannot be legitimate. */
+uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env)
+{
+    struct ec_header *h = d->shm.hdr;
+    uint32_t head = __atomic_load_n(&h->cq_head, __ATOMIC_RELAXED);
+    uint32_t tail = __atomic_load_n(&h->cq_tail, __ATOMIC_ACQUIRE);
+    uint32_t n = tail - head;
+    if (n > d->nslots) {
+        count(&d->c.bogus_cqes, n - d->nslots);
+        n = d->nslots;
+    }
+    uint32_t done[64], ndone = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct ec_cqe cqe;
+        memcpy(&cqe, &d->shm.cq[(head + i) & (d->nslots - 1)], sizeof cqe);
+        /* Room for gpud at once, so a job can be completed before this drain
+         * ends. */
+        __atomic_store_n(&h->cq_head, head + i + 1, __ATOMIC_RELEASE);
+        int64_t idx = -1;
+        handle_cqe(d, caller_env, &cqe, &idx);
+        if (idx >= 0)
+            done[ndone++] = (uint32_t)idx;
+        if (ndone == sizeof done / sizeof done[0]) {
+            release_jobs(d, done, ndone);
+            ndone = 0;
+        }
+    }
+    release_jobs(d, done, ndone);
+    return n;
+}
+
+static int cq_pending(struct device *d)
+{
+    struct ec_header *h = d->shm.hdr;
+    return __atomic_load_n(&h->cq_tail, __ATOMIC_ACQUIRE) !=
+           __atomic_load_n(&h->cq_head, __ATOMIC_RELAXED);
+}
+
+/* Waits for completions: spins for spin_us (the next job of a caller that
+ * just got its answer usually follows within microseconds), and for up to
+ * busy_spin_us while jobs are in flight (a GPU job of tens of microseconds
+ * then costs no eventfd write in gpud and no thread wake-up here: ~10 us of
+ * a one-in-flight round trip); then sleeps on the CQ eventfd under the
+ * NEED_WAKEUP protocol of erlcuda_ring.h. */
+static void wait_cq(struct device *d)
+{
+    struct ec_header *h = d->shm.hdr;
+    int64_t start = now_ns();
+    int64_t idle_until = start + (int64_t)d->spin_us * 1000;
+    int64_t busy_until = start + (int64_t)d->busy_spin_us * 1000;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (cq_pending(d) || __atomic_load_n(&d->stop, __ATOMIC_RELAXED))
+                return;
+            cpu_relax();
+        }
+        int64_t now = now_ns();
+        if (now >= idle_until &&
+            (now >= busy_until || __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED) == 0))
+            break;
+    }
+    __atomic_fetch_or(&h->cq_flags, EC_NEED_WAKEUP, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!cq_pending(d)) {
+        struct pollfd p[2] = {{.fd = d->shm.cq_efd, .events = POLLIN},
+                              {.fd = d->ctl_efd, .events = POLLIN}};
+        count(&d->c.cq_sleeps, 1);
+        while (poll(p, 2, -1) < 0 && errno == EINTR)
+            ;
+        if (p[0].revents & POLLIN)
+            shm_drain(d->shm.cq_efd);
+    }
+    __atomic_fetch_and(&h->cq_flags, ~EC_NEED_WAKEUP, __ATOMIC_RELAXED);
+}
+
+static void *completion_thread(void *arg)
+{
+    struct device *d = arg;
+    while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+        if (!cq_pending(d)) {
+            wait_cq(d);
+            continue;
+        }
+        enif_mutex_lock(d->cq_lock);
+        drain_cq(d, NULL);
+        enif_mutex_unlock(d->cq_lock);
+    }
+    return NULL;
+}
+
+int start_completion_thread(struct device *d)
+{
+    ErlNifThreadOpts *o = enif_thread_opts_create("erlcuda.completion");
+    int err = enif_thread_create("erlcuda.completion", &d->thread, completion_thread, d, o);
+    enif_thread_opts_destroy(o);
+    if (err == 0)
+        d->thread_started = 1;
+    return err;
+}
+
+void stop_completion_thread(struct device *d)
+{
+    if (!d->thread_started)
+        return;
+    __atomic_store_n(&d->stop, 1, __ATOMIC_RELEASE);
+    shm_signal(d->ctl_efd);
+    enif_thread_join(d->thread, NULL);
+    d->thread_started = 0;
+}
+
+/* Answers every job still in flight with {error, Reason}. The caller holds
+ * cq_lock (or the completion thread is gone), so no CQE races this, and
+ * d->lock, so no submit publishes until the rings are consistent again. */
+void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason)
+{
+    ErlNifEnv *m = enif_alloc_env();
+    for (uint32_t i = 0; i < d->nslots; i++) {
+        struct job *j = &d->jobs[i];
+        int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+        if (st == JOB_FREE)
+            continue;
+        int claim = claim_job(d, i, j->gen);
+        if (claim < 0)
+            continue;
+        if (claim == 1)
+            send_answer(caller_env, m, j, make_error(m, enif_make_copy(m, reason)));
+        release_job_locked(d, i);
+        count(&d->c.failed_by_reset, 1);
+    }
+    enif_free_env(m);
+}

@@ -1,0 +1,229 @@
+/*
+ * copy.c: large copies into the arena, over one pool of threads.
+ *
+ * Copies of at least PARALLEL_COPY_BYTES are split over several threads: one
+ * core's memcpy (~5-10 GB/s) is what bounds a large job from a plain binary
+ * (2^26 elements: ~90 ms for two inputs on an H200 host, one thread). The
+ * pipelined submit (submit.c) spreads its slices over the same threads.
+ *
+ * The threads are made once, when the library loads, and sleep on a
+ * condition variable while there is nothing to copy: creating and joining
+ * threads for every copy cost a clone() and an exit per thread per copy.
+ * A copy is a set of numbered pieces. Its caller queues it, wakes as many
+ * threads as may help, and takes pieces itself; each helper takes pieces
+ * until none is left. So a copy never waits for a thread to be free (with
+ * every thread busy, or none started, its caller does all of it), and at
+ * most copy_threads() pieces of one copy run at once, as when each copy
+ * made its own threads.
+ */
+#define _GNU_SOURCE
+#include "erlcuda_nif.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#define PARALLEL_COPY_BYTES (16u << 20)
+#define PARALLEL_COPY_THREADS 8
+
+/* Threads a large copy is split over: PARALLEL_COPY_THREADS, or fewer on a
+ * machine with fewer cores. */
+static uint32_t copy_threads(void)
+{
+    static long cpus;
+    if (cpus == 0)
+        cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > PARALLEL_COPY_THREADS ? PARALLEL_COPY_THREADS : (uint32_t)(cpus > 1 ? cpus : 1);
+}
+
+/* One copy in progress: piece(arg, i) for i in 0 .. pieces - 1. */
+struct copy_task {
+    void (*piece)(void *arg, uint32_t i);
+    void *arg;
+    uint32_t pieces;
+    uint32_t next;        /* __atomic: the next piece to take */
+    uint32_t helpers;     /* pool threads inside the task; under the pool lock */
+    uint32_t max_helpers; /* how many may be */
+    struct copy_task *link;
+};
+
+struct copy_pool {
+    ErlNifMutex *lock;
+    ErlNifCond *work;         /* a task was queued, or stop */
+    ErlNifCond *left;         /* a helper left a task */
+    struct copy_task *queue;  /* tasks whose caller still takes pieces */
+    int stop;
+    uint32_t nthreads;
+    ErlNifTid tid[PARALLEL_COPY_THREADS];
+};
+
+/* The pool, shared by every instance of this library that is loaded: an
+ * upgrade that loads the same file runs load again on the same statics, so
+ * the pool is held once per instance and stopped with the last (load,
+ * upgrade and unload never run concurrently). */
+static struct copy_pool *POOL;
+static unsigned POOL_HOLDS;
+
+static void take_pieces(struct copy_task *t)
+{
+    for (;;) {
+        uint32_t i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
+        if (i >= t->pieces)
+            return;
+        t->piece(t->arg, i);
+    }
+}
+
+static int task_wants_help(const struct copy_task *t)
+{
+    return t->helpers < t->max_helpers && __atomic_load_n(&t->next, __ATOMIC_RELAXED) < t->pieces;
+}
+
+static void *pool_thread(void *arg)
+{
+    struct copy_pool *p = arg;
+    enif_mutex_lock(p->lock);
+    while (!p->stop) {
+        struct copy_task *t = p->queue;
+        while (t && !task_wants_help(t))
+            t = t->link;
+        if (!t) {
+            enif_cond_wait(p->work, p->lock);
+            continue;
+        }
+        t->helpers++;
+        enif_mutex_unlock(p->lock);
+        take_pieces(t);
+        enif_mutex_lock(p->lock);
+        /* The caller may be waiting for the last helper; its task lives on
+         * its stack, so t is not touched after this. */
+        if (--t->helpers == 0)
+            enif_cond_broadcast(p->left);
+    }
+    enif_mutex_unlock(p->lock);
+    return NULL;
+}
+
+static void pool_free(struct copy_pool *p)
+{
+    if (p->lock)
+        enif_mutex_destroy(p->lock);
+    if (p->work)
+        enif_cond_destroy(p->work);
+    if (p->left)
+        enif_cond_destroy(p->left);
+    enif_free(p);
+}
+
+static void pool_stop(struct copy_pool *p)
+{
+    enif_mutex_lock(p->lock);
+    p->stop = 1;
+    enif_cond_broadcast(p->work);
+    enif_mutex_unlock(p->lock);
+    for (uint32_t i = 0; i < p->nthreads; i++)
+        enif_thread_join(p->tid[i], NULL);
+    pool_free(p);
+}
+
+/* A pool of copy_threads() threads, or NULL when there is nothing to split
+ * over (one core) or no memory; any thread that cannot be created is left
+ * out: copies then run on fewer threads, or on their callers alone. */
+static struct copy_pool *pool_start(void)
+{
+    uint32_t n = copy_threads();
+    if (n < 2)
+        return NULL;
+    struct copy_pool *p = enif_alloc(sizeof *p);
+    if (!p)
+        return NULL;
+    memset(p, 0, sizeof *p);
+    p->lock = enif_mutex_create("erlcuda.copy_pool");
+    p->work = enif_cond_create("erlcuda.copy_work");
+    p->left = enif_cond_create("erlcuda.copy_left");
+    if (!p->lock || !p->work || !p->left) {
+        pool_free(p);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (enif_thread_create("erlcuda.copy", &p->tid[p->nthreads], pool_thread, p, NULL) == 0)
+            p->nthreads++;
+    }
+    return p;
+}
+
+void copy_pool_hold(void)
+{
+    if (POOL_HOLDS++ == 0)
+        POOL = pool_start();
+}
+
+void copy_pool_release(void)
+{
+    if (POOL_HOLDS == 0 || --POOL_HOLDS > 0)
+        return;
+    if (POOL)
+        pool_stop(POOL);
+    POOL = NULL;
+}
+
+void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces)
+{
+    struct copy_pool *p = POOL;
+    uint32_t at_once = copy_threads() < pieces ? copy_threads() : pieces;
+    struct copy_task t = {.piece = piece, .arg = arg, .pieces = pieces, .next = 0,
+                          .helpers = 0, .max_helpers = at_once > 0 ? at_once - 1 : 0,
+                          .link = NULL};
+    if (!p || p->nthreads == 0 || t.max_helpers == 0) {
+        take_pieces(&t);
+        return;
+    }
+    if (t.max_helpers > p->nthreads)
+        t.max_helpers = p->nthreads;
+    enif_mutex_lock(p->lock);
+    struct copy_task **q = &p->queue;
+    while (*q)
+        q = &(*q)->link;
+    *q = &t;
+    for (uint32_t i = 0; i < t.max_helpers; i++)
+        enif_cond_signal(p->work);
+    enif_mutex_unlock(p->lock);
+
+    take_pieces(&t);
+
+    /* Every piece is taken: out of the queue, so no helper joins any more,
+     * then wait for those still copying theirs. */
+    enif_mutex_lock(p->lock);
+    for (q = &p->queue; *q != &t; q = &(*q)->link)
+        ;
+    *q = t.link;
+    while (t.helpers > 0)
+        enif_cond_wait(p->left, p->lock);
+    enif_mutex_unlock(p->lock);
+}
+
+struct byte_copy {
+    char *dst;
+    const char *src;
+    size_t n, chunk;
+};
+
+static void byte_copy_piece(void *arg, uint32_t i)
+{
+    struct byte_copy *b = arg;
+    size_t off = (size_t)i * b->chunk;
+    if (off < b->n)
+        memcpy(b->dst + off, b->src + off, b->n - off < b->chunk ? b->n - off : b->chunk);
+}
+
+/* memcpy, in up to copy_threads() pieces at once when large. */
+void copy_bytes(void *dst, const void *src, size_t n)
+{
+    size_t t = copy_threads();
+    if (n < PARALLEL_COPY_BYTES || t < 2) {
+        memcpy(dst, src, n);
+        return;
+    }
+    struct byte_copy b = {.dst = dst, .src = src, .n = n,
+                          .chunk = (n / t + 4095) & ~(size_t)4095};
+    copy_pieces(byte_copy_piece, &b, (uint32_t)t);
+}

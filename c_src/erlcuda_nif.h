@@ -1,0 +1,267 @@
+/*
+ * erlcuda_nif.h: private to the NIF's own files (not the shared-memory
+ * contract: that is erlcuda_ring.h). The NIF is split by concern:
+ *
+ *   erlcuda_nif.c  entry points: the nif_* functions, the resource types,
+ *                  open/close of a device, load/upgrade/unload;
+ *   args.c         term conversion: a kernel's Args into vectors, vectors
+ *                  into the arena, results into terms;
+ *   submit.c       the submit path: slots, regions, publishing descriptors,
+ *                  the pipelined submit;
+ *   complete.c     slot state and completion: the completion thread, the
+ *                  answers, failing the jobs in flight, cancel;
+ *   copy.c         large copies over the pool of copy threads.
+ *
+ * Locks, in the order they are taken:
+ *   life (rwlock)  read by every user of the mapping, written by close;
+ *   pipe (rwlock)  read by a pipelined submit while it publishes, written
+ *                  by reset;
+ *   cq_lock        held by whoever consumes the CQ (the thread, reset);
+ *   lock           slots, arena allocator, SQ tail.
+ * (The copy pool's lock is a leaf: nothing else is taken under it.)
+ *
+ * A job slot's state moves FREE -> INFLIGHT (submit, under lock) ->
+ * COMPLETING (CAS by the consumer or cancel) -> FREE (under lock). Only the
+ * one that wins the CAS out of INFLIGHT sends a message, so every job gets
+ * exactly one answer, or none at all when launch_sync cancelled it first.
+ */
+#ifndef ERLCUDA_NIF_H
+#define ERLCUDA_NIF_H
+
+#include <erl_nif.h>
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "erlcuda_ring.h"
+#include "shm.h"
+
+enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
+
+/* A pipelined job (see submit.c) is published as at most this many
+ * descriptors. */
+#define PIPELINE_MAX_PARTS 32u
+
+/* A byte range of one arena segment. bytes == 0: none. inl: part of the
+ * job slot's own inline area (see INLINE_BYTES), never given back to the
+ * allocator. */
+struct region {
+    uint32_t seg, inl;
+    uint64_t off, bytes;
+};
+
+/* Each job slot owns INLINE_BYTES of segment 0, carved out once at open, for
+ * the inputs and output of a small job (a 1000-element vector_add needs
+ * 12000 bytes): such a job never touches the allocator, whose lock and
+ * first-fit scan over the free spans grow with the jobs in flight (the
+ * throughput bench saw it fall from 153k to 71k jobs/s between 100 and
+ * 1000 callers). At most a quarter of segment 0 goes to inline areas, so
+ * small arenas (tests) keep their space for regular regions; slots beyond
+ * that use the allocator. */
+#define INLINE_BYTES (16u << 10)
+
+struct job {
+    uint32_t gen;
+    int state; /* enum job_state, accessed with __atomic */
+    uint32_t kernel;
+    int as_binary;
+    int zero_copy;   /* deliver the output as a resource binary over its region */
+    int out_taken;   /* the output region now belongs to a resource binary */
+    ErlNifPid pid;
+    ErlNifEnv *env; /* keeps ref and any in-arena input binaries alive */
+    ERL_NIF_TERM ref;
+    struct region in;  /* copied inputs */
+    struct region out; /* the output */
+    uint32_t out_len;
+    /* A pipelined job (see submit_pipelined) is published as `parts`
+     * descriptors over slices of its regions; it is answered once all of
+     * them are back. Its extra slots hold no job: each is the ring credit of
+     * one extra descriptor, so the SQ never holds more entries than slots. */
+    uint32_t parts;      /* descriptors of this job: 1 unless pipelined */
+    uint32_t parts_left; /* __atomic: descriptors not yet completed */
+    int32_t part_status; /* __atomic: the first non-OK status of a part */
+    uint32_t ncredit;
+    uint32_t credit[PIPELINE_MAX_PARTS - 1];
+};
+
+/* A result binary that stays in the arena: the region is freed when the last
+ * reference to the binary is garbage-collected. */
+struct region_res {
+    struct device *d;
+    struct region r;
+};
+
+struct counters {
+    uint64_t submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
+        dirty_submits, arena_inputs, pipelined;
+};
+
+struct device {
+    ErlNifRWLock *life;
+    /* Held (read) by a pipelined submit from its first published part to
+     * its last; reset takes it (write), so it never fails a job whose
+     * other parts are still being copied and published. */
+    ErlNifRWLock *pipe;
+    ErlNifMutex *cq_lock;
+    /* Slots, regions and the SQ tail. Taken by every submit and by the
+     * completion thread for each drain, for a few hundred nanoseconds: an
+     * adaptive mutex spins briefly before sleeping, where enif_mutex (a
+     * plain pthread mutex) goes to the kernel at the first contention. */
+    pthread_mutex_t lock;
+    int lock_ok;
+    int closed;
+    int unmapped;
+    struct shm shm;
+    struct arena alloc[EC_MAX_SEGMENTS]; /* one allocator per arena segment */
+    uint64_t arena_total, arena_max;     /* bytes in segments; the growth limit */
+    uint64_t zero_copy_bytes;            /* vector results this large stay in the arena */
+    uint64_t pipeline_bytes;             /* vector_add inputs this large are pipelined */
+    uint64_t inline_off;                 /* slot i's inline area: inline_off + i * INLINE_BYTES */
+    uint32_t inline_slots;               /* slots 0 .. inline_slots - 1 have one */
+    int poison;                          /* fill outputs with NaN before submitting */
+    uint64_t exported;                   /* live region_res, __atomic */
+    uint32_t id, nslots, spin_us, busy_spin_us;
+    struct job *jobs;
+    uint32_t *free_stack;
+    uint32_t nfree;
+    uint32_t in_flight, in_flight_peak; /* written under lock; wait_cq reads in_flight unlocked */
+    ErlNifTid thread;
+    int thread_started;
+    int ctl_efd; /* wakes the completion thread for shutdown */
+    int stop;    /* __atomic */
+    ErlNifEnv *msg_env; /* the completion thread's */
+    struct counters c;  /* __atomic adds */
+};
+
+/* One vector argument as given by the caller. */
+struct vec {
+    ERL_NIF_TERM term;
+    int is_binary;
+    ErlNifBinary bin;
+    ERL_NIF_TERM list;
+    uint64_t len; /* elements; valid once known */
+    int len_known;
+    int in_arena;  /* a binary already in this device's arena: no copy */
+    uint64_t addr; /* its arena address when in_arena */
+};
+
+/* A checked job: what submit has learned from the arguments. */
+struct job_spec {
+    uint32_t kernel;
+    unsigned nin;
+    struct vec in[2];
+    uint64_t m, n, k;
+    uint64_t out_len;
+};
+
+/* ------------------------------------------------- erlcuda_nif.c: atoms -- */
+
+extern ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_closed,
+    ATOM_unknown_kernel, ATOM_args, ATOM_arg, ATOM_length_mismatch, ATOM_shape, ATOM_too_large,
+    ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
+    ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
+    ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
+    ATOM_pipeline_bytes, ATOM_poison_outputs;
+
+/* A gpud completion status as an atom, by its code (< EC_STATUS_COUNT). */
+extern ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
+
+/* The resource type of a result binary that stays in the arena. */
+extern ErlNifResourceType *REGION_RT;
+
+/* -------------------------------------------------------- small helpers -- */
+
+static inline void dev_lock(struct device *d) { pthread_mutex_lock(&d->lock); }
+static inline void dev_unlock(struct device *d) { pthread_mutex_unlock(&d->lock); }
+
+static inline void count(uint64_t *c, uint64_t n) { __atomic_add_fetch(c, n, __ATOMIC_RELAXED); }
+
+static inline ERL_NIF_TERM make_error(ErlNifEnv *env, ERL_NIF_TERM reason)
+{
+    return enif_make_tuple2(env, ATOM_error, reason);
+}
+
+static inline ERL_NIF_TERM make_badarg(ErlNifEnv *env, ERL_NIF_TERM what)
+{
+    return make_error(env, enif_make_tuple2(env, ATOM_badarg, what));
+}
+
+static inline uint8_t *region_ptr(struct device *d, const struct region *r)
+{
+    return d->shm.seg[r->seg].base + r->off;
+}
+
+static inline uint64_t region_addr(const struct region *r)
+{
+    return ((uint64_t)r->seg << EC_ADDR_SEGMENT_SHIFT) | r->off;
+}
+
+/* ------------------------------------------------ args.c: term conversion --
+ * Everything else knows the kernels and their arguments only through these
+ * (and struct job_spec / struct vec, which submit reads). */
+
+/* Makes the kernel atoms; called by load/upgrade. */
+void args_load(ErlNifEnv *env);
+/* The kernel an atom names, or 0 when it names none. */
+uint32_t kernel_id(ErlNifEnv *env, ERL_NIF_TERM kernel);
+/* Parses the Args of kernel s->kernel (the caller sets it, from kernel_id)
+ * into s, s->nin included. Returns 0 when s is filled, 1 when the job is too
+ * large for a normal scheduler (only when !dirty), or -1 with *err set to the
+ * {error, _} answer. Reads the mapping (arena lookups): the caller holds
+ * d->life. */
+int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
+               struct job_spec *s, ERL_NIF_TERM *err);
+/* Writes a vector argument as floats to dst (v->len of them). Returns 0 if a
+ * list element is not a number (dst is then partly written). */
+int copy_vec(ErlNifEnv *env, const struct vec *v, float *dst);
+/* The result of a finished job, built in env: a float, a list, a binary, or
+ * (j->zero_copy) a resource binary over the output region. */
+ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j);
+/* kernels(): [{Atom, Id, VectorInputs}]. */
+ERL_NIF_TERM kernels_term(ErlNifEnv *env);
+
+/* -------------------------------------------------- submit.c: the submit --
+ * submit(Handle, Kernel, Args, Flags) on device d. Returns 0 with *result
+ * the answer, or 1 when the job must move to a dirty scheduler (only when
+ * !dirty): the caller reschedules it. */
+int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+               ERL_NIF_TERM *result);
+/* Returns a region to its segment's allocator. Caller holds d->lock. */
+void free_region_locked(struct device *d, struct region *r);
+
+/* ----------------------------------------------- complete.c: completion -- */
+
+/* Starts the device's completion thread. Returns 0 or an errno value. */
+int start_completion_thread(struct device *d);
+/* Stops it and waits for it, if it runs. */
+void stop_completion_thread(struct device *d);
+/* Consumes every CQE present and answers their jobs. Caller holds cq_lock
+ * (or the completion thread is gone). Returns the CQEs consumed. */
+uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env);
+/* Answers every job still in flight with {error, Reason}. The caller holds
+ * cq_lock (or the completion thread is gone), and d->lock. */
+void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
+/* Frees job idx's regions (unless exported) and slots. Caller holds d->lock. */
+void release_job_locked(struct device *d, uint32_t idx);
+/* Cancels the job in flight whose ref is `ref`. Returns 1 when no answer
+ * will be sent, 0 when it is in the mailbox or on its way. */
+int cancel_job(struct device *d, ERL_NIF_TERM ref);
+
+/* ---------------------------------------------------- copy.c: the copies -- */
+
+/* Starts the copy pool (the first holder) or takes another hold of it; called
+ * by load/upgrade. Never fails: without threads a copy runs on its caller. */
+void copy_pool_hold(void);
+/* Drops a hold; the last one stops the threads and waits for them. Called
+ * by unload, when no code of this library instance can run any more. */
+void copy_pool_release(void);
+/* memcpy, over the copy pool when large. */
+void copy_bytes(void *dst, const void *src, size_t n);
+/* Calls piece(arg, i) for every i in 0 .. pieces - 1, in that order of
+ * start, on the caller and up to copy_threads() - 1 pool threads at once;
+ * returns when all have returned. */
+void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces);
+
+#endif

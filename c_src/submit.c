@@ -1,0 +1,308 @@
+/*
+ * submit.c: the submit path. A checked job (args.c) gets a slot and arena
+ * regions, its inputs are copied in, and its descriptor is published on the
+ * SQ (the caller's scheduler does the copy; large inputs move to a dirty
+ * scheduler first). A large vector_add is published in slices as they are
+ * copied (the pipelined submit).
+ */
+#define _GNU_SOURCE
+#include "erlcuda_nif.h"
+
+#include <string.h>
+
+/* A vector_add whose binary inputs are at least pipeline_bytes each (option
+ * of open/2) is
+ * copied into the arena in slices of at least PIPELINE_SLICE_BYTES, each
+ * published as soon as it is in (up to PIPELINE_MAX_PARTS descriptors), so
+ * the GPU streams the first slices while the next are still being copied:
+ * the end-to-end time becomes max(copy, GPU) instead of copy + GPU. */
+#define PIPELINE_SLICE_BYTES (8u << 20)
+
+/* Returns a finished job's region and slot. Caller holds d->lock. */
+void free_region_locked(struct device *d, struct region *r)
+{
+    if (r->bytes && !r->inl)
+        arena_free(&d->alloc[r->seg], r->off, r->bytes);
+    r->bytes = 0;
+    r->inl = 0;
+}
+
+/* Allocates `bytes` in some segment, adding a segment while the arena is
+ * below its limit. Caller holds d->lock. Returns 0 or -1 (busy). */
+static int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r)
+{
+    r->bytes = bytes;
+    r->inl = 0;
+    for (uint32_t i = 0; i < d->shm.nseg; i++) {
+        if (arena_alloc(&d->alloc[i], bytes, &r->off) == 0) {
+            r->seg = i;
+            return 0;
+        }
+    }
+    /* Grow by at least the first segment's size, so growth is rare. */
+    uint64_t grow = arena_round(bytes);
+    if (grow < d->shm.seg[0].bytes)
+        grow = d->shm.seg[0].bytes;
+    if (d->arena_total + grow > d->arena_max)
+        grow = arena_round(bytes);
+    if (d->arena_total + grow > d->arena_max || d->shm.nseg >= EC_MAX_SEGMENTS)
+        return -1;
+    int seg = shm_add_segment(&d->shm, grow);
+    if (seg < 0)
+        return -1;
+    if (arena_init(&d->alloc[seg], d->shm.seg[seg].bytes) < 0)
+        return -1; /* the segment stays, unused: never corrupt */
+    d->arena_total += d->shm.seg[seg].bytes;
+    r->seg = (uint32_t)seg;
+    return arena_alloc(&d->alloc[seg], bytes, &r->off);
+}
+
+/* Reserves a slot and the job's regions, plus `credits` extra slots for the
+ * extra descriptors of a pipelined job. `keep_out`: the output will outlive
+ * the job (a zero-copy result binary), so it cannot be in the slot's inline
+ * area. Returns the slot index, or -1 (busy). */
+static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
+                           uint32_t credits, int keep_out)
+{
+    struct region in = {0, 0, 0, 0}, out = {0, 0, 0, 0};
+    dev_lock(d);
+    if (d->nfree <= credits) {
+        dev_unlock(d);
+        return -1;
+    }
+    uint32_t top = d->free_stack[d->nfree - 1];
+    if (!keep_out && in_bytes + out_bytes <= INLINE_BYTES && top < d->inline_slots) {
+        uint64_t base = d->inline_off + (uint64_t)top * INLINE_BYTES;
+        in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
+        out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
+    } else if (region_alloc_locked(d, out_bytes, &out) != 0) {
+        dev_unlock(d);
+        return -1;
+    } else if (in_bytes > 0 && region_alloc_locked(d, in_bytes, &in) != 0) {
+        free_region_locked(d, &out);
+        dev_unlock(d);
+        return -1;
+    }
+    int64_t idx = d->free_stack[--d->nfree];
+    struct job *j = &d->jobs[idx];
+    j->in = in;
+    j->out = out;
+    j->out_taken = 0;
+    j->ncredit = credits;
+    for (uint32_t i = 0; i < credits; i++)
+        j->credit[i] = d->free_stack[--d->nfree];
+    /* read by wait_cq */
+    __atomic_store_n(&d->in_flight, d->in_flight + 1 + credits, __ATOMIC_RELAXED);
+    if (d->in_flight > d->in_flight_peak)
+        d->in_flight_peak = d->in_flight;
+    dev_unlock(d);
+    return idx;
+}
+
+static void unreserve_job(struct device *d, uint32_t idx)
+{
+    dev_lock(d);
+    release_job_locked(d, idx);
+    dev_unlock(d);
+}
+
+/* Publishes the job's descriptor and wakes gpud if it sleeps. */
+static void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
+{
+    struct ec_header *h = d->shm.hdr;
+    dev_lock(d);
+    /* INFLIGHT before the descriptor is visible: a completion can only follow. */
+    __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+    uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
+    d->shm.sq[tail & (d->nslots - 1)] = *sqe;
+    __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    dev_unlock(d);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&h->sq_flags, __ATOMIC_RELAXED) & EC_NEED_WAKEUP) {
+        shm_signal(d->shm.sq_efd);
+        count(&d->c.wakeups_sent, 1);
+    }
+}
+
+/* How many descriptors a job is published as: more than 1 only for a
+ * vector_add of two binaries of at least pipeline_bytes not in the arena. */
+static uint32_t pipeline_parts(const struct device *d, const struct job_spec *s)
+{
+    uint64_t bytes = s->out_len * sizeof(float);
+    if (s->kernel != EC_KERNEL_VECTOR_ADD || bytes < d->pipeline_bytes || bytes == 0 || !s->in[0].is_binary ||
+        !s->in[1].is_binary || s->in[0].in_arena || s->in[1].in_arena)
+        return 1;
+    uint64_t parts = (bytes + PIPELINE_SLICE_BYTES - 1) / PIPELINE_SLICE_BYTES;
+    return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
+}
+
+struct pipeline {
+    struct device *d;
+    uint32_t idx;
+    struct ec_sqe whole;     /* the job's descriptor over all of its regions */
+    const uint8_t *src[2];   /* the binaries */
+    uint8_t *dst[2];         /* their places in the arena */
+    uint64_t slice;          /* elements per part (the last one may have fewer) */
+};
+
+/* Copies part c of both inputs into the arena and publishes its descriptor
+ * as soon as its slices are in; the copy pool runs several parts at once. */
+static void pipeline_part(void *arg, uint32_t c)
+{
+    struct pipeline *p = arg;
+    uint64_t len = p->whole.out_len;
+    uint64_t first = (uint64_t)c * p->slice;
+    uint64_t n = len - first < p->slice ? len - first : p->slice;
+    for (int i = 0; i < 2; i++)
+        memcpy(p->dst[i] + first * sizeof(float), p->src[i] + first * sizeof(float),
+               n * sizeof(float));
+    struct ec_sqe sqe = p->whole;
+    sqe.in0 += first * sizeof(float);
+    sqe.in1 += first * sizeof(float);
+    sqe.out += first * sizeof(float);
+    sqe.in0_len = sqe.in1_len = sqe.out_len = (uint32_t)n;
+    publish(p->d, p->idx, &sqe);
+}
+
+/* Publishes job idx as `parts` descriptors over consecutive slices, copying
+ * the inputs over the copy pool (copy.c); the GPU starts on the first slices
+ * while the others are copied. Returns when all are published (the binaries
+ * are only valid during the NIF call). */
+static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                             const uint8_t *src[2], uint8_t *dst[2], uint32_t parts)
+{
+    struct job *j = &d->jobs[idx];
+    /* Slices of whole pages: every part's addresses stay aligned. */
+    uint64_t slice = (whole->out_len + parts - 1) / parts;
+    slice = (slice + 1023) & ~(uint64_t)1023;
+    parts = (uint32_t)((whole->out_len + slice - 1) / slice);
+    __atomic_store_n(&j->part_status, EC_STATUS_OK, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts_left, parts, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts, parts, __ATOMIC_RELEASE);
+    struct pipeline p = {.d = d, .idx = idx, .whole = *whole, .src = {src[0], src[1]},
+                         .dst = {dst[0], dst[1]}, .slice = slice};
+    copy_pieces(pipeline_part, &p, parts);
+}
+
+/* submit(Handle, Kernel, Args, Flags) -> {ok, Ref} | {error, Reason}.
+ * Flags: 0, or `fault` (only a gpud built for fault injection accepts it). */
+int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+               ERL_NIF_TERM *result)
+{
+    uint32_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
+    struct job_spec s;
+    memset(&s, 0, sizeof s);
+    s.kernel = kernel_id(env, argv[1]);
+    if (s.kernel == 0) {
+        *result = make_error(env, enif_make_tuple2(env, ATOM_unknown_kernel, argv[1]));
+        return 0;
+    }
+
+    /* The mapping is read from parse_args on (arena lookups): hold it. */
+    enif_rwlock_rlock(d->life);
+    if (d->closed) {
+        enif_rwlock_runlock(d->life);
+        *result = make_error(env, ATOM_closed);
+        return 0;
+    }
+    int r = parse_args(env, d, argv[2], dirty, &s, result);
+    if (r != 0) {
+        enif_rwlock_runlock(d->life);
+        if (r < 0)
+            return 0;
+        count(&d->c.dirty_submits, 1);
+        return 1;
+    }
+
+    /* Inputs not in the arena yet share one region; the output has its own,
+     * which a large binary result keeps after the job. */
+    uint64_t in_off[2] = {0, 0}, in_bytes = 0;
+    for (unsigned i = 0; i < s.nin; i++) {
+        if (s.in[i].in_arena)
+            continue;
+        in_off[i] = in_bytes;
+        in_bytes += arena_round(s.in[i].len * sizeof(float));
+    }
+    uint64_t out_bytes = arena_round(s.out_len * sizeof(float));
+    if (in_bytes > d->arena_max || out_bytes > d->arena_max) {
+        enif_rwlock_runlock(d->life);
+        *result = make_badarg(env, ATOM_too_large);
+        return 0;
+    }
+    /* A binary vector result this large stays in the arena as the answer. */
+    int zero_copy = s.in[0].is_binary && s.kernel != EC_KERNEL_REDUCE &&
+                    s.kernel != EC_KERNEL_DOT_PRODUCT &&
+                    s.out_len * sizeof(float) >= d->zero_copy_bytes;
+    uint32_t parts = flags == 0 ? pipeline_parts(d, &s) : 1;
+    int64_t idx = reserve_job(d, in_bytes, out_bytes, parts - 1, zero_copy);
+    if (idx < 0 && parts > 1) {
+        parts = 1; /* not enough free slots for the extra descriptors: one is fine */
+        idx = reserve_job(d, in_bytes, out_bytes, 0, zero_copy);
+    }
+    if (idx < 0) {
+        enif_rwlock_runlock(d->life);
+        count(&d->c.busy, 1);
+        *result = make_error(env, ATOM_busy);
+        return 0;
+    }
+    struct job *j = &d->jobs[idx];
+    uint64_t addr[2] = {0, 0};
+    for (unsigned i = 0; i < s.nin; i++) {
+        if (s.in[i].in_arena) {
+            /* Keeps the binary, and so its region, alive while gpud reads it. */
+            enif_make_copy(j->env, s.in[i].term);
+            addr[i] = s.in[i].addr;
+            count(&d->c.arena_inputs, 1);
+            continue;
+        }
+        addr[i] = region_addr(&j->in) + in_off[i];
+        if (parts > 1)
+            continue; /* binaries, copied slice by slice by submit_pipelined */
+        if (!copy_vec(env, &s.in[i], (float *)(region_ptr(d, &j->in) + in_off[i]))) {
+            unreserve_job(d, (uint32_t)idx);
+            enif_rwlock_runlock(d->life);
+            *result =
+                make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
+            return 0;
+        }
+    }
+    if (d->poison)
+        memset(region_ptr(d, &j->out), 0xff, s.out_len * sizeof(float)); /* all NaN */
+    ERL_NIF_TERM ref = enif_make_ref(env);
+    j->gen++;
+    j->kernel = s.kernel;
+    j->as_binary = s.in[0].is_binary;
+    j->zero_copy = zero_copy;
+    j->ref = enif_make_copy(j->env, ref);
+    enif_self(env, &j->pid);
+    j->out_len = (uint32_t)s.out_len;
+
+    struct ec_sqe sqe = {
+        .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
+        .kernel = s.kernel,
+        .flags = flags,
+        .in0 = addr[0],
+        .in1 = addr[1],
+        .out = region_addr(&j->out),
+        .in0_len = (uint32_t)s.in[0].len,
+        .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
+        .out_len = (uint32_t)s.out_len,
+        .m = (uint32_t)s.m,
+        .n = (uint32_t)s.n,
+        .k = (uint32_t)s.k,
+    };
+    if (parts > 1) {
+        const uint8_t *src[2] = {s.in[0].bin.data, s.in[1].bin.data};
+        uint8_t *dst[2] = {region_ptr(d, &j->in) + in_off[0], region_ptr(d, &j->in) + in_off[1]};
+        enif_rwlock_rlock(d->pipe);
+        submit_pipelined(d, (uint32_t)idx, &sqe, src, dst, parts);
+        enif_rwlock_runlock(d->pipe);
+        count(&d->c.pipelined, 1);
+    } else {
+        publish(d, (uint32_t)idx, &sqe);
+    }
+    enif_rwlock_runlock(d->life);
+    count(&d->c.submitted, 1);
+    *result = enif_make_tuple2(env, ATOM_ok, ref);
+    return 0;
+}
