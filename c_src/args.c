@@ -18,80 +18,121 @@
 #define LIST_ELEMS_ON_SCHEDULER 20000u
 #define BINARY_BYTES_ON_SCHEDULER (1u << 20)
 
-#define KERNEL_ATOM_DECL(NAME, ID, ATOM, NIN) static ERL_NIF_TERM ATOM_k_##ATOM;
-EC_KERNELS(KERNEL_ATOM_DECL)
-#undef KERNEL_ATOM_DECL
-
-static const unsigned KERNEL_INPUTS[EC_KERNEL_COUNT] = {
-#define KERNEL_NIN(NAME, ID, ATOM, NIN) [ID] = NIN,
-    EC_KERNELS(KERNEL_NIN)
-#undef KERNEL_NIN
+/* The kernel table (erlcuda_ring.h) as the NIF uses it: one entry per row,
+ * made once at load. Parsing, checking and result building below read only
+ * this; no code here names a kernel. */
+struct kernel_info {
+    ERL_NIF_TERM atom;
+    const char *signature;
+    unsigned shape, output;
+    uint32_t types;
+    const char *entry;
+    unsigned nvec;
 };
+static struct kernel_info KERNELS[EC_KERNEL_COUNT];
+
+static const unsigned TYPE_BYTES[EC_TYPE_COUNT] = {
+#define TYPE_BYTES_ROW(NAME, ID, ATOM, BYTES) [ID] = BYTES,
+    EC_TYPES(TYPE_BYTES_ROW)
+#undef TYPE_BYTES_ROW
+};
+static ERL_NIF_TERM TYPE_ATOMS[EC_TYPE_COUNT], SHAPE_ATOMS[EC_SHAPE_COUNT],
+    OUTPUT_ATOMS[EC_OUTPUT_COUNT];
+static ERL_NIF_TERM ATOM_name, ATOM_id, ATOM_types, ATOM_output,
+    ATOM_entry, ATOM_vector, ATOM_scalar, ATOM_dim, ATOM_type, ATOM_accumulate;
 
 void args_load(ErlNifEnv *env)
 {
-#define KERNEL_ATOM_INIT(NAME, ID, ATOM, NIN) ATOM_k_##ATOM = enif_make_atom(env, #ATOM);
-    EC_KERNELS(KERNEL_ATOM_INIT)
-#undef KERNEL_ATOM_INIT
-}
-
-static ERL_NIF_TERM kernel_atom(uint32_t k)
-{
-    switch (k) {
-#define KERNEL_CASE(NAME, ID, ATOM, NIN) \
-    case ID:                             \
-        return ATOM_k_##ATOM;
-        EC_KERNELS(KERNEL_CASE)
-#undef KERNEL_CASE
-    }
-    return 0;
+#define TYPE_ATOM(NAME, ID, ATOM, BYTES) TYPE_ATOMS[ID] = enif_make_atom(env, #ATOM);
+    EC_TYPES(TYPE_ATOM)
+#undef TYPE_ATOM
+#define SHAPE_ATOM(NAME, ID, ATOM) SHAPE_ATOMS[ID] = enif_make_atom(env, #ATOM);
+    EC_SHAPES(SHAPE_ATOM)
+#undef SHAPE_ATOM
+#define OUTPUT_ATOM(NAME, ID, ATOM) OUTPUT_ATOMS[ID] = enif_make_atom(env, #ATOM);
+    EC_OUTPUTS(OUTPUT_ATOM)
+#undef OUTPUT_ATOM
+#define KERNEL_INFO(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY)                       \
+    KERNELS[ID] = (struct kernel_info){enif_make_atom(env, #ATOM), SIG, EC_SHAPE_##SHAPE, \
+                                       EC_OUTPUT_##OUTPUT, TYPES, ENTRY, 0};
+    EC_KERNELS(KERNEL_INFO)
+#undef KERNEL_INFO
+    for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++)
+        for (const char *c = KERNELS[k].signature; *c; c++)
+            KERNELS[k].nvec += *c == 'v';
+    ATOM_name = enif_make_atom(env, "name");
+    ATOM_id = enif_make_atom(env, "id");
+    ATOM_types = enif_make_atom(env, "types");
+    ATOM_output = enif_make_atom(env, "output");
+    ATOM_entry = enif_make_atom(env, "entry");
+    ATOM_vector = enif_make_atom(env, "vector");
+    ATOM_scalar = enif_make_atom(env, "scalar");
+    ATOM_dim = enif_make_atom(env, "dim");
+    ATOM_type = enif_make_atom(env, "type");
+    ATOM_accumulate = enif_make_atom(env, "accumulate");
 }
 
 uint32_t kernel_id(ErlNifEnv *env, ERL_NIF_TERM atom)
 {
     if (!enif_is_atom(env, atom))
         return 0;
-#define KERNEL_MATCH(NAME, ID, ATOM, NIN) \
-    if (enif_is_identical(atom, ATOM_k_##ATOM)) \
-        return ID;
-    EC_KERNELS(KERNEL_MATCH)
-#undef KERNEL_MATCH
+    for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++)
+        if (enif_is_identical(atom, KERNELS[k].atom))
+            return k;
     return 0;
 }
 
+unsigned type_bytes(uint8_t type) { return TYPE_BYTES[type]; }
+
+/* kernels(): one map per kernel, from the table. */
 ERL_NIF_TERM kernels_term(ErlNifEnv *env)
 {
     ERL_NIF_TERM list = enif_make_list(env, 0);
-    for (uint32_t k = EC_KERNEL_COUNT - 1; k > 0; k--)
-        list = enif_make_list_cell(
-            env,
-            enif_make_tuple3(env, kernel_atom(k), enif_make_uint(env, k),
-                             enif_make_uint(env, KERNEL_INPUTS[k])),
-            list);
+    for (uint32_t k = EC_KERNEL_COUNT - 1; k > 0; k--) {
+        const struct kernel_info *ki = &KERNELS[k];
+        ERL_NIF_TERM args = enif_make_list(env, 0), types = enif_make_list(env, 0);
+        for (size_t i = strlen(ki->signature); i > 0; i--) {
+            char c = ki->signature[i - 1];
+            args = enif_make_list_cell(
+                env, c == 'v' ? ATOM_vector : c == 's' ? ATOM_scalar : ATOM_dim, args);
+        }
+        for (int t = EC_TYPE_COUNT - 1; t >= 0; t--)
+            if (ki->types & (1u << t))
+                types = enif_make_list_cell(env, TYPE_ATOMS[t], types);
+        ERL_NIF_TERM entry;
+        size_t elen = strlen(ki->entry);
+        memcpy(enif_make_new_binary(env, elen, &entry), ki->entry, elen);
+        ERL_NIF_TERM keys[] = {ATOM_name, ATOM_id, ATOM_args, ATOM_types,
+                               ATOM_shape, ATOM_output, ATOM_entry, ATOM_accumulate};
+        /* Sums accumulate in the element type on every backend (the header). */
+        ERL_NIF_TERM vals[] = {ki->atom, enif_make_uint(env, k), args, types,
+                               SHAPE_ATOMS[ki->shape], OUTPUT_ATOMS[ki->output], entry, ATOM_type};
+        ERL_NIF_TERM map;
+        enif_make_map_from_arrays(env, keys, vals, sizeof keys / sizeof keys[0], &map);
+        list = enif_make_list_cell(env, map, list);
+    }
     return list;
 }
 
 /* ---------------------------------------------------------------- terms -- */
 
-static ERL_NIF_TERM float_term(ErlNifEnv *env, float f)
+static ERL_NIF_TERM float_term(ErlNifEnv *env, double f)
 {
     if (isnan(f))
         return ATOM_nan;
     if (isinf(f))
         return f > 0 ? ATOM_infinity : ATOM_neg_infinity;
-    return enif_make_double(env, (double)f);
+    return enif_make_double(env, f);
 }
 
-static int term_to_f32(ErlNifEnv *env, ERL_NIF_TERM t, float *out)
+/* A number (or nan, infinity, neg_infinity) as a double. */
+static int term_to_double(ErlNifEnv *env, ERL_NIF_TERM t, double *out)
 {
-    double d;
     ErlNifSInt64 i;
-    if (enif_get_double(env, t, &d)) {
-        *out = (float)d;
+    if (enif_get_double(env, t, out))
         return 1;
-    }
     if (enif_get_int64(env, t, &i)) {
-        *out = (float)i;
+        *out = (double)i;
         return 1;
     }
     if (enif_is_identical(t, ATOM_nan)) {
@@ -109,18 +150,45 @@ static int term_to_f32(ErlNifEnv *env, ERL_NIF_TERM t, float *out)
     return 0;
 }
 
-/* Classifies a vector argument. Lists are measured only up to `limit` cells
- * so that a normal scheduler never walks a huge list just to learn that it
- * must go dirty. Returns 0 if the term is not a vector. */
+static int term_to_f32(ErlNifEnv *env, ERL_NIF_TERM t, float *out)
+{
+    double d;
+    if (!term_to_double(env, t, &d))
+        return 0;
+    *out = (float)d;
+    return 1;
+}
+
+/* Classifies a vector argument: a list of numbers (f32), a binary (f32), or
+ * {Type, Binary}. Lists are measured only up to `limit` cells so that a
+ * normal scheduler never walks a huge list just to learn that it must go
+ * dirty. Returns 0 if the term is not a vector. */
 static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct vec *v)
 {
     memset(v, 0, sizeof *v);
     v->term = t;
-    if (enif_is_binary(env, t)) {
-        if (!enif_inspect_binary(env, t, &v->bin) || v->bin.size % sizeof(float) != 0)
+    v->type = EC_TYPE_F32;
+    int arity;
+    const ERL_NIF_TERM *tup;
+    if (enif_get_tuple(env, t, &arity, &tup) && arity == 2) {
+        int found = 0;
+        for (uint8_t ty = 0; ty < EC_TYPE_COUNT; ty++)
+            if (enif_is_identical(tup[0], TYPE_ATOMS[ty])) {
+                v->type = ty;
+                found = 1;
+            }
+        if (!found || !enif_is_binary(env, tup[1]))
             return 0;
+        v->typed = 1;
+        t = tup[1];
+    }
+    if (enif_is_binary(env, t)) {
+        unsigned eb = TYPE_BYTES[v->type];
+        if (!enif_inspect_binary(env, t, &v->bin) || v->bin.size % eb != 0)
+            return 0;
+        v->bin_term = t;
         v->is_binary = 1;
-        v->len = v->bin.size / sizeof(float);
+        v->len = v->bin.size / eb;
         v->len_known = 1;
         return 1;
     }
@@ -145,7 +213,7 @@ static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct ve
 static int find_in_arena(struct device *d, struct vec *v)
 {
     const uint8_t *p = v->bin.data;
-    if (((uintptr_t)p & 3) != 0)
+    if (((uintptr_t)p & (TYPE_BYTES[v->type] - 1)) != 0)
         return 0;
     for (uint32_t i = 0; i < d->shm.nseg; i++) {
         const struct shm_segment *g = &d->shm.seg[i];
@@ -158,53 +226,108 @@ static int find_in_arena(struct device *d, struct vec *v)
     return 0;
 }
 
-/* Copies a vector into the arena, converting list elements. Returns 0 if an
- * element is not a number (the region is then partly written; the caller
- * frees it). */
-int copy_vec(ErlNifEnv *env, const struct vec *v, float *dst)
+/* Copies a vector into the arena, converting list elements (lists are
+ * f32). Returns 0 if an element is not a number (the region is then partly
+ * written; the caller frees it). */
+int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst)
 {
     if (v->is_binary) {
         copy_bytes(dst, v->bin.data, v->bin.size);
         return 1;
     }
+    float *f = dst;
     ERL_NIF_TERM head, tail = v->list;
     uint64_t i = 0;
     while (enif_get_list_cell(env, tail, &head, &tail)) {
-        if (!term_to_f32(env, head, &dst[i++]))
+        if (!term_to_f32(env, head, &f[i++]))
             return 0;
     }
     return 1;
 }
 
-/* Parses Args for the kernel. Returns 0 and fills spec, 1 when the job is too
- * large for a normal scheduler, or sets *err and returns -1. */
+static ERL_NIF_TERM arg_error(ErlNifEnv *env, ERL_NIF_TERM what, unsigned i)
+{
+    return make_badarg(env, enif_make_tuple2(env, what, enif_make_uint(env, i)));
+}
+
+/* Parses Args by the kernel's row: one argument per signature letter ('v' a
+ * vector, 's' a number, 'd' a dimension), every vector of one element type
+ * the kernel runs on, lengths by the shape rule; scalars and dimensions are
+ * packed into the descriptor's parameter area as gpud reads them. Returns 0
+ * and fills spec, 1 when the job is too large for a normal scheduler, or
+ * sets *err and returns -1. */
 int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
                struct job_spec *s, ERL_NIF_TERM *err)
 {
-    s->nin = KERNEL_INPUTS[s->kernel];
-    ERL_NIF_TERM cell[5], head, tail = args;
-    unsigned want = s->nin + (s->kernel == EC_KERNEL_MATMUL ? 3 : 0), got = 0;
-    while (got < 5 && enif_get_list_cell(env, tail, &head, &tail))
+    const struct kernel_info *ki = &KERNELS[s->kernel];
+    size_t nargs = strlen(ki->signature);
+    ERL_NIF_TERM cell[EC_PARAM_BYTES / 4 + EC_MAX_VECTORS], head, tail = args;
+    unsigned got = 0;
+    while (got <= nargs && got < sizeof cell / sizeof cell[0] &&
+           enif_get_list_cell(env, tail, &head, &tail))
         cell[got++] = head;
-    if (got != want || !enif_is_empty_list(env, tail)) {
+    if (got != nargs || !enif_is_empty_list(env, tail)) {
         *err = make_badarg(env, ATOM_args);
         return -1;
     }
     uint64_t list_limit = dirty ? UINT64_MAX : LIST_ELEMS_ON_SCHEDULER;
     uint64_t list_elems = 0, bin_bytes = 0;
     int too_big = 0;
-    for (unsigned i = 0; i < s->nin; i++) {
-        if (!inspect_vec(env, cell[i], list_limit, &s->in[i])) {
-            *err = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
-            return -1;
+    unsigned first_vec = 0, ndims = 0;
+    uint64_t dims[EC_PARAM_BYTES / 4];
+    size_t at = 0; /* the parameter area is filled in signature order */
+    s->nin = 0;
+    memset(&s->p, 0, sizeof s->p);
+    for (unsigned i = 0; i < nargs; i++) {
+        char c = ki->signature[i];
+        if (c == 'v') {
+            struct vec *v = &s->in[s->nin];
+            if (!inspect_vec(env, cell[i], list_limit, v)) {
+                *err = arg_error(env, ATOM_arg, i + 1);
+                return -1;
+            }
+            if (s->nin == 0) {
+                first_vec = i + 1;
+                s->type = v->type;
+                s->form = v->typed ? FORM_TYPED : v->is_binary ? FORM_BINARY : FORM_LIST;
+            } else if (v->type != s->type) {
+                *err = arg_error(env, ATOM_type, i + 1);
+                return -1;
+            }
+            s->nin++;
+            if (!v->len_known)
+                too_big = 1;
+            else if (v->is_binary && !find_in_arena(d, v))
+                bin_bytes += v->bin.size;
+            else if (!v->is_binary)
+                list_elems += v->len;
+        } else if (c == 's') {
+            double x;
+            if (!term_to_double(env, cell[i], &x)) {
+                *err = arg_error(env, ATOM_arg, i + 1);
+                return -1;
+            }
+            at = (at + 7) & ~(size_t)7;
+            memcpy(s->p.bytes + at, &x, 8);
+            at += 8;
+        } else {
+            ErlNifUInt64 dim;
+            if (!enif_get_uint64(env, cell[i], &dim) || dim > UINT32_MAX) {
+                *err = arg_error(env, ATOM_arg, i + 1);
+                return -1;
+            }
+            uint32_t d32 = (uint32_t)dim;
+            at = (at + 3) & ~(size_t)3;
+            memcpy(s->p.bytes + at, &d32, 4);
+            at += 4;
+            dims[ndims++] = dim;
         }
-        if (!s->in[i].len_known)
-            too_big = 1;
-        else if (s->in[i].is_binary && !find_in_arena(d, &s->in[i]))
-            bin_bytes += s->in[i].bin.size;
-        else
-            list_elems += s->in[i].len;
     }
+    if (!(ki->types & (1u << s->type))) {
+        *err = arg_error(env, ATOM_type, first_vec);
+        return -1;
+    }
+    s->elem = TYPE_BYTES[s->type];
     if (!dirty && (too_big || list_elems > LIST_ELEMS_ON_SCHEDULER ||
                    bin_bytes > BINARY_BYTES_ON_SCHEDULER))
         return 1;
@@ -214,51 +337,53 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
             return -1;
         }
     }
-    switch (s->kernel) {
-    case EC_KERNEL_VECTOR_ADD:
-    case EC_KERNEL_DOT_PRODUCT:
-        if (s->in[0].len != s->in[1].len) {
-            *err = make_badarg(env, ATOM_length_mismatch);
-            return -1;
-        }
-        s->out_len = s->kernel == EC_KERNEL_VECTOR_ADD ? s->in[0].len : 1;
-        break;
-    case EC_KERNEL_REDUCE:
-        s->out_len = 1;
-        break;
-    case EC_KERNEL_MATMUL: {
-        ErlNifUInt64 dim[3];
-        for (unsigned i = 0; i < 3; i++) {
-            if (!enif_get_uint64(env, cell[2 + i], &dim[i]) || dim[i] > UINT32_MAX) {
-                *err = make_badarg(
-                    env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 3 + i)));
-                return -1;
-            }
-        }
-        s->m = dim[0];
-        s->n = dim[1];
-        s->k = dim[2];
+    if (ki->shape == EC_SHAPE_MATMUL) {
+        uint64_t m = dims[0], n = dims[1], k = dims[2];
         /* Each factor < 2^32, so the products fit in 64 bits. */
-        if (s->m * s->k != s->in[0].len || s->k * s->n != s->in[1].len) {
+        if (m * k != s->in[0].len || k * n != s->in[1].len) {
             *err = make_badarg(env, ATOM_shape);
             return -1;
         }
-        if (s->m * s->n > UINT32_MAX) {
+        if (m * n > UINT32_MAX) {
             *err = make_badarg(env, ATOM_too_large);
             return -1;
         }
-        s->out_len = s->m * s->n;
-        break;
+        s->out_len = m * n;
+    } else {
+        for (unsigned i = 1; i < s->nin; i++) {
+            if (s->in[i].len != s->in[0].len) {
+                *err = make_badarg(env, ATOM_length_mismatch);
+                return -1;
+            }
+        }
+        s->out_len = ki->shape == EC_SHAPE_ELEMENTWISE ? s->in[0].len : 1;
     }
-    }
+    s->shape = ki->shape;
+    s->output = ki->output;
     return 0;
 }
 
 ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j)
 {
-    const float *out = (const float *)region_ptr(d, &j->out);
-    if (j->kernel == EC_KERNEL_REDUCE || j->kernel == EC_KERNEL_DOT_PRODUCT)
-        return float_term(env, out[0]);
+    const uint8_t *out = region_ptr(d, &j->out);
+    size_t bytes = (size_t)j->out_len * TYPE_BYTES[j->type];
+    if (j->output == EC_OUTPUT_SCALAR) {
+        double x;
+        if (j->type == EC_TYPE_F64)
+            memcpy(&x, out, 8);
+        else
+            x = *(const float *)out;
+        return float_term(env, x);
+    }
+    ERL_NIF_TERM bin;
+    if (j->form == FORM_LIST) {
+        const float *f = (const float *)out;
+        ERL_NIF_TERM list = enif_make_list(env, 0);
+        for (uint64_t i = j->out_len; i > 0; i--)
+            list = enif_make_list_cell(env, float_term(env, f[i - 1]), list);
+        return list;
+    }
+    bin = 0;
     if (j->zero_copy) {
         struct region_res *rr = enif_alloc_resource(REGION_RT, sizeof *rr);
         if (rr) {
@@ -267,21 +392,14 @@ ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j)
             enif_keep_resource(d);
             __atomic_add_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
             j->out_taken = 1;
-            ERL_NIF_TERM bin =
-                enif_make_resource_binary(env, rr, out, (size_t)j->out_len * sizeof(float));
+            bin = enif_make_resource_binary(env, rr, out, bytes);
             enif_release_resource(rr);
-            return bin;
         }
     }
-    if (j->as_binary) {
-        ERL_NIF_TERM bin;
-        unsigned char *p = enif_make_new_binary(env, (size_t)j->out_len * sizeof(float), &bin);
+    if (!bin) {
+        unsigned char *p = enif_make_new_binary(env, bytes, &bin);
         if (p)
-            memcpy(p, out, (size_t)j->out_len * sizeof(float));
-        return bin;
+            memcpy(p, out, bytes);
     }
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    for (uint64_t i = j->out_len; i > 0; i--)
-        list = enif_make_list_cell(env, float_term(env, out[i - 1]), list);
-    return list;
+    return j->form == FORM_TYPED ? enif_make_tuple2(env, TYPE_ATOMS[j->type], bin) : bin;
 }

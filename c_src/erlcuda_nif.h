@@ -66,7 +66,9 @@ struct job {
     uint32_t gen;
     int state; /* enum job_state, accessed with __atomic */
     uint32_t kernel;
-    int as_binary;
+    uint8_t type;   /* enum ec_type of the output */
+    uint8_t output; /* enum ec_output */
+    int form;       /* enum vec_form of the first vector argument: the result's */
     int zero_copy;   /* deliver the output as a resource binary over its region */
     int out_taken;   /* the output region now belongs to a resource binary */
     ErlNifPid pid;
@@ -136,9 +138,15 @@ struct device {
 };
 
 /* One vector argument as given by the caller. */
+/* The form a vector argument came in, and so the form of a vector result. */
+enum vec_form { FORM_LIST, FORM_BINARY, FORM_TYPED };
+
 struct vec {
     ERL_NIF_TERM term;
     int is_binary;
+    int typed;          /* came as {Type, Binary} */
+    uint8_t type;       /* enum ec_type (f32 for lists and bare binaries) */
+    ERL_NIF_TERM bin_term; /* the binary itself (inside the tuple when typed) */
     ErlNifBinary bin;
     ERL_NIF_TERM list;
     uint64_t len; /* elements; valid once known */
@@ -151,8 +159,12 @@ struct vec {
 struct job_spec {
     uint32_t kernel;
     unsigned nin;
-    struct vec in[2];
-    uint64_t m, n, k;
+    struct vec in[EC_MAX_VECTORS];
+    uint8_t type;  /* enum ec_type of every vector */
+    unsigned elem; /* its bytes */
+    int form;      /* enum vec_form of the first vector */
+    unsigned shape, output;
+    union ec_params p;
     uint64_t out_len;
 };
 
@@ -213,13 +225,16 @@ uint32_t kernel_id(ErlNifEnv *env, ERL_NIF_TERM kernel);
  * d->life. */
 int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
                struct job_spec *s, ERL_NIF_TERM *err);
-/* Writes a vector argument as floats to dst (v->len of them). Returns 0 if a
+/* Writes a vector argument to dst (v->len elements of its type; lists as f32). Returns 0 if a
  * list element is not a number (dst is then partly written). */
-int copy_vec(ErlNifEnv *env, const struct vec *v, float *dst);
+int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst);
+/* Bytes per element of an enum ec_type. */
+unsigned type_bytes(uint8_t type);
 /* The result of a finished job, built in env: a float, a list, a binary, or
  * (j->zero_copy) a resource binary over the output region. */
 ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j);
-/* kernels(): [{Atom, Id, VectorInputs}]. */
+/* kernels(): one map per kernel of the table (name, id, args, types,
+ * shape, output, entry, accumulate). */
 ERL_NIF_TERM kernels_term(ErlNifEnv *env);
 
 /* -------------------------------------------------- submit.c: the submit --

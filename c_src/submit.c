@@ -124,13 +124,14 @@ static void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
     }
 }
 
-/* How many descriptors a job is published as: more than 1 only for a
- * vector_add of two binaries of at least pipeline_bytes not in the arena. */
+/* How many descriptors a job is published as: more than 1 only for an
+ * elementwise kernel of two binaries of at least pipeline_bytes not in the
+ * arena (slices of such a job are jobs of the same kernel). */
 static uint32_t pipeline_parts(const struct device *d, const struct job_spec *s)
 {
-    uint64_t bytes = s->out_len * sizeof(float);
-    if (s->kernel != EC_KERNEL_VECTOR_ADD || bytes < d->pipeline_bytes || bytes == 0 || !s->in[0].is_binary ||
-        !s->in[1].is_binary || s->in[0].in_arena || s->in[1].in_arena)
+    uint64_t bytes = s->out_len * s->elem;
+    if (s->shape != EC_SHAPE_ELEMENTWISE || s->nin != 2 || bytes < d->pipeline_bytes || bytes == 0 ||
+        !s->in[0].is_binary || !s->in[1].is_binary || s->in[0].in_arena || s->in[1].in_arena)
         return 1;
     uint64_t parts = (bytes + PIPELINE_SLICE_BYTES - 1) / PIPELINE_SLICE_BYTES;
     return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
@@ -143,6 +144,7 @@ struct pipeline {
     const uint8_t *src[2];   /* the binaries */
     uint8_t *dst[2];         /* their places in the arena */
     uint64_t slice;          /* elements per part (the last one may have fewer) */
+    unsigned elem;           /* bytes per element */
 };
 
 /* Copies part c of both inputs into the arena and publishes its descriptor
@@ -154,12 +156,11 @@ static void pipeline_part(void *arg, uint32_t c)
     uint64_t first = (uint64_t)c * p->slice;
     uint64_t n = len - first < p->slice ? len - first : p->slice;
     for (int i = 0; i < 2; i++)
-        memcpy(p->dst[i] + first * sizeof(float), p->src[i] + first * sizeof(float),
-               n * sizeof(float));
+        memcpy(p->dst[i] + first * p->elem, p->src[i] + first * p->elem, n * p->elem);
     struct ec_sqe sqe = p->whole;
-    sqe.in0 += first * sizeof(float);
-    sqe.in1 += first * sizeof(float);
-    sqe.out += first * sizeof(float);
+    sqe.in0 += first * p->elem;
+    sqe.in1 += first * p->elem;
+    sqe.out += first * p->elem;
     sqe.in0_len = sqe.in1_len = sqe.out_len = (uint32_t)n;
     publish(p->d, p->idx, &sqe);
 }
@@ -180,7 +181,8 @@ static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe
     __atomic_store_n(&j->parts_left, parts, __ATOMIC_RELAXED);
     __atomic_store_n(&j->parts, parts, __ATOMIC_RELEASE);
     struct pipeline p = {.d = d, .idx = idx, .whole = *whole, .src = {src[0], src[1]},
-                         .dst = {dst[0], dst[1]}, .slice = slice};
+                         .dst = {dst[0], dst[1]}, .slice = slice,
+                         .elem = type_bytes(whole->type)};
     copy_pieces(pipeline_part, &p, parts);
 }
 
@@ -189,7 +191,7 @@ static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe
 int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
                ERL_NIF_TERM *result)
 {
-    uint32_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
+    uint8_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
     struct job_spec s;
     memset(&s, 0, sizeof s);
     s.kernel = kernel_id(env, argv[1]);
@@ -221,18 +223,17 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         if (s.in[i].in_arena)
             continue;
         in_off[i] = in_bytes;
-        in_bytes += arena_round(s.in[i].len * sizeof(float));
+        in_bytes += arena_round(s.in[i].len * s.elem);
     }
-    uint64_t out_bytes = arena_round(s.out_len * sizeof(float));
+    uint64_t out_bytes = arena_round(s.out_len * s.elem);
     if (in_bytes > d->arena_max || out_bytes > d->arena_max) {
         enif_rwlock_runlock(d->life);
         *result = make_badarg(env, ATOM_too_large);
         return 0;
     }
     /* A binary vector result this large stays in the arena as the answer. */
-    int zero_copy = s.in[0].is_binary && s.kernel != EC_KERNEL_REDUCE &&
-                    s.kernel != EC_KERNEL_DOT_PRODUCT &&
-                    s.out_len * sizeof(float) >= d->zero_copy_bytes;
+    int zero_copy = s.in[0].is_binary && s.output == EC_OUTPUT_VECTOR &&
+                    s.out_len * s.elem >= d->zero_copy_bytes;
     uint32_t parts = flags == 0 ? pipeline_parts(d, &s) : 1;
     int64_t idx = reserve_job(d, in_bytes, out_bytes, parts - 1, zero_copy);
     if (idx < 0 && parts > 1) {
@@ -250,7 +251,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     for (unsigned i = 0; i < s.nin; i++) {
         if (s.in[i].in_arena) {
             /* Keeps the binary, and so its region, alive while gpud reads it. */
-            enif_make_copy(j->env, s.in[i].term);
+            enif_make_copy(j->env, s.in[i].bin_term);
             addr[i] = s.in[i].addr;
             count(&d->c.arena_inputs, 1);
             continue;
@@ -258,7 +259,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         addr[i] = region_addr(&j->in) + in_off[i];
         if (parts > 1)
             continue; /* binaries, copied slice by slice by submit_pipelined */
-        if (!copy_vec(env, &s.in[i], (float *)(region_ptr(d, &j->in) + in_off[i]))) {
+        if (!copy_vec(env, &s.in[i], region_ptr(d, &j->in) + in_off[i])) {
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
             *result =
@@ -267,11 +268,13 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         }
     }
     if (d->poison)
-        memset(region_ptr(d, &j->out), 0xff, s.out_len * sizeof(float)); /* all NaN */
+        memset(region_ptr(d, &j->out), 0xff, s.out_len * s.elem); /* all NaN, f32 or f64 */
     ERL_NIF_TERM ref = enif_make_ref(env);
     j->gen++;
     j->kernel = s.kernel;
-    j->as_binary = s.in[0].is_binary;
+    j->type = s.type;
+    j->output = (uint8_t)s.output;
+    j->form = s.form;
     j->zero_copy = zero_copy;
     j->ref = enif_make_copy(j->env, ref);
     enif_self(env, &j->pid);
@@ -279,17 +282,16 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
 
     struct ec_sqe sqe = {
         .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
-        .kernel = s.kernel,
+        .kernel = (uint16_t)s.kernel,
+        .type = s.type,
         .flags = flags,
         .in0 = addr[0],
         .in1 = addr[1],
         .out = region_addr(&j->out),
+        .p = s.p,
         .in0_len = (uint32_t)s.in[0].len,
         .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
         .out_len = (uint32_t)s.out_len,
-        .m = (uint32_t)s.m,
-        .n = (uint32_t)s.n,
-        .k = (uint32_t)s.k,
     };
     if (parts > 1) {
         const uint8_t *src[2] = {s.in[0].bin.data, s.in[1].bin.data};

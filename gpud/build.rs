@@ -19,6 +19,7 @@ use std::process::Command;
 fn main() {
     kernel_table();
     println!("cargo::rustc-check-cfg=cfg(erlcuda_no_ptx)");
+    println!("cargo::rustc-check-cfg=cfg(erlcuda_no_sm80)");
     println!("cargo::rerun-if-env-changed=ERLCUDA_NO_PTX");
     println!("cargo::rerun-if-env-changed=ERLCUDA_PTX_CPU");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -35,7 +36,13 @@ fn main() {
     }
     let result = Command::new("bash").arg(kernels.join("build.sh")).arg(&out).output();
     match result {
-        Ok(o) if o.status.success() && ptx.exists() => {}
+        Ok(o) if o.status.success() && ptx.exists() => {
+            // The sm_80 build (kernels that need sm_80 instructions) is
+            // optional: without it every GPU loads the sm_70 module.
+            if !out.join("erlcuda_kernels_sm80.ptx").exists() {
+                println!("cargo::rustc-cfg=erlcuda_no_sm80");
+            }
+        }
         Ok(o) => {
             let msg = String::from_utf8_lossy(&o.stderr);
             eprintln!("{msg}");

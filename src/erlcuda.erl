@@ -4,21 +4,30 @@
 %% `{erlcuda, Ref, {ok, Result}}' or `{erlcuda, Ref, {error, Reason}}', sent to
 %% the caller straight from the NIF. {@link launch_sync/3} waits for it.
 %%
-%% Kernels and their arguments (vectors are lists of numbers, or binaries of
-%% native-endian f32):
+%% Kernels and their arguments ({@link kernels/0} lists them, from the one
+%% kernel table in `c_src/erlcuda_ring.h'):
 %% <ul>
 %% <li>`vector_add', `[A, B]' (equal lengths): the element-wise sum.</li>
 %% <li>`reduce', `[A]': the sum, a float.</li>
 %% <li>`dot_product', `[A, B]' (equal lengths): the dot product, a float.</li>
 %% <li>`matmul', `[A, B, M, N, K]': A is M×K, B is K×N, row-major; the M×N
 %%     product, row-major.</li>
+%% <li>`saxpy', `[Alpha, X, Y]' (X, Y equal lengths, Alpha a number):
+%%     Alpha·X + Y.</li>
 %% </ul>
-%% A vector result is a binary when the first vector argument is a binary,
-%% else a list of floats; non-finite values are the atoms `nan', `infinity'
-%% and `neg_infinity' (accepted in input lists too).
+%% A vector is a list of numbers (f32), a binary of native-endian f32, or
+%% `{Type, Binary}' with Type one of `f32', `f64', `s32', `u32', `s64', `u8'
+%% (native-endian); every vector of a call has the same type, and the
+%% built-in kernels run on `f32' and `f64'. A vector result takes the form of
+%% the first vector argument: a list gives a list of floats, a binary a
+%% binary, `{Type, Binary}' gives `{Type, Binary}'. Non-finite values are the
+%% atoms `nan', `infinity' and `neg_infinity' (accepted in input lists and as
+%% scalars too). Sums accumulate in the element type on every backend.
 %%
 %% Errors from `launch': `{badarg, What}' with What one of `args', `{arg, I}',
-%% `length_mismatch', `shape', `too_large', `opts' or `{opt, O}';
+%% `{type, I}' (vector I has another type than the first, or one the kernel
+%% does not run on), `length_mismatch', `shape', `too_large', `opts' or
+%% `{opt, O}';
 %% `{unknown_kernel, K}'; `{no_device, N}'; `busy' (the ring or the arena is
 %% full: retry later); `closed' (the device is stopping). Errors in the
 %% message: `{gpud_exit, Status}' (gpud died with the job in flight),
@@ -28,11 +37,19 @@
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, stats/1,
          kernels/0]).
 
--export_type([kernel/0, vector/0, result/0, option/0, reason/0]).
+-export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
+              kernel_info/0]).
 
--type kernel() :: vector_add | reduce | dot_product | matmul.
--type vector() :: [number() | nan | infinity | neg_infinity] | binary().
+-type kernel() :: atom().
+-type elem_type() :: f32 | f64 | s32 | u32 | s64 | u8.
+-type vector() :: [number() | nan | infinity | neg_infinity] | binary()
+                | {elem_type(), binary()}.
 -type result() :: vector() | float() | nan | infinity | neg_infinity.
+-type kernel_info() :: #{name := kernel(), id := pos_integer(),
+                         args := [vector | scalar | dim], types := [elem_type()],
+                         shape := elementwise | reduction | matmul,
+                         output := vector | scalar, entry := binary(),
+                         accumulate := type}.
 -type option() :: {device, non_neg_integer()} | {timeout, timeout()}.
 -type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
                 | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}.
@@ -106,10 +123,14 @@ stats(N) ->
             end
     end.
 
-%% @doc The kernels, as `{Name, VectorInputs}'.
--spec kernels() -> [{kernel(), pos_integer()}].
+%% @doc The kernels, one map per row of the kernel table: `name', `id',
+%% `args' (the signature: `vector', `scalar' or `dim' per argument),
+%% `types' (the element types it runs on), `shape' (how the vector lengths
+%% relate), `output' (`vector' or `scalar'), `entry' (the PTX entry prefix)
+%% and `accumulate' (`type': sums are accumulated in the element type).
+-spec kernels() -> [kernel_info()].
 kernels() ->
-    [{Name, Nin} || {Name, _Id, Nin} <- erlcuda_nif:kernels()].
+    erlcuda_nif:kernels().
 
 %%% Internal
 

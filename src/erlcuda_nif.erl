@@ -67,5 +67,5 @@ submit(_H, _Kernel, _Args, _Flags) -> ?NOT_LOADED.
 stats(_H) -> ?NOT_LOADED.
 
 %% @doc The kernel table of `c_src/erlcuda_ring.h': `{Name, Id, VectorInputs}'.
--spec kernels() -> [{atom(), pos_integer(), pos_integer()}].
+-spec kernels() -> [map()].
 kernels() -> ?NOT_LOADED.

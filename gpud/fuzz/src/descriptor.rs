@@ -11,7 +11,7 @@
 
 use gpud::coalesce::{independent, Coalescer};
 use gpud::descriptor::{names_unknown_segment, validate, Job, Region, SegmentSizes};
-use gpud::layout::{Kernel, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_MAX_SEGMENTS};
+use gpud::layout::{Kernel, Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_MAX_SEGMENTS, KERNEL_ROWS};
 
 use crate::{gen_sqe, Cursor};
 
@@ -92,22 +92,24 @@ fn check(sqe: &Sqe, sizes: &SegmentSizes) -> Option<Job> {
     } else {
         assert_eq!(job.in1(), Region::EMPTY);
     }
+    let eb = job.ty().bytes();
+    assert_eq!(job.ty().id(), sqe.ty);
     for (r, addr, len) in used {
         assert_eq!(r.segment() as u64, addr >> EC_ADDR_SEGMENT_SHIFT);
         assert_eq!(r.offset(), addr & EC_ADDR_OFFSET_MASK);
         assert_eq!(r.len(), len as usize);
         let seg_bytes = sizes.get(r.segment()).expect("accepted region in an unknown segment");
-        assert_eq!(r.offset() % 4, 0);
-        assert!(r.offset() as u128 + r.len() as u128 * 4 <= seg_bytes as u128, "{r:?} past {seg_bytes}");
-        assert_eq!(r.end() as u128, r.offset() as u128 + r.len() as u128 * 4);
+        assert_eq!(r.offset() % eb, 0);
+        assert!(r.offset() as u128 + r.len() as u128 * eb as u128 <= seg_bytes as u128, "{r:?} past {seg_bytes}");
+        assert_eq!(r.end() as u128, r.offset() as u128 + r.len() as u128 * eb as u128);
     }
     for input in job.inputs() {
         assert!(!bytes_overlap(&job.out(), &input), "{job:?}: output overlaps an input");
     }
     assert!(!names_unknown_segment(sqe, sizes));
     let (m, n, k) = job.dims();
-    if job.kernel() == Kernel::Matmul {
-        assert_eq!((m as u32, n as u32, k as u32), (sqe.m, sqe.n, sqe.k));
+    if job.kernel().row().shape == Shape::Matmul {
+        assert_eq!((m as u32, n as u32, k as u32), (sqe.p.u32_at(0), sqe.p.u32_at(4), sqe.p.u32_at(8)));
     } else {
         assert_eq!((m, n, k), (0, 0, 0));
     }
@@ -117,31 +119,31 @@ fn check(sqe: &Sqe, sizes: &SegmentSizes) -> Option<Job> {
 
 /// Byte-level overlap, written out independently of `Region::overlaps`.
 fn bytes_overlap(a: &Region, b: &Region) -> bool {
-    let (a0, a1) = (a.offset() as u128, a.offset() as u128 + a.len() as u128 * 4);
-    let (b0, b1) = (b.offset() as u128, b.offset() as u128 + b.len() as u128 * 4);
+    let (a0, a1) = (a.offset() as u128, a.offset() as u128 + a.len() as u128 * a.elem_bytes() as u128);
+    let (b0, b1) = (b.offset() as u128, b.offset() as u128 + b.len() as u128 * b.elem_bytes() as u128);
     a.segment() == b.segment() && a0 < a1 && b0 < b1 && a0.max(b0) < a1.min(b1)
 }
 
-/// The contract (`c_src/erlcuda_ring.h`, DESIGN.md) re-stated: flags, kernel,
-/// shape, in0, in1 (two-input kernels only), out, then overlap.
+/// The contract (`c_src/erlcuda_ring.h`) re-stated from the kernel table's
+/// columns: flags, kernel, element type, shape, in0, in1 (two-vector kernels
+/// only), out, then overlap.
 pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
     if s.flags != 0 {
         return Err(Status::BadFlags);
     }
-    let kernel = match s.kernel {
-        1 => Kernel::VectorAdd,
-        2 => Kernel::Reduce,
-        3 => Kernel::DotProduct,
-        4 => Kernel::Matmul,
-        _ => return Err(Status::BadKernel),
-    };
-    let (m, n, k) = (s.m as u128, s.n as u128, s.k as u128);
+    let row = KERNEL_ROWS.get(usize::from(s.kernel).wrapping_sub(1)).ok_or(Status::BadKernel)?;
+    if s.ty >= 6 || row.types & (1 << s.ty) == 0 {
+        return Err(Status::BadType);
+    }
+    let eb: u128 = if s.ty == 1 || s.ty == 4 { 8 } else if s.ty == 5 { 1 } else { 4 };
+    let two = row.signature.matches('v').count() == 2;
+    let (m, n, k) = (s.p.u32_at(0) as u128, s.p.u32_at(4) as u128, s.p.u32_at(8) as u128);
     let (l0, l1, lo) = (s.in0_len as u128, s.in1_len as u128, s.out_len as u128);
-    let shape_ok = match kernel {
-        Kernel::VectorAdd => l0 == l1 && l1 == lo,
-        Kernel::Reduce => l1 == 0 && lo == 1,
-        Kernel::DotProduct => l0 == l1 && lo == 1,
-        Kernel::Matmul => m * k == l0 && k * n == l1 && m * n == lo,
+    let l1_ok = |want: u128| if two { l1 == want } else { l1 == 0 };
+    let shape_ok = match row.shape {
+        Shape::Elementwise => l0 == lo && l1_ok(lo),
+        Shape::Reduction => lo == 1 && l1_ok(l0),
+        Shape::Matmul => m * k == l0 && k * n == l1 && m * n == lo,
     };
     if !shape_ok {
         return Err(Status::BadShape);
@@ -151,17 +153,17 @@ pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
         let bytes = if seg < 64 { sizes.get(seg as usize) } else { None };
         let bytes = bytes.ok_or(Status::OutOfBounds)?;
         let off = addr & ((1u64 << 48) - 1);
-        if !off.is_multiple_of(4) {
+        if !(off as u128).is_multiple_of(eb) {
             return Err(Status::Misaligned);
         }
-        let end = off as u128 + len as u128 * 4;
+        let end = off as u128 + len as u128 * eb;
         if end > bytes as u128 {
             return Err(Status::OutOfBounds);
         }
         Ok((seg, off as u128, end))
     };
     let in0 = region(s.in0, s.in0_len)?;
-    let in1 = if kernel == Kernel::Reduce { None } else { Some(region(s.in1, s.in1_len)?) };
+    let in1 = if two { Some(region(s.in1, s.in1_len)?) } else { None };
     let out = region(s.out, s.out_len)?;
     let hit = |a: (u64, u128, u128), b: (u64, u128, u128)| a.0 == b.0 && a.1 < a.2 && b.1 < b.2 && a.1 < b.2 && b.1 < a.2;
     if hit(out, in0) || in1.is_some_and(|i| hit(out, i)) {

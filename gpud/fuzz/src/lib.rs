@@ -17,7 +17,7 @@ pub mod descriptor;
 pub mod ring;
 pub mod segment;
 
-use gpud::layout::{Kernel, Sqe, EC_ADDR_SEGMENT_SHIFT};
+use gpud::layout::{ElemType, Kernel, Params, Sqe, EC_ADDR_SEGMENT_SHIFT};
 
 /// Reads numbers off the fuzzer's bytes; past the end everything is 0, so
 /// any input, even empty, is a complete case.
@@ -67,17 +67,16 @@ pub fn sqe_from_bytes(b: &[u8; 64]) -> Sqe {
     let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
     Sqe {
         user_data: u64_at(0),
-        kernel: u32_at(8),
-        flags: u32_at(12),
-        in0: u64_at(16),
-        in1: u64_at(24),
-        out: u64_at(32),
-        in0_len: u32_at(40),
-        in1_len: u32_at(44),
-        out_len: u32_at(48),
-        m: u32_at(52),
-        n: u32_at(56),
-        k: u32_at(60),
+        in0: u64_at(8),
+        in1: u64_at(16),
+        out: u64_at(24),
+        p: Params(b[32..48].try_into().unwrap()),
+        in0_len: u32_at(48),
+        in1_len: u32_at(52),
+        out_len: u32_at(56),
+        kernel: u16::from_ne_bytes(b[60..62].try_into().unwrap()),
+        ty: b[62],
+        flags: b[63],
     }
 }
 
@@ -89,11 +88,17 @@ pub fn gen_sqe(c: &mut Cursor<'_>) -> Sqe {
     if mode.is_multiple_of(4) {
         return sqe_from_bytes(&c.bytes::<64>());
     }
+    let nk = Kernel::ALL.len() as u16;
     let kernel = match mode >> 5 {
-        0 => c.u32(),
-        k => (k as u32 - 1) % 4 + 1,
+        0 => c.u16(),
+        k => (u16::from(k) - 1) % nk + 1,
     };
-    let flags = if mode & 0x04 != 0 { c.u32() } else { 0 };
+    let flags = if mode & 0x04 != 0 { c.u8() } else { 0 };
+    let ty = match c.u8() % 8 {
+        0 => c.u8(),
+        1..=3 => ElemType::F64.id(),
+        _ => ElemType::F32.id(),
+    };
     let addr = |c: &mut Cursor<'_>| -> u64 {
         let sel = c.u8();
         let seg: u64 = match sel % 8 {
@@ -105,7 +110,7 @@ pub fn gen_sqe(c: &mut Cursor<'_>) -> Sqe {
         let off = match (sel >> 3) % 8 {
             0 => return c.u64(),
             1 => u64::from(c.u16()) * 4 + u64::from(c.u8() % 4),
-            _ => u64::from(c.u16() % 16384) * 4,
+            _ => u64::from(c.u16() % 16384) * 8,
         };
         (seg << EC_ADDR_SEGMENT_SHIFT) | off
     };
@@ -116,35 +121,15 @@ pub fn gen_sqe(c: &mut Cursor<'_>) -> Sqe {
             b => u32::from(b) - 1,
         }
     };
-    let (m, n, k) = (u32::from(c.u8() % 24), u32::from(c.u8() % 24), u32::from(c.u8() % 24));
+    let dims = [u32::from(c.u8() % 24), u32::from(c.u8() % 24), u32::from(c.u8() % 24)];
     let l = len(c);
-    let mut s = Sqe {
-        user_data: 0,
-        kernel,
-        flags,
-        in0,
-        in1,
-        out,
-        in0_len: l,
-        in1_len: l,
-        out_len: l,
-        m,
-        n,
-        k,
+    let alpha = f64::from_bits(c.u64());
+    // The lengths (and parameters) the kernel's shape rule asks for.
+    let mut s = match Kernel::from_id(kernel) {
+        Some(k) => gpud::testvec::shaped_sqe(k, ElemType::F32, l, dims, &[alpha, alpha]),
+        None => Sqe { in0_len: l, in1_len: l, out_len: l, ..Sqe::default() },
     };
-    match Kernel::from_id(kernel) {
-        Some(Kernel::Reduce) => {
-            s.in1_len = 0;
-            s.out_len = 1;
-        }
-        Some(Kernel::DotProduct) => s.out_len = 1,
-        Some(Kernel::Matmul) => {
-            s.in0_len = m * k;
-            s.in1_len = k * n;
-            s.out_len = m * n;
-        }
-        _ => {}
-    }
+    (s.kernel, s.ty, s.flags, s.in0, s.in1, s.out) = (kernel, ty, flags, in0, in1, out);
     if mode & 0x08 != 0 {
         // Spoil one field.
         let v = c.u32();
@@ -152,9 +137,7 @@ pub fn gen_sqe(c: &mut Cursor<'_>) -> Sqe {
             0 => s.in0_len = v,
             1 => s.in1_len = v,
             2 => s.out_len = v,
-            3 => s.m = v,
-            4 => s.n = v,
-            _ => s.k = v,
+            i => s.p.set_u32(4 * (i as usize - 3), v),
         }
     }
     s

@@ -53,11 +53,11 @@ use crate::ops::{self, DevPtrs, DeviceLaunch, Placement};
 /// can run it.
 #[cfg(not(erlcuda_no_ptx))]
 const PTX: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/erlcuda_kernels.ptx")));
-#[cfg(not(erlcuda_no_ptx))]
+#[cfg(not(any(erlcuda_no_ptx, erlcuda_no_sm80)))]
 const PTX_SM80: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/erlcuda_kernels_sm80.ptx")));
 #[cfg(erlcuda_no_ptx)]
 const PTX: Option<&str> = None;
-#[cfg(erlcuda_no_ptx)]
+#[cfg(any(erlcuda_no_ptx, erlcuda_no_sm80))]
 const PTX_SM80: Option<&str> = None;
 
 /// Dynamic shared memory a launch may use without opting in per function.
