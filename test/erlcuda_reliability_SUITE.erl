@@ -232,7 +232,7 @@ vm_dies(_) ->
     ok = peer:call(Peer, application, load, [erlcuda]),
     ok = peer:call(Peer, application, set_env, [erlcuda, backend, cpu]),
     {ok, _} = peer:call(Peer, application, ensure_all_started, [erlcuda]),
-    [#{os_pid := Gpud, status := up}] = peer:call(Peer, erlcuda, devices, []),
+    [#{os_pid := Gpud, status := up}] = peer:call(Peer, erlcuda_ref, wait_ready, []),
     {ok, [3.0]} = peer:call(Peer, erlcuda, launch_sync, [vector_add, [[1.0], [2.0]]]),
     %% Load in the peer, so the VM dies with jobs in flight.
     ok = peer:call(Peer, ?MODULE, peer_load, [50]),
