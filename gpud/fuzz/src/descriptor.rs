@@ -122,7 +122,7 @@ fn bytes_overlap(a: &Region, b: &Region) -> bool {
     a.segment() == b.segment() && a0 < a1 && b0 < b1 && a0.max(b0) < a1.min(b1)
 }
 
-/// The contract (`c_src/erlcuda_ring.h`, DESIGN.md) re-stated: flags, kernel,
+/// The contract (`c_src/erlcuda_ring.h`; SECURITY.md, "Descriptors") re-stated: flags, kernel,
 /// shape, in0, in1 (two-input kernels only), out, then overlap.
 pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
     if s.flags != 0 {
