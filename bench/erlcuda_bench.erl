@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0, busy_spin/0, pipeline/0]).
+-export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -34,7 +34,7 @@ main() ->
               [Date, erlang:system_info(schedulers_online), erlang:system_info(logical_processors)]),
     put(records, []),
     startup(5),
-    {ok, _} = application:ensure_all_started(erlcuda),
+    start(),
     [#{backend := Be, name := Name}] = erlcuda:devices(),
     io:format("device 0: ~p (~ts)~n~n", [Be, Name]),
     idle_cpu(5000),
@@ -55,6 +55,25 @@ main() ->
     ok = file:write_file(Out, json(#{meta => Meta, records => lists:reverse(get(records))})),
     io:format("~nwrote ~s (~p records)~n", [Out, length(get(records))]).
 
+%% ---------------------------------------------------------------- start
+
+%% Starts erlcuda and waits until it serves: the application's start returns
+%% before gpud is up. Returns the devices.
+start() ->
+    {ok, _} = application:ensure_all_started(erlcuda),
+    wait_up(undefined).
+
+%% Until every device is up, none of them on the gpud with OS pid Old.
+wait_up(Old) ->
+    case erlcuda:devices() of
+        [_ | _] = Ds ->
+            case [D || #{status := up, os_pid := P} = D <- Ds, P =/= Old] of
+                Ds -> Ds;
+                _ -> timer:sleep(1), wait_up(Old)
+            end;
+        [] -> timer:sleep(1), wait_up(Old)
+    end.
+
 %% ---------------------------------------------------------------- records
 
 record(Name, System, Value, Unit, Spread, N, Extra) ->
@@ -73,7 +92,7 @@ percentiles(Name, System, Sorted) ->
 %% gpud cold start to ready, as the device server measures it.
 startup(N) ->
     Ready = [begin
-                 {ok, _} = application:ensure_all_started(erlcuda),
+                 start(),
                  [#{ready_us := R}] = erlcuda:devices(),
                  ok = application:stop(erlcuda),
                  R / 1000
@@ -114,7 +133,9 @@ restart(N) ->
               T0 = erlang:monotonic_time(microsecond),
               os:cmd("kill -9 " ++ integer_to_list(P)),
               Served = served_again(T0),
-              [#{ready_us := Ready, restarts := R1}] = erlcuda:devices(),
+              %% (the first job may be served before the server has read
+              %% gpud's ready line: wait for it to say up)
+              [#{ready_us := Ready, restarts := R1}] = wait_up(P),
               R1 = R0 + 1,
               {Served / 1000, Ready / 1000}
           end || _ <- lists:seq(1, N)],
@@ -214,12 +235,12 @@ throughput(Callers) ->
     {ok, Ring} = application:get_env(erlcuda, ring_entries),
     ok = application:stop(erlcuda),
     application:set_env(erlcuda, ring_entries, ?THROUGHPUT_RING),
-    {ok, _} = application:ensure_all_started(erlcuda),
+    start(),
     io:format("throughput, ring_entries ~p~n", [?THROUGHPUT_RING]),
     throughput_rows(Callers),
     ok = application:stop(erlcuda),
     application:set_env(erlcuda, ring_entries, Ring),
-    {ok, _} = application:ensure_all_started(erlcuda).
+    start().
 
 throughput_rows(Callers) ->
     io:format("~-10s ~12s ~10s ~12s ~12s  ~s~n",
@@ -421,7 +442,7 @@ busy_spin() ->
     F = fun() -> erlcuda:launch(vector_add, [BA, BB]) end,
     Run = fun(Us) ->
                   application:set_env(erlcuda, completion_busy_spin_us, Us),
-                  {ok, _} = application:ensure_all_started(erlcuda),
+                  start(),
                   [one(F) || _ <- lists:seq(1, ?WARMUP)],
                   S = block(F) ++ block(F) ++ block(F),
                   ok = application:stop(erlcuda),
@@ -451,7 +472,7 @@ pipeline() ->
     A = big_bin(N), B = big_bin(N),
     Run = fun(Bytes) ->
                   application:set_env(erlcuda, pipeline_min_bytes, Bytes),
-                  {ok, _} = application:ensure_all_started(erlcuda),
+                  start(),
                   #{pipelined := P0} = erlcuda:stats(0),
                   F = fun() ->
                               T0 = erlang:monotonic_time(nanosecond),
@@ -494,7 +515,7 @@ zero_copy() ->
 
 measure_zero_copy(Bytes, Sizes) ->
     application:set_env(erlcuda, zero_copy_bytes, Bytes),
-    {ok, _} = application:ensure_all_started(erlcuda),
+    start(),
     R = [{N, begin
                  A = bin(vec(N)),
                  Reps = max(20, min(2000, 4000000 div N)),

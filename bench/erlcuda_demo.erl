@@ -4,7 +4,7 @@
 -export([main/0]).
 
 main() ->
-    {ok, _} = application:ensure_all_started(erlcuda),
+    _ = erlcuda_bench:start(),
     [io:format("device ~p: backend ~p, ~ts, gpud os pid ~p, ready in ~.1f ms~n",
                [Id, B, Name, P, RU / 1000])
      || #{id := Id, backend := B, name := Name, os_pid := P, ready_us := RU} <- erlcuda:devices()],

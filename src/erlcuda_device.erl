@@ -8,11 +8,32 @@
 %% `{error, {gpud_exit, Status}}' in one place ({@link erlcuda_nif:reset/2}),
 %% and starts gpud again after a backoff.
 %%
+%% Never blocking the supervisor: `init/1' only opens the shared memory (so
+%% `launch' works at once: jobs wait in the ring until gpud is up) and
+%% returns; the start runs as messages to this server, so `info' and
+%% `stats' are answered while gpud starts, at most one accept slice
+%% (?ACCEPT_SLICE_MS) late. A start goes through these steps:
+%%   probe   `gpud --probe' says which backend serves the one asked for
+%%           (auto: cuda where a driver and a GPU exist, else cpu) and how
+%%           many devices it has; done once, before the first start
+%%   accept  gpud runs; the shared memory is handed to it in short accept
+%%           slices, so that its exit is noticed at once
+%%   ready   waiting for gpud's "ready" line
+%% A failed step counts as a gpud exit (backoff, then a new start).
+%%
 %% State (a map):
-%%   id, backend     device id and backend (cpu | cuda)
+%%   id, backend     device id; cpu | cuda, or what was asked for (auto |
+%%                   cuda) until the probe ran
+%%   probe           none | device | all: a probe is due before the next
+%%                   start (all: then start devices 1..N-1 too)
 %%   handle          the NIF handle; lives as long as this server
 %%   port, os_pid    the running gpud, or undefined
-%%   status          starting | up | down
+%%   status          starting | up | down (what erlcuda:devices/0 shows)
+%%   step            probe | accept | ready while starting, else undefined
+%%   probe_port      the running `gpud --probe', or undefined
+%%   probe_line      the last line it printed
+%%   timer           the deadline of the current step, or undefined
+%%   started_at      when the current gpud was spawned (for ready_us)
 %%   name            what gpud says the device is
 %%   restarts        gpud exits seen so far
 %%   quick_fails     consecutive exits of a gpud that ran < 1 s: drives backoff
@@ -20,18 +41,29 @@
 -module(erlcuda_device).
 -behaviour(gen_server).
 
--export([start_link/2, handle/1, info/1, stats/1, registered_name/1]).
--export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
+-export([start_link/3, handle/1, info/1, stats/1, registered_name/1]).
+-export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2,
+         terminate/2]).
+
+-export_type([probe/0]).
+
+%% none: start gpud with the backend as given; device: probe first; all:
+%% probe first and start devices 1..N-1 of the N the probe reports.
+-type probe() :: none | device | all.
 
 -define(ACCEPT_SLICE_MS, 50).
 -define(START_TIMEOUT_MS, 20000).
+-define(PROBE_TIMEOUT_MS, 30000).
 
 %%% API
 
-%% @doc Starts the server for device `Id' with gpud's `Backend'.
--spec start_link(non_neg_integer(), cpu | cuda) -> {ok, pid()} | {error, term()}.
-start_link(Id, Backend) ->
-    gen_server:start_link({local, registered_name(Id)}, ?MODULE, {Id, Backend}, []).
+%% @doc Starts the server for device `Id'. `Backend' is `cpu', `cuda' or
+%% `auto'; with `Probe' other than `none' gpud is asked first which backend
+%% serves it (`auto' must be probed).
+-spec start_link(non_neg_integer(), auto | cuda | cpu, probe()) ->
+          {ok, pid()} | {error, term()}.
+start_link(Id, Backend, Probe) ->
+    gen_server:start_link({local, registered_name(Id)}, ?MODULE, {Id, Backend, Probe}, []).
 
 %% @doc The NIF handle of device `Id', or `undefined'.
 -spec handle(term()) -> erlcuda_nif:handle() | undefined.
@@ -56,7 +88,7 @@ registered_name(Id) ->
 %%% gen_server
 
 %% @private
-init({Id, Backend}) ->
+init({Id, Backend, Probe}) ->
     process_flag(trap_exit, true),
     Env = fun(K) -> {ok, V} = application:get_env(erlcuda, K), V end,
     Arena = Env(arena_bytes),
@@ -69,14 +101,20 @@ init({Id, Backend}) ->
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
             persistent_term:put({?MODULE, Id}, H),
-            S = #{id => Id, backend => Backend, handle => H, port => undefined,
-                  os_pid => undefined, status => down, name => <<>>, restarts => 0,
-                  quick_fails => 0, up_since => undefined, last_exit => undefined,
-                  ready_us => undefined},
-            {ok, start_gpud(S)};
+            S = #{id => Id, backend => Backend, probe => Probe, handle => H,
+                  port => undefined, os_pid => undefined, status => starting,
+                  step => undefined, probe_port => undefined, probe_line => <<>>,
+                  timer => undefined, started_at => undefined, name => <<>>,
+                  restarts => 0, quick_fails => 0, up_since => undefined,
+                  last_exit => undefined, ready_us => undefined},
+            {ok, S, {continue, start}};
         {error, Reason} ->
             {stop, {open, Reason}}
     end.
+
+%% @private
+handle_continue(start, S) ->
+    {noreply, start(S)}.
 
 %% @private
 handle_call(info, _From, S) ->
@@ -91,31 +129,80 @@ handle_cast(_Msg, S) ->
     {noreply, S}.
 
 %% @private
-handle_info({Port, {exit_status, Status}}, #{port := Port} = S) ->
-    {noreply, gpud_exited(Status, S)};
+%% gpud --probe
+handle_info({Port, {data, {eol, Line}}}, #{probe_port := Port} = S) ->
+    {noreply, S#{probe_line := Line}};
+handle_info({Port, {exit_status, Status}}, #{probe_port := Port} = S) ->
+    {noreply, probed(Status, S#{probe_port := undefined})};
+%% gpud
+handle_info({accept, Port}, #{port := Port, step := accept} = S) ->
+    {noreply, accept_slice(S)};
+handle_info({Port, {data, {eol, <<"ready ", Name/binary>>}}}, #{port := Port, step := ready} = S) ->
+    {noreply, ready(Name, S)};
+handle_info({Port, {data, {eol, Line}}}, #{port := Port, step := ready} = S) ->
+    {noreply, start_failed({unexpected, Line}, S)};
 handle_info({Port, {data, {eol, Line}}}, #{port := Port} = S) ->
     logger:notice("erlcuda device ~p: gpud said ~ts", [maps:get(id, S), Line]),
     {noreply, S};
-handle_info({'EXIT', Port, _}, #{port := Port} = S) ->
-    %% exit_status, which always comes first, has handled it.
-    {noreply, S};
-handle_info({'EXIT', _Other, _}, S) ->
+handle_info({Port, {exit_status, Status}}, #{port := Port} = S) ->
+    {noreply, gpud_exited(Status, S)};
+handle_info({timeout, T, step}, #{timer := T, step := Step} = S) ->
+    {noreply, start_failed({Step, timeout}, S#{timer := undefined})};
+handle_info({'EXIT', _PortOrOther, _}, S) ->
+    %% A port's exit_status, which always comes first, has handled it.
     {noreply, S};
 handle_info(restart, #{status := down} = S) ->
-    {noreply, start_gpud(S)};
+    {noreply, start(S)};
 handle_info(_Msg, S) ->
     {noreply, S}.
 
 %% @private
-terminate(_Reason, #{id := Id, handle := H} = S) ->
+terminate(_Reason, #{id := Id, handle := H, probe_port := Probe} = S) ->
+    catch port_close(Probe),
     stop_gpud(S),
     erlcuda_nif:close(H),
     persistent_term:erase({?MODULE, Id}),
     ok.
 
-%%% gpud's life
+%%% Starting gpud
 
-start_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
+start(#{probe := none} = S) ->
+    spawn_gpud(S);
+start(#{backend := Backend} = S) ->
+    try open_port({spawn_executable, erlcuda_sup:gpud_path()},
+                  [{args, ["--probe", "--backend", atom_to_list(Backend)]},
+                   exit_status, use_stdio, binary, {line, 1024}, hide]) of
+        Port ->
+            step(probe, ?PROBE_TIMEOUT_MS, S#{status := starting, probe_port := Port,
+                                              probe_line := <<>>})
+    catch error:Why ->
+            gpud_exited({spawn_failed, Why}, S#{status := starting})
+    end.
+
+%% The probe's last line is `backend B devices N'.
+probed(0, #{probe_line := Line} = S) ->
+    case binary:split(Line, <<" ">>, [global]) of
+        [<<"backend">>, B, <<"devices">>, N] when B =:= <<"cuda">>; B =:= <<"cpu">> ->
+            Backend = binary_to_existing_atom(B),
+            Count = binary_to_integer(N),
+            start_siblings(Count, Backend, S),
+            spawn_gpud(S#{backend := Backend, probe := none});
+        _ ->
+            start_failed({gpud_probe, Line}, S)
+    end;
+probed(Status, #{probe_line := Line} = S) ->
+    start_failed({gpud_probe, Status, Line}, S).
+
+%% `devices = auto': device 0 probed for all and starts the others. From
+%% another process, so that this server never waits on the supervisor
+%% (which may be waiting on it, to shut it down).
+start_siblings(Count, Backend, #{probe := all}) when Count > 1 ->
+    _ = proc_lib:spawn(erlcuda_sup, start_devices, [lists:seq(1, Count - 1), Backend]),
+    ok;
+start_siblings(_, _, _) ->
+    ok.
+
+spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     T0 = erlang:monotonic_time(microsecond),
     {ok, Spin} = application:get_env(erlcuda, gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
@@ -125,58 +212,53 @@ start_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
                   [{args, Args}, exit_status, use_stdio, binary, {line, 4096}, hide]) of
         Port ->
             {os_pid, OsPid} = erlang:port_info(Port, os_pid),
-            S1 = S#{port := Port, os_pid := OsPid, status := starting},
-            case await_ready(Port, H, OsPid, T0 + ?START_TIMEOUT_MS * 1000) of
-                {ok, Name} ->
-                    Now = erlang:monotonic_time(microsecond),
-                    S1#{status := up, name := Name, up_since := Now, ready_us := Now - T0};
-                {exited, Status} ->
-                    gpud_exited(Status, S1);
-                {error, Why} ->
-                    logger:error("erlcuda device ~p: gpud start failed: ~p", [Id, Why]),
-                    kill_gpud(Port, OsPid),
-                    gpud_exited({start_failed, Why}, S1)
-            end
+            self() ! {accept, Port},
+            step(accept, ?START_TIMEOUT_MS, S#{port := Port, os_pid := OsPid,
+                                               status := starting, started_at := T0})
     catch error:Why ->
             logger:error("erlcuda device ~p: cannot run gpud: ~p", [Id, Why]),
             gpud_exited({spawn_failed, Why}, S#{status := starting})
     end.
 
-%% Hands gpud the shared memory, then waits for its "ready" line. Accepts in
-%% short slices so that a gpud dying during start is noticed at once.
-await_ready(Port, H, OsPid, Deadline) ->
-    case accept_loop(Port, H, OsPid, Deadline) of
-        ok -> ready_line(Port, Deadline);
-        Other -> Other
-    end.
-
-accept_loop(Port, H, OsPid, Deadline) ->
+%% Hands gpud the shared memory. One short slice at a time, then back to the
+%% mailbox: a gpud dying during its start, and calls, are seen at once.
+accept_slice(#{handle := H, port := Port, os_pid := OsPid} = S) ->
     case erlcuda_nif:accept(H, OsPid, ?ACCEPT_SLICE_MS) of
-        ok -> ok;
-        {error, timeout} ->
-            receive
-                {Port, {exit_status, Status}} -> {exited, Status}
-            after 0 ->
-                    case erlang:monotonic_time(microsecond) > Deadline of
-                        true -> {error, handshake_timeout};
-                        false -> accept_loop(Port, H, OsPid, Deadline)
-                    end
-            end;
-        {error, Why} -> {error, {handshake, Why}}
+        ok -> S#{step := ready};
+        {error, timeout} -> self() ! {accept, Port}, S;
+        {error, Why} -> start_failed({handshake, Why}, S)
     end.
 
-ready_line(Port, Deadline) ->
-    Left = max(0, (Deadline - erlang:monotonic_time(microsecond)) div 1000),
-    receive
-        {Port, {data, {eol, <<"ready ", Rest/binary>>}}} -> {ok, Rest};
-        {Port, {data, {eol, Other}}} -> {error, {unexpected, Other}};
-        {Port, {exit_status, Status}} -> {exited, Status}
-    after Left -> {error, ready_timeout}
-    end.
+ready(Name, #{started_at := T0} = S) ->
+    Now = erlang:monotonic_time(microsecond),
+    cancel_timer(S#{status := up, step := undefined, name := Name, up_since := Now,
+                    ready_us := Now - T0}).
+
+%% Sets the step and its deadline. accept and ready share one deadline:
+%% accept_slice/1 moves on to ready without a new timer.
+step(Step, Ms, S) ->
+    S1 = cancel_timer(S),
+    S1#{step := Step, timer := erlang:start_timer(Ms, self(), step)}.
+
+cancel_timer(#{timer := undefined} = S) -> S;
+cancel_timer(#{timer := T} = S) ->
+    _ = erlang:cancel_timer(T),
+    S#{timer := undefined}.
+
+start_failed(Why, #{id := Id, port := Port, os_pid := OsPid, probe_port := Probe} = S) ->
+    logger:error("erlcuda device ~p: gpud start failed: ~p", [Id, Why]),
+    catch port_close(Probe),
+    case Port of
+        undefined -> ok;
+        _ -> kill_gpud(Port, OsPid)
+    end,
+    gpud_exited({start_failed, Why}, S#{probe_port := undefined}).
+
+%%% gpud's exit
 
 %% Every job in flight is answered here, in one place, then a restart is
 %% scheduled: at once after a gpud that served a while, with exponential
-%% backoff after one that keeps dying young.
+%% backoff after one that keeps dying young (or does not start).
 gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
                       restarts := R} = S) ->
     erlcuda_nif:reset(H, {gpud_exit, Status}),
@@ -190,8 +272,9 @@ gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
             end,
     logger:warning("erlcuda device ~p: gpud exited (~p); restart in ~p ms", [Id, Status, Delay]),
     erlang:send_after(Delay, self(), restart),
-    S#{port := undefined, os_pid := undefined, status := down, restarts := R + 1,
-       quick_fails := QF1, up_since := undefined, last_exit := Status}.
+    S1 = cancel_timer(S),
+    S1#{port := undefined, os_pid := undefined, status := down, step := undefined,
+        restarts := R + 1, quick_fails := QF1, up_since := undefined, last_exit := Status}.
 
 %% gpud exits when its stdin closes; a gpud that does not within a second
 %% is killed, so no gpud outlives the application.

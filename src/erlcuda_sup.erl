@@ -1,11 +1,15 @@
 %% @doc Top supervisor: one {@link erlcuda_device} per device.
 %%
-%% Which devices exist is decided once, at start: the `backend' and `devices'
-%% application environment, with `gpud --probe' asked what the machine has.
+%% Which devices exist follows the `backend' and `devices' application
+%% environment. `init/1' only reads it: nothing here waits on gpud. Where
+%% the backend must be probed (`auto', `cuda'), each device server asks
+%% `gpud --probe' itself before its first start; with `devices = auto' the
+%% supervisor starts device 0, whose probe says how many devices there are,
+%% and device 0 has the others started ({@link start_devices/2}).
 -module(erlcuda_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, gpud_path/0, probe/1]).
+-export([start_link/0, init/1, gpud_path/0, start_devices/2]).
 
 %% @doc Starts the supervisor, registered as `erlcuda_sup'.
 -spec start_link() -> {ok, pid()} | {error, term()}.
@@ -14,21 +18,51 @@ start_link() ->
 
 %% @private
 init([]) ->
-    {ok, Wanted} = application:get_env(erlcuda, backend),
-    case probe(Wanted) of
-        {ok, Backend, Count} ->
-            Ids = case application:get_env(erlcuda, devices) of
-                      {ok, auto} -> lists:seq(0, Count - 1);
-                      {ok, L} when is_list(L) -> L
-                  end,
-            Children = [#{id => {erlcuda_device, N},
-                          start => {erlcuda_device, start_link, [N, Backend]},
-                          shutdown => 10000}
-                        || N <- Ids],
+    {ok, Backend} = application:get_env(erlcuda, backend),
+    {ok, Devices} = application:get_env(erlcuda, devices),
+    case children(Backend, Devices) of
+        {ok, Children} ->
             {ok, {#{strategy => one_for_one, intensity => 10, period => 60}, Children}};
         {error, Reason} ->
             {error, Reason}
     end.
+
+%% cpu has exactly one device and needs no probe; auto and cuda are probed.
+children(Backend, _) when Backend =/= auto, Backend =/= cuda, Backend =/= cpu ->
+    {error, {badarg, {backend, Backend}}};
+children(cpu, auto) ->
+    {ok, [child(0, cpu, none)]};
+children(Backend, auto) ->
+    {ok, [child(0, Backend, all)]};
+children(Backend, Ids) when is_list(Ids) ->
+    case lists:all(fun(Id) -> is_integer(Id) andalso Id >= 0 end, Ids) of
+        true ->
+            Probe = case Backend of cpu -> none; _ -> device end,
+            {ok, [child(Id, Backend, Probe) || Id <- Ids]};
+        false ->
+            {error, {badarg, {devices, Ids}}}
+    end;
+children(_, Other) ->
+    {error, {badarg, {devices, Other}}}.
+
+child(Id, Backend, Probe) ->
+    #{id => {erlcuda_device, Id},
+      start => {erlcuda_device, start_link, [Id, Backend, Probe]},
+      shutdown => 10000}.
+
+%% @doc Starts the servers of devices `Ids' with a backend already probed
+%% (device 0 calls this for the others when `devices = auto'). A device
+%% that already runs is left alone.
+-spec start_devices([non_neg_integer()], cuda | cpu) -> ok.
+start_devices(Ids, Backend) ->
+    [case catch supervisor:start_child(?MODULE, child(Id, Backend, none)) of
+         {ok, _} -> ok;
+         {error, {already_started, _}} -> ok;
+         {error, already_present} -> ok;
+         {'EXIT', _} -> ok; % the supervisor is gone: the application stops
+         Other -> logger:error("erlcuda: cannot start device ~p: ~p", [Id, Other])
+     end || Id <- Ids],
+    ok.
 
 %% @doc Where the gpud executable lives (the `gpud' application variable
 %% overrides `priv/gpud').
@@ -37,32 +71,6 @@ gpud_path() ->
     case application:get_env(erlcuda, gpud) of
         {ok, Path} -> Path;
         undefined -> filename:join(priv_dir(), "gpud")
-    end.
-
-%% @doc Asks gpud which backend serves `Wanted' and how many devices it has.
-%% `auto' falls back to cpu where there is no GPU or driver.
--spec probe(auto | cuda | cpu) -> {ok, cuda | cpu, non_neg_integer()} | {error, term()}.
-probe(Wanted) when Wanted =:= auto; Wanted =:= cuda; Wanted =:= cpu ->
-    Port = open_port({spawn_executable, gpud_path()},
-                     [{args, ["--probe", "--backend", atom_to_list(Wanted)]},
-                      exit_status, use_stdio, binary, {line, 1024}, hide]),
-    probe_reply(Port, undefined);
-probe(Other) ->
-    {error, {badarg, {backend, Other}}}.
-
-probe_reply(Port, Line) ->
-    receive
-        {Port, {data, {eol, L}}} -> probe_reply(Port, L);
-        {Port, {exit_status, 0}} ->
-            case binary:split(Line, <<" ">>, [global]) of
-                [<<"backend">>, B, <<"devices">>, N] ->
-                    {ok, binary_to_existing_atom(B), binary_to_integer(N)};
-                _ -> {error, {gpud_probe, Line}}
-            end;
-        {Port, {exit_status, S}} -> {error, {gpud_probe, S, Line}}
-    after 30000 ->
-            catch port_close(Port),
-            {error, {gpud_probe, timeout}}
     end.
 
 priv_dir() ->

@@ -9,7 +9,8 @@
 all() ->
     [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
      {group, pipeline},
-     app_stop_leaves_nothing, arena_growth, result_outlives_app, fault_isolation].
+     app_stop_leaves_nothing, start_does_not_wait_for_gpud, probe_does_not_block_either,
+     probe_failure_is_a_failed_start, arena_growth, result_outlives_app, fault_isolation].
 
 groups() ->
     [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, matmul_edge_shapes,
@@ -424,6 +425,87 @@ app_stop_leaves_nothing(_) ->
     [?assertEqual(gone, alive(P)) || P <- Pids],
     ?assertEqual([], memfd_maps()),
     ?assertEqual([], memfd_fds()).
+
+%% application:start returns before gpud is up (it never waits on gpud):
+%% with gpud held at a gate, the device shows `starting', answers stats, and
+%% takes jobs, which are answered once gpud is let through.
+start_does_not_wait_for_gpud(Config) ->
+    {Gpud, Open} = gated_gpud(Config),
+    ok = erlcuda_ref:load_app([{backend, cpu}, {gpud, Gpud}]),
+    try
+        {ok, _} = application:ensure_all_started(erlcuda),
+        ?assertMatch([#{id := 0, status := starting, backend := cpu}], erlcuda:devices()),
+        ?assertMatch(#{in_flight := 0, status := starting}, erlcuda:stats(0)),
+        {ok, Ref} = erlcuda:launch(vector_add, [[1.0], [2.0]]),
+        ?assertMatch(#{in_flight := 1}, erlcuda:stats(0)),
+        ?assertMatch([#{status := starting}], erlcuda:devices()),
+        Open(),
+        receive {erlcuda, Ref, Answer} -> ?assertEqual({ok, [3.0]}, Answer)
+        after 20000 -> ct:fail(no_answer)
+        end,
+        ?assertMatch([#{status := up, backend := cpu, restarts := 0}], erlcuda_ref:wait_ready())
+    after
+        erlcuda_ref:stop_app()
+    end.
+
+%% backend auto: the probe (gpud --probe) runs in the device server too;
+%% until it has answered the device shows the backend asked for.
+probe_does_not_block_either(Config) ->
+    {Gpud, Open} = gated_gpud(Config),
+    ok = erlcuda_ref:load_app([{backend, auto}, {gpud, Gpud}]),
+    try
+        {ok, _} = application:ensure_all_started(erlcuda),
+        ?assertMatch([#{id := 0, status := starting, backend := auto, os_pid := undefined}],
+                     erlcuda:devices()),
+        {ok, Ref} = erlcuda:launch(reduce, [[1.0, 2.0]]),
+        Open(),
+        receive {erlcuda, Ref, Answer} -> ?assertEqual({ok, 3.0}, Answer)
+        after 20000 -> ct:fail(no_answer)
+        end,
+        [#{backend := B}] = erlcuda_ref:wait_ready(),
+        ?assert(B =:= cpu orelse B =:= cuda)
+    after
+        erlcuda_ref:stop_app()
+    end.
+
+%% backend cuda where there is none: the application still starts; the
+%% probe's refusal is a failed start (retried with backoff), visible in
+%% devices() and in the answer of every job that was waiting.
+probe_failure_is_a_failed_start(_) ->
+    case os:cmd(filename:join(code:priv_dir(erlcuda), "gpud") ++ " --probe --backend cuda") of
+        "backend cuda " ++ _ -> {skip, "this machine has a CUDA device"};
+        _ ->
+            ok = erlcuda_ref:load_app([{backend, cuda}]),
+            try
+                {ok, _} = application:ensure_all_started(erlcuda),
+                {ok, Ref} = erlcuda:launch(reduce, [[1.0]]),
+                receive
+                    {erlcuda, Ref, Answer} ->
+                        ?assertMatch({error, {gpud_exit, {start_failed, {gpud_probe, 2, _}}}},
+                                     Answer)
+                after 20000 -> ct:fail(no_answer)
+                end,
+                [#{status := St, backend := cuda, last_exit := Exit}] = erlcuda:devices(),
+                ct:pal("device 0 without a GPU: ~p, last exit ~p", [St, Exit]),
+                ?assertMatch({start_failed, {gpud_probe, 2, <<"error no_cuda_", _/binary>>}}, Exit),
+                ?assert(lists:member(St, [down, starting]))
+            after
+                erlcuda_ref:stop_app()
+            end
+    end.
+
+%% A gpud that waits at a gate (a file) before it runs, and the fun that
+%% opens the gate.
+gated_gpud(Config) ->
+    Dir = ?config(priv_dir, Config),
+    Gate = filename:join(Dir, "gate"),
+    Script = filename:join(Dir, "gated-gpud"),
+    _ = file:delete(Gate),
+    Real = filename:join(code:priv_dir(erlcuda), "gpud"),
+    ok = file:write_file(Script, ["#!/bin/sh\nwhile [ ! -e '", Gate, "' ]; do sleep 0.01; done\n"
+                                  "exec '", Real, "' \"$@\"\n"]),
+    ok = file:change_mode(Script, 8#755),
+    {Script, fun() -> ok = file:write_file(Gate, <<>>) end}.
 
 memfd_maps() ->
     {ok, Maps} = file:read_file("/proc/self/maps"),

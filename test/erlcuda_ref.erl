@@ -3,7 +3,8 @@
 -module(erlcuda_ref).
 
 -export([f32/1, random_vector/1, to_binary/1, from_binary/1, args/3, shape/2,
-         check/3, reference/2, start_app/1, stop_app/0, os_state/1]).
+         check/3, reference/2, load_app/1, start_app/1, wait_ready/0, stop_app/0,
+         os_state/1]).
 
 %% @doc Rounds a float to the nearest f32.
 -spec f32(number()) -> float().
@@ -94,10 +95,19 @@ compare([G | Gs], [W | Ws], [B | Bs], I) when is_float(G), abs(G - W) =< B + 1.0
 compare([G | _], [W | _], [B | _], I) ->
     {mismatch, #{index => I, got => G, want => W, bound => B}}.
 
-%% @doc Starts erlcuda with the given application environment (backend from
-%% $ERLCUDA_BACKEND when set, else auto).
+%% @doc Starts erlcuda with the given application environment (see
+%% {@link load_app/1}) and waits until it serves.
 -spec start_app([{atom(), term()}]) -> ok.
 start_app(Env) ->
+    ok = load_app(Env),
+    {ok, _} = application:ensure_all_started(erlcuda),
+    _ = wait_ready(),
+    ok.
+
+%% @doc Stops erlcuda and loads it afresh with the given application
+%% environment (backend from $ERLCUDA_BACKEND when set, else auto).
+-spec load_app([{atom(), term()}]) -> ok.
+load_app(Env) ->
     _ = application:stop(erlcuda),
     %% Unload and load again: the environment starts from the .app defaults.
     _ = application:unload(erlcuda),
@@ -108,8 +118,30 @@ start_app(Env) ->
               end,
     application:set_env(erlcuda, backend, Backend),
     [application:set_env(erlcuda, K, V) || {K, V} <- Env],
-    {ok, _} = application:ensure_all_started(erlcuda),
     ok.
+
+%% @doc Waits until erlcuda serves: `erlcuda:devices()' lists every device
+%% asked for (each of a `devices' list, at least one for `auto') and each is
+%% `up'. The application starts gpud after `application:start' returned;
+%% this is how a user waits for it. Returns the devices.
+-spec wait_ready() -> [map()].
+wait_ready() ->
+    wait_ready(erlang:monotonic_time(millisecond) + 60000).
+
+wait_ready(Deadline) ->
+    Want = case application:get_env(erlcuda, devices) of
+               {ok, Ids} when is_list(Ids) -> length(Ids);
+               _ -> 1
+           end,
+    Ds = erlcuda:devices(),
+    case length(Ds) >= Want andalso lists:all(fun(#{status := St}) -> St =:= up end, Ds) of
+        true -> Ds;
+        false ->
+            case erlang:monotonic_time(millisecond) > Deadline of
+                true -> error({erlcuda_not_ready, Ds});
+                false -> timer:sleep(5), wait_ready(Deadline)
+            end
+    end.
 
 -spec stop_app() -> ok.
 stop_app() ->

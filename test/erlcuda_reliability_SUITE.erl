@@ -20,6 +20,17 @@
 -define(UPTIME_MS, 1050).
 -define(MAX_ANSWER_DELAY_US, 2000000).
 -define(MAX_RESTART_US, 1000000).
+%% The test's control block (an atomics array) and the callers' answers
+%% to it: stop streaming; the cycle and the time (us, monotonic) of the
+%% last kill; the cycle the callers are to pause for; callers paused and
+%% callers that launched a job after resuming.
+-define(STOP, 1).
+-define(CYCLE, 2).
+-define(KILL_TIME, 3).
+-define(PAUSE, 4).
+-define(PAUSED, 5).
+-define(LAUNCHED, 6).
+-define(CTL_SIZE, 6).
 %% 4. random terms: cases per property (10,000 in all)
 -define(FUZZ_CASES, [{launch2, 1500}, {launch3, 2500}, {launch_sync2, 1500},
                      {launch_sync3, 2500}, {stats, 1000}, {no_arg_funs, 1000}]).
@@ -68,14 +79,13 @@ crash_isolation_under_load(_) ->
     Base = leak_snapshot(),
     ct:pal("baseline: ~p", [Base]),
     Self = self(),
-    %% ctl: 1 = stop, 2 = cycle, 3 = kill time (us, monotonic)
-    Ctl = atomics:new(3, [{signed, true}]),
+    Ctl = atomics:new(?CTL_SIZE, [{signed, true}]),
     Delay = atomics:new(?KILL_CYCLES, [{signed, true}]),
-    Callers = [spawn_link(fun() -> kill_caller(Self, Ctl, Delay, Expected, #{}) end)
+    Callers = [spawn_link(fun() -> kill_caller(Self, Ctl, Delay, Expected, 0, #{}) end)
                || _ <- lists:seq(1, ?KILL_CALLERS)],
     T0 = erlang:monotonic_time(millisecond),
-    Cycles = [kill_cycle(C, Ctl) || C <- lists:seq(1, ?KILL_CYCLES)],
-    atomics:put(Ctl, 1, 1),
+    Cycles = [kill_cycle(C, Ctl, Callers) || C <- lists:seq(1, ?KILL_CYCLES)],
+    atomics:put(Ctl, ?STOP, 1),
     Counts = [receive {P, done, R} -> R after 30000 -> ct:fail({no_report, P}) end
               || P <- Callers],
     Elapsed = erlang:monotonic_time(millisecond) - T0,
@@ -112,22 +122,31 @@ crash_isolation_under_load(_) ->
 %% One cycle: let gpud serve ?UPTIME_MS, kill it, time the new one's first
 %% answer. Returns {Cycle, RestartUs, InFlightAtKill}.
 %% Jobs finish in microseconds, so at a plain kill only some of the callers
-%% have one in flight: every other cycle gpud is stopped (SIGSTOP) first,
-%% until every caller has a job in flight, and then killed.
-kill_cycle(C, Ctl) ->
+%% have one in flight. Every other cycle is stopped-first: the callers pause
+%% between jobs, gpud is stopped (SIGSTOP), and once it cannot run any more
+%% the callers go on, each launching one job that nothing can answer before
+%% the kill. Every wait there is on a condition that must come true (no
+%% time budget): all callers paused, every gpud thread stopped, all callers
+%% launched.
+kill_cycle(C, Ctl, Callers) ->
     [#{os_pid := OsPid, status := up}] = erlcuda:devices(),
     timer:sleep(?UPTIME_MS),
     case C rem 2 of
         1 ->
+            atomics:put(Ctl, ?PAUSED, 0),
+            atomics:put(Ctl, ?LAUNCHED, 0),
+            atomics:put(Ctl, ?PAUSE, C),
+            await_count(Ctl, ?PAUSED, ?KILL_CALLERS),
             os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
-            %% (up to 5 s: on a loaded 2-core machine 1 s was once too short)
-            wait_in_flight(?KILL_CALLERS, 2500);
+            await_stopped(OsPid),
+            [P ! {resume, C} || P <- Callers],
+            await_count(Ctl, ?LAUNCHED, ?KILL_CALLERS);
         0 -> ok
     end,
     #{in_flight := InFlight} = erlcuda:stats(0),
-    atomics:put(Ctl, 2, C),
+    atomics:put(Ctl, ?CYCLE, C),
     TKill = erlang:monotonic_time(microsecond),
-    atomics:put(Ctl, 3, TKill),
+    atomics:put(Ctl, ?KILL_TIME, TKill),
     kill9(OsPid),
     wait_serving(OsPid, TKill),
     Restart = erlang:monotonic_time(microsecond) - TKill,
@@ -135,20 +154,39 @@ kill_cycle(C, Ctl) ->
     ?assertEqual(gone, wait_gone(OsPid, 100)),
     {C, Restart, InFlight}.
 
-wait_in_flight(N, 0) ->
-    %% Not every caller got a job in flight: say where the others are.
-    Where = [{P, erlang:process_info(P, [current_function, message_queue_len])}
-             || P <- erlang:processes(),
-                {current_function, {?MODULE, F, _}} <- [erlang:process_info(P, current_function)],
-                F =/= wait_in_flight],
-    ct:pal("in flight ~p of ~p; stats ~p; callers where: ~p",
-           [maps:get(in_flight, erlcuda:stats(0)), N, erlcuda:stats(0),
-            lists:usort([W || {_, W} <- Where])]),
-    ok;
-wait_in_flight(N, Tries) ->
-    case erlcuda:stats(0) of
-        #{in_flight := F} when F >= N -> ok;
-        _ -> timer:sleep(2), wait_in_flight(N, Tries - 1)
+%% Until counter I of Ctl reaches N. Fails (with where the callers are) only
+%% if it has not after a minute, which means a caller is stuck.
+await_count(Ctl, I, N) ->
+    await_count(Ctl, I, N, erlang:monotonic_time(millisecond) + 60000).
+
+await_count(Ctl, I, N, Deadline) ->
+    case atomics:get(Ctl, I) >= N of
+        true -> ok;
+        false ->
+            case erlang:monotonic_time(millisecond) > Deadline of
+                true ->
+                    Where = [erlang:process_info(P, [current_function, message_queue_len])
+                             || P <- erlang:processes(),
+                                {current_function, {?MODULE, kill_caller, _}}
+                                    <- [erlang:process_info(P, current_function)]],
+                    ct:fail({callers, I, atomics:get(Ctl, I), N, erlcuda:stats(0),
+                             lists:usort(Where)});
+                false -> timer:sleep(1), await_count(Ctl, I, N, Deadline)
+            end
+    end.
+
+%% Until every thread of OsPid is stopped (state T): then gpud can neither
+%% take nor answer a job.
+await_stopped(OsPid) ->
+    Task = "/proc/" ++ integer_to_list(OsPid) ++ "/task/",
+    {ok, Tids} = file:list_dir(Task),
+    States = [case file:read_file(Task ++ T ++ "/stat") of
+                  {ok, Stat} -> hd(tl(binary:split(Stat, <<") ">>)));
+                  {error, _} -> gone
+              end || T <- Tids],
+    case lists:all(fun(<<"T", _/binary>>) -> true; (_) -> false end, States) of
+        true -> ok;
+        false -> timer:sleep(1), await_stopped(OsPid)
     end.
 
 %% Until a gpud other than Old is up and has answered a job of ours.
@@ -168,37 +206,49 @@ wait_serving(Old, TKill) ->
 
 %% Streams jobs; checks every answer; records, per cycle, the largest delay
 %% of an answer past max(kill, launch); fails on a lost or duplicate answer.
-kill_caller(Parent, Ctl, Delay, Expected, Counts) ->
-    case atomics:get(Ctl, 1) of
+%% Between two jobs, when the test asks for a pause (?PAUSE is a cycle not
+%% yet paused for), counts itself paused and waits for {resume, Cycle}; the
+%% first job it launches after that is counted in ?LAUNCHED.
+kill_caller(Parent, Ctl, Delay, Expected, Paused, Counts) ->
+    Pause = atomics:get(Ctl, ?PAUSE),
+    case atomics:get(Ctl, ?STOP) of
         1 ->
             %% A second answer to any job would be here by now.
             receive {erlcuda, _, _} = Dup -> exit({duplicate, Dup}) after 200 -> ok end,
             Parent ! {self(), done, Counts};
+        0 when Pause > Paused ->
+            atomics:add(Ctl, ?PAUSED, 1),
+            receive {resume, Pause} -> ok end,
+            kill_job(Parent, Ctl, Delay, Expected, Pause, Counts, true);
         0 ->
-            L = erlang:monotonic_time(microsecond),
-            case erlcuda:launch(vector_add, sum_args()) of
-                {ok, Ref} ->
-                    Kind = receive
-                               {erlcuda, Ref, {ok, R}} when R =:= Expected -> ok;
-                               {erlcuda, Ref, {ok, R}} -> exit({wrong_result, R});
-                               {erlcuda, Ref, {error, {gpud_exit, _}}} -> gpud_exit;
-                               {erlcuda, Ref, {error, E}} -> {error, E}
-                           after 10000 -> exit({lost, Ref})
-                           end,
-                    A = erlang:monotonic_time(microsecond),
-                    %% (monotonic time may be negative: cycle 0 means no kill yet)
-                    K = atomics:get(Ctl, 3),
-                    case atomics:get(Ctl, 2) > 0 andalso A > K of
-                        true -> atomic_max(Delay, atomics:get(Ctl, 2), A - max(K, L));
-                        false -> ok
-                    end,
-                    receive {erlcuda, Ref, Dup} -> exit({duplicate, Dup}) after 0 -> ok end,
-                    kill_caller(Parent, Ctl, Delay, Expected,
-                                maps:update_with(Kind, fun(X) -> X + 1 end, 1, Counts));
-                {error, busy} ->
-                    timer:sleep(1),
-                    kill_caller(Parent, Ctl, Delay, Expected, Counts)
-            end
+            kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, false)
+    end.
+
+kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, Resumed) ->
+    L = erlang:monotonic_time(microsecond),
+    case erlcuda:launch(vector_add, sum_args()) of
+        {ok, Ref} ->
+            Resumed andalso atomics:add(Ctl, ?LAUNCHED, 1),
+            Kind = receive
+                       {erlcuda, Ref, {ok, R}} when R =:= Expected -> ok;
+                       {erlcuda, Ref, {ok, R}} -> exit({wrong_result, R});
+                       {erlcuda, Ref, {error, {gpud_exit, _}}} -> gpud_exit;
+                       {erlcuda, Ref, {error, E}} -> {error, E}
+                   after 10000 -> exit({lost, Ref})
+                   end,
+            A = erlang:monotonic_time(microsecond),
+            %% (monotonic time may be negative: cycle 0 means no kill yet)
+            K = atomics:get(Ctl, ?KILL_TIME),
+            case atomics:get(Ctl, ?CYCLE) > 0 andalso A > K of
+                true -> atomic_max(Delay, atomics:get(Ctl, ?CYCLE), A - max(K, L));
+                false -> ok
+            end,
+            receive {erlcuda, Ref, Dup} -> exit({duplicate, Dup}) after 0 -> ok end,
+            kill_caller(Parent, Ctl, Delay, Expected, Paused,
+                        maps:update_with(Kind, fun(X) -> X + 1 end, 1, Counts));
+        {error, busy} ->
+            timer:sleep(1),
+            kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, Resumed)
     end.
 
 atomic_max(A, I, V) ->
@@ -232,7 +282,7 @@ vm_dies(_) ->
     ok = peer:call(Peer, application, load, [erlcuda]),
     ok = peer:call(Peer, application, set_env, [erlcuda, backend, cpu]),
     {ok, _} = peer:call(Peer, application, ensure_all_started, [erlcuda]),
-    [#{os_pid := Gpud, status := up}] = peer:call(Peer, erlcuda, devices, []),
+    [#{os_pid := Gpud, status := up}] = peer:call(Peer, erlcuda_ref, wait_ready, []),
     {ok, [3.0]} = peer:call(Peer, erlcuda, launch_sync, [vector_add, [[1.0], [2.0]]]),
     %% Load in the peer, so the VM dies with jobs in flight.
     ok = peer:call(Peer, ?MODULE, peer_load, [50]),

@@ -6,11 +6,19 @@
 //! gpud started as root, the control, gets past the uid check and fails
 //! only later, on the fake fds. Needs root to switch uid: elsewhere it is
 //! skipped with a note on stderr.
+//!
+//! Both runs start a copy of gpud staged in a fresh directory of its own
+//! (mode 0755, under the temp dir), because the checkout, and so cargo's
+//! target dir, may lie where `nobody` cannot enter: a clone in /root, a
+//! 0700 home, a `mktemp -d` folder.
 
 use std::io::{IoSlice, Read};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use gpud::layout::{Hello, EC_ABI_VERSION, EC_MAGIC};
@@ -24,6 +32,56 @@ const NOBODY: u32 = 65534;
 
 fn gpud_bin() -> String {
     std::env::var("GPUD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpud").to_string())
+}
+
+/// A copy of gpud that every user can run: `dir` (0755) holds `gpud`
+/// (0755); both are removed on drop.
+struct Staged {
+    dir: PathBuf,
+    gpud: PathBuf,
+}
+
+impl Staged {
+    fn new() -> Staged {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "gpud-peer-uid-{}-{}-{nanos:x}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        // From here on the directory is ours to remove, whatever fails next.
+        let staged = Staged { gpud: dir.join("gpud"), dir };
+        set_mode(&staged.dir, 0o755);
+        std::fs::copy(gpud_bin(), &staged.gpud)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", gpud_bin(), staged.gpud.display()));
+        set_mode(&staged.gpud, 0o755);
+        for a in staged.dir.ancestors().skip(1) {
+            let mode = std::fs::metadata(a).unwrap().permissions().mode();
+            assert!(
+                mode & 0o001 != 0,
+                "{} (mode {mode:o}) does not let other users through: point TMPDIR at a \
+                 directory they can reach",
+                a.display()
+            );
+        }
+        staged
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {mode:o} {}: {e}", p.display()));
 }
 
 fn eventfd() -> OwnedFd {
@@ -55,8 +113,10 @@ fn run_gpud(uid: Option<u32>) -> Outcome {
     bind(listener.as_raw_fd(), &UnixAddr::new_abstract(name.as_bytes()).unwrap()).unwrap();
     listen(&listener, Backlog::new(4).unwrap()).unwrap();
 
-    let mut cmd = Command::new(gpud_bin());
-    cmd.args(["--socket", &name, "--device", "0", "--backend", "cpu"])
+    let staged = Staged::new();
+    let mut cmd = Command::new(&staged.gpud);
+    cmd.current_dir(&staged.dir)
+        .args(["--socket", &name, "--device", "0", "--backend", "cpu"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

@@ -124,9 +124,9 @@ fn bytes_overlap(a: &Region, b: &Region) -> bool {
     a.segment() == b.segment() && a0 < a1 && b0 < b1 && a0.max(b0) < a1.min(b1)
 }
 
-/// The contract (`c_src/erlcuda_ring.h`) re-stated from the kernel table's
-/// columns: flags, kernel, element type, shape, in0, in1 (two-vector kernels
-/// only), out, then overlap.
+/// The contract (`c_src/erlcuda_ring.h`; SECURITY.md, "Descriptors")
+/// re-stated from the kernel table's columns: flags, kernel, element type,
+/// shape, in0, in1 (two-vector kernels only), out, then overlap.
 pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
     if s.flags != 0 {
         return Err(Status::BadFlags);
