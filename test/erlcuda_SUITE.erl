@@ -13,7 +13,8 @@ all() ->
      probe_failure_is_a_failed_start, arena_growth, result_outlives_app, fault_isolation].
 
 groups() ->
-    [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, matmul_edge_shapes,
+    [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, saxpy, element_types,
+                            kernel_table, matmul_edge_shapes,
                             non_finite_values, prop_random_vectors]},
      {stack, [sequence], [concurrent_callers, kill_gpud_under_load, launch_sync_timeout,
                           timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty,
@@ -22,7 +23,7 @@ groups() ->
      {small_ring, [], [busy_when_full]},
      {pipeline, [sequence], [pipelined_vector_add, pipelined_cancel, pipelined_gpud_kill]}].
 
--define(SIZES, [0, 1, 7, 1000, 4097, 1 bsl 20 + 7]).
+-define(SIZES, [0, 1, 7, 1023, 4097, 1 bsl 20 + 7]).
 
 init_per_suite(Config) ->
     {ok, _} = application:ensure_all_started(common_test),
@@ -53,10 +54,51 @@ vector_add(_) -> each_size(vector_add).
 reduce(_) -> each_size(reduce).
 dot_product(_) -> each_size(dot_product).
 matmul(_) -> each_size(matmul).
+saxpy(_) -> each_size(saxpy).
 
+%% Every size in every form: lists and binaries (f32), {f64, Binary}.
 each_size(Kernel) ->
     [run_checked(Kernel, erlcuda_ref:args(Kernel, Size, Form))
-     || Size <- ?SIZES, Form <- [list, binary]],
+     || Size <- ?SIZES, Form <- [list, binary, f64]],
+    ok.
+
+%% {Type, Binary} vectors: the result takes the first vector's form; mixed
+%% types name the argument; integer types are for users' kernels.
+element_types(_) ->
+    F64 = fun(L) -> {f64, << <<X:64/float-native>> || X <- L >>} end,
+    F32 = fun(L) -> {f32, << <<X:32/float-native>> || X <- L >>} end,
+    {ok, {f64, <<4.0:64/float-native, 6.5:64/float-native>>}} =
+        erlcuda:launch_sync(vector_add, [F64([1.0, 2.5]), F64([3.0, 4.0])]),
+    {ok, {f32, <<4.0:32/float-native>>}} = erlcuda:launch_sync(vector_add, [F32([1.0]), F32([3.0])]),
+    %% f64 keeps what f32 cannot: 1 + 2^-40.
+    {ok, {f64, <<Sum:64/float-native>>}} =
+        erlcuda:launch_sync(vector_add, [F64([1.0]), F64([math:pow(2, -40)])]),
+    true = Sum > 1.0,
+    {ok, 5.0} = erlcuda:launch_sync(dot_product, [F64([1.0, 2.0]), F64([1.0, 2.0])]),
+    {ok, 1.0e300} = erlcuda:launch_sync(reduce, [F64([1.0e300, 1.0e300, -1.0e300])]),
+    {error, {badarg, {type, 2}}} = erlcuda:launch(vector_add, [F64([1.0]), [1.0]]),
+    {error, {badarg, {type, 2}}} = erlcuda:launch(vector_add, [[1.0], F64([1.0])]),
+    {error, {badarg, {type, 3}}} = erlcuda:launch(saxpy, [1.0, F64([1.0]), F32([1.0])]),
+    {error, {badarg, {type, 2}}} = erlcuda:launch(matmul, [F32([1.0]), F64([1.0]), 1, 1, 1]),
+    %% A type the kernel does not run on: the first vector is named.
+    {error, {badarg, {type, 1}}} = erlcuda:launch(vector_add, [{s32, <<1:32>>}, {s32, <<2:32>>}]),
+    {error, {badarg, {type, 2}}} = erlcuda:launch(saxpy, [2, {u8, <<1>>}, {u8, <<2>>}]),
+    %% Not a whole number of elements, an unknown type, a bad scalar.
+    {error, {badarg, {arg, 1}}} = erlcuda:launch(reduce, [{f64, <<1, 2, 3>>}]),
+    {error, {badarg, {arg, 1}}} = erlcuda:launch(reduce, [{f16, <<1, 2>>}]),
+    {error, {badarg, {arg, 1}}} = erlcuda:launch(saxpy, [foo, [1.0], [1.0]]),
+    {ok, [nan]} = erlcuda:launch_sync(saxpy, [nan, [1.0], [1.0]]),
+    ok.
+
+%% erlcuda:kernels/0 reports the table, and every kernel it names runs.
+kernel_table(_) ->
+    Ks = erlcuda:kernels(),
+    [vector_add, reduce, dot_product, matmul, saxpy] = [N || #{name := N} <- Ks],
+    [#{args := [scalar, vector, vector], types := [f32, f64], shape := elementwise,
+       output := vector, entry := <<"saxpy">>, accumulate := type}] =
+        [K || K = #{name := saxpy} <- Ks],
+    [#{args := [vector, vector, dim, dim, dim], shape := matmul}] = [K || K = #{name := matmul} <- Ks],
+    [ok = run_checked(N, erlcuda_ref:args(N, 7, f64)) || #{name := N} <- Ks],
     ok.
 
 run_checked(Kernel, Args) ->
@@ -66,6 +108,8 @@ run_checked(Kernel, Args) ->
         Mismatch -> ct:fail({Kernel, arg_size(Args), Mismatch})
     end.
 
+arg_size([A | Rest]) when is_number(A) -> arg_size(Rest);
+arg_size([{T, A} | _]) -> {T, byte_size(A)};
 arg_size([A | _]) when is_binary(A) -> {binary, byte_size(A) div 4};
 arg_size([A | _]) -> {list, length(A)}.
 

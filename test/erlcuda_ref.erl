@@ -29,59 +29,122 @@ shape(matmul, 0) -> {0, 4, 3};
 shape(matmul, 1) -> {1, 1, 1};
 shape(matmul, 7) -> {7, 1, 5};
 shape(matmul, 1000) -> {20, 50, 30};
+shape(matmul, 1023) -> {31, 33, 9};
 shape(matmul, 4097) -> {17, 241, 9};
 shape(matmul, N) -> {1, N, 2}.
 
-%% @doc Random arguments of `Kernel' at `Size', as lists or binaries.
--spec args(atom(), non_neg_integer(), list | binary) -> [term()].
+%% @doc Random arguments of `Kernel' at `Size', with vectors as lists,
+%% binaries (f32), or `{f64, Binary}' (Form `f64'), following the kernel's
+%% signature in `erlcuda:kernels()' ('scalar' arguments are random numbers).
+-spec args(atom(), non_neg_integer(), list | binary | f64) -> [term()].
+args(matmul, Size, Form) ->
+    {M, N, K} = shape(matmul, Size),
+    [conv(Form, random_vector(M * K)), conv(Form, random_vector(K * N)), M, N, K];
 args(Kernel, Size, Form) ->
-    Conv = case Form of list -> fun(L) -> L end; binary -> fun to_binary/1 end,
-    case Kernel of
-        vector_add -> [Conv(random_vector(Size)), Conv(random_vector(Size))];
-        dot_product -> [Conv(random_vector(Size)), Conv(random_vector(Size))];
-        reduce -> [Conv(random_vector(Size))];
-        matmul ->
-            {M, N, K} = shape(matmul, Size),
-            [Conv(random_vector(M * K)), Conv(random_vector(K * N)), M, N, K]
-    end.
+    [#{args := Sig}] = [I || I = #{name := Name} <- erlcuda:kernels(), Name =:= Kernel],
+    [case A of
+         vector -> conv(Form, random_vector(Size));
+         scalar -> rand:uniform_real() * 4 - 2
+     end || A <- Sig].
 
+conv(list, L) -> L;
+conv(binary, L) -> to_binary(L);
+conv(f64, L) -> {f64, << <<(X + rand:uniform_real() * 1.0e-9):64/float-native>> || X <- L >>}.
+
+vec({f64, B}) -> [X || <<X:64/float-native>> <= B];
 vec(B) when is_binary(B) -> from_binary(B);
 vec(L) -> L.
 
-%% @doc The f64 reference and, per output element, the bound on its error:
-%% `{Values, Bounds}' (vector_add must be exact: bound 0).
+type_of([{f64, _} | _]) -> f64;
+type_of([V | _]) when is_binary(V); is_list(V) -> f32;
+type_of([_ | Rest]) -> type_of(Rest).
+
+%% Unit roundoff.
+unit(f32) -> math:pow(2, -24);
+unit(f64) -> math:pow(2, -53).
+
+%% The longest chain of roundings an output goes through, as
+%% c_src/erlcuda_ring.h states the accumulation (EC_SUM_SERIAL = 256 serial
+%% terms, a pairwise tree of depth <= 16, one partial per EC_SUM_CHUNK =
+%% 65536 terms in sequence, the final rounding; a matmul: a chain over k).
+depth(reduce, N) -> 256 + 16 + (N + 65535) div 65536 + 1;
+depth(dot_product, N) -> 256 + 16 + (N + 65535) div 65536 + 1;
+depth(_, _) -> 2.
+
+%% Σ X·Y over the pairs as accurately as in twice f64's precision (Dot2:
+%% Dekker's exact products, Neumaier's compensated sum), and Σ |X·Y|: a plain
+%% f64 sum of 2^20 terms errs as much as the f64 kernels may.
+dot2(Pairs) -> dot2(Pairs, 0.0, 0.0, 0.0).
+dot2([], S, C, Mag) -> {S + C, Mag};
+dot2([{X, Y} | T], S, C, Mag) ->
+    {P, Pe} = two_prod(X, Y),
+    Sum = S + P,
+    Se = case abs(S) >= abs(P) of
+             true -> (S - Sum) + P;
+             false -> (P - Sum) + S
+         end,
+    dot2(T, Sum, C + Pe + Se, Mag + abs(P)).
+
+two_prod(A, B) ->
+    P = A * B,
+    {Ah, Al} = split(A),
+    {Bh, Bl} = split(B),
+    {P, ((Ah * Bh - P) + Ah * Bl + Al * Bh) + Al * Bl}.
+
+split(A) when abs(A) < 1.0e300 ->
+    C = 134217729.0 * A,
+    H = C - (C - A),
+    {H, A - H};
+split(A) -> {A, 0.0}.
+
+%% @doc The f64 reference of a job and, per output element, the bound on a
+%% backend's error: `{Values, Bounds}', derived from the stated
+%% accumulation (see depth/2) and the element type of the vectors.
 -spec reference(atom(), [term()]) -> {[float()], [float()]}.
-reference(vector_add, [A, B]) ->
-    {[f32(X + Y) || {X, Y} <- lists:zip(vec(A), vec(B))], [0.0 || _ <- vec(A)]};
-reference(reduce, [A]) ->
-    L = vec(A),
-    {[lists:sum(L)], [1.0e-5 * lists:sum([abs(X) || X <- L])]};
-reference(dot_product, [A, B]) ->
-    P = [X * Y || {X, Y} <- lists:zip(vec(A), vec(B))],
-    {[lists:sum(P)], [1.0e-5 * lists:sum([abs(X) || X <- P])]};
-reference(matmul, [A, B, M, N, K]) ->
+reference(Kernel, Args) ->
+    T = type_of(Args),
+    U = unit(T),
+    {Vals, Bounds} = lists:unzip(exact(Kernel, T, Args)),
+    Depth = case Kernel of
+                matmul -> lists:last(Args) + 1;
+                _ -> depth(Kernel, length(vec(hd([A || A <- Args, not is_number(A)]))))
+            end,
+    {Vals, [Depth * U * B || B <- Bounds]}.
+
+%% The exact result of each output element and Σ|terms|: the one test
+%% reference of each kernel.
+exact(vector_add, _T, [A, B]) ->
+    [dot2([{X, 1.0}, {Y, 1.0}]) || {X, Y} <- lists:zip(vec(A), vec(B))];
+exact(saxpy, T, [Alpha, X, Y]) ->
+    Al = case T of f32 -> f32(Alpha); f64 -> float(Alpha) end,
+    [dot2([{Al, Xi}, {Yi, 1.0}]) || {Xi, Yi} <- lists:zip(vec(X), vec(Y))];
+exact(reduce, _T, [A]) ->
+    [dot2([{X, 1.0} || X <- vec(A)])];
+exact(dot_product, _T, [A, B]) ->
+    [dot2(lists:zip(vec(A), vec(B)))];
+exact(matmul, _T, [A, B, M, N, K]) ->
     At = list_to_tuple(vec(A)),
     Bt = list_to_tuple(vec(B)),
-    Cells = [begin
-                 Ts = [element(I * K + P + 1, At) * element(P * N + J + 1, Bt)
-                       || P <- lists:seq(0, K - 1)],
-                 {lists:sum(Ts), 1.0e-5 * lists:sum([abs(T) || T <- Ts])}
-             end || I <- lists:seq(0, M - 1), J <- lists:seq(0, N - 1)],
-    lists:unzip(Cells).
+    [dot2([{element(I * K + P + 1, At), element(P * N + J + 1, Bt)} || P <- lists:seq(0, K - 1)])
+     || I <- lists:seq(0, M - 1), J <- lists:seq(0, N - 1)].
 
 %% @doc Checks a result against the reference; `ok' or `{mismatch, ...}'.
+%% The result's form must follow the first vector argument.
 -spec check(atom(), [term()], term()) -> ok | {mismatch, term()}.
 check(Kernel, Args, Result) ->
     {Want, Bounds} = reference(Kernel, Args),
     Got = case Result of
               R when is_float(R) -> [R];
+              {f64, R} -> vec({f64, R});
               R when is_binary(R) -> from_binary(R);
               R when is_list(R) -> R;
               R -> [R]
           end,
-    FormOk = case {Kernel, hd(Args)} of
+    First = hd([A || A <- Args, not is_number(A)]),
+    FormOk = case {Kernel, First} of
                  {K, _} when K =:= reduce; K =:= dot_product -> is_float(Result);
-                 {_, First} when is_binary(First) -> is_binary(Result);
+                 {_, {f64, _}} -> is_tuple(Result) andalso element(1, Result) =:= f64;
+                 {_, _} when is_binary(First) -> is_binary(Result);
                  _ -> is_list(Result)
              end,
     case FormOk andalso length(Got) =:= length(Want) of
@@ -90,7 +153,7 @@ check(Kernel, Args, Result) ->
     end.
 
 compare([], [], [], _) -> ok;
-compare([G | Gs], [W | Ws], [B | Bs], I) when is_float(G), abs(G - W) =< B + 1.0e-30 ->
+compare([G | Gs], [W | Ws], [B | Bs], I) when is_float(G), abs(G - W) =< B + 1.0e-300 ->
     compare(Gs, Ws, Bs, I + 1);
 compare([G | _], [W | _], [B | _], I) ->
     {mismatch, #{index => I, got => G, want => W, bound => B}}.

@@ -39,5 +39,11 @@ validation_test_() ->
                     erlcuda:launch_sync(vector_add, [<<1.0:32/float-native>>, [2.0]])),
       ?_assertEqual({ok, [3.0]},
                     erlcuda:launch_sync(vector_add, [[2.0], <<1.0:32/float-native>>])),
-      ?_assertEqual([{vector_add, 2}, {reduce, 1}, {dot_product, 2}, {matmul, 2}],
-                    erlcuda:kernels())]}.
+      ?_assertEqual([{vector_add, [vector, vector]}, {reduce, [vector]},
+                     {dot_product, [vector, vector]}, {matmul, [vector, vector, dim, dim, dim]},
+                     {saxpy, [scalar, vector, vector]}],
+                    [{N, A} || #{name := N, args := A} <- erlcuda:kernels()]),
+      ?_assertEqual({ok, [5.0, 8.0]}, erlcuda:launch_sync(saxpy, [2, [1.0, 2.0], [3, 4.0]])),
+      ?_assertEqual({error, {badarg, {type, 3}}},
+                    erlcuda:launch(saxpy, [2, [1.0], {f64, <<1.0:64/float-native>>}])),
+      ?_assertEqual({error, {badarg, args}}, erlcuda:launch(saxpy, [[1.0], [1.0]]))]}.
