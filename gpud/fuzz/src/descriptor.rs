@@ -11,7 +11,7 @@
 
 use gpud::coalesce::{independent, Coalescer};
 use gpud::descriptor::{names_unknown_segment, validate, Job, Region, SegmentSizes};
-use gpud::layout::{Kernel, Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_MAX_SEGMENTS, KERNEL_ROWS};
+use gpud::layout::{Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_MAX_SEGMENTS, KERNEL_ROWS};
 
 use crate::{gen_sqe, Cursor};
 
@@ -58,9 +58,9 @@ pub fn run(data: &[u8]) {
     }
     assert_eq!(co.len(), jobs.len());
     let mut seen = 0;
-    for (k, group) in co.groups() {
+    for (k, t, group) in co.groups() {
         assert!(!group.is_empty());
-        assert!(group.iter().all(|j| j.kernel() == k));
+        assert!(group.iter().all(|j| j.kernel() == k && j.ty() == t));
         // Submission order is kept inside a group.
         assert!(group.windows(2).all(|w| w[0].user_data() < w[1].user_data()));
         seen += group.len();
