@@ -11,7 +11,8 @@
 //!
 //! Conventions for every kernel:
 //! * device pointers are `u64` (a device address, or a device-mapped host
-//!   address from `cuMemHostRegister`); element type is always `f32`;
+//!   address from `cuMemHostRegister`); element type is `f32` (`f64` for
+//!   `matmul_batch_f64`, whose ABI is [`matmul_f64_abi`]);
 //! * the descriptor table itself lives in device memory (or device-mapped host
 //!   memory) and is passed as the first kernel parameter (a pointer);
 //! * scalar kernel parameters are `u32` and follow the table pointer in the
@@ -281,3 +282,7 @@ const _: () = assert!(core::mem::size_of::<ReduceJob>() == 40);
 const _: () = assert!(core::mem::size_of::<MatmulJob>() == 48);
 const _: () = assert!(MATMUL_SMEM_BYTES == 33_280);
 const _: () = assert!(REDUCE_LARGE_CHUNK % 4 == 0 && REDUCE_SMEM_BYTES >= 4 * REDUCE_WARPS);
+
+// f64 matmul (`matmul_batch_f64`): its own tile size and host prep.
+#[path = "matmul_f64_abi.rs"]
+pub mod matmul_f64_abi;

@@ -2,7 +2,8 @@
 //!
 //! Every kernel is batched: one launch serves many jobs described by a table
 //! of `#[repr(C)]` descriptors in device memory (see `abi.rs`, shared with
-//! gpud). Built by `kernels/build.sh OUT_DIR` into `OUT_DIR/erlcuda_kernels.ptx`.
+//! gpud). Built by `kernels/build.sh OUT_DIR` into `OUT_DIR/erlcuda_kernels.ptx`
+//! and, with `--features sm80`, `OUT_DIR/erlcuda_kernels_sm80.ptx`.
 //!
 //! Memory access notes: global loads/stores and all shared-memory accesses of
 //! the hot loops go through small `asm!` helpers so the PTX is guaranteed to
@@ -46,22 +47,22 @@ unsafe extern "C" {
 }
 
 #[inline(always)]
-fn tid() -> u32 {
+pub(crate) fn tid() -> u32 {
     unsafe { _thread_idx_x() }
 }
 #[inline(always)]
-fn bid() -> u32 {
+pub(crate) fn bid() -> u32 {
     unsafe { _block_idx_x() }
 }
 #[inline(always)]
-fn gdim() -> u32 {
+pub(crate) fn gdim() -> u32 {
     unsafe { _grid_dim_x() }
 }
 
 /// `bar.sync 0` as an asm block with (implicit) memory effects: a compiler
 /// barrier too.
 #[inline(always)]
-unsafe fn sync_threads() {
+pub(crate) unsafe fn sync_threads() {
     asm!("bar.sync 0;", options(nostack));
 }
 
@@ -130,7 +131,7 @@ unsafe fn red_add_f32(p: *mut f32, v: f32) {
 
 /// Shared-window (32-bit) address of the dynamic shared memory.
 #[inline(always)]
-unsafe fn smem_base() -> u32 {
+pub(crate) unsafe fn smem_base() -> u32 {
     #[repr(C, align(16))]
     struct A16([f32; 4]);
     let p = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<A16>();
@@ -205,7 +206,7 @@ unsafe fn block_sum(v: f32, smem: u32) -> f32 {
 /// Index of the last entry `j` in `0..n` with `start(j) <= x` (`start` is
 /// non-decreasing, `start(0) <= x`).
 #[inline(always)]
-fn upper_search(n: u32, x: u64, start: impl Fn(u32) -> u64) -> u32 {
+pub(crate) fn upper_search(n: u32, x: u64, start: impl Fn(u32) -> u64) -> u32 {
     let (mut lo, mut hi) = (0u32, n); // answer in [lo, hi)
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
@@ -597,3 +598,5 @@ pub unsafe extern "ptx-kernel" fn matmul_batch(jobs: *const MatmulJob, njobs: u3
 pub unsafe extern "ptx-kernel" fn matmul_batch_bk16(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
     matmul_impl::<16>(jobs, njobs, total_tiles)
 }
+
+mod matmul_f64;
