@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Builds the erlcuda kernels to PTX.
 #
-#   kernels/build.sh OUT_DIR     writes OUT_DIR/erlcuda_kernels.ptx
-#   kernels/build.sh             prints the path of the built PTX
+#   kernels/build.sh OUT_DIR     writes OUT_DIR/erlcuda_kernels.ptx and
+#                                OUT_DIR/erlcuda_kernels_sm80.ptx
+#   kernels/build.sh             prints the path of the built PTX (the first)
+#
+# Two modules: erlcuda_kernels.ptx (ERLCUDA_PTX_CPU, no cargo features) loads
+# on any CC >= 7.0; erlcuda_kernels_sm80.ptx (sm_80, --features sm80) has the
+# same entries with matmul_f64 on the FP64 tensor cores, and a driver
+# refuses it below CC 8.0. Each has its own cargo target subfolder, so
+# rebuilding one does not invalidate the other.
 #
 # Needs the nightly toolchain with rust-src and llvm-tools:
 #   rustup toolchain install nightly
 #   rustup component add rust-src llvm-tools --toolchain nightly
 # Environment: ERLCUDA_PTX_CPU (default sm_70: PTX any CC >= 7.0 GPU loads;
-# the driver JIT-compiles it for the GPU at hand), ERLCUDA_KERNELS_TARGET_DIR
+# the driver JIT-compiles it for the GPU at hand; the sm80 module is always
+# sm_80), ERLCUDA_KERNELS_TARGET_DIR
 # (default kernels/target; deliberately NOT $CARGO_TARGET_DIR: gpud's build.rs
 # runs this inside a cargo build that holds that directory's lock), and
 # ERLCUDA_VERBOSE=1 for cargo's output. Incremental: cargo rebuilds only when
@@ -33,30 +41,40 @@ done
 
 target_dir="${ERLCUDA_KERNELS_TARGET_DIR:-$here/target}"
 cpu="${ERLCUDA_PTX_CPU:-sm_70}"
-export ERLCUDA_LLVM_BIN="$llvm_bin" ERLCUDA_PTX_CPU="$cpu"
+export ERLCUDA_LLVM_BIN="$llvm_bin"
 # Our flags only: do not inherit the host build's RUSTFLAGS.
 unset RUSTFLAGS CARGO_ENCODED_RUSTFLAGS CARGO_BUILD_RUSTFLAGS CARGO_BUILD_TARGET CARGO_BUILD_TARGET_DIR \
   CARGO_TARGET_DIR RUSTC RUSTC_WRAPPER RUSTC_WORKSPACE_WRAPPER RUSTDOC CARGO_BUILD_RUSTC CARGO_BUILD_RUSTC_WRAPPER
 export CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER="$here/tools/ptx-link"
-export CARGO_TARGET_NVPTX64_NVIDIA_CUDA_RUSTFLAGS="-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu=$cpu"
 
 quiet=(-q)
 [[ -n "${ERLCUDA_VERBOSE:-}" ]] && quiet=()
-cargo +nightly build "${quiet[@]}" --release \
-  --manifest-path "$here/Cargo.toml" --target-dir "$target_dir" \
-  --target nvptx64-nvidia-cuda -Zbuild-std=core >&2 \
-  || die "cargo build failed"
 
-ptx="$target_dir/nvptx64-nvidia-cuda/release/erlcuda_kernels.ptx"
-[[ -s "$ptx" ]] || die "expected $ptx, not found"
-for k in vector_add_f32 vector_add_f64 reduce_f32 reduce_f64 dot_f32 dot_f64 matmul_f32 saxpy_f32 saxpy_f64; do
-  grep -q "^.visible .entry $k(" "$ptx" || die "kernel $k missing from $ptx"
-done
+# build_ptx CPU TARGET_DIR [CARGO_ARGS...]: builds one module, prints its path.
+build_ptx() {
+  local cpu="$1" dir="$2"; shift 2
+  ERLCUDA_PTX_CPU="$cpu" \
+  CARGO_TARGET_NVPTX64_NVIDIA_CUDA_RUSTFLAGS="-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu=$cpu" \
+  cargo +nightly build "${quiet[@]}" --release \
+    --manifest-path "$here/Cargo.toml" --target-dir "$dir" \
+    --target nvptx64-nvidia-cuda -Zbuild-std=core "$@" >&2 \
+    || die "cargo build failed${1:+ ($*)}"
+  local ptx="$dir/nvptx64-nvidia-cuda/release/erlcuda_kernels.ptx"
+  [[ -s "$ptx" ]] || die "expected $ptx, not found"
+  for k in vector_add_f32 vector_add_f64 reduce_f32 reduce_f64 dot_f32 dot_f64 matmul_f32 matmul_f64 saxpy_f32 saxpy_f64; do
+    grep -q "^.visible .entry $k(" "$ptx" || die "kernel $k missing from $ptx"
+  done
+  echo "$ptx"
+}
+
+ptx="$(build_ptx "$cpu" "$target_dir")"
+ptx_sm80="$(build_ptx sm_80 "$target_dir/sm80" --features sm80)"
 
 if (($#)); then
   mkdir -p "$1"
   # copy only when changed, so dependents' mtimes stay put
   cmp -s "$ptx" "$1/erlcuda_kernels.ptx" || cp "$ptx" "$1/erlcuda_kernels.ptx"
+  cmp -s "$ptx_sm80" "$1/erlcuda_kernels_sm80.ptx" || cp "$ptx_sm80" "$1/erlcuda_kernels_sm80.ptx"
 else
   echo "$ptx"
 fi

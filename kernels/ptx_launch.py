@@ -24,6 +24,8 @@ _INT_RE = re.compile(r"pub const (\w+): \w+ = ([0-9_]+);")
 _STR_RE = re.compile(r'pub const (\w+): &str = "([^"]*)";')
 # `pub const NAME: &str = OTHER_NAME;` (an alias of another string constant)
 _ALIAS_RE = re.compile(r"pub const (\w+): &str = ([A-Za-z_]\w*);")
+# `#[path = "file.rs"] pub mod name;`: a module abi.rs includes from its folder
+_PATH_MOD_RE = re.compile(r'#\[path = "([^"]+)"\]\s*pub mod \w+;')
 
 # MatmulJob (#[repr(C)], 48 bytes): a, b, c: u64; m, n, k, tiles_n: u32; tile_start: u64
 MM_DT = np.dtype([("a", "<u8"), ("b", "<u8"), ("c", "<u8"), ("m", "<u4"), ("n", "<u4"),
@@ -33,10 +35,14 @@ assert MM_DT.itemsize == 48
 
 def read_abi(path=None):
     """Constants of abi.rs: integer literals as int, string constants as str
-    (aliases such as `A: &str = B;` resolved). Entry names are the
-    ENTRY_* prefixes plus "_f32" / "_f64" (abi::Dtype::suffix)."""
-    with open(path or DEFAULT_ABI) as fh:
+    (aliases resolved), those of the modules abi.rs includes with `#[path]`
+    (matmul_f64_abi.rs, which must lie beside it) included."""
+    path = path or DEFAULT_ABI
+    with open(path) as fh:
         text = fh.read()
+    for m in _PATH_MOD_RE.finditer(text):
+        with open(os.path.join(os.path.dirname(os.path.abspath(path)), m.group(1))) as fh:
+            text += "\n" + fh.read()
     abi = {}
     for m in _INT_RE.finditer(text):
         abi[m.group(1)] = int(m.group(2).replace("_", ""))

@@ -15,6 +15,7 @@ pub mod abi;
 mod common;
 mod dot;
 mod matmul;
+mod matmul_f64;
 mod reduce;
 mod saxpy;
 mod vector_add;

@@ -1,10 +1,10 @@
-//! ABI of `matmul_batch_f64` — `C(m×n) = A(m×k) · B(k×n)`, row-major f64.
+//! ABI of `matmul_f64` — `C(m×n) = A(m×k) · B(k×n)`, row-major f64.
 //!
 //! Included by `abi.rs` as `abi::matmul_f64_abi` (so gpud, which includes
 //! abi.rs through `#[path]`, gets it too). Plain Rust, no dependencies;
 //! integer constants are literals so `kernels/ptx_launch.py` can read them.
 //!
-//! * Same job table as `matmul_batch`: [`MatmulJob`] (element type f64
+//! * Same job table as `matmul_f32`: [`MatmulJob`] (element type f64
 //!   here), params `(jobs: u64 -> [MatmulJob; njobs], njobs: u32,
 //!   total_tiles: u32)`, block `(MATMUL_F64_THREADS,1,1)`, grid
 //!   `(grid_for(total_tiles, MATMUL_F64_MAX_GRID),1,1)`, dynamic shared
@@ -27,7 +27,7 @@
 use super::{div_ceil_u64, MatmulJob};
 
 /// Entry name (in both PTX modules).
-pub const ENTRY_MATMUL_F64: &str = "matmul_batch_f64";
+pub const ENTRY_MATMUL_F64: &str = "matmul_f64";
 /// File name of the sm_80 module `kernels/build.sh OUT_DIR` writes.
 pub const PTX_SM80_FILE_NAME: &str = "erlcuda_kernels_sm80.ptx";
 /// Lowest compute capability (major·10 + minor) that loads the sm80 module.

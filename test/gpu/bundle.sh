@@ -21,7 +21,7 @@ erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcud
 erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
 # The peers' half of the benchmarks (PyTorch, CuPy, erlcuda's PTX timed with
 # CUDA events) and the report, which needs only Python's standard library.
-cp bench/peers.py bench/report.py bench/FORMAT.md kernels/ptx_launch.py kernels/src/abi.rs "$out/bench/"
+cp bench/peers.py bench/report.py bench/FORMAT.md kernels/ptx_launch.py kernels/src/abi.rs kernels/src/matmul_f64_abi.rs "$out/bench/"
 bash kernels/build.sh "$out"
 cp test/gpu/run.sh "$out/run.sh"
 
