@@ -182,7 +182,7 @@ pub fn names_unknown_segment(sqe: &Sqe, sizes: &SegmentSizes) -> bool {
 
 /// A job that passed [`validate`]. Fields are private so that only
 /// validation can make one.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Job {
     user_data: u64,
     kernel: Kernel,
@@ -190,8 +190,10 @@ pub struct Job {
     in0: Region,
     in1: Region,
     out: Region,
-    /// The kernel's 's' arguments in order (decoded from the parameter area).
-    scalars: [f64; EC_PARAM_BYTES / 8],
+    /// The kernel's 's' arguments in order (decoded from the parameter
+    /// area), as bits: a NaN scalar is a valid argument, and a job must
+    /// still equal itself.
+    scalars: [u64; EC_PARAM_BYTES / 8],
     /// The kernel's 'd' arguments in order.
     dims: [u32; EC_PARAM_BYTES / 4],
     /// EC_FLAG_FAULT was set (only possible with the `fault-injection` feature).
@@ -221,7 +223,7 @@ impl Job {
     }
     /// The `i`-th scalar ('s') argument.
     pub fn scalar(&self, i: usize) -> f64 {
-        self.scalars[i]
+        f64::from_bits(self.scalars[i])
     }
     /// The `i`-th dimension ('d') argument.
     pub fn dim(&self, i: usize) -> u32 {
@@ -277,6 +279,7 @@ pub fn validate(sqe: &Sqe, sizes: impl Sizes + Copy) -> Result<Job, Status> {
         .filter(|t| kernel.runs_on(*t))
         .ok_or(Status::BadType)?;
     let (scalars, dims) = sqe.p.decode(row.signature);
+    let scalars = scalars.map(f64::to_bits);
     check_shape(kernel, sqe, &dims)?;
 
     let in0 = Region::new(sqe.in0, sqe.in0_len, ty, sizes)?;

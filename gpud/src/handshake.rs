@@ -158,10 +158,11 @@ pub fn validate_header(h: &HeaderFields, total_bytes: u64) -> Result<Geometry> {
             h.arena_offset
         )));
     }
-    // f32 data: the arena base must be 4-aligned (the mapping itself is
-    // page-aligned), or the slices made over it would be misaligned.
-    if !h.arena_offset.is_multiple_of(4) {
-        return Err(bad(format!("arena_offset {} is not 4-aligned", h.arena_offset)));
+    // The arena base must be aligned for every element type (f64 and s64:
+    // 8 bytes; the mapping itself is page-aligned), or the slices made over
+    // it would be misaligned.
+    if !h.arena_offset.is_multiple_of(8) {
+        return Err(bad(format!("arena_offset {} is not 8-aligned", h.arena_offset)));
     }
     let arena_end = h
         .arena_offset

@@ -43,7 +43,7 @@ pub struct Segments {
 impl Segments {
     /// # Safety
     /// `base..base + bytes` (segment 0, the arena in the ring's mapping) must
-    /// stay mapped read-write for as long as the result lives, `base` 4-aligned.
+    /// stay mapped read-write for as long as the result lives, `base` 8-aligned.
     pub unsafe fn new(base: NonNull<u8>, bytes: u64) -> Segments {
         Segments {
             seg0: (base, bytes),

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-bundle
 rm -rf "$out"
-mkdir -p "$out/lib/erlcuda/ebin" "$out/lib/erlcuda/priv" "$out/test" "$out/bench"
+mkdir -p "$out/lib/erlcuda/ebin" "$out/lib/erlcuda/priv" "$out/test" "$out/bench" "$out/kernels"
 
 make native
 cargo build --release -p gpud --features fault-injection --target-dir target/fault
@@ -23,6 +23,9 @@ erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
 # CUDA events) and the report, which needs only Python's standard library.
 cp bench/peers.py bench/report.py bench/FORMAT.md kernels/ptx_launch.py kernels/src/abi.rs kernels/src/matmul_f64_abi.rs "$out/bench/"
 bash kernels/build.sh "$out"
+# The PTX-level checks (every entry of both types; matmul_f64 against DGEMM).
+cp kernels/gpu_check.py kernels/test_matmul_f64.py kernels/ptx_launch.py kernels/src/abi.rs \
+    kernels/src/matmul_f64_abi.rs "$out/kernels/"
 cp test/gpu/run.sh "$out/run.sh"
 
 deb=$(ls .deb/erlang-base_*.deb 2>/dev/null | head -n1 || true)

@@ -36,5 +36,18 @@ case "${1:-check}" in
             --command "make gpu-bundle; bash .gpu-bundle/run.sh bench" || true
         ;;
     eval) erl "logger:set_primary_config(level, error), $2, halt()" ;;
-    *) echo "usage: $0 [check|bench|eval EXPR]" >&2; exit 2 ;;
+    kernels)
+        # The kernels' PTX alone, through CuPy: both modules, every entry of
+        # both types against f64 references; matmul_f64 against DGEMM.
+        export PYTHONUNBUFFERED=1
+        rc=0
+        for ptx in "$here/erlcuda_kernels.ptx" "$here/erlcuda_kernels_sm80.ptx"; do
+            echo "== kernels/gpu_check.py $(basename "$ptx")"
+            python3 "$here/kernels/gpu_check.py" "$ptx" --abi "$here/kernels/abi.rs" || rc=1
+        done
+        echo "== kernels/test_matmul_f64.py"
+        (cd "$here/kernels" && python3 test_matmul_f64.py "$here") || rc=1
+        exit $rc
+        ;;
+    *) echo "usage: $0 [check|bench|kernels|eval EXPR]" >&2; exit 2 ;;
 esac

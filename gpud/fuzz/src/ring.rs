@@ -15,7 +15,7 @@
 //! - when the VM is "alive" (socket open and the CQ has the room the VM
 //!   promises): every drained entry has exactly one CQE, no other CQE was
 //!   written, no CQ slot outside them was touched; OK entries are exactly
-//!   those `validate` accepts, with batch = their kernel's group size;
+//!   those `validate` accepts, with batch = their (kernel, type) group's size;
 //!   refused ones carry validate's status and batch 1;
 //! - stats: bad_descriptors = refused + 1 per overrun; jobs_ok/failed;
 //!   batches; launches = kernels present;
@@ -39,7 +39,7 @@ use gpud::daemon::Daemon;
 use gpud::descriptor::validate;
 use gpud::handshake::{validate_header, HeaderFields, Mapping};
 use gpud::layout::{
-    Cqe, Header, Kernel, SegmentMsg, Sqe, Status, EC_HEADER_BYTES,
+    Cqe, ElemType, Header, Kernel, SegmentMsg, Sqe, Status, EC_HEADER_BYTES,
     EC_NEED_WAKEUP, EC_SEGMENT_MAGIC,
 };
 use gpud::ring::Ring;
@@ -98,7 +98,7 @@ pub fn run(data: &[u8]) {
     let arena_offset = if slack & 0x80 == 0 {
         cq_end.next_multiple_of(256)
     } else {
-        cq_end + u64::from(slack & 0x7f) * 4
+        cq_end + u64::from(slack & 0x7f) * 8
     };
     let total = arena_offset + arena_bytes;
 
@@ -232,8 +232,10 @@ pub fn run(data: &[u8]) {
     let drained: Vec<Sqe> = (0..take)
         .map(|i| slots[(sq_head.wrapping_add(i) & (sq_entries - 1)) as usize])
         .collect();
-    let verdicts: Vec<Result<Kernel, Status>> = drained.iter().map(|s| validate(s, &sizes).map(|j| j.kernel())).collect();
-    let mut group: HashMap<Kernel, u32> = HashMap::new();
+    // One launch per (kernel, element type).
+    let verdicts: Vec<Result<(Kernel, ElemType), Status>> =
+        drained.iter().map(|s| validate(s, &sizes).map(|j| (j.kernel(), j.ty()))).collect();
+    let mut group: HashMap<(Kernel, ElemType), u32> = HashMap::new();
     for k in verdicts.iter().flatten() {
         *group.entry(*k).or_default() += 1;
     }
