@@ -5,7 +5,8 @@
 //! trait exactly as the daemon does (validate, coalesce, submit, poll).
 //! `cargo test` runs them on the CPU backend everywhere and on the CUDA
 //! backend where a driver and a device exist (skipped with a note
-//! otherwise; `ERLCUDA_REQUIRE_GPU=1` makes a missing GPU a failure).
+//! otherwise; `ERLCUDA_REQUIRE_GPU=1` makes a missing GPU a failure:
+//! [`no_gpu`], the one place that decides).
 //!
 //! Tolerance per output: `depth · u · Σ|terms|` with `u` the type's unit
 //! roundoff and `depth` the longest chain of roundings the shape allows:
@@ -509,19 +510,25 @@ pub fn check_backend(backend: &mut dyn Backend) {
     assert_eq!(backend.in_flight(), 0);
 }
 
-/// The CUDA backend for tests, or None with a note (a failure when
-/// `ERLCUDA_REQUIRE_GPU=1`).
+/// The CUDA backend for tests, or None after [`no_gpu`].
 pub fn gpu_for_tests() -> Option<crate::backend::cuda::CudaBackend> {
     match crate::backend::cuda::CudaBackend::open(0) {
         Ok(b) => Some(b),
         Err(e) => {
-            if std::env::var("ERLCUDA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("ERLCUDA_REQUIRE_GPU=1 but no CUDA backend: {e}");
-            }
-            eprintln!("NOTE: CUDA test skipped, no GPU backend here: {e}");
+            no_gpu(&e.to_string());
             None
         }
     }
+}
+
+/// Every test that needs a GPU calls this where it finds none (`why`):
+/// with `ERLCUDA_REQUIRE_GPU=1` (the GPU bundle sets it) that is a failure,
+/// elsewhere the test is skipped with a note on stderr.
+pub fn no_gpu(why: &str) {
+    if std::env::var("ERLCUDA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        panic!("ERLCUDA_REQUIRE_GPU=1 but no CUDA backend: {why}");
+    }
+    eprintln!("NOTE: CUDA test skipped, no GPU backend here: {why}");
 }
 
 /// `gpud --bench-backend`: per kernel and size, the time from submit to

@@ -866,7 +866,7 @@ fn probe_lines() {
             "probe --backend cuda said {cuda:?}"
         );
         assert_eq!(code, Some(2));
-        assert!(std::env::var("ERLCUDA_REQUIRE_GPU").map_or(true, |v| v != "1"), "ERLCUDA_REQUIRE_GPU=1 but {cuda:?}");
+        gpud::testvec::no_gpu(&format!("gpud --probe --backend cuda said {cuda:?}"));
         assert_eq!(run(&["--probe"]), ("backend cpu devices 1\n".into(), Some(0)));
         assert_eq!(run(&["--probe", "--backend", "auto"]), ("backend cpu devices 1\n".into(), Some(0)));
     }

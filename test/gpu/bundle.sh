@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
 # Builds .gpu-bundle/: everything the whole-stack GPU check needs on a machine
 # that has only an NVIDIA driver (no Rust, no Erlang, no network): gpud (and a
-# gpud built with fault injection), the NIF, the beams, and Debian's
-# erlang-base .deb. Then, there: bash .gpu-bundle/run.sh (the check) or
+# gpud built with fault injection), gpud's cargo test binaries, the NIF, the
+# beams, and Debian's erlang-base .deb. Then, there: bash .gpu-bundle/run.sh
+# (the cargo tests with ERLCUDA_REQUIRE_GPU=1, then the check) or
 # bash .gpu-bundle/run.sh bench (the benchmarks, peers included; results
 # under $OUT or the current folder).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-bundle
 rm -rf "$out"
-mkdir -p "$out/lib/erlcuda/ebin" "$out/lib/erlcuda/priv" "$out/test" "$out/bench" "$out/kernels"
+mkdir -p "$out/lib/erlcuda/ebin" "$out/lib/erlcuda/priv" "$out/test" "$out/bench" \
+    "$out/cargo-tests" "$out/kernels"
 
 make native
 cargo build --release -p gpud --features fault-injection --target-dir target/fault
 rebar3 compile
 cp priv/gpud priv/erlcuda_nif.so "$out/lib/erlcuda/priv/"
 cp target/fault/release/gpud "$out/gpud-fault"
+# gpud's test binaries (unit tests of the library and of main.rs, e2e,
+# peer_uid), named after their target: run.sh runs them there against the
+# bundled gpud (GPUD_BIN).
+cargo test --release -p gpud --no-run --message-format=json \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["profile"]["test"] and m["executable"]:
+        kind = m["target"]["kind"][0]
+        name = m["target"]["name"] if kind == "test" else "unit-" + kind
+        print(name, m["executable"])
+' | while read -r name exe; do cp "$exe" "$out/cargo-tests/$name"; done
+[ -x "$out/cargo-tests/unit-lib" ] && [ -x "$out/cargo-tests/e2e" ] \
+    || { echo "bundle: gpud's test binaries are missing" >&2; exit 1; }
 cp _build/default/lib/erlcuda/ebin/* "$out/lib/erlcuda/ebin/"
 erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl
 erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
@@ -35,7 +52,7 @@ if [ -z "$deb" ]; then
     deb=$(ls .deb/erlang-base_*.deb | head -n1)
 fi
 cp "$deb" "$out/erlang-base.deb"
-strip "$out/lib/erlcuda/priv/gpud" "$out/gpud-fault" 2>/dev/null || true
+strip "$out/lib/erlcuda/priv/gpud" "$out/gpud-fault" "$out"/cargo-tests/* 2>/dev/null || true
 du -sh "$out"
 size=$(du -sb "$out" | cut -f1)
 if [ "$size" -ge $((64 << 20)) ]; then

@@ -2,7 +2,11 @@
 # Runs erlcuda on a machine with only an NVIDIA driver, from the bundle made
 # by test/gpu/bundle.sh: Erlang comes from the bundled erlang-base .deb,
 # unpacked into a temporary folder.
-#   run.sh [check]   the whole-stack GPU check (test/erlcuda_gpu_check.erl)
+#   run.sh [check]   gpud's cargo tests with ERLCUDA_REQUIRE_GPU=1 (a test
+#                    that finds no GPU fails), then, if they pass, the
+#                    whole-stack GPU check (test/erlcuda_gpu_check.erl)
+#   run.sh cargo     the cargo tests alone
+#   run.sh erlang    the whole-stack GPU check alone
 #   run.sh bench     the benchmarks: bench/peers.py (PyTorch, CuPy, cuBLAS,
 #                    PCIe), then bench/erlcuda_bench.erl, in one run; raw
 #                    JSON, logs and the merged report go to $OUT (or .)
@@ -21,8 +25,60 @@ erl() {
     "$root/bin/erl" -noshell +S "$(nproc)" \
         -pa "$here/lib/erlcuda/ebin" -pa "$here/test" -pa "$here/bench" -eval "$1"
 }
+
+# N of "N passed" (or another word) in a libtest result line, 0 if none.
+count() {
+    local n
+    n=$(grep -oE "[0-9]+ $1" <<<"$2" | head -n1 | cut -d' ' -f1)
+    echo "${n:-0}"
+}
+
+# gpud's test binaries against the bundled gpud, the daemon (e2e) tests on
+# the cuda backend. Skipped: the layout test, which compiles a probe
+# against c_src/erlcuda_ring.h (a source file; the layout is the same on
+# every machine). Prints each binary's result and a summary; fails if any
+# test failed.
+cargo_tests() {
+    local gpud="$here/lib/erlcuda/priv/gpud" failed=0 passed=0 bins=0 bad=()
+    echo "gpud's cargo tests, ERLCUDA_REQUIRE_GPU=1; gpud --probe --backend cuda says:" \
+        "$("$gpud" --probe --backend cuda 2>/dev/null || true)"
+    for t in "$here"/cargo-tests/*; do
+        local name log
+        name=$(basename "$t")
+        log="$tmp/cargo-$name.log"
+        bins=$((bins + 1))
+        if (cd "$tmp" && ERLCUDA_REQUIRE_GPU=1 GPUD_BIN="$gpud" \
+                GPUD_E2E_BACKEND="${GPUD_E2E_BACKEND:-cuda}" \
+                "$t" --skip layout_agrees_with_c_header) >"$log" 2>&1; then
+            :
+        else
+            bad+=("$name")
+            sed -n '/^failures:$/,$p' "$log"
+        fi
+        local result
+        result=$(grep -E '^test result:' "$log" | tail -n1)
+        echo "  $name: ${result:-no result (exit status above; log: $(tail -n3 "$log"))}"
+        passed=$((passed + $(count passed "$result")))
+        failed=$((failed + $(count failed "$result")))
+    done
+    if [ "${#bad[@]}" -gt 0 ]; then
+        echo "cargo tests FAILED: $passed passed, $failed failed in $bins binaries" \
+            "(failing: ${bad[*]})" >&2
+        return 1
+    fi
+    echo "cargo tests: $passed passed, 0 failed in $bins binaries"
+}
+
+check() { erl "erlcuda_gpu_check:main([{gpud_fault, \"$here/gpud-fault\"}])"; }
+
 case "${1:-check}" in
-    check) erl "erlcuda_gpu_check:main([{gpud_fault, \"$here/gpud-fault\"}])" ;;
+    check)
+        cargo_tests || { echo "the Erlang GPU check was not run (bash $0 erlang runs it alone)" >&2
+                         exit 1; }
+        echo
+        check ;;
+    cargo) cargo_tests ;;
+    erlang) check ;;
     bench)
         out="${OUT:-.}"
         machine="${BENCH_MACHINE:-h200}"
@@ -49,5 +105,5 @@ case "${1:-check}" in
         (cd "$here/kernels" && python3 test_matmul_f64.py "$here") || rc=1
         exit $rc
         ;;
-    *) echo "usage: $0 [check|bench|kernels|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|kernels|bench|eval EXPR]" >&2; exit 2 ;;
 esac
