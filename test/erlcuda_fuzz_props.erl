@@ -17,8 +17,9 @@
 
 -export([setup/0, cleanup/0, prop/1, tally/0]).
 
--define(KERNELS, [vector_add, reduce, dot_product, matmul]).
--define(ATOMS, [vector_add, reduce, dot_product, matmul, nan, infinity, neg_infinity,
+-define(KERNELS, [vector_add, reduce, dot_product, matmul, saxpy]).
+-define(ATOMS, [vector_add, reduce, dot_product, matmul, saxpy, f32, f64, s32, u32, s64, u8,
+                nan, infinity, neg_infinity,
                 device, timeout, ok, error, undefined, true, false, fault, busy, '',
                 'vector_add ', 'VECTOR_ADD', erlcuda, [], transpose]).
 -define(EDGE_NUMS, [0, 1, -1, 0.0, -0.0, 1.0e308, -1.0e308, 3.4028235e38, 3.5e38, -3.5e38,
@@ -132,13 +133,14 @@ check(devices, _, [#{id := 0, os_pid := P}]) when is_integer(P) ->
     true;
 check(kernels, _, Ks) when is_list(Ks) ->
     count({kernels, list}),
-    lists:sort([K || {K, _} <- Ks]) =:= lists:sort(?KERNELS);
+    lists:sort([K || #{name := K} <- Ks]) =:= lists:sort(?KERNELS);
 check(F, Arg, Other) ->
     report(F, {Arg, Other}).
 
 answer_ok(_K, {error, Reason}) -> reason_ok(Reason);
 answer_ok(K, {ok, R}) when K =:= reduce; K =:= dot_product ->
     is_float(R) orelse lists:member(R, [nan, infinity, neg_infinity]);
+answer_ok(_K, {ok, {T, R}}) -> is_binary(R) andalso lists:member(T, [f32, f64]);
 answer_ok(_K, {ok, R}) -> is_binary(R) orelse is_list(R);
 answer_ok(_K, _) -> false.
 
@@ -246,6 +248,9 @@ vector() ->
     frequency([{4, slist(frequency([{6, float()}, {2, integer()}, {2, num()}]))},
                {2, slist(num())},
                {3, bin()},
+               %% {Type, Binary}, of any type atom (or none) and any size
+               {2, {frequency([{4, elements([f32, f64])}, {2, elements([s32, u32, s64, u8])},
+                               {1, any_atom()}]), bin()}},
                {1, ?LET({L, T}, {nelist((float())), leaf()}, improper(L, T))},
                {1, ?LET(L, slist(float()), L ++ [any_term()])},
                %% past the scheduler limit: goes to a dirty scheduler
@@ -264,6 +269,7 @@ args() ->
                {2, slist(vector())},
                {3, ?LET({A, B}, {vector(), vector()}, [A, B])},
                {2, ?LET(A, vector(), [A])},
+               {2, ?LET({X, A, B}, {num(), vector(), vector()}, [X, A, B])},
                {2, ?LET({A, B, M, N, K}, {vector(), vector(), dim(), dim(), dim()},
                         [A, B, M, N, K])},
                {3, ?LET(N, range(0, 40), ?LET({A, B}, {f32_list(N), f32_list(N)},

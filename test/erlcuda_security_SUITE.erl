@@ -53,8 +53,21 @@ stranger_of_another_uid_gets_nothing(Config) ->
     Py = "/usr/bin/python3",
     case {os:cmd("id -u"), Setpriv, filelib:is_regular(Py)} of
         {"0\n", S, true} when is_list(S) ->
-            stranger([{python, Py} | Config],
-                     [S, "--reuid=65534", "--regid=65534", "--clear-groups"]);
+            %% nobody must reach the script wherever the checkout lies (a
+            %% clone in /root or a 0700 mktemp -d folder): stage a copy in
+            %% a fresh 0755 folder of its own.
+            Dir = string:trim(os:cmd("mktemp -d /tmp/erlcuda-peer.XXXXXX")),
+            Staged = filename:join(Dir, "peer.py"),
+            try
+                ok = file:change_mode(Dir, 8#755),
+                {ok, _} = file:copy(script(Config), Staged),
+                ok = file:change_mode(Staged, 8#644),
+                stranger([{python, Py}, {script, Staged} | Config],
+                         [S, "--reuid=65534", "--regid=65534", "--clear-groups"])
+            after
+                _ = file:delete(Staged),
+                _ = file:del_dir(Dir)
+            end;
         _ -> {skip, "needs root, setpriv and /usr/bin/python3 to run the stranger as nobody"}
     end.
 
@@ -199,7 +212,10 @@ seals(Config, Pid) ->
 %%% helpers
 
 script(Config) ->
-    filename:join(?config(data_dir, Config), "peer.py").
+    case proplists:get_value(script, Config) of
+        undefined -> filename:join(?config(data_dir, Config), "peer.py");
+        Staged -> Staged
+    end.
 
 run(Config, Args) ->
     Port = open_port({spawn_executable, ?config(python, Config)},
