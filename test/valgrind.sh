@@ -14,9 +14,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-V=$ROOT/_build/valgrind
-rm -rf "$V"; mkdir -p "$V/logs"
-chmod 1777 "$V/logs"   # peer_uid runs one gpud as nobody
+# peer_uid runs one gpud as nobody, through the wrapper below: the wrappers,
+# the gpud binaries they run and the logs live in a fresh 0755 folder of
+# their own, which nobody can reach wherever the checkout lies (a clone in
+# /root or in a 0700 mktemp -d folder). Removed when everything passed.
+V=$(mktemp -d "${TMPDIR:-/tmp}/erlcuda-valgrind.XXXXXX")
+chmod 755 "$V"
+mkdir -p "$V/logs"
+chmod 1777 "$V/logs"
 t0=$(date +%s)
 VG=(valgrind --tool=memcheck --error-exitcode=97 --track-origins=yes --num-callers=30
     --leak-check=no --track-fds=no)
@@ -56,8 +61,10 @@ exec valgrind --tool=memcheck --track-origins=yes --num-callers=30 --leak-check=
 W
     chmod +x "$2"
 }
-wrapper "$ROOT/target/release/gpud" "$V/gpud-vg"
-wrapper "$ROOT/target/fault/release/gpud" "$V/gpud-fault-vg"
+cp "$ROOT/target/release/gpud" "$V/gpud"
+cp "$ROOT/target/fault/release/gpud" "$V/gpud-fault"
+wrapper "$V/gpud" "$V/gpud-vg"
+wrapper "$V/gpud-fault" "$V/gpud-fault-vg"
 run_e2e() {  # $1: bins file, $2: wrapper
     while read -r kind name exe; do
         [ "$kind" = test ] || continue
@@ -81,3 +88,4 @@ if [ "$errs" != 0 ]; then
     grep -lE '^==[0-9]+== ERROR SUMMARY: [1-9]' "$V"/logs/* | xargs cat >&2
     exit 1
 fi
+rm -rf "$V"
