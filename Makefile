@@ -5,7 +5,7 @@ CARGO ?= cargo
 BENCH_EBIN := _build/bench/ebin
 EBIN := _build/default/lib/erlcuda/ebin
 
-.PHONY: all setup native nif gpud gpud-fault compile demo test check-ptx test-rust test-erlang \
+.PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
         test-asan test-valgrind test-fuzz test-bench bench \
         gpu-bundle clean
 
@@ -20,10 +20,17 @@ native: nif gpud
 nif:
 	$(MAKE) -C c_src
 
+# The gpud the VM runs: without the test support (--no-default-features
+# leaves out the `testkit` feature: test vectors, baseline, gpud-bench).
 gpud:
-	$(CARGO) build --release -p gpud
+	$(CARGO) build --release -p gpud --no-default-features --target-dir target/ship
 	@mkdir -p priv
-	cp target/release/gpud priv/gpud.tmp && mv priv/gpud.tmp priv/gpud
+	cp target/ship/release/gpud priv/gpud.tmp && mv priv/gpud.tmp priv/gpud
+
+# The benchmarks' tools (gpud-bench --baseline, --bench-backend).
+GPUD_BENCH := $(CURDIR)/target/release/gpud-bench
+gpud-bench:
+	$(CARGO) build --release -p gpud --bin gpud-bench
 
 # gpud with fault injection, for the crash-isolation tests only: never in priv/.
 GPUD_FAULT := $(CURDIR)/target/fault/release/gpud
@@ -83,8 +90,8 @@ test-erlang: compile gpud-fault
 # On a GPU machine use the bundle instead (bash .gpu-bundle/run.sh bench),
 # which adds the peers (bench/peers.py).
 BENCH_MACHINE ?= cpu-$(shell nproc)core
-bench: setup $(BENCH_EBIN)
-	ERLCUDA_BENCH_JSON=_build/bench/erlang.json \
+bench: setup $(BENCH_EBIN) gpud-bench
+	ERLCUDA_BENCH_JSON=_build/bench/erlang.json ERLCUDA_GPUD_BENCH=$(GPUD_BENCH) \
 	    erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_bench:main(), halt().'
 	python3 bench/report.py --machine $(BENCH_MACHINE) --erlang _build/bench/erlang.json \
 	    --command "make bench"

@@ -6,7 +6,7 @@
 %% bench/RESULTS.md. Run with `make bench' (CPU backend here, whatever
 %% $ERLCUDA_BACKEND says) or `bash .gpu-bundle/run.sh bench' on a GPU machine.
 %%
-%% The in-process baseline (gpud --baseline: gpud's backend called from a
+%% The in-process baseline (gpud-bench --baseline: gpud's backend called from a
 %% plain Rust program) runs in blocks interleaved with the full-stack blocks
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
@@ -185,7 +185,7 @@ latency(Backend) ->
     [io:format("~-44s ~9.1f ~9.1f ~9.1f ~9.1f~n",
                [Label, pct(S, 0.5), pct(S, 0.9), pct(S, 0.99), pct(S, 0.999)])
      || {Label, S} <- [{"erlcuda, binaries", Full}, {"erlcuda, lists", L},
-                       {"in-process baseline (gpud --baseline)", Base}]],
+                       {"in-process baseline (gpud-bench --baseline)", Base}]],
     io:format("full stack / in-process, p50 per block pair: median ~.2f (~.2f .. ~.2f) over ~p pairs~n~n",
               [pct(Ratios, 0.5), hd(Ratios), lists:last(Ratios), length(Ratios)]).
 
@@ -197,8 +197,14 @@ one(Launch) ->
     receive {erlcuda, Ref, {ok, _}} -> ok end,
     (erlang:monotonic_time(nanosecond) - T0) / 1000.
 
+%% gpud-bench (built with gpud's test support: `make gpud-bench'), named by
+%% ERLCUDA_GPUD_BENCH, else beside the gpud the application runs.
 baseline_open(Backend) ->
-    open_port({spawn_executable, erlcuda_sup:gpud_path()},
+    Exe = case os:getenv("ERLCUDA_GPUD_BENCH") of
+              false -> filename:join(filename:dirname(erlcuda_sup:gpud_path()), "gpud-bench");
+              Path -> Path
+          end,
+    open_port({spawn_executable, Exe},
               [{args, ["--baseline", "--backend", atom_to_list(Backend), "--device", "0"]},
                {packet, 4}, binary, use_stdio]).
 

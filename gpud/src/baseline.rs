@@ -1,4 +1,4 @@
-//! `gpud --baseline`: the in-process baseline of the benchmarks. The same
+//! `gpud-bench --baseline`: the in-process baseline of the benchmarks. The same
 //! GPU work as one erlcuda job (inputs copied into the registered arena,
 //! one launch through gpud's backend, spin until done, result copied out)
 //! done by this process alone: no BEAM, no ring, no eventfd, no validation

@@ -24,12 +24,6 @@ pub struct DaemonOpts {
 pub enum Command {
     Probe { backend: BackendKind },
     Daemon(DaemonOpts),
-    /// Hidden: `gpud --bench-backend [--device N]` times mapped vs copied
-    /// inputs on the CUDA backend and prints a table (see backend/cuda.rs).
-    BenchBackend { device: u32 },
-    /// Hidden: `gpud --baseline [--backend B] [--device N]`, the in-process
-    /// baseline the benchmarks drive over a port (see baseline.rs).
-    Baseline { backend: BackendKind, device: u32 },
     Help,
 }
 
@@ -39,8 +33,6 @@ fn usage(msg: impl Into<String>) -> Error {
 
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut probe = false;
-    let mut bench = false;
-    let mut baseline = false;
     let mut socket = None;
     let mut device = None;
     let mut backend = None;
@@ -60,8 +52,6 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         };
         match flag.as_str() {
             "--probe" => probe = true,
-            "--bench-backend" => bench = true,
-            "--baseline" => baseline = true,
             "-h" | "--help" => return Ok(Command::Help),
             "--socket" => {
                 let v = value("--socket")?;
@@ -89,23 +79,6 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         }
     }
     let backend = backend.unwrap_or(BackendKind::Auto);
-    if baseline {
-        if bench || probe || socket.is_some() || spin_us.is_some() {
-            return Err(usage("--baseline takes only --backend and --device"));
-        }
-        return Ok(Command::Baseline {
-            backend,
-            device: device.unwrap_or(0),
-        });
-    }
-    if bench {
-        if probe || socket.is_some() {
-            return Err(usage("--bench-backend takes only --device"));
-        }
-        return Ok(Command::BenchBackend {
-            device: device.unwrap_or(0),
-        });
-    }
     if probe {
         if socket.is_some() || device.is_some() || spin_us.is_some() {
             return Err(usage("--probe takes only --backend"));
@@ -160,14 +133,6 @@ mod tests {
     }
 
     #[test]
-    fn parses_baseline() {
-        assert_eq!(
-            p("--baseline --backend cpu").unwrap(),
-            Command::Baseline { backend: BackendKind::Cpu, device: 0 }
-        );
-    }
-
-    #[test]
     fn refuses_bad_lines() {
         for bad in [
             "",
@@ -178,9 +143,9 @@ mod tests {
             "--socket x --device 0 --spin-us lots",
             "--socket",
             "--probe --socket x",
-            "--bench-backend --probe",
-            "--baseline --socket x",
-            "--baseline --bench-backend",
+            // The benchmarks' tools are gpud-bench's, not gpud's.
+            "--bench-backend",
+            "--baseline --backend cpu",
             "--frobnicate",
             "stray",
         ] {

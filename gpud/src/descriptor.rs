@@ -687,15 +687,15 @@ mod tests {
         assert_eq!(validate(&vadd(0, 0, 4, 1), 0), Err(Status::OutOfBounds));
     }
 
-    /// xorshift64*: deterministic, dependency-free randomness for the fuzz test.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
+    use crate::testvec::Rng;
+
+    /// Hostile fields, drawn from the tests' one PRNG.
+    trait Hostile {
+        fn addr(&mut self, arena: u64) -> u64;
+        fn len(&mut self) -> u32;
+        fn dim(&mut self) -> u32;
+    }
+    impl Hostile for Rng {
         fn addr(&mut self, arena: u64) -> u64 {
             match self.next() % 8 {
                 0 => self.next(),

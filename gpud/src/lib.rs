@@ -14,10 +14,13 @@
 //! - [`backend`]: the backends (`cpu`, `cuda`);
 //! - [`daemon`]: the main loop tying them together.
 //!
-//! Besides: [`testvec`] (shared test vectors, `--bench-backend`) and
-//! [`baseline`] (`--baseline`, the benchmarks' in-process baseline).
+//! Besides, with the `testkit` feature only (tests and benchmarks, never in
+//! the gpud the VM runs): [`testvec`] (shared test vectors, the descriptor
+//! builder, `gpud-bench --bench-backend`) and [`baseline`] (`gpud-bench
+//! --baseline`, the benchmarks' in-process baseline).
 
 pub mod backend;
+#[cfg(feature = "testkit")]
 pub mod baseline;
 pub mod cli;
 pub mod coalesce;
@@ -29,6 +32,7 @@ pub mod layout;
 pub mod ops;
 pub mod ring;
 pub mod segment;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testvec;
 
 use std::process::ExitCode;
@@ -45,17 +49,20 @@ pub fn main_with_args<I: IntoIterator<Item = String>>(args: I) -> ExitCode {
         }
         Ok(Command::Probe { backend }) => probe(backend),
         Ok(Command::Daemon(opts)) => daemon::run(&opts),
-        Ok(Command::BenchBackend { device }) => testvec::bench_backend(device),
-        Ok(Command::Baseline { backend, device }) => baseline::run(backend, device),
         Err(e) => Err(e),
     };
+    if let Err(Error::Usage(_)) = &result {
+        eprintln!("{}", cli::USAGE);
+    }
+    exit_code(result)
+}
+
+/// The exit status (and the reason printed) for a command's result.
+pub fn exit_code(result: error::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpud: {e}");
-            if let Error::Usage(_) = e {
-                eprintln!("{}", cli::USAGE);
-            }
             if let Some(reason) = e.stdout_reason() {
                 let _ = daemon::announce(&format!("error {reason}"));
             }

@@ -17,7 +17,7 @@
 //! The arena is real shared memory: two memfds mapped like the VM's (segment
 //! 0 and segment 1), so the CUDA backend registers them as in production.
 //!
-//! Also here: `gpud --bench-backend`, the mapped-vs-copied measurement.
+//! Also here: `gpud-bench --bench-backend`, the mapped-vs-copied measurement.
 
 #![allow(clippy::too_many_arguments, clippy::should_implement_trait, clippy::neg_cmp_op_on_partial_ord)]
 
@@ -531,7 +531,7 @@ pub fn no_gpu(why: &str) {
     eprintln!("NOTE: CUDA test skipped, no GPU backend here: {why}");
 }
 
-/// `gpud --bench-backend`: per kernel and size, the time from submit to
+/// `gpud-bench --bench-backend`: per kernel and size, the time from submit to
 /// completion with inputs read in place (mapped) and copied to the device
 /// first (copy-in, copy-in+out), median of 15 runs after 3 warm-ups, µs.
 pub fn bench_backend(device: u32) -> Result<()> {

@@ -33,6 +33,8 @@ for line in sys.stdin:
 ' | while read -r name exe; do cp "$exe" "$out/cargo-tests/$name"; done
 [ -x "$out/cargo-tests/unit-lib" ] && [ -x "$out/cargo-tests/e2e" ] \
     || { echo "bundle: gpud's test binaries are missing" >&2; exit 1; }
+# The benchmarks' tools (built with the test binaries above).
+cp target/release/gpud-bench "$out/gpud-bench"
 cp _build/default/lib/erlcuda/ebin/* "$out/lib/erlcuda/ebin/"
 erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl
 erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
@@ -52,7 +54,7 @@ if [ -z "$deb" ]; then
     deb=$(ls .deb/erlang-base_*.deb | head -n1)
 fi
 cp "$deb" "$out/erlang-base.deb"
-strip "$out/lib/erlcuda/priv/gpud" "$out/gpud-fault" "$out"/cargo-tests/* 2>/dev/null || true
+strip "$out/lib/erlcuda/priv/gpud" "$out/gpud-fault" "$out/gpud-bench" "$out"/cargo-tests/* 2>/dev/null || true
 du -sh "$out"
 size=$(du -sb "$out" | cut -f1)
 if [ "$size" -ge $((64 << 20)) ]; then

@@ -47,7 +47,7 @@ cargo_tests() {
         name=$(basename "$t")
         log="$tmp/cargo-$name.log"
         bins=$((bins + 1))
-        if (cd "$tmp" && ERLCUDA_REQUIRE_GPU=1 GPUD_BIN="$gpud" \
+        if (cd "$tmp" && ERLCUDA_REQUIRE_GPU=1 GPUD_BIN="$gpud" GPUD_BENCH_BIN="$here/gpud-bench" \
                 GPUD_E2E_BACKEND="${GPUD_E2E_BACKEND:-cuda}" \
                 "$t" --skip layout_agrees_with_c_header) >"$log" 2>&1; then
             :
@@ -84,14 +84,14 @@ case "${1:-check}" in
         machine="${BENCH_MACHINE:-h200}"
         python3 "$here/bench/peers.py" "$out/peers.json" --ptx "$here/erlcuda_kernels.ptx" \
             --abi "$here/bench/abi.rs" 2>&1 | tee "$out/peers.log"
-        ERLCUDA_BENCH_JSON="$out/erlang.json" \
+        ERLCUDA_BENCH_JSON="$out/erlang.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
             erl "logger:set_primary_config(level, error), erlcuda_bench:main(), halt()" 2>&1 \
             | tee "$out/erlang.log"
         python3 "$here/bench/report.py" --machine "$machine" --erlang "$out/erlang.json" \
             --peers "$out/peers.json" --out-dir "$out" --md "$out/RESULTS.md" \
             --command "make gpu-bundle; bash .gpu-bundle/run.sh bench" || true
         ;;
-    eval) erl "logger:set_primary_config(level, error), $2, halt()" ;;
+    eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" erl "logger:set_primary_config(level, error), $2, halt()" ;;
     kernels)
         # The kernels' PTX alone, through CuPy: both modules, every entry of
         # both types against f64 references; matmul_f64 against DGEMM.

@@ -113,29 +113,7 @@ mod tests {
     use crate::descriptor::validate;
     use crate::layout::{ElemType, Kernel, Params, Sqe, EC_SUM_CHUNK, EC_SUM_SERIAL};
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        /// Uniform in [-1, 1), with the occasional larger magnitude.
-        fn f(&mut self) -> f64 {
-            let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-            let x = 2.0 * u - 1.0;
-            if self.next().is_multiple_of(64) {
-                x * 1000.0
-            } else {
-                x
-            }
-        }
-        fn vec(&mut self, n: usize, ty: ElemType) -> Vec<f64> {
-            // Values representable in `ty`, so the reference sees the inputs.
-            (0..n).map(|_| round(self.f(), ty)).collect()
-        }
-    }
+    use crate::testvec::Rng;
 
     fn round(x: f64, ty: ElemType) -> f64 {
         if ty == ElemType::F32 { x as f32 as f64 } else { x }
@@ -214,13 +192,13 @@ mod tests {
         let mut rng = Rng(1);
         for ty in FLOATS {
             for n in SIZES {
-                let (a, b) = (rng.vec(n, ty), rng.vec(n, ty));
+                let (a, b) = (rng.vec_of(n, ty), rng.vec_of(n, ty));
                 let out = run_one(Kernel::VectorAdd, ty, &[&a, &b], &[], &[], n);
                 for i in 0..n {
                     // One rounding of the exact sum: bit-exact.
                     assert_eq!(out[i], round(a[i] + b[i], ty), "{ty:?} n={n} i={i}");
                 }
-                let alpha = rng.f();
+                let alpha = rng.of(ElemType::F64);
                 let out = run_one(Kernel::Saxpy, ty, &[&a, &b], &[alpha], &[], n);
                 let al = round(alpha, ty);
                 for i in 0..n {
@@ -237,7 +215,7 @@ mod tests {
         let mut rng = Rng(2);
         for ty in FLOATS {
             for n in SIZES {
-                let (a, b) = (rng.vec(n, ty), rng.vec(n, ty));
+                let (a, b) = (rng.vec_of(n, ty), rng.vec_of(n, ty));
                 let tol = |mag: f64| sum_depth(n) * unit(ty) * mag + f64::MIN_POSITIVE;
                 let got = run_one(Kernel::Reduce, ty, &[&a], &[], &[], 1)[0];
                 let exact: f64 = a.iter().sum();
@@ -257,7 +235,7 @@ mod tests {
     #[test]
     fn sums_do_not_depend_on_threads() {
         let mut rng = Rng(3);
-        let a: Vec<f32> = rng.vec(5 * ops::PAR_CHUNK + 3, ElemType::F32).iter().map(|&x| x as f32).collect();
+        let a: Vec<f32> = rng.vec_of(5 * ops::PAR_CHUNK + 3, ElemType::F32).iter().map(|&x| x as f32).collect();
         let sum = || ops::sum::<f32>(a.len(), |i| a[i]);
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
         assert_eq!(pool.install(sum).to_bits(), sum().to_bits());
@@ -281,7 +259,7 @@ mod tests {
         ];
         for ty in FLOATS {
             for (m, n, k) in shapes {
-                let (a, b) = (rng.vec(m * k, ty), rng.vec(k * n, ty));
+                let (a, b) = (rng.vec_of(m * k, ty), rng.vec_of(k * n, ty));
                 let out = run_one(Kernel::Matmul, ty, &[&a, &b], &[], &[m as u32, n as u32, k as u32], m * n);
                 for i in 0..m {
                     for j in 0..n {
@@ -328,7 +306,7 @@ mod tests {
         let arena_bytes = (buf.len() * 8) as u64;
         let floats: &mut [f32] = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len() * 2) };
         for x in floats.iter_mut() {
-            *x = rng.f() as f32;
+            *x = rng.f();
         }
         let snapshot = floats.to_vec();
         let sqe = |i: u64| Sqe {

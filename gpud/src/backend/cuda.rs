@@ -27,7 +27,7 @@
 //!
 //! # Mapped vs copied inputs: measured
 //!
-//! See [`policy`] for the table measured on the H200 with `gpud
+//! See [`policy`] for the table measured on the H200 with `gpud-bench
 //! --bench-backend` and the decision taken from it: streaming kernels read
 //! the mapped arena in place; matmuls with tile reuse (>= 2^25 MACs), lone
 //! medium reduce/dot jobs and reduce/dot jobs of >= 4M elements copy their
@@ -136,7 +136,7 @@ pub fn probe() -> Result<u32> {
 /// Input placement per kernel, size and batch: each kernel's
 /// `KernelOp::placement` (in `ops/`), from these measurements.
 ///
-/// MEASURED on the H200 (driver 580.159.04, PCIe host link), `gpud
+/// MEASURED on the H200 (driver 580.159.04, PCIe host link), `gpud-bench
 /// --bench-backend`: wall time of one launch from `submit` to its event,
 /// median of 15 after 3 warm-ups, in µs. "copy-in": inputs copied to device
 /// scratch with cuMemcpyHtoDAsync (one call per input), output written
