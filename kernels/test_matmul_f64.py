@@ -29,7 +29,7 @@ import cupy as cp
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from ptx_launch import MM_DT, matmul_table, read_abi, u32  # noqa: E402
+from ptx_launch import MM_DT, cupy_event_times, matmul_table, read_abi, u32  # noqa: E402
 
 ABI_PATH = next(p for p in (os.path.join(HERE, "abi.rs"), os.path.join(HERE, "src", "abi.rs")) if os.path.exists(p))
 ABI = read_abi(ABI_PATH)
@@ -131,18 +131,8 @@ def correctness(name, fn, bm=BM, bn=BN, smem=SMEM):
 
 
 def cuda_times(fn, reps=20, warm=5):
-    for _ in range(warm):
-        fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e-3)
-    return float(np.median(ts))
+    """Median seconds per call, CUDA events (ptx_launch's timing)."""
+    return float(np.median(cupy_event_times(cp, fn, reps, warm)))
 
 
 def timing(kernels, sizes, quick=False):

@@ -990,7 +990,7 @@ fn vadd_sqe(user_data: u64, a: u64, b: u64, out: u64, n: usize) -> Sqe {
 #[test]
 fn ready_waits_for_the_segments_the_hello_announces() {
     let mut vm = Vm::new(64, 1 << 16);
-    let mut gpud = vm.spawn(0, &[]);
+    let gpud = vm.spawn(0, &[]);
     let total = vm.total as u64;
     let announce = |segments| Hello {
         magic: EC_MAGIC,

@@ -365,17 +365,29 @@ pub struct MatmulJob {
 }
 
 pub const fn matmul_tiles(m: u32, n: u32) -> u64 {
-    div_ceil_u64(m as u64, MATMUL_BM as u64) * div_ceil_u64(n as u64, MATMUL_BN as u64)
+    tiles_of(m, n, MATMUL_BM, MATMUL_BN)
+}
+
+/// Tiles of `bm`×`bn` covering an m×n output.
+pub const fn tiles_of(m: u32, n: u32, bm: u32, bn: u32) -> u64 {
+    div_ceil_u64(m as u64, bm as u64) * div_ceil_u64(n as u64, bn as u64)
 }
 
 /// Fills `tiles_n` / `tile_start` and returns `total_tiles`, or `None` if it
 /// does not fit `u32`.
 pub fn matmul_prepare(jobs: &mut [MatmulJob]) -> Option<u32> {
+    prepare_tiles(jobs, MATMUL_BM, MATMUL_BN)
+}
+
+/// `matmul_prepare` for a kernel of `bm`×`bn` tiles: fills `tiles_n`
+/// (ceil(n / bn)) and `tile_start` (exclusive prefix of the tile counts),
+/// returns the total, or `None` if it does not fit `u32`.
+pub fn prepare_tiles(jobs: &mut [MatmulJob], bm: u32, bn: u32) -> Option<u32> {
     let mut acc: u64 = 0;
     for j in jobs.iter_mut() {
-        j.tiles_n = div_ceil_u64(j.n as u64, MATMUL_BN as u64) as u32;
+        j.tiles_n = div_ceil_u64(j.n as u64, bn as u64) as u32;
         j.tile_start = acc;
-        acc = acc.checked_add(matmul_tiles(j.m, j.n))?;
+        acc = acc.checked_add(tiles_of(j.m, j.n, bm, bn))?;
     }
     u32::try_from(acc).ok()
 }

@@ -24,7 +24,7 @@
 //!   (major·10 + minor), else the plain one; both have the same entries and
 //!   ABI, so one module per device suffices.
 
-use super::{div_ceil_u64, MatmulJob};
+use super::{prepare_tiles, tiles_of, MatmulJob};
 
 /// Entry name (in both PTX modules).
 pub const ENTRY_MATMUL_F64: &str = "matmul_f64";
@@ -48,20 +48,14 @@ pub const MATMUL_F64_GROUP_M: u32 = 8;
 pub const MATMUL_F64_MAX_GRID: u32 = 2147483647;
 
 pub const fn matmul_f64_tiles(m: u32, n: u32) -> u64 {
-    div_ceil_u64(m as u64, MATMUL_F64_BM as u64) * div_ceil_u64(n as u64, MATMUL_F64_BN as u64)
+    tiles_of(m, n, MATMUL_F64_BM, MATMUL_F64_BN)
 }
 
 /// Fills `tiles_n` (= ceil(n / MATMUL_F64_BN)) and `tile_start` (exclusive
 /// prefix of the tile counts) and returns `total_tiles`, or `None` if it
 /// does not fit `u32`.
 pub fn matmul_f64_prepare(jobs: &mut [MatmulJob]) -> Option<u32> {
-    let mut acc: u64 = 0;
-    for j in jobs.iter_mut() {
-        j.tiles_n = div_ceil_u64(j.n as u64, MATMUL_F64_BN as u64) as u32;
-        j.tile_start = acc;
-        acc = acc.checked_add(matmul_f64_tiles(j.m, j.n))?;
-    }
-    u32::try_from(acc).ok()
+    prepare_tiles(jobs, MATMUL_F64_BM, MATMUL_F64_BN)
 }
 
 const _: () = assert!(MATMUL_F64_SMEM_BYTES == 2 * (MATMUL_F64_BM + MATMUL_F64_BN) * MATMUL_F64_BK * 8);

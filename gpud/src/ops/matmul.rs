@@ -61,10 +61,7 @@ impl KernelOp for Op {
     fn blocks(&self, job: &Job) -> u64 {
         let (m, n, _) = job.dims();
         match job.ty() {
-            ElemType::F64 => {
-                use abi::matmul_f64_abi::{MATMUL_F64_BM, MATMUL_F64_BN};
-                abi::div_ceil_u64(m as u64, MATMUL_F64_BM as u64) * abi::div_ceil_u64(n as u64, MATMUL_F64_BN as u64)
-            }
+            ElemType::F64 => abi::matmul_f64_abi::matmul_f64_tiles(m as u32, n as u32),
             _ => abi::matmul_tiles(m as u32, n as u32),
         }
     }
