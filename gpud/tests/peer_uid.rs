@@ -19,6 +19,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpud::layout::{Hello, EC_ABI_VERSION, EC_MAGIC};
@@ -113,6 +114,11 @@ fn run_gpud(uid: Option<u32>) -> Outcome {
     bind(listener.as_raw_fd(), &UnixAddr::new_abstract(name.as_bytes()).unwrap()).unwrap();
     listen(&listener, Backlog::new(4).unwrap()).unwrap();
 
+    // Copying an executable and spawning are serialised: a child forked by
+    // the other test while our copy's write fd is open would hold it across
+    // its exec and make ours fail with ETXTBSY ("text file busy").
+    static SPAWN: Mutex<()> = Mutex::new(());
+    let spawn_lock = SPAWN.lock().unwrap_or_else(|e| e.into_inner());
     let staged = Staged::new();
     let mut cmd = Command::new(&staged.gpud);
     cmd.current_dir(&staged.dir)
@@ -125,6 +131,7 @@ fn run_gpud(uid: Option<u32>) -> Outcome {
         cmd.uid(u).gid(u);
     }
     let mut child = cmd.spawn().expect("spawn gpud");
+    drop(spawn_lock);
 
     let mut pfd = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
     let n = poll(&mut pfd, PollTimeout::from(10_000u16)).unwrap();

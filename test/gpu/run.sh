@@ -55,6 +55,8 @@ cargo_tests() {
             bad+=("$name")
             sed -n '/^failures:$/,$p' "$log"
         fi
+        # Kept where the caller collects files ($OUT), so a failure can be read later.
+        if [ -n "${OUT:-}" ]; then cp "$log" "$OUT/" 2>/dev/null || true; fi
         local result
         result=$(grep -E '^test result:' "$log" | tail -n1)
         echo "  $name: ${result:-no result (exit status above; log: $(tail -n3 "$log"))}"
