@@ -14,6 +14,10 @@ main() ->
     show(vector_add, "2 x 1000 (binaries)", [bin(A), bin(B)]),
     show(reduce, "1000", [A]),
     show(dot_product, "2 x 1000", [A, B]),
+    show(saxpy, "0.5*A + B, 1000", [0.5, A, B]),
+    F64 = fun(L) -> {f64, << <<X:64/float-native>> || X <- L >>} end,
+    show(saxpy, "0.5*A + B, 1000 (f64)", [0.5, F64(A), F64(B)]),
+    show(dot_product, "2 x 1000 (f64)", [F64(A), F64(B)]),
     show(matmul, "[[1,2],[3,4]] x I", [[1, 2, 3, 4], [1, 0, 0, 1], 2, 2, 2]),
     M = 256,
     show(matmul, "256x256 x 256x256", [bin(rand_vec(M * M)), bin(rand_vec(M * M)), M, M, M]),
@@ -33,6 +37,8 @@ show(Kernel, Input, Args) ->
     io:format("~-12s ~-22s ~-60s ~8.1f us~n", [Kernel, Input, summary(R), Us]).
 
 summary(R) when is_float(R) -> io_lib:format("~.6g", [R]);
+summary({f64, R}) ->
+    summary([X || <<X:64/float-native>> <= R]) ++ " (f64)";
 summary(R) when is_binary(R) ->
     summary([X || <<X:32/float-native>> <= R]) ++ " (binary)";
 summary(L) when is_list(L), length(L) > 3 ->
