@@ -111,81 +111,40 @@ mod tests {
     use super::*;
     use crate::backend::run_to_completion;
     use crate::descriptor::validate;
-    use crate::layout::{ElemType, Kernel, Params, Sqe, EC_SUM_CHUNK, EC_SUM_SERIAL};
+    use crate::layout::{ElemType, Kernel, Params, Sqe};
 
-    use crate::testvec::Rng;
+    use crate::testvec::{depth, round_to as round, unit_roundoff as unit, Rng, TestArena};
 
-    fn round(x: f64, ty: ElemType) -> f64 {
-        if ty == ElemType::F32 { x as f32 as f64 } else { x }
-    }
-
-    /// Unit roundoff of the type.
-    fn unit(ty: ElemType) -> f64 {
-        if ty == ElemType::F32 { f64::from(f32::EPSILON) / 2.0 } else { f64::EPSILON / 2.0 }
-    }
-
-    /// Runs one job of `kernel` on `ty` through the backend and the arena:
-    /// vectors placed at 256-byte boundaries, the output poisoned with NaN.
+    /// Runs one job of `kernel` on `ty` through the backend over the tests'
+    /// shared-memory arena: vectors at 256-byte boundaries, the output
+    /// poisoned with NaN.
     fn run_one(kernel: Kernel, ty: ElemType, vecs: &[&[f64]], scalars: &[f64], dims: &[u32], out_len: usize) -> Vec<f64> {
-        let eb = ty.bytes() as usize;
-        let place = |n: usize| (n * eb).next_multiple_of(256);
-        let total = vecs.iter().map(|v| place(v.len())).sum::<usize>() + place(out_len);
-        let mut buf = vec![0f64; total / 8 + 1];
-        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len() * 8) };
-        let put = |bytes: &mut [u8], at: usize, x: f64, i: usize| match ty {
-            ElemType::F32 => bytes[at + 4 * i..at + 4 * i + 4].copy_from_slice(&(x as f32).to_ne_bytes()),
-            _ => bytes[at + 8 * i..at + 8 * i + 8].copy_from_slice(&x.to_ne_bytes()),
-        };
-        let mut addrs = Vec::new();
-        let mut at = 0;
-        for v in vecs {
-            for (i, &x) in v.iter().enumerate() {
-                put(bytes, at, x, i);
-            }
-            addrs.push(at as u64);
-            at += place(v.len());
-        }
-        let out = at;
-        for i in 0..out_len {
-            put(bytes, out, f64::NAN, i);
-        }
+        let bytes: usize = vecs.iter().map(|v| v.len()).sum::<usize>() + out_len;
+        let mut ta = TestArena::new(&[((bytes as u64 + 3) * 8).next_multiple_of(4096).max(1 << 16)]);
+        let addrs: Vec<u64> = vecs.iter().map(|v| ta.write_of(0, v, ty, 0)).collect();
+        let out = ta.write_of(0, &vec![f64::NAN; out_len], ty, 0);
         let sqe = Sqe {
             user_data: 1,
             kernel: kernel.id(),
             ty: ty.id(),
             in0: addrs[0],
             in1: addrs.get(1).copied().unwrap_or(0),
-            out: out as u64,
+            out,
             in0_len: vecs[0].len() as u32,
             in1_len: vecs.get(1).map_or(0, |v| v.len() as u32),
             out_len: out_len as u32,
             p: Params::pack(kernel.row().signature, scalars, dims),
             ..Sqe::default()
         };
-        let job = validate(&sqe, bytes.len() as u64).unwrap();
+        let job = validate(&sqe, &ta.sizes()).unwrap();
         let mut backend = CpuBackend::new(0);
-        {
-            let arena = Arena::from_slice(&mut buf);
-            let launch = Launch { kernel, ty, jobs: &[job], independent: true };
-            run_to_completion(&mut backend, &arena, &launch).unwrap();
-        }
-        let bytes: &[u8] = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), buf.len() * 8) };
-        (0..out_len)
-            .map(|i| match ty {
-                ElemType::F32 => f64::from(f32::from_ne_bytes(bytes[out + 4 * i..out + 4 * i + 4].try_into().unwrap())),
-                _ => f64::from_ne_bytes(bytes[out + 8 * i..out + 8 * i + 8].try_into().unwrap()),
-            })
-            .collect()
+        let launch = Launch { kernel, ty, jobs: &[job], independent: true };
+        run_to_completion(&mut backend, &ta.arena(), &launch).unwrap();
+        ta.load(out, out_len, ty)
     }
 
     const SIZES: [usize; 6] = [0, 1, 7, 1023, 4097, (1 << 20) + 7];
     const FLOATS: [ElemType; 2] = [ElemType::F32, ElemType::F64];
-
-    /// The stated reduction depth (erlcuda_ring.h): serial runs, a pairwise
-    /// tree, the chunks' partials in sequence, and the final rounding.
-    fn sum_depth(n: usize) -> f64 {
-        (EC_SUM_SERIAL + 16 + (n as u32).div_ceil(EC_SUM_CHUNK) + 1) as f64
-    }
 
     #[test]
     fn elementwise_kernels_match_the_f64_reference() {
@@ -216,7 +175,7 @@ mod tests {
         for ty in FLOATS {
             for n in SIZES {
                 let (a, b) = (rng.vec_of(n, ty), rng.vec_of(n, ty));
-                let tol = |mag: f64| sum_depth(n) * unit(ty) * mag + f64::MIN_POSITIVE;
+                let tol = |mag: f64| depth(Kernel::Reduce, n, 0) * unit(ty) * mag + f64::MIN_POSITIVE;
                 let got = run_one(Kernel::Reduce, ty, &[&a], &[], &[], 1)[0];
                 let exact: f64 = a.iter().sum();
                 let mag: f64 = a.iter().map(|x| x.abs()).sum();
@@ -271,7 +230,7 @@ mod tests {
                         }
                         let got = out[i * n + j];
                         // A serial chain of k multiply-adds, then nothing.
-                        let tol = (k as f64 + 1.0) * unit(ty) * mag + f64::MIN_POSITIVE;
+                        let tol = depth(Kernel::Matmul, 0, k) * unit(ty) * mag + f64::MIN_POSITIVE;
                         assert!((got - exact).abs() <= tol, "matmul {ty:?} {m}x{n}x{k} [{i},{j}]: {got} vs {exact}");
                         if k == 0 {
                             assert_eq!(got.to_bits(), 0f64.to_bits());
