@@ -184,8 +184,8 @@ fn kernel_table() {
     t += "}\n\n/// Every row of `EC_KERNELS`, in id order (`KERNEL_ROWS[id - 1]`).\npub const KERNEL_ROWS: &[KernelRow] = &[\n";
     for r in &rows {
         t += &format!(
-            "    KernelRow {{ kernel: Kernel::{}, c_name: {:?}, atom: {:?}, signature: {:?}, shape: Shape::{}, output: Output::{}, types: {:#x}, entry: {:?} }},\n",
-            camel(&r.c_name), r.c_name, r.atom, r.signature, r.shape, r.output, r.types, r.entry
+            "    KernelRow {{ kernel: Kernel::{}, c_name: {:?}, atom: {:?}, signature: {:?}, vectors: {}, shape: Shape::{}, output: Output::{}, types: {:#x}, entry: {:?} }},\n",
+            camel(&r.c_name), r.c_name, r.atom, r.signature, r.signature.matches('v').count(), r.shape, r.output, r.types, r.entry
         );
     }
     t += "];\n\nimpl Kernel {\n    /// Every kernel, in id order.\n    pub const ALL: [Kernel; ";

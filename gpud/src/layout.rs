@@ -302,6 +302,9 @@ pub struct KernelRow {
     pub atom: &'static str,
     /// One letter per argument: `v` vector, `s` scalar, `d` dimension.
     pub signature: &'static str,
+    /// The `v`s of the signature, counted at build time (validation asks
+    /// for every job).
+    pub vectors: u32,
     pub shape: Shape,
     pub output: Output,
     /// Bit `t` set: the kernel runs on element type `t`.
@@ -334,7 +337,7 @@ impl Kernel {
 
     /// How many vector arguments the kernel reads.
     pub fn vector_inputs(self) -> u32 {
-        self.row().signature.chars().filter(|&c| c == 'v').count() as u32
+        self.row().vectors
     }
 
     pub fn runs_on(self, ty: ElemType) -> bool {
@@ -859,6 +862,7 @@ int main(void)
             assert!(Params::offsets(r.signature).is_some(), "{}", r.atom);
             assert!(r.kernel.vector_inputs() >= 1 && r.kernel.vector_inputs() <= EC_MAX_VECTORS, "{}", r.atom);
             assert!(r.signature.chars().all(|c| "vsd".contains(c)), "{}", r.atom);
+            assert_eq!(r.vectors as usize, r.signature.matches('v').count(), "{}", r.atom);
         }
         assert_eq!(Params::offsets("svv"), Some(vec![('s', 0)]));
         assert_eq!(Params::offsets("vvddd"), Some(vec![('d', 0), ('d', 4), ('d', 8)]));
