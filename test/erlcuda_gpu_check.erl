@@ -99,18 +99,18 @@ large_check(vector_add, [A, B], R) ->
     samples(byte_size(A) div 4, fun(I) -> at(R, I) =:= erlcuda_ref:f32(at(A, I) + at(B, I)) end);
 large_check(saxpy, [Alpha, X, Y], R) ->
     Al = erlcuda_ref:f32(Alpha),
-    U = math:pow(2, -24),
+    Bound = erlcuda_ref:depth(saxpy, 0, 0) * erlcuda_ref:unit(f32),
     samples(byte_size(X) div 4,
             fun(I) ->
                     {Xi, Yi} = {at(X, I), at(Y, I)},
-                    abs(at(R, I) - (Al * Xi + Yi)) =< 2 * U * (abs(Al * Xi) + abs(Yi))
+                    abs(at(R, I) - (Al * Xi + Yi)) =< Bound * (abs(Al * Xi) + abs(Yi))
             end);
 large_check(reduce, [A], R) ->
     {S, Abs} = fold_sum(A, 0.0, 0.0),
-    within(R, S, Abs, byte_size(A) div 4);
+    within(R, S, Abs, erlcuda_ref:depth(reduce, byte_size(A) div 4, 0));
 large_check(dot_product, [A, B], R) ->
     {S, Abs} = fold_dot(A, B, 0.0, 0.0),
-    within(R, S, Abs, byte_size(A) div 4);
+    within(R, S, Abs, erlcuda_ref:depth(dot_product, byte_size(A) div 4, 0));
 large_check(matmul, [A, B, _M, N, K], R) ->
     samples(byte_size(R) div 4,
             fun(Idx) ->
@@ -118,7 +118,8 @@ large_check(matmul, [A, B, _M, N, K], R) ->
                     Ts = [at(A, I * K + P) * at(B, P * N + J) || P <- lists:seq(0, K - 1)],
                     %% A chain of K multiply-adds in f32 (the stated accumulation).
                     abs(at(R, Idx) - lists:sum(Ts)) =<
-                        (K + 1) * math:pow(2, -24) * lists:sum([abs(T) || T <- Ts]) + 1.0e-30
+                        erlcuda_ref:depth(matmul, 0, K) * erlcuda_ref:unit(f32)
+                            * lists:sum([abs(T) || T <- Ts]) + 1.0e-30
             end).
 
 fold_sum(<<X:32/float-native, A/binary>>, S, Abs) -> fold_sum(A, S + X, Abs + abs(X));
@@ -128,11 +129,10 @@ fold_dot(<<X:32/float-native, A/binary>>, <<Y:32/float-native, B/binary>>, S, Ab
     fold_dot(A, B, S + X * Y, Abs + abs(X * Y));
 fold_dot(<<>>, <<>>, S, Abs) -> {S, Abs}.
 
-%% The stated depth of an f32 sum of N terms (c_src/erlcuda_ring.h): 256
-%% serial, a tree of depth <= 16, N / 65536 chunk partials, the last rounding.
-%% The f64 fold is exact enough here: its own error is 2^29 times smaller.
-within(R, S, Abs, N) ->
-    Bound = (256 + 16 + (N + 65535) div 65536 + 1) * math:pow(2, -24) * Abs,
+%% An f32 sum within its stated depth (erlcuda_ref:depth/3). The f64 fold
+%% is exact enough here: its own error is 2^29 times smaller.
+within(R, S, Abs, Depth) ->
+    Bound = Depth * erlcuda_ref:unit(f32) * Abs,
     case is_float(R) andalso abs(R - S) =< Bound of
         true -> ok;
         false -> {mismatch, R, S, Abs, Bound}

@@ -3,7 +3,7 @@
 -module(erlcuda_ref).
 
 -export([f32/1, random_vector/1, to_binary/1, from_binary/1, args/3, shape/2,
-         check/3, reference/2, load_app/1, start_app/1, wait_ready/0, stop_app/0,
+         check/3, reference/2, depth/3, unit/1, load_app/1, start_app/1, wait_ready/0, stop_app/0,
          os_state/1]).
 
 %% @doc Rounds a float to the nearest f32.
@@ -59,17 +59,21 @@ type_of([{f64, _} | _]) -> f64;
 type_of([V | _]) when is_binary(V); is_list(V) -> f32;
 type_of([_ | Rest]) -> type_of(Rest).
 
-%% Unit roundoff.
+%% @doc Unit roundoff of a float type.
+-spec unit(f32 | f64) -> float().
 unit(f32) -> math:pow(2, -24);
 unit(f64) -> math:pow(2, -53).
 
-%% The longest chain of roundings an output goes through, as
+%% @doc The longest chain of roundings an output goes through (N: vector
+%% length, K: matmul's inner dimension), as
 %% c_src/erlcuda_ring.h states the accumulation (EC_SUM_SERIAL = 256 serial
 %% terms, a pairwise tree of depth <= 16, one partial per EC_SUM_CHUNK =
 %% 65536 terms in sequence, the final rounding; a matmul: a chain over k).
-depth(reduce, N) -> 256 + 16 + (N + 65535) div 65536 + 1;
-depth(dot_product, N) -> 256 + 16 + (N + 65535) div 65536 + 1;
-depth(_, _) -> 2.
+-spec depth(atom(), non_neg_integer(), non_neg_integer()) -> pos_integer().
+depth(matmul, _N, K) -> K + 1;
+depth(reduce, N, _K) -> 256 + 16 + (N + 65535) div 65536 + 1;
+depth(dot_product, N, _K) -> 256 + 16 + (N + 65535) div 65536 + 1;
+depth(_, _, _) -> 2.
 
 %% Σ X·Y over the pairs as accurately as in twice f64's precision (Dot2:
 %% Dekker's exact products, Neumaier's compensated sum), and Σ |X·Y|: a plain
@@ -106,8 +110,8 @@ reference(Kernel, Args) ->
     U = unit(T),
     {Vals, Bounds} = lists:unzip(exact(Kernel, T, Args)),
     Depth = case Kernel of
-                matmul -> lists:last(Args) + 1;
-                _ -> depth(Kernel, length(vec(hd([A || A <- Args, not is_number(A)]))))
+                matmul -> depth(matmul, 0, lists:last(Args));
+                _ -> depth(Kernel, length(vec(hd([A || A <- Args, not is_number(A)]))), 0)
             end,
     {Vals, [Depth * U * B || B <- Bounds]}.
 
