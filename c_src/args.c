@@ -20,16 +20,12 @@
 
 /* The kernel table (erlcuda_ring.h) as the NIF uses it: one entry per row,
  * made once at load. Parsing, checking and result building below read only
- * this; no code here names a kernel. */
-struct kernel_info {
-    ERL_NIF_TERM atom;
-    const char *signature;
-    unsigned shape, output;
-    uint32_t types;
-    const char *entry;
-    unsigned nvec;
-};
+ * this (or a user's kernel described the same way); no code here names a
+ * kernel. */
 static struct kernel_info KERNELS[EC_KERNEL_COUNT];
+
+/* The live generation of each module slot (0: none). */
+static uint32_t MODULE_GEN[EC_MODULE_SLOTS];
 
 static const unsigned TYPE_BYTES[EC_TYPE_COUNT] = {
 #define TYPE_BYTES_ROW(NAME, ID, ATOM, BYTES) [ID] = BYTES,
@@ -53,13 +49,15 @@ void args_load(ErlNifEnv *env)
     EC_OUTPUTS(OUTPUT_ATOM)
 #undef OUTPUT_ATOM
 #define KERNEL_INFO(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY)                       \
-    KERNELS[ID] = (struct kernel_info){enif_make_atom(env, #ATOM), SIG, EC_SHAPE_##SHAPE, \
-                                       EC_OUTPUT_##OUTPUT, TYPES, ENTRY, 0};
+    KERNELS[ID] = (struct kernel_info){.atom = enif_make_atom(env, #ATOM), .signature = SIG,  \
+                                       .shape = EC_SHAPE_##SHAPE, .output = EC_OUTPUT_##OUTPUT, \
+                                       .types = TYPES, .entry = ENTRY, .id = ID};
     EC_KERNELS(KERNEL_INFO)
 #undef KERNEL_INFO
-    for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++)
+    for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++) {
         for (const char *c = KERNELS[k].signature; *c; c++)
             KERNELS[k].nvec += *c == 'v';
+    }
     ATOM_name = enif_make_atom(env, "name");
     ATOM_id = enif_make_atom(env, "id");
     ATOM_types = enif_make_atom(env, "types");
@@ -72,14 +70,99 @@ void args_load(ErlNifEnv *env)
     ATOM_accumulate = enif_make_atom(env, "accumulate");
 }
 
-uint32_t kernel_id(ErlNifEnv *env, ERL_NIF_TERM atom)
+const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM atom)
 {
     if (!enif_is_atom(env, atom))
-        return 0;
+        return NULL;
     for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++)
         if (enif_is_identical(atom, KERNELS[k].atom))
-            return k;
-    return 0;
+            return &KERNELS[k];
+    return NULL;
+}
+
+uint32_t module_gen(uint32_t slot)
+{
+    return slot < EC_MODULE_SLOTS ? __atomic_load_n(&MODULE_GEN[slot], __ATOMIC_SEQ_CST) : 0;
+}
+
+void set_module_gen(uint32_t slot, uint32_t gen)
+{
+    if (slot < EC_MODULE_SLOTS)
+        __atomic_store_n(&MODULE_GEN[slot], gen, __ATOMIC_SEQ_CST);
+}
+
+/* A dimension index: -1 for `none`, -2 for `one` (an output of one
+ * element), else 0 .. EC_PARAM_BYTES/4 - 1. */
+static int get_dim_index(ErlNifEnv *env, ERL_NIF_TERM t, int *out)
+{
+    int i;
+    if (enif_is_identical(t, enif_make_atom(env, "none"))) {
+        *out = -1;
+        return 1;
+    }
+    if (enif_is_identical(t, enif_make_atom(env, "one"))) {
+        *out = -2;
+        return 1;
+    }
+    if (!enif_get_int(env, t, &i) || i < 0 || i >= (int)(EC_PARAM_BYTES / 4))
+        return 0;
+    *out = i;
+    return 1;
+}
+
+/* {Id, Slot, Gen, Signature, Output, OutDim, DivDim, Types, Opts} (OutDim:
+ * none for n, one, or a dim index; DivDim: none or a dim index), Opts =
+ * {Given, Grid, Block, SharedBytes}: built by erlcuda_modules from the
+ * manifest, checked here again (a wrong one must not reach gpud). */
+int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki)
+{
+    const ERL_NIF_TERM *e, *o;
+    int arity, oarity;
+    unsigned id, slot, gen, types, given, grid, block, shared;
+    ErlNifBinary sig;
+    memset(ki, 0, sizeof *ki);
+    if (!enif_get_tuple(env, t, &arity, &e) || arity != 9 || !enif_get_uint(env, e[0], &id) ||
+        !enif_get_uint(env, e[1], &slot) || !enif_get_uint(env, e[2], &gen) ||
+        !enif_inspect_binary(env, e[3], &sig) || !get_dim_index(env, e[5], &ki->out_dim) ||
+        !get_dim_index(env, e[6], &ki->div_dim) || !enif_get_uint(env, e[7], &types) ||
+        !enif_get_tuple(env, e[8], &oarity, &o) || oarity != 4 || !enif_get_uint(env, o[0], &given) ||
+        !enif_get_uint(env, o[1], &grid) || !enif_get_uint(env, o[2], &block) ||
+        !enif_get_uint(env, o[3], &shared))
+        return 0;
+    if (slot >= EC_MODULE_SLOTS || gen == 0 || ki->div_dim == -2 ||
+        id < EC_USER_KERNEL_BASE || (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS != slot ||
+        sig.size == 0 || sig.size >= sizeof ki->sig ||
+        types == 0 || types >= (1u << EC_TYPE_COUNT) ||
+        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES)) != 0)
+        return 0;
+    if (enif_is_identical(e[4], enif_make_atom(env, "scalar")))
+        ki->output = EC_OUTPUT_SCALAR;
+    else if (enif_is_identical(e[4], enif_make_atom(env, "vector")))
+        ki->output = EC_OUTPUT_VECTOR;
+    else
+        return 0;
+    memcpy(ki->sig, sig.data, sig.size);
+    for (size_t i = 0; i < sig.size; i++) {
+        char c = ki->sig[i];
+        if (c != 'v' && c != 's' && c != 'd')
+            return 0;
+        ki->nvec += c == 'v';
+    }
+    if (ki->nvec < 1 || ki->nvec > EC_MAX_VECTORS)
+        return 0;
+    ki->signature = ki->sig;
+    ki->shape = SHAPE_USER;
+    ki->types = types;
+    ki->entry = "";
+    ki->user = 1;
+    ki->id = id;
+    ki->slot = slot;
+    ki->gen = gen;
+    ki->opts.given = given;
+    ki->opts.grid = given & EC_OPT_GRID ? grid : 0;
+    ki->opts.block = given & EC_OPT_BLOCK ? block : 0;
+    ki->opts.shared_bytes = given & EC_OPT_SHARED_BYTES ? shared : 0;
+    return 1;
 }
 
 unsigned type_bytes(uint8_t type) { return TYPE_BYTES[type]; }
@@ -259,7 +342,7 @@ static ERL_NIF_TERM arg_error(ErlNifEnv *env, ERL_NIF_TERM what, unsigned i)
 int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
                struct job_spec *s, ERL_NIF_TERM *err)
 {
-    const struct kernel_info *ki = &KERNELS[s->kernel];
+    const struct kernel_info *ki = s->ki;
     size_t nargs = strlen(ki->signature);
     ERL_NIF_TERM cell[EC_PARAM_BYTES / 4 + EC_MAX_VECTORS], head, tail = args;
     unsigned got = 0;
@@ -357,6 +440,20 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
             }
         }
         s->out_len = ki->shape == EC_SHAPE_ELEMENTWISE ? s->in[0].len : 1;
+        if (ki->user) {
+            /* By the manifest: n, 1 (a scalar), or n / dim; a dimension the
+             * kernel divides by is at least 1 and divides n. A dimension
+             * index past the signature's dims is an Erlang-side bug: shape. */
+            uint64_t n = s->in[0].len;
+            int dd[2] = {ki->div_dim, ki->out_dim};
+            for (int i = 0; i < 2; i++) {
+                if (dd[i] >= 0 && (dd[i] >= (int)ndims || dims[dd[i]] == 0 || n % dims[dd[i]] != 0)) {
+                    *err = make_badarg(env, ATOM_shape);
+                    return -1;
+                }
+            }
+            s->out_len = ki->out_dim >= 0 ? n / dims[ki->out_dim] : ki->out_dim == -2 ? 1 : n;
+        }
     }
     s->shape = ki->shape;
     s->output = ki->output;

@@ -96,6 +96,24 @@ static void send_answer(ErlNifEnv *caller_env, ErlNifEnv *msg_env, struct job *j
     enif_clear_env(msg_env);
 }
 
+/* A control descriptor's answer: ok, {error, {module, Why}} with gpud's
+ * reason from the output region, or {error, {gpud, Status}}. */
+static ERL_NIF_TERM control_result(ErlNifEnv *env, struct device *d, struct job *j, int32_t status)
+{
+    if (status == EC_STATUS_OK)
+        return ATOM_ok;
+    if (status == EC_STATUS_MODULE_ERROR) {
+        const char *msg = (const char *)region_ptr(d, &j->out);
+        size_t n = strnlen(msg, j->out_len);
+        ERL_NIF_TERM why;
+        memcpy(enif_make_new_binary(env, n, &why), msg, n);
+        return make_error(env, enif_make_tuple2(env, enif_make_atom(env, "module"), why));
+    }
+    ERL_NIF_TERM st = status > 0 && status < (int32_t)EC_STATUS_COUNT ? STATUS_ATOMS[status]
+                                                                       : enif_make_int(env, status);
+    return make_error(env, enif_make_tuple2(env, ATOM_gpud, st));
+}
+
 /* Answers the job of one CQE; sets *release to its slot once answered (or
  * cancelled), to be freed with release_jobs; leaves it alone otherwise. */
 static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_cqe *cqe,
@@ -130,7 +148,9 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_
     if (claim == 1) {
         ErlNifEnv *m = d->msg_env;
         ERL_NIF_TERM result;
-        if (status == EC_STATUS_OK) {
+        if (j->output == OUTPUT_CONTROL) {
+            result = control_result(m, d, j, status);
+        } else if (status == EC_STATUS_OK) {
             result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         } else {
             ERL_NIF_TERM why = status > 0 && status < (int32_t)EC_STATUS_COUNT

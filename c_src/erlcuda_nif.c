@@ -349,6 +349,29 @@ static ERL_NIF_TERM nif_submit(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
                              argv);
 }
 
+/* module_op(Handle, load | unload, Slot, Path) -> {ok, Ref} | {error, _} */
+static ERL_NIF_TERM nif_module_op(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    return submit_control(env, d, argv);
+}
+
+/* module_gen(Slot, Gen) -> ok: Gen (0: none) becomes the live generation of
+ * module slot Slot on every device. */
+static ERL_NIF_TERM nif_module_gen(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    unsigned slot, gen;
+    (void)argc;
+    if (!enif_get_uint(env, argv[0], &slot) || slot >= EC_MODULE_SLOTS ||
+        !enif_get_uint(env, argv[1], &gen))
+        return enif_make_badarg(env);
+    set_module_gen(slot, gen);
+    return ATOM_ok;
+}
+
 static void put(ErlNifEnv *env, ERL_NIF_TERM *map, const char *key, uint64_t v)
 {
     enif_make_map_put(env, *map, enif_make_atom(env, key), enif_make_uint64(env, v), map);
@@ -504,6 +527,8 @@ static ErlNifFunc nif_funcs[] = {
     {"submit", 4, nif_submit, 0},
     {"stats", 1, nif_stats, 0},
     {"kernels", 0, nif_kernels, 0},
+    {"module_op", 4, nif_module_op, 0},
+    {"module_gen", 2, nif_module_gen, 0},
 };
 
 ERL_NIF_INIT(erlcuda_nif, nif_funcs, load, NULL, upgrade, unload)

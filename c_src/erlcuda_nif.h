@@ -155,8 +155,40 @@ struct vec {
     uint64_t addr; /* its arena address when in_arena */
 };
 
+/* A kernel as the NIF uses it: a row of the table (erlcuda_ring.h), made
+ * once at load, or a user's kernel, described by the Erlang side from its
+ * module's manifest on every submit (user_kernel in args.c). */
+struct kernel_info {
+    ERL_NIF_TERM atom;     /* built-ins: the name */
+    const char *signature; /* 'v', 's', 'd' per argument */
+    unsigned shape, output;
+    uint32_t types;
+    const char *entry;
+    unsigned nvec;
+    /* Users' kernels only (user != 0): the id, the module slot and the
+     * generation it was loaded as (a submit checks it is still the live
+     * one), the output length rule (out_dim < 0: n, or 1 for a scalar
+     * output; else n / dim out_dim), a dimension that must divide n
+     * (div_dim >= 0), and the launch options. */
+    int user;
+    uint32_t id, slot, gen;
+    int out_dim, div_dim;
+    struct ec_launch_opts opts;
+    char sig[EC_PARAM_BYTES / 4 + EC_MAX_VECTORS + 1];
+};
+
+/* The shape of a user's kernel, past the table's shapes: lengths by its
+ * out_dim and div_dim. */
+#define SHAPE_USER EC_SHAPE_COUNT
+/* A NIF-private output kind: a control descriptor (load or unload a
+ * module), answered `ok` or {error, {module, Why}}; Why comes back in the
+ * job's output region, at most CONTROL_MSG_BYTES. */
+#define OUTPUT_CONTROL 0xffu
+#define CONTROL_MSG_BYTES 1024u
+
 /* A checked job: what submit has learned from the arguments. */
 struct job_spec {
+    const struct kernel_info *ki;
     uint32_t kernel;
     unsigned nin;
     struct vec in[EC_MAX_VECTORS];
@@ -216,8 +248,17 @@ static inline uint64_t region_addr(const struct region *r)
 
 /* Makes the kernel atoms; called by load/upgrade. */
 void args_load(ErlNifEnv *env);
-/* The kernel an atom names, or 0 when it names none. */
-uint32_t kernel_id(ErlNifEnv *env, ERL_NIF_TERM kernel);
+/* The built-in kernel an atom names, or NULL when it names none. */
+const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
+/* Reads a user's kernel as the Erlang side describes it (erlcuda_modules):
+ * {Id, Slot, Gen, Signature, Output, OutDim, DivDim, Types, Opts}. Returns 0
+ * when the term is not one. */
+int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki);
+/* The live generation of module slot `slot` (0: none); set by
+ * erlcuda_nif:module_gen/2. A submit of a user's kernel publishes only while
+ * its generation is live, checked under d->lock (submit.c). */
+uint32_t module_gen(uint32_t slot);
+void set_module_gen(uint32_t slot, uint32_t gen);
 /* Parses the Args of kernel s->kernel (the caller sets it, from kernel_id)
  * into s, s->nin included. Returns 0 when s is filled, 1 when the job is too
  * large for a normal scheduler (only when !dirty), or -1 with *err set to the
@@ -243,6 +284,10 @@ ERL_NIF_TERM kernels_term(ErlNifEnv *env);
  * !dirty): the caller reschedules it. */
 int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
                ERL_NIF_TERM *result);
+/* module_op(Handle, load | unload, Slot, Path): a control descriptor, in
+ * order with the jobs around it; {ok, Ref}, then {erlcuda, Ref, ok} or
+ * {erlcuda, Ref, {error, {module, Why}}}. */
+ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[]);
 /* Returns a region to its segment's allocator. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r);
 

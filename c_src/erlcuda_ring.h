@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 3u
+#define EC_ABI_VERSION 4u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -89,6 +89,10 @@
  * with the `fault-injection` feature fault the device on purpose (the test of
  * crash isolation); any other gpud refuses it with BAD_FLAGS. */
 #define EC_FLAG_FAULT (1u << 7)
+/* EC_FLAG_OPTS: the SQ entry after this one is this job's struct
+ * ec_launch_opts (one job, two entries, published by one tail store). Only
+ * users' kernels take launch options. */
+#define EC_FLAG_OPTS (1u << 0)
 
 /* Element types of vectors: X(NAME, id, erlang_atom, bytes). A vector's
  * elements are native-endian; a list of numbers is f32. */
@@ -187,6 +191,27 @@ enum ec_kernel {
 #define EC_KERNEL_PLUS_ONE(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY) +1
 #define EC_KERNEL_COUNT (1u EC_KERNELS(EC_KERNEL_PLUS_ONE))
 
+/* Users' kernels (loaded at run time from a module built with the helper
+ * crate, kernels/kit): module slot s (0 <= s < EC_MODULE_SLOTS) holds up to
+ * EC_MODULE_KERNELS kernels, kernel i of it has the id
+ *     EC_USER_KERNEL_BASE + s * EC_MODULE_KERNELS + i.
+ * Their signatures come from the module's manifest (kernels/kit/src/job.rs),
+ * not from this table; the VM and gpud each read it.
+ *
+ * Control descriptors load and unload a module, in order with the jobs
+ * around them (gpud finishes every job before one first):
+ *   kernel  EC_CONTROL_LOAD_MODULE or EC_CONTROL_UNLOAD_MODULE
+ *   type    EC_TYPE_U8
+ *   in0     (load) the module's directory path, in0_len bytes, no NUL
+ *   out     out_len bytes where gpud writes why a load failed (NUL-padded)
+ *   p.dim[0] the slot
+ * and complete with OK or MODULE_ERROR. */
+#define EC_USER_KERNEL_BASE 1024u
+#define EC_MODULE_KERNELS 64u
+#define EC_MODULE_SLOTS 1000u
+#define EC_CONTROL_LOAD_MODULE 0xff00u
+#define EC_CONTROL_UNLOAD_MODULE 0xff01u
+
 /* Limits of a signature: vectors (in0, in1) and the parameter area. */
 #define EC_MAX_VECTORS 2u
 #define EC_PARAM_BYTES 16u
@@ -205,13 +230,14 @@ enum ec_kernel {
     X(OVERLAP, 5, overlap)              \
     X(MISALIGNED, 6, misaligned)        \
     X(DEVICE_ERROR, 7, device_error)    \
-    X(BAD_TYPE, 8, bad_type)
+    X(BAD_TYPE, 8, bad_type)            \
+    X(MODULE_ERROR, 9, module_error)
 
 enum ec_status {
 #define EC_STATUS_ENUM(NAME, CODE, ATOM) EC_STATUS_##NAME = CODE,
     EC_STATUSES(EC_STATUS_ENUM)
 #undef EC_STATUS_ENUM
-    EC_STATUS_COUNT = 9
+    EC_STATUS_COUNT = 10
 };
 
 /* An arena address: segment index in the top 16 bits, byte offset inside the
@@ -245,6 +271,20 @@ struct ec_sqe {
     uint16_t kernel; /* enum ec_kernel */
     uint8_t type;    /* enum ec_type, of every vector and the output */
     uint8_t flags;   /* EC_FLAG_*; must be 0 otherwise */
+};
+
+/* The launch options of a job of a user's kernel: the SQ entry after its
+ * descriptor when that has EC_FLAG_OPTS. `given` says which fields count
+ * (EC_OPT_* bits); the others, and `reserved`, must be 0. */
+#define EC_OPT_GRID 1u         /* grid.x: 1 .. 2^31-1 */
+#define EC_OPT_BLOCK 2u        /* threads per block: 1 .. 1024 */
+#define EC_OPT_SHARED_BYTES 4u /* dynamic shared memory: 0 .. 48 KiB */
+struct ec_launch_opts {
+    uint32_t grid;
+    uint32_t block;
+    uint32_t shared_bytes;
+    uint32_t given;
+    uint8_t reserved[48];
 };
 
 /* A completion: 16 bytes. */

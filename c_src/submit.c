@@ -106,6 +106,47 @@ static void unreserve_job(struct device *d, uint32_t idx)
     dev_unlock(d);
 }
 
+/* Wakes gpud if it sleeps, after a publish. */
+static void wake_gpud(struct device *d)
+{
+    struct ec_header *h = d->shm.hdr;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&h->sq_flags, __ATOMIC_RELAXED) & EC_NEED_WAKEUP) {
+        shm_signal(d->shm.sq_efd);
+        count(&d->c.wakeups_sent, 1);
+    }
+}
+
+/* Publishes a user's job: its descriptor, then its launch options when
+ * given (EC_FLAG_OPTS; the job holds a credit slot for that entry), with
+ * one tail store, so gpud always drains the two together. Only while the
+ * kernel's module generation is live, checked under the lock that also
+ * orders the unload descriptor (erlcuda_modules retires a generation, then
+ * submits the unload): every job of a generation is ahead of its unload in
+ * the SQ. Returns 0, or -1 when the generation was retired. */
+static int publish_user(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
+                        const struct kernel_info *ki)
+{
+    struct ec_header *h = d->shm.hdr;
+    dev_lock(d);
+    if (module_gen(ki->slot) != ki->gen) {
+        dev_unlock(d);
+        return -1;
+    }
+    __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+    uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
+    d->shm.sq[tail & (d->nslots - 1)] = *sqe;
+    uint32_t n = 1;
+    if (sqe->flags & EC_FLAG_OPTS) {
+        memcpy(&d->shm.sq[(tail + 1) & (d->nslots - 1)], &ki->opts, sizeof ki->opts);
+        n = 2;
+    }
+    __atomic_store_n(&h->sq_tail, tail + n, __ATOMIC_RELEASE);
+    dev_unlock(d);
+    wake_gpud(d);
+    return 0;
+}
+
 /* Publishes the job's descriptor and wakes gpud if it sleeps. */
 static void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
 {
@@ -193,12 +234,19 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
 {
     uint8_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
     struct job_spec s;
+    struct kernel_info user;
     memset(&s, 0, sizeof s);
-    s.kernel = kernel_id(env, argv[1]);
-    if (s.kernel == 0) {
+    s.ki = builtin_kernel(env, argv[1]);
+    if (!s.ki && user_kernel(env, argv[1], &user) && flags == 0) {
+        s.ki = &user;
+        if (user.opts.given)
+            flags = EC_FLAG_OPTS;
+    }
+    if (!s.ki) {
         *result = make_error(env, enif_make_tuple2(env, ATOM_unknown_kernel, argv[1]));
         return 0;
     }
+    s.kernel = s.ki->id;
 
     /* The mapping is read from parse_args on (arena lookups): hold it. */
     enif_rwlock_rlock(d->life);
@@ -235,7 +283,9 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     int zero_copy = s.in[0].is_binary && s.output == EC_OUTPUT_VECTOR &&
                     s.out_len * s.elem >= d->zero_copy_bytes;
     uint32_t parts = flags == 0 ? pipeline_parts(d, &s) : 1;
-    int64_t idx = reserve_job(d, in_bytes, out_bytes, parts - 1, zero_copy);
+    /* A job with launch options takes a second SQ entry: one credit slot. */
+    uint32_t credits = flags & EC_FLAG_OPTS ? 1 : parts - 1;
+    int64_t idx = reserve_job(d, in_bytes, out_bytes, credits, zero_copy);
     if (idx < 0 && parts > 1) {
         parts = 1; /* not enough free slots for the extra descriptors: one is fine */
         idx = reserve_job(d, in_bytes, out_bytes, 0, zero_copy);
@@ -300,6 +350,15 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         submit_pipelined(d, (uint32_t)idx, &sqe, src, dst, parts);
         enif_rwlock_runlock(d->pipe);
         count(&d->c.pipelined, 1);
+    } else if (s.ki->user) {
+        if (publish_user(d, (uint32_t)idx, &sqe, s.ki) != 0) {
+            /* Its module was replaced or unloaded meanwhile: the caller
+             * looks the kernel up again (erlcuda:launch/3). */
+            unreserve_job(d, (uint32_t)idx);
+            enif_rwlock_runlock(d->life);
+            *result = make_error(env, enif_make_atom(env, "stale_kernel"));
+            return 0;
+        }
     } else {
         publish(d, (uint32_t)idx, &sqe);
     }
@@ -307,4 +366,56 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     count(&d->c.submitted, 1);
     *result = enif_make_tuple2(env, ATOM_ok, ref);
     return 0;
+}
+
+/* module_op(Handle, load | unload, Slot, Path): see erlcuda_nif.h. The path
+ * travels in the job's input region, why a load failed in its output. */
+ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[])
+{
+    ErlNifBinary path;
+    unsigned slot;
+    int load = enif_is_identical(argv[1], enif_make_atom(env, "load"));
+    if ((!load && !enif_is_identical(argv[1], enif_make_atom(env, "unload"))) ||
+        !enif_get_uint(env, argv[2], &slot) || slot >= EC_MODULE_SLOTS ||
+        !enif_inspect_binary(env, argv[3], &path) || path.size > 4096)
+        return enif_make_badarg(env);
+    enif_rwlock_rlock(d->life);
+    if (d->closed) {
+        enif_rwlock_runlock(d->life);
+        return make_error(env, ATOM_closed);
+    }
+    uint64_t in_bytes = arena_round(path.size ? path.size : 1);
+    int64_t idx = reserve_job(d, in_bytes, CONTROL_MSG_BYTES, 0, 0);
+    if (idx < 0) {
+        enif_rwlock_runlock(d->life);
+        count(&d->c.busy, 1);
+        return make_error(env, ATOM_busy);
+    }
+    struct job *j = &d->jobs[idx];
+    memcpy(region_ptr(d, &j->in), path.data, path.size);
+    memset(region_ptr(d, &j->out), 0, CONTROL_MSG_BYTES);
+    ERL_NIF_TERM ref = enif_make_ref(env);
+    j->gen++;
+    j->kernel = load ? EC_CONTROL_LOAD_MODULE : EC_CONTROL_UNLOAD_MODULE;
+    j->type = EC_TYPE_U8;
+    j->output = OUTPUT_CONTROL;
+    j->form = FORM_BINARY;
+    j->zero_copy = 0;
+    j->ref = enif_make_copy(j->env, ref);
+    enif_self(env, &j->pid);
+    j->out_len = CONTROL_MSG_BYTES;
+    struct ec_sqe sqe = {
+        .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
+        .kernel = (uint16_t)j->kernel,
+        .type = EC_TYPE_U8,
+        .in0 = region_addr(&j->in),
+        .in0_len = (uint32_t)path.size,
+        .out = region_addr(&j->out),
+        .out_len = CONTROL_MSG_BYTES,
+    };
+    sqe.p.dim[0] = slot;
+    publish(d, (uint32_t)idx, &sqe);
+    enif_rwlock_runlock(d->life);
+    count(&d->c.submitted, 1);
+    return enif_make_tuple2(env, ATOM_ok, ref);
 }

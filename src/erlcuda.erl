@@ -35,22 +35,25 @@
 -module(erlcuda).
 
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, stats/1,
-         kernels/0]).
+         kernels/0, load_module/2, unload_module/1]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
               kernel_info/0]).
 
--type kernel() :: atom().
+-type kernel() :: atom() | {Module :: atom(), Kernel :: atom()}.
 -type elem_type() :: f32 | f64 | s32 | u32 | s64 | u8.
 -type vector() :: [number() | nan | infinity | neg_infinity] | binary()
                 | {elem_type(), binary()}.
 -type result() :: vector() | float() | nan | infinity | neg_infinity.
 -type kernel_info() :: #{name := kernel(), id := pos_integer(),
                          args := [vector | scalar | dim], types := [elem_type()],
-                         shape := elementwise | reduction | matmul,
+                         shape := elementwise | reduction | matmul | table,
                          output := vector | scalar, entry := binary(),
-                         accumulate := type}.
--type option() :: {device, non_neg_integer()} | {timeout, timeout()}.
+                         accumulate := type, threads => pos_integer(),
+                         shared => non_neg_integer()}.
+-type option() :: {device, non_neg_integer()} | {timeout, timeout()}
+                | {grid, pos_integer()} | {block, pos_integer()}
+                | {shared_bytes, non_neg_integer()}.
 -type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
                 | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}.
 
@@ -67,7 +70,7 @@ launch(Kernel, Args) ->
 -spec launch(kernel(), [term()], [option()]) -> {ok, reference()} | {error, reason()}.
 launch(Kernel, Args, Opts) ->
     case options(Opts) of
-        {ok, Device, _Timeout} -> submit(Device, Kernel, Args);
+        {ok, Device, _Timeout, Launch} -> submit(Device, Kernel, Args, Launch);
         {error, _} = E -> E
     end.
 
@@ -84,8 +87,8 @@ launch_sync(Kernel, Args) ->
 -spec launch_sync(kernel(), [term()], [option()]) -> {ok, result()} | {error, reason()}.
 launch_sync(Kernel, Args, Opts) ->
     case options(Opts) of
-        {ok, Device, Timeout} ->
-            case submit(Device, Kernel, Args) of
+        {ok, Device, Timeout, Launch} ->
+            case submit(Device, Kernel, Args, Launch) of
                 {ok, Ref} -> await(Device, Ref, Timeout);
                 {error, _} = E -> E
             end;
@@ -130,15 +133,73 @@ stats(N) ->
 %% and `accumulate' (`type': sums are accumulated in the element type).
 -spec kernels() -> [kernel_info()].
 kernels() ->
-    erlcuda_nif:kernels().
+    erlcuda_nif:kernels() ++ erlcuda_modules:kernel_infos().
+
+%% @doc Loads the users' kernel module built into `Dir' (by
+%% `priv/erlcuda-build') as `Name' on every device; after that its kernels
+%% launch as `{Name, Kernel}'. It comes back by itself after a gpud restart.
+%% Loading a name again replaces the module; jobs in flight finish on the
+%% old one. Errors: `{manifest, Why}', `{module, Why}' (gpud refused it: a
+%% missing entry or host symbol, a parameter list that is not the helper
+%% crate's, PTX the driver rejects), `no_module_slot'.
+-spec load_module(atom(), file:filename_all()) -> ok | {error, term()}.
+load_module(Name, Dir) ->
+    erlcuda_modules:load(Name, Dir).
+
+%% @doc Unloads module `Name' from every device.
+-spec unload_module(atom()) -> ok | {error, term()}.
+unload_module(Name) ->
+    erlcuda_modules:unload(Name).
 
 %%% Internal
 
-submit(Device, Kernel, Args) ->
+submit(Device, Kernel, Args, Launch) ->
     case handle(Device) of
         undefined -> {error, {no_device, Device}};
-        H -> erlcuda_nif:submit(H, Kernel, Args, 0)
+        H when is_atom(Kernel), Launch =:= [] -> erlcuda_nif:submit(H, Kernel, Args, 0);
+        _ when is_atom(Kernel) -> {error, {badarg, {opt, hd(Launch)}}};
+        H -> submit_user(H, Kernel, Args, Launch, 3)
     end.
+
+%% A user's kernel: its row from the module registry, with the launch
+%% options. `stale_kernel': the module was replaced between the lookup and
+%% the submit; the new one is published already, so look again.
+submit_user(H, {Mod, K} = Kernel, Args, Launch, Tries) ->
+    case erlcuda_modules:lookup(Mod, K) of
+        undefined ->
+            {error, {unknown_kernel, Kernel}};
+        Row ->
+            case launch_opts(Launch, Row) of
+                {ok, Opts} ->
+                    case erlcuda_nif:submit(H, erlang:append_element(Row, Opts), Args, 0) of
+                        {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, Tries - 1);
+                        {error, stale_kernel} -> {error, {unknown_kernel, Kernel}};
+                        Other -> Other
+                    end;
+                {error, _} = E ->
+                    E
+            end
+    end;
+submit_user(_H, Kernel, _Args, _Launch, _Tries) ->
+    {error, {unknown_kernel, Kernel}}.
+
+%% {Given, Grid, Block, SharedBytes} (bits as the header's EC_OPT_*). A
+%% reduction's block tree needs a power of two from 32 threads.
+launch_opts(Launch, Row) ->
+    Reduction = element(5, Row) =:= scalar,
+    lists:foldl(
+      fun(_, {error, _} = E) -> E;
+         ({grid, G}, {ok, {Gv, _, B, S}}) when is_integer(G), G >= 1, G =< 16#7fffffff ->
+              {ok, {Gv bor 1, G, B, S}};
+         ({block, B} = O, {ok, {Gv, G, _, S}}) when is_integer(B), B >= 1, B =< 1024 ->
+              case Reduction andalso (B < 32 orelse B band (B - 1) =/= 0) of
+                  true -> {error, {badarg, {opt, O}}};
+                  false -> {ok, {Gv bor 2, G, B, S}}
+              end;
+         ({shared_bytes, S}, {ok, {Gv, G, B, _}}) when is_integer(S), S >= 0, S =< 49152 ->
+              {ok, {Gv bor 4, G, B, S}};
+         (O, _) -> {error, {badarg, {opt, O}}}
+      end, {ok, {0, 0, 0, 0}}, Launch).
 
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
@@ -164,16 +225,20 @@ flush(Ref) ->
     after 0 -> {error, timeout}
     end.
 
-options(Opts) when is_list(Opts) -> options(Opts, 0, ?DEFAULT_TIMEOUT);
+options(Opts) when is_list(Opts) -> options(Opts, 0, ?DEFAULT_TIMEOUT, []);
 options(_) -> {error, {badarg, opts}}.
 
-options([], Device, Timeout) -> {ok, Device, Timeout};
-options([{device, N} | T], _, Timeout) when is_integer(N), N >= 0 -> options(T, N, Timeout);
+%% Launch options (grid, block, shared_bytes) are collected for the kernel
+%% to judge: only users' kernels take them.
+options([], Device, Timeout, Launch) -> {ok, Device, Timeout, lists:reverse(Launch)};
+options([{device, N} | T], _, Timeout, L) when is_integer(N), N >= 0 -> options(T, N, Timeout, L);
+options([{K, _} = O | T], Device, Timeout, L) when K =:= grid; K =:= block; K =:= shared_bytes ->
+    options(T, Device, Timeout, [O | L]);
 %% A receive timeout is at most 16#ffffffff ms (erlang's timeout()): a larger
 %% integer would make `receive ... after' raise timeout_value in await/3,
 %% leaving the job's answer behind as a stray message.
-options([{timeout, Ms} | T], Device, _)
+options([{timeout, Ms} | T], Device, _, L)
   when is_integer(Ms), Ms >= 0, Ms =< 16#ffffffff; Ms =:= infinity ->
-    options(T, Device, Ms);
-options([Other | _], _, _) -> {error, {badarg, {opt, Other}}};
-options(_, _, _) -> {error, {badarg, opts}}.
+    options(T, Device, Ms, L);
+options([Other | _], _, _, _) -> {error, {badarg, {opt, Other}}};
+options(_, _, _, _) -> {error, {badarg, opts}}.

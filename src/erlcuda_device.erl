@@ -207,7 +207,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     {ok, Spin} = application:get_env(erlcuda, gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
-            "--spin-us", integer_to_list(Spin)],
+            "--spin-us", integer_to_list(Spin)] ++ erlcuda_modules:gpud_args(),
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, Args}, exit_status, use_stdio, binary, {line, 4096}, hide]) of
         Port ->

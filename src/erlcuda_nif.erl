@@ -3,7 +3,7 @@
 %% use {@link erlcuda}.
 -module(erlcuda_nif).
 
--export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2,
+-export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
          submit/4, stats/1, kernels/0]).
 
 -on_load(init/0).
@@ -65,6 +65,18 @@ submit(_H, _Kernel, _Args, _Flags) -> ?NOT_LOADED.
 %% @doc Counters of the VM side and of gpud.
 -spec stats(handle()) -> map().
 stats(_H) -> ?NOT_LOADED.
+
+%% @doc Queues a control descriptor: load (or unload) users' module slot
+%% `Slot' from directory `Path' on this device; the answer is the message
+%% `{erlcuda, Ref, ok | {error, {module, Why}}}'.
+-spec module_op(handle(), load | unload, non_neg_integer(), binary()) ->
+          {ok, reference()} | {error, term()}.
+module_op(_H, _Op, _Slot, _Path) -> ?NOT_LOADED.
+
+%% @doc Makes `Gen' the live generation of module slot `Slot' (0: none): a
+%% submit naming another generation is refused with `stale_kernel'.
+-spec module_gen(non_neg_integer(), non_neg_integer()) -> ok.
+module_gen(_Slot, _Gen) -> ?NOT_LOADED.
 
 %% @doc The kernel table of `c_src/erlcuda_ring.h': `{Name, Id, VectorInputs}'.
 -spec kernels() -> [map()].

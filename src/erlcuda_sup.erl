@@ -22,7 +22,9 @@ init([]) ->
     {ok, Devices} = application:get_env(erlcuda, devices),
     case children(Backend, Devices) of
         {ok, Children} ->
-            {ok, {#{strategy => one_for_one, intensity => 10, period => 60}, Children}};
+            %% The users' modules first: every gpud started asks it which to load.
+            Modules = #{id => erlcuda_modules, start => {erlcuda_modules, start_link, []}},
+            {ok, {#{strategy => one_for_one, intensity => 10, period => 60}, [Modules | Children]}};
         {error, Reason} ->
             {error, Reason}
     end.

@@ -80,12 +80,7 @@ pub fn run(kind: BackendKind, device: u32) -> Result<()> {
                     ta.write_at(pb, &bv);
                 }
                 let job = validate(&sqe, &sizes).map_err(|s| broken("job", format!("{s:?}")))?;
-                let launch = Launch {
-                    kernel,
-                    ty: ElemType::F32,
-                    jobs: std::slice::from_ref(&job),
-                    independent: true,
-                };
+                let launch = Launch::builtin(kernel, ElemType::F32, std::slice::from_ref(&job), true);
                 backend::run_to_completion(b.as_mut(), &ta.arena(), &launch)?;
                 ta.read_into(po, &mut result);
                 let ns = t.elapsed().as_nanos().min(u32::MAX as u128) as u32;

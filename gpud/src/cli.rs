@@ -1,10 +1,10 @@
 //! Command line: `gpud --probe [--backend B]` and
-//! `gpud --socket NAME --device N --backend B [--spin-us U]`.
+//! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...`.
 
 use crate::backend::BackendKind;
 use crate::error::{Error, Result};
 
-pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U]\n       gpud --probe [--backend cpu|cuda|auto]";
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]...\n       gpud --probe [--backend cpu|cuda|auto]";
 
 /// Default time spent polling the SQ before sleeping on its eventfd.
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -18,6 +18,8 @@ pub struct DaemonOpts {
     pub device: u32,
     pub backend: BackendKind,
     pub spin_us: u64,
+    /// Users' modules to load before `ready`: (slot, directory).
+    pub modules: Vec<(u16, std::path::PathBuf)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +39,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut device = None;
     let mut backend = None;
     let mut spin_us = None;
+    let mut modules = Vec::new();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         // Accept both `--flag value` and `--flag=value`.
@@ -75,12 +78,21 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
                 let us = v.parse::<u64>().map_err(|_| usage(format!("bad --spin-us {v:?}")))?;
                 spin_us = Some(us.min(MAX_SPIN_US))
             }
+            "--module" => {
+                let v = value("--module")?;
+                let (slot, dir) = v
+                    .split_once(':')
+                    .and_then(|(s, d)| Some((s.parse::<u16>().ok()?, d)))
+                    .filter(|(s, d)| *s < crate::layout::EC_MODULE_SLOTS && !d.is_empty())
+                    .ok_or_else(|| usage(format!("bad --module {v:?} (SLOT:DIR)")))?;
+                modules.push((slot, std::path::PathBuf::from(dir)))
+            }
             other => return Err(usage(format!("unknown argument {other:?}"))),
         }
     }
     let backend = backend.unwrap_or(BackendKind::Auto);
     if probe {
-        if socket.is_some() || device.is_some() || spin_us.is_some() {
+        if socket.is_some() || device.is_some() || spin_us.is_some() || !modules.is_empty() {
             return Err(usage("--probe takes only --backend"));
         }
         return Ok(Command::Probe { backend });
@@ -90,6 +102,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         device: device.ok_or_else(|| usage("--device is required"))?,
         backend,
         spin_us: spin_us.unwrap_or(DEFAULT_SPIN_US),
+        modules,
     }))
 }
 
@@ -109,7 +122,8 @@ mod tests {
                 socket: "erlcuda-1-0-ab".into(),
                 device: 0,
                 backend: BackendKind::Cpu,
-                spin_us: 50
+                spin_us: 50,
+                modules: vec![]
             })
         );
         assert_eq!(
@@ -118,9 +132,23 @@ mod tests {
                 socket: "x".into(),
                 device: 3,
                 backend: BackendKind::Auto,
-                spin_us: 0
+                spin_us: 0,
+                modules: vec![]
             })
         );
+        assert_eq!(
+            p("--socket x --device 0 --module 3:/a/b --module=0:/c:d").unwrap(),
+            Command::Daemon(DaemonOpts {
+                socket: "x".into(),
+                device: 0,
+                backend: BackendKind::Auto,
+                spin_us: 50,
+                modules: vec![(3, "/a/b".into()), (0, "/c:d".into())]
+            })
+        );
+        for bad in ["--module x:/a", "--module 1000:/a", "--module 1:", "--module /a"] {
+            assert!(p(&format!("--socket x --device 0 {bad}")).is_err(), "{bad}");
+        }
     }
 
     #[test]

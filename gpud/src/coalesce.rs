@@ -1,8 +1,8 @@
 //! Coalescing: everything one drain of the SQ produced is grouped by kernel
-//! and element type (one PTX entry each), and each group becomes one
-//! backend launch.
+//! and element type (one PTX entry each), and for users' kernels by launch
+//! geometry too; each group becomes one backend launch.
 
-use crate::descriptor::{Job, Region};
+use crate::descriptor::{Geometry, Job, KernelRef, Region};
 use crate::layout::{ElemType, Kernel, EC_BATCH_HIST_BUCKETS, EC_TYPE_COUNT};
 
 /// Groups jobs by (kernel, type), keeping submission order inside each
@@ -11,12 +11,24 @@ use crate::layout::{ElemType, Kernel, EC_BATCH_HIST_BUCKETS, EC_TYPE_COUNT};
 pub struct Coalescer {
     /// Index `(kernel id - 1) * EC_TYPE_COUNT + type id`.
     by_kernel: Vec<Vec<Job>>,
+    /// Users' kernels: one group per (kernel, type, geometry), in order of
+    /// first appearance (a drain holds few distinct ones: a linear search).
+    user: Vec<(UserKey, Vec<Job>)>,
+}
+
+/// What a user's job coalesces by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserKey {
+    pub id: u16,
+    pub ty: ElemType,
+    pub geometry: Geometry,
 }
 
 impl Default for Coalescer {
     fn default() -> Coalescer {
         Coalescer {
             by_kernel: (0..Kernel::ALL.len() * EC_TYPE_COUNT as usize).map(|_| Vec::new()).collect(),
+            user: Vec::new(),
         }
     }
 }
@@ -34,10 +46,37 @@ impl Coalescer {
         for g in &mut self.by_kernel {
             g.clear();
         }
+        for (_, g) in &mut self.user {
+            g.clear();
+        }
     }
 
     pub fn push(&mut self, job: Job) {
-        self.by_kernel[group(job.kernel(), job.ty())].push(job);
+        match job.kernel() {
+            KernelRef::Builtin(k) => self.by_kernel[group(k, job.ty())].push(job),
+            KernelRef::User(id) => {
+                let key = UserKey { id, ty: job.ty(), geometry: job.geometry() };
+                match self.user.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, g)) => g.push(job),
+                    None => {
+                        // Keep the group list short: emptied groups of
+                        // earlier drains are reused before a new one.
+                        match self.user.iter_mut().find(|(_, g)| g.is_empty()) {
+                            Some(slot) => {
+                                slot.0 = key;
+                                slot.1.push(job);
+                            }
+                            None => self.user.push((key, vec![job])),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The non-empty groups of users' kernels: one launch each.
+    pub fn user_groups(&self) -> impl Iterator<Item = (UserKey, &[Job])> + '_ {
+        self.user.iter().filter(|(_, g)| !g.is_empty()).map(|(k, g)| (*k, g.as_slice()))
     }
 
     /// The non-empty groups, in (kernel id, type id) order: one launch each.
@@ -50,7 +89,7 @@ impl Coalescer {
     }
 
     pub fn len(&self) -> usize {
-        self.by_kernel.iter().map(Vec::len).sum()
+        self.by_kernel.iter().map(Vec::len).sum::<usize>() + self.user.iter().map(|(_, g)| g.len()).sum::<usize>()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -23,10 +23,14 @@ use nix::sys::time::TimeSpec;
 use crate::backend::{self, Backend, Launch, Ticket};
 use crate::cli::DaemonOpts;
 use crate::coalesce::{self, Coalescer};
-use crate::descriptor::{names_unknown_segment, validate, Job};
+use crate::descriptor::{names_unknown_segment, validate_with, Job, KernelRef, Region};
 use crate::error::{Error, Result};
 use crate::handshake::{self, peer_closed};
-use crate::layout::{Cqe, Kernel, Sqe, Stats, Status};
+use crate::layout::{
+    Cqe, ElemType, LaunchOpts, Sqe, Stats, Status, EC_CONTROL_LOAD_MODULE, EC_CONTROL_UNLOAD_MODULE, EC_FLAG_OPTS,
+};
+use crate::modules::Registry;
+use crate::ops::user::UserOp;
 use crate::ring::Ring;
 use crate::segment::{Segments, SockState};
 
@@ -83,6 +87,14 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     if d.await_segments(session.hello.segments)? == Wake::Quit {
         return Ok(());
     }
+    // The modules the VM had loaded (a restart brings them back before any
+    // job queued for them is drained). One that fails is left out, said
+    // here: its jobs are then refused as BAD_KERNEL.
+    for (slot, dir) in &opts.modules {
+        if let Err(e) = d.modules.load(*slot, dir, &mut *d.backend) {
+            eprintln!("gpud[{}]: module in slot {slot} ({}): {e}", opts.device, dir.display());
+        }
+    }
     announce(&format!("ready {kind} {name}"))?;
     eprintln!(
         "gpud[{}]: ready: backend {kind} ({name}), sq {} cq {} entries, arena {} bytes",
@@ -106,7 +118,7 @@ pub fn announce(line: &str) -> Result<()> {
 /// A launch the backend holds: its jobs are answered when it is done.
 struct InFlight {
     ticket: Ticket,
-    kernel: Kernel,
+    kernel: KernelRef,
     jobs: Vec<Job>,
     drain: u64,
 }
@@ -126,6 +138,8 @@ pub struct Daemon {
     sock: OwnedFd,
     sqes: Vec<Sqe>,
     coalescer: Coalescer,
+    /// Users' modules, loaded by control descriptors (and `--module`).
+    modules: Registry,
     in_flight: Vec<InFlight>,
     /// Tickets the backend reported done and gpud has not answered yet.
     done: Vec<Ticket>,
@@ -153,6 +167,7 @@ impl Daemon {
             sock,
             sqes: Vec::new(),
             coalescer: Coalescer::new(),
+            modules: Registry::default(),
             in_flight: Vec::new(),
             done: Vec::new(),
             next_drain: 0,
@@ -338,9 +353,15 @@ impl Daemon {
     }
 
     /// The device is gone: every job gpud holds gets DEVICE_ERROR, so the VM
-    /// hears about each one even on the way down.
+    /// hears about each one even on the way down. Unless a user's kernel
+    /// was among them: the fault cannot be pinned on one launch then, and
+    /// gpud answers nothing; the VM answers every job `{gpud_exit, _}`.
     fn fail_all(&mut self) {
         let held = std::mem::take(&mut self.in_flight);
+        if held.iter().any(|f| matches!(f.kernel, KernelRef::User(_))) {
+            eprintln!("gpud[{}]: a user's kernel was in flight: leaving the answers to the VM", self.device);
+            return;
+        }
         for f in &held {
             eprintln!(
                 "gpud[{}]: answering {} {:?} jobs in flight with DEVICE_ERROR",
@@ -466,14 +487,31 @@ impl Daemon {
         if self.sqes.is_empty() {
             return Ok(true);
         }
-        record_batch(self.ring.stats(), self.sqes.len() as u64);
-
-        // Validate everything first; refusals are answered at once.
+        // Validate everything first; refusals are answered at once. A
+        // control descriptor first runs every job before it to the end.
         self.coalescer.clear();
         let sqes = std::mem::take(&mut self.sqes);
         let mut looked_for_segments = false;
-        for sqe in &sqes {
-            let mut v = validate(sqe, self.segments.sizes());
+        let mut jobs = 0u64;
+        let mut i = 0;
+        while i < sqes.len() {
+            let sqe = &sqes[i];
+            i += 1;
+            // A job's launch options ride in the entry after it.
+            let opts = if sqe.flags & EC_FLAG_OPTS != 0 && i < sqes.len() {
+                i += 1;
+                Some(LaunchOpts::from_sqe(&sqes[i - 1]))
+            } else {
+                None
+            };
+            jobs += 1;
+            if matches!(sqe.kernel, EC_CONTROL_LOAD_MODULE | EC_CONTROL_UNLOAD_MODULE) {
+                if !self.control(sqe)? {
+                    return Ok(false);
+                }
+                continue;
+            }
+            let mut v = validate_with(sqe, opts.as_ref(), self.segments.sizes(), &self.modules);
             if v == Err(Status::OutOfBounds)
                 && !looked_for_segments
                 && names_unknown_segment(sqe, self.segments.sizes())
@@ -484,7 +522,7 @@ impl Daemon {
                 if self.read_segments()? == Wake::Quit {
                     return Ok(false);
                 }
-                v = validate(sqe, self.segments.sizes());
+                v = validate_with(sqe, opts.as_ref(), self.segments.sizes(), &self.modules);
             }
             match v {
                 Ok(job) => self.coalescer.push(job),
@@ -496,6 +534,7 @@ impl Daemon {
                 }
             }
         }
+        record_batch(self.ring.stats(), jobs);
         self.sqes = sqes;
         self.ring.cq_publish();
 
@@ -506,14 +545,107 @@ impl Daemon {
         result
     }
 
+    /// Runs a control descriptor: the jobs before it in this drain are
+    /// submitted and every launch is finished first (a module is never
+    /// swapped under a running kernel), then it is answered. Ok(false) when
+    /// the VM went away.
+    fn control(&mut self, sqe: &Sqe) -> Result<bool> {
+        let coalescer = std::mem::take(&mut self.coalescer);
+        let submitted = self.submit_all(&coalescer);
+        self.coalescer = coalescer;
+        self.coalescer.clear();
+        if !submitted? || !self.finish_in_flight()? {
+            return Ok(false);
+        }
+        let status = self.run_control(sqe);
+        if status != Status::Ok {
+            self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
+        }
+        let ok = self.complete(sqe.user_data, status, 1);
+        self.ring.cq_publish();
+        Ok(ok)
+    }
+
+    /// Waits for every launch in flight and answers it. Ok(false) when the
+    /// VM went away.
+    fn finish_in_flight(&mut self) -> Result<bool> {
+        while !self.in_flight.is_empty() {
+            if !self.reap()? {
+                return Ok(false);
+            }
+            std::thread::yield_now();
+        }
+        Ok(true)
+    }
+
+    /// Loads or unloads the module a control descriptor names. Why a load
+    /// failed goes into the descriptor's output region (NUL-padded).
+    fn run_control(&mut self, sqe: &Sqe) -> Status {
+        let sizes = self.segments.sizes();
+        let slot = sqe.p.u32_at(0);
+        let Ok(slot) = u16::try_from(slot) else { return Status::BadShape };
+        if sqe.kernel == EC_CONTROL_UNLOAD_MODULE {
+            self.modules.unload(slot, &mut *self.backend);
+            eprintln!("gpud[{}]: module slot {slot} unloaded", self.device);
+            return Status::Ok;
+        }
+        let (path, msg) = match (
+            Region::new(sqe.in0, sqe.in0_len, ElemType::U8, sizes),
+            Region::new(sqe.out, sqe.out_len, ElemType::U8, sizes),
+        ) {
+            (Ok(p), Ok(m)) if !p.overlaps(&m) => (p, m),
+            (Err(s), _) | (_, Err(s)) => return s,
+            _ => return Status::Overlap,
+        };
+        let arena = self.segments.arena();
+        // SAFETY: validated regions of the arena; the VM does not touch a
+        // job's regions while it is in flight, and nothing else here does.
+        let dir = unsafe { arena.input::<u8>(path) }.to_vec();
+        let result = match String::from_utf8(dir) {
+            Ok(d) => self.modules.load(slot, std::path::Path::new(&d), &mut *self.backend).map(|()| d),
+            Err(_) => Err("the module path is not UTF-8".to_string()),
+        };
+        match result {
+            Ok(d) => {
+                eprintln!("gpud[{}]: module slot {slot} loaded from {d}", self.device);
+                Status::Ok
+            }
+            Err(e) => {
+                eprintln!("gpud[{}]: module slot {slot} refused: {e}", self.device);
+                // SAFETY: as above; the output region is the job's own.
+                let out = unsafe { arena.output::<u8>(msg) };
+                out.fill(0);
+                let n = e.len().min(out.len());
+                out[..n].copy_from_slice(&e.as_bytes()[..n]);
+                Status::ModuleError
+            }
+        }
+    }
+
     fn submit_all(&mut self, coalescer: &Coalescer) -> Result<bool> {
         let drain = self.next_drain;
         self.next_drain += 1;
-        let mut groups = coalescer.groups();
-        while let Some((kernel, ty, jobs)) = groups.next() {
+        let users: Vec<_> = coalescer
+            .user_groups()
+            .filter_map(|(key, jobs)| {
+                // Validated in this drain, and no control descriptor since.
+                let k = self.modules.kernel(key.id)?;
+                Some((KernelRef::User(key.id), key.ty, jobs, UserOp(k.clone())))
+            })
+            .collect();
+        let mut groups = coalescer
+            .groups()
+            .map(|(k, ty, jobs)| (KernelRef::Builtin(k), ty, jobs, None))
+            .chain(users.iter().map(|(k, ty, jobs, op)| (*k, *ty, *jobs, Some(op))));
+        while let Some((kernel, ty, jobs, user_op)) = groups.next() {
             self.ring.stats().launches.fetch_add(1, Ordering::Relaxed);
             let launch = Launch {
                 kernel,
+                op: match (kernel, user_op) {
+                    (KernelRef::Builtin(k), _) => crate::ops::op(k),
+                    (KernelRef::User(_), Some(op)) => op,
+                    (KernelRef::User(_), None) => unreachable!("users' groups carry their op"),
+                },
                 ty,
                 jobs,
                 independent: coalesce::independent(jobs),
@@ -532,8 +664,14 @@ impl Daemon {
                     // flight: all answered before gpud exits.
                     // Launches that did finish (the CPU backend's, say)
                     // are answered as done; everything else DEVICE_ERROR.
+                    if matches!(kernel, KernelRef::User(_)) {
+                        // A user's launch failed: the VM answers (fail_all).
+                        self.in_flight.push(InFlight { ticket: 0, kernel, jobs: Vec::new(), drain });
+                        self.fail_all();
+                        return Err(e);
+                    }
                     let mut ok = self.answer(jobs, Status::DeviceError);
-                    for (_, _, rest) in groups.by_ref() {
+                    for (_, _, rest, _) in groups.by_ref() {
                         ok = ok && self.answer(rest, Status::DeviceError);
                     }
                     self.ring.cq_publish();
@@ -619,6 +757,7 @@ mod tests {
     use std::os::fd::{FromRawFd, OwnedFd};
     use std::ptr::NonNull;
 
+    use crate::layout::Kernel;
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
     use super::*;

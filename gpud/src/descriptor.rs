@@ -8,9 +8,12 @@
 //! rely on when they turn its regions into slices.
 
 use crate::layout::{
-    ElemType, Kernel, Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_FAULT,
-    EC_MAX_SEGMENTS, EC_PARAM_BYTES,
+    ElemType, Kernel, LaunchOpts, Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT,
+    EC_FLAG_FAULT, EC_FLAG_OPTS, EC_MAX_SEGMENTS, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_SHARED_BYTES,
+    EC_PARAM_BYTES, EC_USER_KERNEL_BASE,
 };
+use crate::modules::{Registry, UserKernel, UserShape};
+use crate::ops::kitjob;
 
 /// The arena segments gpud has mapped, and their sizes: what addresses are
 /// validated against. Segment 0 is the arena inside the first memfd.
@@ -180,12 +183,30 @@ pub fn names_unknown_segment(sqe: &Sqe, sizes: &SegmentSizes) -> bool {
     })
 }
 
+/// Which kernel a job runs: a row of the built-in table, or a user's
+/// kernel of a loaded module (by id, see `modules.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelRef {
+    Builtin(Kernel),
+    User(u16),
+}
+
+/// How a job is launched: the block size, the dynamic shared memory and
+/// the grid (0: as the kernel computes it). Jobs coalesce only with jobs of
+/// the same kernel, type and geometry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    pub threads: u32,
+    pub shared_bytes: u32,
+    pub grid: u32,
+}
+
 /// A job that passed [`validate`]. Fields are private so that only
 /// validation can make one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Job {
     user_data: u64,
-    kernel: Kernel,
+    kernel: KernelRef,
     ty: ElemType,
     in0: Region,
     in1: Region,
@@ -196,6 +217,9 @@ pub struct Job {
     scalars: [u64; EC_PARAM_BYTES / 8],
     /// The kernel's 'd' arguments in order.
     dims: [u32; EC_PARAM_BYTES / 4],
+    /// The parameter area as submitted (users' kernels read it verbatim).
+    params: [u8; EC_PARAM_BYTES],
+    geometry: Geometry,
     /// EC_FLAG_FAULT was set (only possible with the `fault-injection` feature).
     fault: bool,
 }
@@ -204,8 +228,22 @@ impl Job {
     pub fn user_data(&self) -> u64 {
         self.user_data
     }
-    pub fn kernel(&self) -> Kernel {
+    pub fn kernel(&self) -> KernelRef {
         self.kernel
+    }
+    /// The built-in kernel, `None` for a user's kernel.
+    pub fn builtin(&self) -> Option<Kernel> {
+        match self.kernel {
+            KernelRef::Builtin(k) => Some(k),
+            KernelRef::User(_) => None,
+        }
+    }
+    /// The parameter area, verbatim.
+    pub fn params(&self) -> [u8; EC_PARAM_BYTES] {
+        self.params
+    }
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
     }
     /// The element type of every vector of the job and of its output.
     pub fn ty(&self) -> ElemType {
@@ -231,10 +269,14 @@ impl Job {
     }
     /// Matmul dimensions (A is m×k, B is k×n); zero for other shapes.
     pub fn dims(&self) -> (usize, usize, usize) {
-        match self.kernel.row().shape {
-            Shape::Matmul => (self.dims[0] as usize, self.dims[1] as usize, self.dims[2] as usize),
+        match self.builtin().map(|k| k.row().shape) {
+            Some(Shape::Matmul) => (self.dims[0] as usize, self.dims[1] as usize, self.dims[2] as usize),
             _ => (0, 0, 0),
         }
+    }
+    /// The 'd' arguments (all of the area's room; unused ones are 0).
+    pub fn dim_args(&self) -> &[u32] {
+        &self.dims
     }
     /// True when the job asks the backend to fault the device on purpose.
     /// Always false without the `fault-injection` feature.
@@ -248,9 +290,9 @@ impl Job {
     /// Elements touched; a rough measure of the work, for scheduling.
     pub fn work(&self) -> u64 {
         let base = self.in0.len as u64 + self.in1.len as u64 + self.out.len as u64;
-        match self.kernel.row().shape {
+        match self.builtin().map(|k| k.row().shape) {
             // m*n*k multiply-adds; computed in u128 so that it cannot overflow.
-            Shape::Matmul => {
+            Some(Shape::Matmul) => {
                 let (m, n, k) = self.dims();
                 let mnk = m as u128 * n as u128 * k as u128;
                 base.max(mnk.min(u64::MAX as u128) as u64)
@@ -260,7 +302,8 @@ impl Job {
     }
 }
 
-/// Turns a copied submission into a job, or names what is wrong with it.
+/// Turns a copied submission of a built-in kernel into a job, or names
+/// what is wrong with it (users' kernels: [`validate_with`]).
 ///
 /// Checks, in order: flags, kernel id, element type (one the kernel runs
 /// on), shape (lengths against the kernel's shape rule and dimensions), each
@@ -268,11 +311,25 @@ impl Job {
 /// does not overlap an input. Inputs may overlap each other: reading the
 /// same region twice is harmless.
 pub fn validate(sqe: &Sqe, sizes: impl Sizes + Copy) -> Result<Job, Status> {
+    validate_with(sqe, None, sizes, &Registry::default())
+}
+
+/// [`validate`] for any kernel: a user's kernel is judged by its module's
+/// declaration in `modules`; `opts` is the entry after `sqe` when it has
+/// EC_FLAG_OPTS (`None` when the ring held none: refused).
+pub fn validate_with(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + Copy, modules: &Registry) -> Result<Job, Status> {
     let fault = match sqe.flags {
-        0 => false,
+        0 | EC_FLAG_OPTS => false,
         EC_FLAG_FAULT if cfg!(feature = "fault-injection") => true,
         _ => return Err(Status::BadFlags),
     };
+    if sqe.kernel >= EC_USER_KERNEL_BASE {
+        let k = modules.kernel(sqe.kernel).ok_or(Status::BadKernel)?;
+        return validate_user(sqe, opts, sizes, k);
+    }
+    if sqe.flags & EC_FLAG_OPTS != 0 {
+        return Err(Status::BadFlags); // the built-ins take no launch options
+    }
     let kernel = Kernel::from_id(sqe.kernel).ok_or(Status::BadKernel)?;
     let row = kernel.row();
     let ty = ElemType::from_id(sqe.ty)
@@ -295,15 +352,90 @@ pub fn validate(sqe: &Sqe, sizes: impl Sizes + Copy) -> Result<Job, Status> {
     }
     Ok(Job {
         user_data: sqe.user_data,
-        kernel,
+        kernel: KernelRef::Builtin(kernel),
         ty,
         in0,
         in1,
         out,
         scalars,
         dims,
+        params: sqe.p.0,
+        geometry: Geometry::default(),
         fault,
     })
+}
+
+/// A user's kernel: lengths by its declaration (every vector `n` long, the
+/// output by its rule), the launch options within their limits.
+fn validate_user(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + Copy, k: &UserKernel) -> Result<Job, Status> {
+    let ty = ElemType::from_id(sqe.ty).filter(|t| k.runs_on(*t)).ok_or(Status::BadType)?;
+    let (scalars, dims) = sqe.p.decode(&k.signature);
+    let n = sqe.in0_len;
+    let two = k.vectors == 2;
+    let in1_ok = if two { sqe.in1_len == n } else { sqe.in1_len == 0 };
+    if !in1_ok || k.out_len(u64::from(n), &dims) != Some(u64::from(sqe.out_len)) {
+        return Err(Status::BadShape);
+    }
+    let geometry = geometry(sqe, opts, k)?;
+    let in0 = Region::new(sqe.in0, n, ty, sizes)?;
+    let in1 = if two { Region::new(sqe.in1, sqe.in1_len, ty, sizes)? } else { Region::EMPTY };
+    let out = Region::new(sqe.out, sqe.out_len, ty, sizes)?;
+    if out.overlaps(&in0) || out.overlaps(&in1) {
+        return Err(Status::Overlap);
+    }
+    Ok(Job {
+        user_data: sqe.user_data,
+        kernel: KernelRef::User(k.id),
+        ty,
+        in0,
+        in1,
+        out,
+        scalars: scalars.map(f64::to_bits),
+        dims,
+        params: sqe.p.0,
+        geometry,
+        fault: false,
+    })
+}
+
+/// The launch geometry of a user's job: its declaration, overridden by the
+/// options entry. A reduction's block tree needs a power of two from 32.
+fn geometry(sqe: &Sqe, opts: Option<&LaunchOpts>, k: &UserKernel) -> Result<Geometry, Status> {
+    let mut g = Geometry { threads: k.threads, shared_bytes: k.shared, grid: 0 };
+    if sqe.flags & EC_FLAG_OPTS == 0 {
+        return Ok(g);
+    }
+    let o = opts.ok_or(Status::BadFlags)?;
+    let known = EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES;
+    let zero_unless = |bit: u32, v: u32| o.given & bit != 0 || v == 0;
+    if o.given & !known != 0
+        || o.reserved != [0; 48]
+        || !zero_unless(EC_OPT_GRID, o.grid)
+        || !zero_unless(EC_OPT_BLOCK, o.block)
+        || !zero_unless(EC_OPT_SHARED_BYTES, o.shared_bytes)
+    {
+        return Err(Status::BadFlags);
+    }
+    if o.given & EC_OPT_GRID != 0 {
+        if o.grid == 0 || o.grid > i32::MAX as u32 {
+            return Err(Status::BadShape);
+        }
+        g.grid = o.grid;
+    }
+    if o.given & EC_OPT_BLOCK != 0 {
+        let reduction_ok = k.shape != UserShape::Reduction || (o.block >= 32 && o.block.is_power_of_two());
+        if o.block == 0 || o.block > kitjob::MAX_THREADS || !reduction_ok {
+            return Err(Status::BadShape);
+        }
+        g.threads = o.block;
+    }
+    if o.given & EC_OPT_SHARED_BYTES != 0 {
+        if o.shared_bytes > kitjob::MAX_SHARED_BYTES {
+            return Err(Status::BadShape);
+        }
+        g.shared_bytes = o.shared_bytes;
+    }
+    Ok(g)
 }
 
 /// The lengths a descriptor names against the kernel's shape rule.
@@ -769,12 +901,12 @@ mod tests {
                 Ok(j) => {
                     accepted += 1;
                     assert!(s.flags == 0 || (s.flags == EC_FLAG_FAULT && j.fault()));
-                    assert_eq!(j.kernel().id(), s.kernel);
+                    assert_eq!(j.builtin().unwrap().id(), s.kernel);
                     assert_eq!(j.ty().id(), s.ty);
-                    assert!(j.kernel().runs_on(j.ty()));
+                    assert!(j.builtin().unwrap().runs_on(j.ty()));
                     let eb = j.ty().bytes();
                     let mut regions = vec![j.in0(), j.out()];
-                    if j.kernel().vector_inputs() == 2 {
+                    if j.builtin().unwrap().vector_inputs() == 2 {
                         regions.push(j.in1());
                     }
                     for r in &regions {
@@ -783,8 +915,8 @@ mod tests {
                         assert!(end <= arena as u128, "{s:?} -> {r:?} beyond {arena}");
                     }
                     assert!(!j.out().overlaps(&j.in0()) && !j.out().overlaps(&j.in1()));
-                    let two = j.kernel().vector_inputs() == 2;
-                    match j.kernel().row().shape {
+                    let two = j.builtin().unwrap().vector_inputs() == 2;
+                    match j.builtin().unwrap().row().shape {
                         Shape::Elementwise => {
                             assert!(j.in0().len() == j.out().len() && (!two || j.in1().len() == j.out().len()))
                         }

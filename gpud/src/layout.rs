@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 3;
+pub const EC_ABI_VERSION: u32 = 4;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -21,12 +21,26 @@ pub const EC_SEGMENT_MAGIC: u64 = 0x544e_454d_4745_5343;
 /// `ec_sqe.flags`: fault the device on purpose (only a gpud built with the
 /// `fault-injection` feature accepts it; any other refuses it with BAD_FLAGS).
 pub const EC_FLAG_FAULT: u8 = 1 << 7;
+/// `ec_sqe.flags`: the next SQ entry is this job's [`LaunchOpts`].
+pub const EC_FLAG_OPTS: u8 = 1 << 0;
+/// Users' kernels: module slot `s`, kernel `i` has the id
+/// `EC_USER_KERNEL_BASE + s * EC_MODULE_KERNELS + i`.
+pub const EC_USER_KERNEL_BASE: u16 = 1024;
+pub const EC_MODULE_KERNELS: u16 = 64;
+pub const EC_MODULE_SLOTS: u16 = 1000;
+/// Control descriptors: load / unload a module (see the header).
+pub const EC_CONTROL_LOAD_MODULE: u16 = 0xff00;
+pub const EC_CONTROL_UNLOAD_MODULE: u16 = 0xff01;
+/// `ec_launch_opts.given` bits.
+pub const EC_OPT_GRID: u32 = 1;
+pub const EC_OPT_BLOCK: u32 = 2;
+pub const EC_OPT_SHARED_BYTES: u32 = 4;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
 /// One past the largest kernel id.
 pub const EC_KERNEL_COUNT: u32 = KERNEL_ROWS.len() as u32 + 1;
-pub const EC_STATUS_COUNT: u32 = 9;
+pub const EC_STATUS_COUNT: u32 = 10;
 pub const EC_TYPE_COUNT: u32 = 6;
 pub const EC_SHAPE_COUNT: u32 = 3;
 pub const EC_OUTPUT_COUNT: u32 = 2;
@@ -442,10 +456,11 @@ pub enum Status {
     Misaligned = 6,
     DeviceError = 7,
     BadType = 8,
+    ModuleError = 9,
 }
 
 impl Status {
-    pub const ALL: [Status; 9] = [
+    pub const ALL: [Status; 10] = [
         Status::Ok,
         Status::BadKernel,
         Status::BadFlags,
@@ -455,6 +470,7 @@ impl Status {
         Status::Misaligned,
         Status::DeviceError,
         Status::BadType,
+        Status::ModuleError,
     ];
 
     pub fn code(self) -> i32 {
@@ -476,6 +492,7 @@ impl Status {
             Status::Misaligned => "MISALIGNED",
             Status::DeviceError => "DEVICE_ERROR",
             Status::BadType => "BAD_TYPE",
+            Status::ModuleError => "MODULE_ERROR",
         }
     }
 
@@ -490,11 +507,34 @@ impl Status {
             Status::Misaligned => "misaligned",
             Status::DeviceError => "device_error",
             Status::BadType => "bad_type",
+            Status::ModuleError => "module_error",
         }
     }
 }
 
+/// `struct ec_launch_opts`: a job's launch options, the SQ entry after a
+/// descriptor with [`EC_FLAG_OPTS`] (read as the bytes of that entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchOpts {
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+    pub given: u32,
+    pub reserved: [u8; 48],
+}
+
+impl LaunchOpts {
+    /// The entry `e` read as launch options.
+    pub fn from_sqe(e: &Sqe) -> LaunchOpts {
+        // SAFETY: both are 64-byte plain-data structs; every bit pattern is
+        // a valid LaunchOpts.
+        unsafe { std::mem::transmute::<Sqe, LaunchOpts>(*e) }
+    }
+}
+
 // Cheap compile-time guards; the probe test below is the real proof.
+const _: () = assert!(std::mem::size_of::<LaunchOpts>() == 64);
 const _: () = assert!(std::mem::size_of::<Sqe>() == 64);
 const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
 const _: () = assert!(std::mem::size_of::<Hello>() == 32);
@@ -556,6 +596,13 @@ int main(void)
     OF(ec_sqe, kernel); OF(ec_sqe, type); OF(ec_sqe, flags);
     P("sizeof.ec_params", sizeof(union ec_params));
     P("alignof.ec_params", _Alignof(union ec_params));
+
+    SZ(ec_launch_opts); AL(ec_launch_opts);
+    OF(ec_launch_opts, grid); OF(ec_launch_opts, block); OF(ec_launch_opts, shared_bytes);
+    OF(ec_launch_opts, given); OF(ec_launch_opts, reserved);
+    C(EC_FLAG_OPTS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES);
+    C(EC_USER_KERNEL_BASE); C(EC_MODULE_KERNELS); C(EC_MODULE_SLOTS);
+    C(EC_CONTROL_LOAD_MODULE); C(EC_CONTROL_UNLOAD_MODULE);
 
     SZ(ec_cqe); AL(ec_cqe);
     OF(ec_cqe, user_data); OF(ec_cqe, status); OF(ec_cqe, batch);
@@ -646,6 +693,22 @@ int main(void)
         of!("ec_sqe", Sqe, flags, u8);
         put("sizeof.ec_params", size_of::<Params>().to_string());
         put("alignof.ec_params", std::mem::align_of::<Params>().to_string());
+
+        sz!("ec_launch_opts", LaunchOpts);
+        of!("ec_launch_opts", LaunchOpts, grid, u32);
+        of!("ec_launch_opts", LaunchOpts, block, u32);
+        of!("ec_launch_opts", LaunchOpts, shared_bytes, u32);
+        of!("ec_launch_opts", LaunchOpts, given, u32);
+        of!("ec_launch_opts", LaunchOpts, reserved, [u8; 48]);
+        put("const.EC_FLAG_OPTS", EC_FLAG_OPTS.to_string());
+        put("const.EC_OPT_GRID", EC_OPT_GRID.to_string());
+        put("const.EC_OPT_BLOCK", EC_OPT_BLOCK.to_string());
+        put("const.EC_OPT_SHARED_BYTES", EC_OPT_SHARED_BYTES.to_string());
+        put("const.EC_USER_KERNEL_BASE", EC_USER_KERNEL_BASE.to_string());
+        put("const.EC_MODULE_KERNELS", EC_MODULE_KERNELS.to_string());
+        put("const.EC_MODULE_SLOTS", EC_MODULE_SLOTS.to_string());
+        put("const.EC_CONTROL_LOAD_MODULE", EC_CONTROL_LOAD_MODULE.to_string());
+        put("const.EC_CONTROL_UNLOAD_MODULE", EC_CONTROL_UNLOAD_MODULE.to_string());
 
         sz!("ec_cqe", Cqe);
         of!("ec_cqe", Cqe, user_data, u64);

@@ -9,6 +9,7 @@
 //! - [`handshake`]: socket, peer check, fds, mapping, header validation;
 //! - [`ring`]: SQ consumer, CQ producer, NEED_WAKEUP;
 //! - [`descriptor`]: validation of untrusted submissions;
+//! - [`modules`]: users' kernels, loaded at run time;
 //! - [`coalesce`]: grouping by kernel, batch statistics;
 //! - [`segment`]: arena segments sent after the handshake;
 //! - [`backend`]: the backends (`cpu`, `cuda`);
@@ -29,6 +30,7 @@ pub mod descriptor;
 pub mod error;
 pub mod handshake;
 pub mod layout;
+pub mod modules;
 pub mod ops;
 pub mod ring;
 pub mod segment;

@@ -460,12 +460,7 @@ pub fn run(backend: &mut dyn Backend, ta: &TestArena, cases: &[Case], per_launch
     let mut tickets: Vec<Ticket> = Vec::new();
     for (kernel, ty, jobs) in co.groups() {
         for chunk in jobs.chunks(per_launch.max(1)) {
-            let launch = Launch {
-                kernel,
-                ty,
-                jobs: chunk,
-                independent: coalesce::independent(chunk),
-            };
+            let launch = Launch::builtin(kernel, ty, chunk, coalesce::independent(chunk));
             tickets.push(backend.submit(&arena, &launch)?);
         }
     }
@@ -591,13 +586,8 @@ pub fn bench_backend(device: u32) -> Result<()> {
     println!("|---|---|---|---|---|");
     for bench in &benches {
         let jobs: Vec<Job> = bench.sqes.iter().map(|s| validate(s, &sizes).expect("bench job")).collect();
-        let kernel = jobs[0].kernel();
-        let launch = Launch {
-            kernel,
-            ty: jobs[0].ty(),
-            jobs: &jobs,
-            independent: true,
-        };
+        let kernel = jobs[0].builtin().expect("a built-in");
+        let launch = Launch::builtin(kernel, jobs[0].ty(), &jobs, true);
         let mut cols = Vec::new();
         for mode in [Mode::Mapped, Mode::CopyIn, Mode::CopyInOut] {
             b.force_mode(Some(mode));
@@ -612,7 +602,7 @@ pub fn bench_backend(device: u32) -> Result<()> {
             ts.sort_by(f64::total_cmp);
             cols.push(ts[ts.len() / 2]);
         }
-        let p = crate::backend::cuda::policy(&jobs[0], jobs.len());
+        let p = crate::backend::cuda::policy(crate::ops::op(kernel), &jobs[0], jobs.len());
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | {:?} |",
             bench.label, cols[0], cols[1], cols[2], p
@@ -713,12 +703,12 @@ mod tests {
         let sizes = ta.sizes();
         let good = validate(&s, &sizes).unwrap();
         // A clean launch first: the backend works.
-        crate::backend::run_to_completion(&mut b, &ta.arena(), &Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &[good], independent: true }).unwrap();
+        crate::backend::run_to_completion(&mut b, &ta.arena(), &Launch::builtin(Kernel::VectorAdd, ElemType::F32, &[good], true)).unwrap();
         assert_eq!(ta.read(po, 16), vec![2.0; 16]);
         s.flags = crate::layout::EC_FLAG_FAULT;
         let bad = validate(&s, &sizes).unwrap();
         let arena = ta.arena();
-        let r = crate::backend::run_to_completion(&mut b, &arena, &Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &[good, bad], independent: true });
+        let r = crate::backend::run_to_completion(&mut b, &arena, &Launch::builtin(Kernel::VectorAdd, ElemType::F32, &[good, bad], true));
         let e = r.expect_err("a faulting launch completed");
         eprintln!("fault reported as: {e}");
         assert_eq!(e.exit_code(), 3);
@@ -727,7 +717,7 @@ mod tests {
             "{e}"
         );
         // The context is gone: the next launch fails too.
-        let again = crate::backend::run_to_completion(&mut b, &arena, &Launch { kernel: Kernel::Reduce, ty: ElemType::F32, jobs: &[], independent: true });
+        let again = crate::backend::run_to_completion(&mut b, &arena, &Launch::builtin(Kernel::Reduce, ElemType::F32, &[], true));
         assert!(again.is_err(), "the context survived an illegal address");
         println!("FAULT-CHILD-OK");
     }

@@ -588,8 +588,8 @@ fn end_to_end_mixed_jobs_and_hostile_descriptors() {
     };
     let arena = vm.arena_bytes;
     let hostile = [
-        (Sqe { flags: 1, ..good }, Status::BadFlags),
-        (Sqe { flags: EC_FLAG_FAULT | 1, ..good }, Status::BadFlags),
+        (Sqe { flags: 2, ..good }, Status::BadFlags),
+        (Sqe { flags: EC_FLAG_FAULT | 2, ..good }, Status::BadFlags),
         (Sqe { kernel: 0, ..good }, Status::BadKernel),
         (Sqe { kernel: EC_KERNEL_COUNT as u16, ..good }, Status::BadKernel),
         (Sqe { kernel: u16::MAX, ..good }, Status::BadKernel),

@@ -11,7 +11,10 @@
 
 use gpud::coalesce::{independent, Coalescer};
 use gpud::descriptor::{names_unknown_segment, validate, Job, Region, SegmentSizes};
-use gpud::layout::{Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_MAX_SEGMENTS, KERNEL_ROWS};
+use gpud::layout::{
+    Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_OPTS, EC_MAX_SEGMENTS, EC_USER_KERNEL_BASE,
+    KERNEL_ROWS,
+};
 
 use crate::{gen_sqe, Cursor};
 
@@ -60,7 +63,7 @@ pub fn run(data: &[u8]) {
     let mut seen = 0;
     for (k, t, group) in co.groups() {
         assert!(!group.is_empty());
-        assert!(group.iter().all(|j| j.kernel() == k && j.ty() == t));
+        assert!(group.iter().all(|j| j.builtin() == Some(k) && j.ty() == t));
         // Submission order is kept inside a group.
         assert!(group.windows(2).all(|w| w[0].user_data() < w[1].user_data()));
         seen += group.len();
@@ -83,9 +86,9 @@ fn check(sqe: &Sqe, sizes: &SegmentSizes) -> Option<Job> {
     let job = got.ok()?;
     assert_ne!(want, Err(Status::Ok));
     assert_eq!(job.user_data(), sqe.user_data);
-    assert_eq!(job.kernel().id(), sqe.kernel);
+    assert_eq!(job.builtin().unwrap().id(), sqe.kernel);
     assert!(!job.fault(), "EC_FLAG_FAULT accepted without the feature");
-    let two = job.kernel().vector_inputs() == 2;
+    let two = job.builtin().unwrap().vector_inputs() == 2;
     let mut used = vec![(job.in0(), sqe.in0, sqe.in0_len), (job.out(), sqe.out, sqe.out_len)];
     if two {
         used.push((job.in1(), sqe.in1, sqe.in1_len));
@@ -108,7 +111,7 @@ fn check(sqe: &Sqe, sizes: &SegmentSizes) -> Option<Job> {
     }
     assert!(!names_unknown_segment(sqe, sizes));
     let (m, n, k) = job.dims();
-    if job.kernel().row().shape == Shape::Matmul {
+    if job.builtin().unwrap().row().shape == Shape::Matmul {
         assert_eq!((m as u32, n as u32, k as u32), (sqe.p.u32_at(0), sqe.p.u32_at(4), sqe.p.u32_at(8)));
     } else {
         assert_eq!((m, n, k), (0, 0, 0));
@@ -128,6 +131,14 @@ fn bytes_overlap(a: &Region, b: &Region) -> bool {
 /// re-stated from the kernel table's columns: flags, kernel, element type,
 /// shape, in0, in1 (two-vector kernels only), out, then overlap.
 pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
+    // Launch options (EC_FLAG_OPTS) are for users' kernels only; no module
+    // is loaded here, so every id from EC_USER_KERNEL_BASE is unknown.
+    if s.flags != 0 && s.flags != EC_FLAG_OPTS {
+        return Err(Status::BadFlags);
+    }
+    if s.kernel >= EC_USER_KERNEL_BASE {
+        return Err(Status::BadKernel);
+    }
     if s.flags != 0 {
         return Err(Status::BadFlags);
     }

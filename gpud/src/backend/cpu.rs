@@ -9,11 +9,12 @@
 use rayon::prelude::*;
 
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use super::{Arena, Backend, Launch, Ticket};
 use crate::descriptor::Job;
 use crate::error::{Error, Result};
-use crate::ops;
+use crate::modules::UserKernel;
 
 /// Total elements in a launch above which its jobs are spread over threads.
 const PAR_BATCH_WORK: u64 = 1 << 15;
@@ -50,6 +51,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn load_module(&mut self, _slot: u16, _ptx: &str, _kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
+        // The module's host library (loaded by `modules.rs`) is all the CPU runs.
+        Ok(())
+    }
+
+    fn unload_module(&mut self, _slot: u16) {}
+
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
         if launch.jobs.iter().any(Job::fault) {
             // Only reachable with the `fault-injection` feature: the CPU's
@@ -85,30 +93,22 @@ impl CpuBackend {
             // SAFETY: `independent` means no job's output overlaps a region
             // of any other job, and within a job validation proved the output
             // disjoint from the inputs, so concurrent jobs never alias.
-            launch.jobs.par_iter().for_each(|job| unsafe { run_job(arena, job) });
+            launch.jobs.par_iter().for_each(|job| unsafe { launch.op.cpu(arena, job) });
         } else {
             for job in launch.jobs {
                 // SAFETY: one job at a time; its slices die before the next
                 // job's are made, and within the job validation proved the
                 // output disjoint from the inputs.
-                unsafe { run_job(arena, job) };
+                unsafe { launch.op.cpu(arena, job) };
             }
         }
     }
 }
 
-/// # Safety
-/// While this runs, no other thread may hold a slice that conflicts with
-/// the job's regions (the output must not be read or written elsewhere, and
-/// the inputs not written).
-unsafe fn run_job(arena: &Arena<'_>, job: &Job) {
-    // SAFETY: per this function's contract.
-    unsafe { ops::op(job.kernel()).cpu(arena, job) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops;
     use crate::backend::run_to_completion;
     use crate::descriptor::validate;
     use crate::layout::{ElemType, Kernel, Params, Sqe};
@@ -138,7 +138,8 @@ mod tests {
         };
         let job = validate(&sqe, &ta.sizes()).unwrap();
         let mut backend = CpuBackend::new(0);
-        let launch = Launch { kernel, ty, jobs: &[job], independent: true };
+        let jobs = [job];
+        let launch = Launch::builtin(kernel, ty, &jobs, true);
         run_to_completion(&mut backend, &ta.arena(), &launch).unwrap();
         ta.load(out, out_len, ty)
     }
@@ -285,7 +286,7 @@ mod tests {
         {
             let arena = Arena::from_slice(&mut buf);
             for independent in [false, true] {
-                let launch = Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &jobs, independent };
+                let launch = Launch::builtin(Kernel::VectorAdd, ElemType::F32, &jobs, independent);
                 run_to_completion(&mut backend, &arena, &launch).unwrap();
             }
         }
@@ -324,7 +325,7 @@ mod tests {
         let mut backend = CpuBackend::new(0);
         let arena = Arena::from_slice(&mut buf);
         let jobs = [good, bad];
-        let launch = Launch { kernel: Kernel::VectorAdd, ty: ElemType::F32, jobs: &jobs, independent: false };
+        let launch = Launch::builtin(Kernel::VectorAdd, ElemType::F32, &jobs, false);
         let e = backend.submit(&arena, &launch).unwrap_err();
         assert!(matches!(e, Error::Device(_)), "{e}");
         assert_eq!(e.exit_code(), 3);

@@ -35,17 +35,20 @@
 
 #![allow(clippy::too_many_arguments)]
 
+use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUresult};
 
 use super::{Arena, Backend, Launch, Ticket};
-use crate::descriptor::{Job, Region};
+use crate::descriptor::{Job, KernelRef, Region};
 use crate::error::{Error, Result};
 use crate::layout::{ElemType, Kernel, EC_MAX_SEGMENTS, EC_TYPE_COUNT, KERNEL_ROWS};
-use crate::ops::{self, DevPtrs, DeviceLaunch, Placement};
+use crate::modules::UserKernel;
+use crate::ops::{DevPtrs, DeviceLaunch, KernelOp, Placement};
 
 /// The kernels built for sm_70 (any GPU of compute capability >= 7.0 JITs
 /// them), and the same kernels built for sm_80 with the instructions only
@@ -185,8 +188,63 @@ pub fn probe() -> Result<u32> {
 /// - matmul: inputs are re-read once per 128-wide tile, so copy once there
 ///   is reuse and real work: >= 2^25 multiply-adds (512^3: 140 vs 224 µs,
 ///   2048^3: 8x); up to 256^3 mapped wins (56 vs 63 µs).
-pub fn policy(job: &Job, njobs: usize) -> Placement {
-    ops::op(job.kernel()).placement(job, njobs)
+pub fn policy(op: &dyn KernelOp, job: &Job, njobs: usize) -> Placement {
+    op.placement(job, njobs)
+}
+
+/// A user's module on the device: its PTX module and, per kernel id, the
+/// entry of each declared type.
+struct UserModule {
+    module: sys::CUmodule,
+    funcs: HashMap<u16, [sys::CUfunction; EC_TYPE_COUNT as usize]>,
+}
+
+/// `cuFuncGetParamInfo` (CUDA 12.4+), looked up in the loaded driver:
+/// cudarc's bindings for 12.0 lack it, and an older driver simply has none
+/// (the entry check then stops at the entry's presence).
+type ParamInfoFn = unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> CUresult;
+
+fn param_info_fn() -> Option<ParamInfoFn> {
+    let lib = CString::new("libcuda.so.1").unwrap();
+    let sym = CString::new("cuFuncGetParamInfo").unwrap();
+    // SAFETY: RTLD_NOLOAD only finds the driver cudarc already loaded; the
+    // symbol, when present, has the documented signature.
+    unsafe {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return None;
+        }
+        let p = libc::dlsym(h, sym.as_ptr());
+        (!p.is_null()).then(|| std::mem::transmute::<*mut c_void, ParamInfoFn>(p))
+    }
+}
+
+/// The parameters every helper-crate entry takes: `(jobs: u64, njobs: u32,
+/// total_blocks: u32)` as (offset, size) pairs.
+const KIT_PARAMS: [(usize, usize); 3] = [(0, 8), (8, 4), (12, 4)];
+
+/// Checks `f`'s parameter list against [`KIT_PARAMS`].
+fn check_params(f: sys::CUfunction, entry: &str) -> std::result::Result<(), String> {
+    let Some(info) = param_info_fn() else { return Ok(()) };
+    for (i, &(off, size)) in KIT_PARAMS.iter().enumerate() {
+        let (mut o, mut sz) = (0usize, 0usize);
+        // SAFETY: a function of a loaded module; valid out-pointers.
+        let r = unsafe { info(f, i, &mut o, &mut sz) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(format!("entry {entry} takes {i} parameters, the job-table ABI takes 3"));
+        }
+        if (o, sz) != (off, size) {
+            return Err(format!(
+                "entry {entry}: parameter {i} is {sz} bytes at offset {o}, the job-table ABI wants {size} at {off}"
+            ));
+        }
+    }
+    let (mut o, mut sz) = (0usize, 0usize);
+    // SAFETY: as above; a fourth parameter must not exist.
+    if unsafe { info(f, 3, &mut o, &mut sz) } == CUresult::CUDA_SUCCESS {
+        return Err(format!("entry {entry} takes more than the 3 parameters of the job-table ABI"));
+    }
+    Ok(())
 }
 
 struct Segment {
@@ -334,6 +392,11 @@ pub struct CudaBackend {
     smem_max: Vec<[u32; EC_TYPE_COUNT as usize]>,
     /// One stream per kernel: launches of different kernels overlap.
     streams: Vec<sys::CUstream>,
+    /// Users' kernels: one stream for all of them, their modules by slot,
+    /// and the dynamic shared memory each entry was opened up to.
+    user_stream: sys::CUstream,
+    user_mods: HashMap<u16, UserModule>,
+    user_smem_max: HashMap<(u16, u8), u32>,
     segs: Vec<Option<Segment>>,
     slots: Vec<Slot>,
     next_ticket: Ticket,
@@ -426,6 +489,11 @@ impl CudaBackend {
                     sys::cuStreamCreate(s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
                 )?;
             }
+            let mut user_stream = ptr::null_mut();
+            setup(
+                "cuStreamCreate",
+                sys::cuStreamCreate(&mut user_stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            )?;
             eprintln!(
                 "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, PTX ({}) JIT {jit_ms:.0} ms",
                 drv / 1000,
@@ -441,6 +509,9 @@ impl CudaBackend {
                 smem_max: vec![[SMEM_DEFAULT_MAX; EC_TYPE_COUNT as usize]; funcs.len()],
                 funcs,
                 streams,
+                user_stream,
+                user_mods: HashMap::new(),
+                user_smem_max: HashMap::new(),
                 segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
                 slots: Vec::new(),
                 next_ticket: 1,
@@ -483,13 +554,37 @@ impl CudaBackend {
         Ok(self.slots.len() - 1)
     }
 
+    /// The entry, stream and opened-up shared memory of a launch's kernel.
+    fn entry(&self, kernel: KernelRef, ty: ElemType) -> (sys::CUfunction, sys::CUstream, u32) {
+        match kernel {
+            KernelRef::Builtin(k) => (self.funcs[kidx(k)][ty as usize], self.streams[kidx(k)], self.smem_max[kidx(k)][ty as usize]),
+            KernelRef::User(id) => {
+                let f = self
+                    .user_mods
+                    .values()
+                    .find_map(|m| m.funcs.get(&id))
+                    .map_or(ptr::null_mut(), |fs| fs[ty as usize]);
+                let smem = self.user_smem_max.get(&(id, ty as u8)).copied().unwrap_or(SMEM_DEFAULT_MAX);
+                (f, self.user_stream, smem)
+            }
+        }
+    }
+
+    fn set_smem_max(&mut self, kernel: KernelRef, ty: ElemType, bytes: u32) {
+        match kernel {
+            KernelRef::Builtin(k) => self.smem_max[kidx(k)][ty as usize] = bytes,
+            KernelRef::User(id) => {
+                self.user_smem_max.insert((id, ty as u8), bytes);
+            }
+        }
+    }
+
     fn submit_inner(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
         let kernel = launch.kernel;
-        let op = ops::op(kernel);
+        let op = launch.op;
         let jobs = launch.jobs;
         let slot_i = self.free_slot()?;
-        let stream = self.streams[kidx(kernel)];
-        let f = self.funcs[kidx(kernel)][launch.ty as usize];
+        let (f, stream, smem_max) = self.entry(kernel, launch.ty);
         if f.is_null() {
             return Err(Error::Device(format!("no entry for {kernel:?} on {:?}", launch.ty)));
         }
@@ -508,7 +603,7 @@ impl CudaBackend {
             let mode = if j.fault() {
                 Placement::Mapped
             } else {
-                self.force_mode.unwrap_or_else(|| policy(j, jobs.len()))
+                self.force_mode.unwrap_or_else(|| policy(op, j, jobs.len()))
             };
             modes.push(mode);
             if mode != Placement::Mapped {
@@ -553,7 +648,7 @@ impl CudaBackend {
             };
             if *mode != Placement::Mapped {
                 p.in0 = place(arena.host_ptr(j.in0()), j.in0().bytes(), &mut self.copies_in);
-                if kernel.vector_inputs() == 2 {
+                if !j.in1().is_empty() {
                     p.in1 = place(arena.host_ptr(j.in1()), j.in1().bytes(), &mut self.copies_in);
                 }
             }
@@ -600,7 +695,7 @@ impl CudaBackend {
         // Functions that need more than the default dynamic shared memory
         // opt in once.
         let smem_need = self.chunks.iter().map(|c| c.launch.smem).max().unwrap_or(0);
-        if smem_need > self.smem_max[kidx(kernel)][launch.ty as usize] {
+        if smem_need > smem_max {
             // SAFETY: a function of this backend's module; the value is a size.
             ck(
                 unsafe {
@@ -612,7 +707,7 @@ impl CudaBackend {
                 },
                 "cuFuncSetAttribute",
             )?;
-            self.smem_max[kidx(kernel)][launch.ty as usize] = smem_need;
+            self.set_smem_max(kernel, launch.ty, smem_need);
         }
 
         // 3. Enqueue: input copies, table upload, zeroing, launches, output
@@ -655,7 +750,7 @@ impl CudaBackend {
                     params[1 + i] = (v as *mut u32).cast();
                 }
                 ck(
-                    sys::cuLaunchKernel(f, dl.grid, 1, 1, 256, 1, 1, dl.smem, stream, params.as_mut_ptr(), ptr::null_mut()),
+                    sys::cuLaunchKernel(f, dl.grid, 1, 1, dl.block, 1, 1, dl.smem, stream, params.as_mut_ptr(), ptr::null_mut()),
                     "cuLaunchKernel",
                 )?;
             }
@@ -733,6 +828,53 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
+        let src = CString::new(ptx).map_err(|_| "the PTX holds a NUL byte".to_string())?;
+        let mut module = ptr::null_mut();
+        // SAFETY: a NUL-terminated PTX string that outlives the call.
+        let r = unsafe { sys::cuModuleLoadData(&mut module, src.as_ptr().cast()) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(format!("the driver refused it (cuModuleLoadData: {r:?})"));
+        }
+        let mut funcs = HashMap::new();
+        let found = (|| {
+            for k in kernels {
+                let mut fs = [ptr::null_mut(); EC_TYPE_COUNT as usize];
+                for ty in ElemType::ALL.into_iter().filter(|t| k.runs_on(*t)) {
+                    let entry = k.entry(ty);
+                    let c = CString::new(entry.as_str()).map_err(|_| format!("bad entry name {entry:?}"))?;
+                    // SAFETY: a loaded module; valid out-pointer and name.
+                    let r = unsafe { sys::cuModuleGetFunction(&mut fs[ty as usize], module, c.as_ptr()) };
+                    if r != CUresult::CUDA_SUCCESS {
+                        return Err(format!("no entry {entry}, which the manifest declares"));
+                    }
+                    check_params(fs[ty as usize], &entry)?;
+                }
+                funcs.insert(k.id, fs);
+            }
+            Ok(())
+        })();
+        if let Err(e) = found {
+            // SAFETY: the module just loaded, unused.
+            unsafe { sys::cuModuleUnload(module) };
+            return Err(e);
+        }
+        self.unload_module(slot);
+        self.user_mods.insert(slot, UserModule { module, funcs });
+        Ok(())
+    }
+
+    fn unload_module(&mut self, slot: u16) {
+        if let Some(m) = self.user_mods.remove(&slot) {
+            for id in m.funcs.keys() {
+                self.user_smem_max.retain(|(i, _), _| i != id);
+            }
+            // SAFETY: nothing of the module is in flight (the daemon waits
+            // for every launch before it unloads).
+            unsafe { sys::cuModuleUnload(m.module) };
+        }
+    }
+
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
         self.submit_inner(arena, launch)
     }
@@ -781,6 +923,10 @@ impl Drop for CudaBackend {
             for &s in &self.streams {
                 sys::cuStreamDestroy_v2(s);
             }
+            sys::cuStreamDestroy_v2(self.user_stream);
+            for m in self.user_mods.values() {
+                sys::cuModuleUnload(m.module);
+            }
             sys::cuModuleUnload(self.module);
             sys::cuDevicePrimaryCtxRelease_v2(self.cu_dev);
         }
@@ -791,6 +937,7 @@ impl Drop for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops;
     use crate::descriptor::validate;
     use crate::layout::{Params, Sqe};
 
@@ -824,16 +971,16 @@ mod tests {
     fn placement_policy_follows_the_measurements() {
         use Placement::*;
         for n in [0, 4096, 1 << 16, 1 << 24] {
-            assert_eq!(policy(&job(Kernel::VectorAdd, n, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(ops::op(Kernel::VectorAdd), &job(Kernel::VectorAdd, n, (0, 0, 0)), 1), Mapped);
         }
         for k in [Kernel::Reduce, Kernel::DotProduct] {
-            assert_eq!(policy(&job(k, 4096, (0, 0, 0)), 1), Mapped);
-            assert_eq!(policy(&job(k, 1 << 16, (0, 0, 0)), 1), CopyIn);
-            assert_eq!(policy(&job(k, 1 << 16, (0, 0, 0)), 100), Mapped);
-            assert_eq!(policy(&job(k, 1 << 20, (0, 0, 0)), 1), Mapped);
-            assert_eq!(policy(&job(k, 1 << 24, (0, 0, 0)), 100), CopyIn);
+            assert_eq!(policy(ops::op(k), &job(k, 4096, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(ops::op(k), &job(k, 1 << 16, (0, 0, 0)), 1), CopyIn);
+            assert_eq!(policy(ops::op(k), &job(k, 1 << 16, (0, 0, 0)), 100), Mapped);
+            assert_eq!(policy(ops::op(k), &job(k, 1 << 20, (0, 0, 0)), 1), Mapped);
+            assert_eq!(policy(ops::op(k), &job(k, 1 << 24, (0, 0, 0)), 100), CopyIn);
         }
-        let mm = |d| policy(&job(Kernel::Matmul, 0, d), 1);
+        let mm = |d| policy(ops::op(Kernel::Matmul), &job(Kernel::Matmul, 0, d), 1);
         assert_eq!(mm((256, 256, 256)), Mapped);
         assert_eq!(mm((512, 512, 512)), CopyIn);
         assert_eq!(mm((4096, 64, 4096)), CopyIn);

@@ -14,9 +14,13 @@ pub mod cuda;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::descriptor::{Job, Region};
+use std::sync::Arc;
+
+use crate::descriptor::{Job, KernelRef, Region};
 use crate::error::Result;
-use crate::layout::{ElemType, Kernel, EC_MAX_SEGMENTS};
+use crate::layout::{ElemType, EC_MAX_SEGMENTS};
+use crate::modules::UserKernel;
+use crate::ops::KernelOp;
 
 /// Names one submitted launch until [`Backend::poll`] reports it done.
 pub type Ticket = u64;
@@ -147,15 +151,26 @@ impl<'a> Arena<'a> {
     }
 }
 
-/// One launch: every job of one kernel and element type from one drain.
+/// One launch: every job of one kernel and element type (and, for a user's
+/// kernel, geometry) from one drain.
 pub struct Launch<'j> {
-    pub kernel: Kernel,
+    pub kernel: KernelRef,
+    /// The kernel's host side: `ops::op` of a built-in, a `UserOp` of a
+    /// user's kernel.
+    pub op: &'j (dyn KernelOp + Sync),
     pub ty: ElemType,
     pub jobs: &'j [Job],
     /// True when no job's output overlaps any region of another job in the
     /// launch, so the jobs may run concurrently. Validation only proves this
     /// within a job; [`crate::coalesce::independent`] proves it across them.
     pub independent: bool,
+}
+
+impl<'j> Launch<'j> {
+    /// A launch of built-in `kernel`.
+    pub fn builtin(kernel: crate::layout::Kernel, ty: ElemType, jobs: &'j [Job], independent: bool) -> Launch<'j> {
+        Launch { kernel: KernelRef::Builtin(kernel), op: crate::ops::op(kernel), ty, jobs, independent }
+    }
 }
 
 pub trait Backend {
@@ -169,6 +184,16 @@ pub trait Backend {
     /// registers it with the driver). Called once per segment, segment 0
     /// first, before any launch that names it. `Err` is fatal.
     fn add_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()>;
+
+    /// Makes the device code of module `slot` ready for its kernels'
+    /// launches (the CUDA backend loads the PTX and checks every declared
+    /// entry; the CPU backend runs host code and needs nothing). Replaces
+    /// what the slot held; nothing of the slot is in flight. `Err` refuses
+    /// the module, with the reason; the backend serves on.
+    fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String>;
+
+    /// Drops module `slot`'s device code; nothing of it is in flight.
+    fn unload_module(&mut self, slot: u16);
 
     /// Starts every job of `launch` and returns its ticket. The jobs are
     /// finished (outputs written) once [`Backend::poll`] has reported the

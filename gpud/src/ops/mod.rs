@@ -21,6 +21,15 @@ use crate::layout::{ElemType, Kernel, EC_SUM_CHUNK, EC_SUM_SERIAL};
 #[allow(clippy::all)]
 pub mod abi;
 
+// The job ABI of kernels written with the helper crate (users' kernels and
+// the built-ins re-expressed with it), shared verbatim with the kit.
+#[path = "../../../kernels/kit/src/job.rs"]
+#[allow(clippy::all)]
+pub mod kitjob;
+
+// Users' kernels: the same trait over a loaded module's declaration.
+pub mod user;
+
 include!(concat!(env!("OUT_DIR"), "/ops_table.rs"));
 
 // The device code states the header's accumulation depths in abi.rs (it
@@ -45,6 +54,8 @@ pub struct DevPtrs {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceLaunch {
     pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
     pub smem: u32,
     pub params: [u32; 4],
     pub nparams: usize,
@@ -55,6 +66,7 @@ impl DeviceLaunch {
     pub fn counted(njobs: usize, total: u32, max_grid: u32, smem: u32) -> DeviceLaunch {
         DeviceLaunch {
             grid: abi::grid_for(total, max_grid),
+            block: 256,
             smem,
             params: [njobs as u32, total, 0, 0],
             nparams: 2,
@@ -110,7 +122,13 @@ pub trait KernelOp {
     /// `ins` (values of `ty`), scalar and dimension arguments in order: per
     /// output element, the value and Σ|terms| (the scale of the rounding
     /// error a backend may add; see `testvec`).
-    fn reference(&self, ty: ElemType, ins: &[&[f64]], scalars: &[f64], dims: &[u32]) -> Vec<(f64, f64)>;
+    ///
+    /// Every built-in has one; a user's kernel has none here (its module's
+    /// tests hold its reference), so the default is empty, which no length
+    /// check accepts.
+    fn reference(&self, _ty: ElemType, _ins: &[&[f64]], _scalars: &[f64], _dims: &[u32]) -> Vec<(f64, f64)> {
+        Vec::new()
+    }
 }
 
 /// `Σ a·b` over `pairs` as accurately as if computed in twice f64's

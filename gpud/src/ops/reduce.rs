@@ -67,6 +67,7 @@ pub(crate) fn reduction_table(jobs: &[Job], ptrs: &[DevPtrs], dot: bool, table: 
     push_pod(table, &t);
     Some(DeviceLaunch {
         grid: abi::grid_for(plan.total_blocks, abi::REDUCE_MAX_GRID),
+        block: 256,
         smem: abi::REDUCE_SMEM_BYTES,
         params: [plan.n_small, plan.n_medium, plan.n_large, plan.total_blocks],
         nparams: 4,

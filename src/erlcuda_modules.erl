@@ -1,0 +1,244 @@
+%% @doc Users' kernel modules: loading, replacing and unloading them on every
+%% device, and the lookup `erlcuda:launch({Module, Kernel}, ...)' uses.
+%%
+%% A module is a directory built by `priv/erlcuda-build' from a crate written
+%% with the helper crate (`kernels/kit'): `manifest' (the signatures),
+%% `module.ptx' (the device code) and `host.so' (the CPU backend's code).
+%%
+%% Where things live:
+%%   persistent_term {erlcuda_modules, Name}  #{Kernel => Row}: the launch
+%%       path's lookup, no message to this server. Row is what the NIF takes
+%%       (erlcuda_nif:submit/4 with a user's kernel) less the launch options.
+%%   ETS erlcuda_modules  {Slot, Dir}: every slot a gpud must load; the device
+%%       servers pass them to each gpud they start (`--module Slot:Dir'), so a
+%%       restarted gpud has them before it drains a single job.
+%%
+%% Replacing: the new generation is loaded into a fresh slot on every device,
+%% published, and only then the old one is retired: its generation stops being
+%% live in the NIF (a submit naming it is refused with `stale_kernel' and
+%% retried by erlcuda:launch/3 with the new one), then an unload descriptor
+%% follows every job of it in each device's SQ. Jobs in flight finish on the
+%% old code.
+-module(erlcuda_modules).
+-behaviour(gen_server).
+
+-export([start_link/0, load/2, unload/1, lookup/2, kernel_infos/0, gpud_args/0,
+         parse_manifest/1]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
+
+-define(TABLE, ?MODULE).
+%% The header's EC_USER_KERNEL_BASE, EC_MODULE_KERNELS, EC_MODULE_SLOTS.
+-define(USER_KERNEL_BASE, 1024).
+-define(MODULE_KERNELS, 64).
+-define(MODULE_SLOTS, 1000).
+%% A load JIT-compiles the PTX on every device: seconds for a large module.
+-define(OP_TIMEOUT_MS, 120000).
+
+%%% API
+
+-spec start_link() -> {ok, pid()} | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% @doc Loads the module in `Dir' as `Name' on every device (replacing a
+%% module of that name).
+-spec load(atom(), file:filename_all()) -> ok | {error, term()}.
+load(Name, Dir) when is_atom(Name) ->
+    call({load, Name, Dir});
+load(Name, _) ->
+    {error, {badarg, {name, Name}}}.
+
+%% @doc Unloads module `Name' from every device.
+-spec unload(atom()) -> ok | {error, term()}.
+unload(Name) ->
+    call({unload, Name}).
+
+%% @doc The NIF's description of kernel `K' of module `Name', or `undefined'.
+-spec lookup(term(), term()) -> tuple() | undefined.
+lookup(Name, K) ->
+    case persistent_term:get({?MODULE, Name}, undefined) of
+        #{K := {Row, _Info}} -> Row;
+        _ -> undefined
+    end.
+
+%% @doc `erlcuda:kernels/0''s maps of the loaded users' kernels.
+-spec kernel_infos() -> [map()].
+kernel_infos() ->
+    lists:sort([Info || {{?MODULE, _}, Ks} <- persistent_term:get(), is_map(Ks),
+                        {_, Info} <- maps:values(Ks)]).
+
+%% @doc The `--module Slot:Dir' arguments for a gpud being started.
+-spec gpud_args() -> [string()].
+gpud_args() ->
+    try ets:tab2list(?TABLE) of
+        Rows -> lists:append([["--module", integer_to_list(S) ++ ":" ++ D] || {S, D} <- lists:sort(Rows)])
+    catch error:badarg -> []
+    end.
+
+call(Msg) ->
+    try gen_server:call(?MODULE, Msg, infinity)
+    catch exit:{noproc, _} -> {error, not_started}
+    end.
+
+%%% The manifest (format: kernels/kit/src/job.rs; gpud reads it too)
+
+%% @doc Parses a manifest's text into `[#{name, shape, args, types, out,
+%% blocks, threads, shared}]', or `{error, Why}'.
+-spec parse_manifest(binary()) -> {ok, [map()]} | {error, term()}.
+parse_manifest(Text) ->
+    case [L || L <- binary:split(Text, <<"\n">>, [global]), string:trim(L) =/= <<>>] of
+        [<<"erlcuda-module 1">> | Lines] when Lines =/= [], length(Lines) =< ?MODULE_KERNELS ->
+            try {ok, [parse_line(L) || L <- Lines]}
+            catch throw:Why -> {error, {manifest, Why}}
+            end;
+        _ ->
+            {error, {manifest, bad_header_or_no_kernels}}
+    end.
+
+parse_line(Line) ->
+    case string:lexemes(Line, " ") of
+        [<<"kernel">>, Name | KVs] ->
+            M = maps:from_list([list_to_tuple(binary:split(KV, <<"=">>)) || KV <- KVs]),
+            Get = fun(K) -> case M of #{K := V} -> V; _ -> throw({Name, {missing, K}}) end end,
+            Args = [arg(C, Name) || <<C>> <= Get(<<"args">>)],
+            #{name => binary_to_atom(Name), args => Args, sig => Get(<<"args">>),
+              shape => binary_to_atom(Get(<<"shape">>)),
+              types => [binary_to_atom(T) || T <- binary:split(Get(<<"types">>), <<",">>, [global])],
+              out => rule(Get(<<"out">>), Name), blocks => rule(Get(<<"blocks">>), Name),
+              threads => binary_to_integer(Get(<<"threads">>)),
+              shared => binary_to_integer(Get(<<"shared">>))};
+        _ ->
+            throw({bad_line, Line})
+    end.
+
+arg($v, _) -> vector;
+arg($s, _) -> scalar;
+arg($d, _) -> dim;
+arg(C, Name) -> throw({Name, {bad_arg, <<C>>}}).
+
+rule(<<"n/d", I/binary>>, _) -> {dim, binary_to_integer(I)};
+rule(<<"1">>, _) -> one;
+rule(<<"n">>, _) -> n;
+rule(Word, _) when Word =:= <<"elements">>; Word =:= <<"chunks">>; Word =:= <<"one">> ->
+    binary_to_atom(Word);
+rule(Other, Name) -> throw({Name, {bad_rule, Other}}).
+
+%% The NIF's row of one kernel, and its erlcuda:kernels/0 map.
+row(Name, Slot, Gen, I, #{name := K, sig := Sig, shape := Shape, types := Types,
+                          out := Out, blocks := Blocks} = D) ->
+    Id = ?USER_KERNEL_BASE + Slot * ?MODULE_KERNELS + I,
+    Output = case Shape of reduction -> scalar; _ -> vector end,
+    OutDim = case Out of n -> none; one -> one; {dim, OD} -> OD end,
+    DivDim = case {Out, Blocks} of
+                 {{dim, A}, _} -> A;
+                 {_, {dim, B}} -> B;
+                 _ -> none
+             end,
+    Mask = lists:foldl(fun(f32, A) -> A bor 1; (f64, A) -> A bor 2 end, 0, Types),
+    Row = {Id, Slot, Gen, Sig, Output, OutDim, DivDim, Mask},
+    Info = #{name => {Name, K}, id => Id, args => maps:get(args, D), types => Types,
+             shape => Shape, output => Output, entry => atom_to_binary(K),
+             accumulate => type, threads => maps:get(threads, D), shared => maps:get(shared, D)},
+    {K, {Row, Info}}.
+
+%%% gen_server: loads and unloads one at a time
+
+%% State: #{Name => #{slot, gen, dir}}, plus next_gen.
+init([]) ->
+    ?TABLE = ets:new(?TABLE, [named_table, protected, set, {read_concurrency, true}]),
+    {ok, #{modules => #{}, next_gen => 1}}.
+
+handle_call({load, Name, Dir0}, _From, S) ->
+    Dir = filename:absname(unicode:characters_to_list(Dir0)),
+    case file:read_file(filename:join(Dir, "manifest")) of
+        {ok, Text} ->
+            case parse_manifest(Text) of
+                {ok, Decls} -> load_parsed(Name, Dir, Decls, S);
+                {error, _} = E -> {reply, E, S}
+            end;
+        {error, Why} ->
+            {reply, {error, {manifest, {filename:join(Dir, "manifest"), Why}}}, S}
+    end;
+handle_call({unload, Name}, _From, #{modules := Mods} = S) ->
+    case Mods of
+        #{Name := Old} ->
+            persistent_term:erase({?MODULE, Name}),
+            retire(Old),
+            {reply, ok, S#{modules := maps:remove(Name, Mods)}};
+        _ ->
+            {reply, {error, {no_module, Name}}, S}
+    end.
+
+handle_cast(_, S) -> {noreply, S}.
+
+%% Answers of operations that timed out earlier.
+handle_info(_, S) -> {noreply, S}.
+
+load_parsed(Name, Dir, Decls, #{modules := Mods, next_gen := Gen} = S) ->
+    case free_slot() of
+        none ->
+            {reply, {error, no_module_slot}, S};
+        Slot ->
+            true = ets:insert(?TABLE, {Slot, Dir}),
+            case on_every_device(load, Slot, Dir) of
+                ok ->
+                    ok = erlcuda_nif:module_gen(Slot, Gen),
+                    Ks = maps:from_list([row(Name, Slot, Gen, I, D)
+                                         || {I, D} <- lists:enumerate(0, Decls)]),
+                    persistent_term:put({?MODULE, Name}, Ks),
+                    case Mods of
+                        #{Name := Old} -> retire(Old);
+                        _ -> ok
+                    end,
+                    {reply, ok, S#{modules := Mods#{Name => #{slot => Slot, gen => Gen, dir => Dir}},
+                                   next_gen := Gen + 1}};
+                {error, _} = E ->
+                    _ = on_every_device(unload, Slot, ""),
+                    ets:delete(?TABLE, Slot),
+                    {reply, E, S#{next_gen := Gen + 1}}
+            end
+    end.
+
+%% No submit can name the old generation any more once it is not live; the
+%% unload follows its last job on each device.
+retire(#{slot := Slot}) ->
+    ok = erlcuda_nif:module_gen(Slot, 0),
+    _ = on_every_device(unload, Slot, ""),
+    ets:delete(?TABLE, Slot),
+    ok.
+
+free_slot() ->
+    Used = [S || {S, _} <- ets:tab2list(?TABLE)],
+    case lists:seq(0, ?MODULE_SLOTS - 1) -- Used of
+        [S | _] -> S;
+        [] -> none
+    end.
+
+%% Runs a control descriptor on every running device and waits for all
+%% answers; the first error wins. A device whose gpud is down keeps the
+%% descriptor in its ring (its next gpud also loads the slot from the ETS
+%% table first).
+on_every_device(Op, Slot, Dir) ->
+    Handles = [H || #{id := Id} <- erlcuda:devices(), (H = erlcuda_device:handle(Id)) =/= undefined],
+    Refs = [submit_op(H, Op, Slot, Dir, 100) || H <- Handles],
+    Results = [await_op(R) || R <- Refs],
+    case [E || {error, _} = E <- Results] of
+        [] -> ok;
+        [E | _] -> E
+    end.
+
+submit_op(H, Op, Slot, Dir, Tries) ->
+    case erlcuda_nif:module_op(H, Op, Slot, unicode:characters_to_binary(Dir)) of
+        {error, busy} when Tries > 0 ->
+            timer:sleep(10),
+            submit_op(H, Op, Slot, Dir, Tries - 1);
+        Other ->
+            Other
+    end.
+
+await_op({ok, Ref}) ->
+    receive {erlcuda, Ref, Result} -> Result
+    after ?OP_TIMEOUT_MS -> {error, timeout}
+    end;
+await_op({error, _} = E) ->
+    E.

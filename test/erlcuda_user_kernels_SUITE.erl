@@ -1,0 +1,160 @@
+%% Common Test: users' kernels on this machine's backend. The example module
+%% (examples/kernels) and a faulty one (test/kernels_faulty), built by
+%% `make user-modules': loading, launching through the whole stack,
+%% coalescing, replacing, unloading, gpud restarts, and faults in user code
+%% that end gpud and never the VM.
+-module(erlcuda_user_kernels_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-compile([export_all, nowarn_export_all]).
+
+all() ->
+    [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, coalesced,
+     replace_while_in_flight, unload, back_after_restart, load_errors, host_panic, host_segfault].
+
+init_per_suite(Config) ->
+    ok = erlcuda_ref:start_app([{poison_outputs, true}]),
+    ok = erlcuda_user_check:load_example(),
+    Config.
+
+end_per_suite(_Config) ->
+    erlcuda_ref:stop_app().
+
+kernels_listed(_) ->
+    Ks = erlcuda:kernels(),
+    [#{args := [vector, scalar, scalar], types := [f32, f64], shape := elementwise,
+       output := vector}] = [K || K = #{name := {example, clamp}} <- Ks],
+    [#{args := [vector, dim], shape := table}] = [K || K = #{name := {example, softmax}} <- Ks],
+    [#{output := scalar, shape := reduction}] = [K || K = #{name := {example, sumsq}} <- Ks],
+    %% The built-ins are still there, first.
+    #{name := vector_add} = hd(Ks),
+    ok.
+
+clamp(_) -> erlcuda_user_check:clamp(all).
+softmax(_) -> erlcuda_user_check:softmax(small).
+row_sums(_) -> erlcuda_user_check:row_sums(small).
+sumsq(_) -> erlcuda_user_check:sumsq(all).
+bad_calls(_) -> erlcuda_user_check:bad_calls().
+launch_options(_) -> erlcuda_user_check:launch_options().
+
+%% Jobs of one user's kernel queued together run as one launch: gpud is
+%% stopped while 200 are submitted, so its first drain takes them all.
+coalesced(_) ->
+    #{max_batch := Max0} = erlcuda:stats(0),
+    OsPid = os_pid(),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Refs = try
+               [begin
+                    {ok, R} = erlcuda:launch({example, clamp}, [[float(I), -1.0], 0.0, 10.0]),
+                    {R, I}
+                end || I <- lists:seq(1, 200)]
+           after
+               os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+           end,
+    [receive {erlcuda, R, {ok, [V, 0.0]}} -> ?assertEqual(float(min(I, 10)), V) end || {R, I} <- Refs],
+    #{max_batch := Max} = erlcuda:stats(0),
+    ?assert(Max >= 200 orelse Max0 >= 200, {max_batch, Max}),
+    ok.
+
+%% Loading the same name again while jobs of it are queued: they finish on
+%% the old module, later calls use the new one, and the old slot goes.
+replace_while_in_flight(_) ->
+    [#{id := Id0}] = [K || K = #{name := {example, clamp}} <- erlcuda:kernels()],
+    OsPid = os_pid(),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Self = self(),
+    Refs = [begin {ok, R} = erlcuda:launch({example, clamp}, [[5.0], 0.0, 1.0]), R end
+            || _ <- lists:seq(1, 50)],
+    Loader = spawn_link(fun() -> Self ! {loaded, erlcuda_user_check:load_example()} end),
+    timer:sleep(100),
+    os:cmd("kill -CONT " ++ integer_to_list(OsPid)),
+    [receive {erlcuda, R, Res} -> ?assertEqual({ok, [1.0]}, Res) end || R <- Refs],
+    receive {loaded, ok} -> ok after 60000 -> ct:fail({load_stuck, Loader}) end,
+    [#{id := Id1}] = [K || K = #{name := {example, clamp}} <- erlcuda:kernels()],
+    ?assertNotEqual(Id0, Id1),
+    {ok, [0.5]} = erlcuda:launch_sync({example, clamp}, [[0.5], 0.0, 1.0]),
+    ok.
+
+unload(_) ->
+    ok = erlcuda:load_module(example2, erlcuda_user_check:dir(example)),
+    {ok, [1.0]} = erlcuda:launch_sync({example2, clamp}, [[3.0], 0.0, 1.0]),
+    ok = erlcuda:unload_module(example2),
+    {error, {unknown_kernel, {example2, clamp}}} = erlcuda:launch({example2, clamp}, [[3.0], 0.0, 1.0]),
+    {error, {no_module, example2}} = erlcuda:unload_module(example2),
+    [] = [K || K = #{name := {example2, _}} <- erlcuda:kernels()],
+    {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
+    ok.
+
+%% kill -9 of gpud: the next gpud loads the module before it serves.
+back_after_restart(_) ->
+    Old = os_pid(),
+    os:cmd("kill -9 " ++ integer_to_list(Old)),
+    wait_new_gpud(Old, 500),
+    {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
+    ok.
+
+load_errors(Config) ->
+    Priv = ?config(priv_dir, Config),
+    {error, {manifest, _}} = erlcuda:load_module(nothere, filename:join(Priv, "nothere")),
+    Ex = erlcuda_user_check:dir(example),
+    %% No host library.
+    NoHost = filename:join(Priv, "nohost"),
+    ok = filelib:ensure_dir(filename:join(NoHost, "x")),
+    [{ok, _} = file:copy(filename:join(Ex, F), filename:join(NoHost, F)) || F <- ["manifest", "module.ptx"]],
+    {error, {module, Why1}} = erlcuda:load_module(nohost, NoHost),
+    ct:pal("no host.so: ~ts", [Why1]),
+    %% A declared kernel the library lacks.
+    Ghost = filename:join(Priv, "ghost"),
+    ok = filelib:ensure_dir(filename:join(Ghost, "x")),
+    [{ok, _} = file:copy(filename:join(Ex, F), filename:join(Ghost, F)) || F <- ["module.ptx", "host.so"]],
+    {ok, Manifest} = file:read_file(filename:join(Ex, "manifest")),
+    ok = file:write_file(filename:join(Ghost, "manifest"),
+                         [Manifest, "kernel ghost shape=elementwise args=v types=f32 out=n "
+                                    "blocks=elements threads=256 shared=0\n"]),
+    {error, {module, Why2}} = erlcuda:load_module(ghost, Ghost),
+    ?assertNotEqual(nomatch, binary:match(Why2, <<"erlcuda_host_ghost_f32">>)),
+    %% A manifest that does not parse.
+    Bad = filename:join(Priv, "bad"),
+    ok = filelib:ensure_dir(filename:join(Bad, "x")),
+    ok = file:write_file(filename:join(Bad, "manifest"), <<"erlcuda-module 1\nkernel\n">>),
+    {error, {manifest, _}} = erlcuda:load_module(bad, Bad),
+    %% Nothing of them stayed; the example still runs.
+    [] = [K || K = #{name := {M, _}} <- erlcuda:kernels(), lists:member(M, [nohost, ghost, bad])],
+    {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
+    ok.
+
+%% A panic in a module's host code aborts gpud: the job gets gpud_exit, the
+%% VM lives on, the modules come back, and the device serves again.
+host_panic(_) -> fault(boom).
+
+%% A segfault in a module's host code: the same.
+host_segfault(_) -> fault(oob).
+
+fault(Kernel) ->
+    ok = erlcuda:load_module(faulty, erlcuda_user_check:dir(faulty)),
+    Old = os_pid(),
+    {error, {gpud_exit, _}} = erlcuda:launch_sync({faulty, Kernel}, [[1.0, 2.0]], [{timeout, 30000}]),
+    wait_new_gpud(Old, 500),
+    {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
+    {ok, [3.0, 5.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [2.0, 3.0]]),
+    ok = erlcuda:unload_module(faulty),
+    ok.
+
+os_pid() ->
+    [#{os_pid := P}] = wait_up(100),
+    P.
+
+wait_up(0) -> ct:fail(device_not_up);
+wait_up(N) ->
+    case [D || D = #{id := 0, status := up} <- erlcuda:devices()] of
+        [] -> timer:sleep(20), wait_up(N - 1);
+        Up -> Up
+    end.
+
+wait_new_gpud(_, 0) -> ct:fail(no_new_gpud);
+wait_new_gpud(Old, N) ->
+    case [D || D = #{id := 0, status := up, os_pid := P} <- erlcuda:devices(), P =/= Old] of
+        [] -> timer:sleep(20), wait_new_gpud(Old, N - 1);
+        _ -> ok
+    end.
