@@ -6,6 +6,7 @@ BENCH_EBIN := _build/bench/ebin
 EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
+        user-modules example \
         test-asan test-valgrind test-fuzz test-bench bench \
         gpu-bundle clean
 
@@ -40,6 +41,22 @@ gpud-fault:
 compile:
 	$(REBAR) compile
 
+# Users' kernels: the example crate and the faulty one the tests load, built
+# with the documented command (priv/erlcuda-build) into _build/user_modules.
+USER_MODULES := $(CURDIR)/_build/user_modules
+user-modules:
+	priv/erlcuda-build examples/kernels $(USER_MODULES)/example
+	priv/erlcuda-build test/kernels_faulty $(USER_MODULES)/faulty
+
+# README's "Writing your own kernel": builds examples/kernels, loads it and
+# runs every kernel on this machine's backend, checked against a reference.
+EXAMPLE_EBIN := _build/example/ebin
+example: setup compile user-modules
+	@mkdir -p $(EXAMPLE_EBIN)
+	erlc -o $(EXAMPLE_EBIN) examples/kernels/user_kernels_example.erl
+	erl -noshell -pa $(EBIN) -pa $(EXAMPLE_EBIN) \
+	    -eval 'user_kernels_example:main("$(USER_MODULES)/example"), halt().'
+
 $(BENCH_EBIN): compile $(wildcard bench/*.erl)
 	@mkdir -p $(BENCH_EBIN)
 	erlc -o $(BENCH_EBIN) -pa $(EBIN) bench/*.erl
@@ -53,6 +70,7 @@ test: setup
 	$(MAKE) test-rust
 	$(MAKE) test-fuzz
 	$(MAKE) test-erlang
+	$(MAKE) example
 	$(MAKE) test-asan
 	$(MAKE) test-valgrind
 	$(MAKE) test-bench
@@ -81,9 +99,9 @@ check-ptx:
 test-rust:
 	$(CARGO) test --release -p gpud
 
-test-erlang: compile gpud-fault
+test-erlang: compile gpud-fault user-modules
 	$(REBAR) eunit
-	ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) $(REBAR) ct
+	ERLCUDA_USER_MODULES=$(USER_MODULES) ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) $(REBAR) ct
 
 # The benchmarks (bench/erlcuda_bench.erl) on this machine's backend, then
 # bench/report.py: bench/results/$(BENCH_MACHINE).json and bench/RESULTS.md.

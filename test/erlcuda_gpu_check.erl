@@ -26,6 +26,7 @@ main(Opts) ->
                        fun pipelined/0),
                  check("kill -9 of gpud mid-load", fun kill_mid_load/0),
                  figures(),
+                 user_checks(),
                  check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
                  [check("fault: GPU context poisoned on purpose", fun() -> fault(P, Env) end)
                   || {gpud_fault, P} <- Opts]]),
@@ -318,6 +319,72 @@ figures() ->
               "median ~.1f ms, best ~.1f ms~n", [pct(Ts, 0.5) / 1000, hd(Ts) / 1000]),
     io:format("     largest batch seen: ~p~n", [maps:get(max_batch, erlcuda:stats(0))]),
     [].
+
+%% Users' kernels (examples/kernels, test/kernels_faulty; shipped prebuilt
+%% in the bundle): every kernel on the GPU against its f64 reference, the
+%% signature checks, faults in user code (an illegal address, a trap), and
+%% the figures of the issue: a user's element-wise kernel beside the
+%% built-in vector_add (p50, interleaved), batch sizes with 1000 callers.
+user_checks() ->
+    case os:getenv("ERLCUDA_USER_MODULES") of
+        false -> [];
+        _ ->
+            [check("users' module loads (example)", fun erlcuda_user_check:load_example/0),
+             check("user clamp, every size and form", fun() -> erlcuda_user_check:clamp(all) end),
+             check("user softmax (table), f32 and f64", fun() -> erlcuda_user_check:softmax(all) end),
+             check("user row_sums (table)", fun() -> erlcuda_user_check:row_sums(all) end),
+             check("user sumsq (reduction), every size", fun() -> erlcuda_user_check:sumsq(all) end),
+             check("user kernels: bad calls refused", fun erlcuda_user_check:bad_calls/0),
+             check("user kernels: launch options", fun erlcuda_user_check:launch_options/0),
+             check("user figures", fun user_figures/0),
+             check("user kernel fault: illegal address", fun() -> user_fault(oob) end),
+             check("user kernel fault: trap", fun() -> user_fault(boom) end)]
+    end.
+
+user_figures() ->
+    A = erlcuda_ref:to_binary(erlcuda_ref:random_vector(1000)),
+    Add = fun() -> one_job(vector_add, [A, A]) end,
+    Clamp = fun() -> one_job({example, clamp}, [A, -0.5, 0.5]) end,
+    [begin Add(), Clamp() end || _ <- lists:seq(1, 2000)],
+    Pairs = [{Add(), Clamp()} || _ <- lists:seq(1, 20000)],
+    {La, Lc} = lists:unzip(Pairs),
+    {Pa, Pc} = {pct(lists:sort(La), 0.5), pct(lists:sort(Lc), 0.5)},
+    io:format("     small-job p50, 1000 elements, interleaved: built-in vector_add ~.1f us, "
+              "user clamp ~.1f us (ratio ~.3f)~n", [Pa, Pc, Pc / Pa]),
+    #{jobs_ok := J0, batches := B0} = S0 = erlcuda:stats(0),
+    Self = self(),
+    Pids = [spawn_link(fun() ->
+                               [{ok, _} = erlcuda:launch_sync({example, clamp}, [A, -0.5, 0.5])
+                                || _ <- lists:seq(1, 20)],
+                               Self ! {done, self()}
+                       end) || _ <- lists:seq(1, 1000)],
+    [receive {done, P} -> ok end || P <- Pids],
+    #{jobs_ok := J1, batches := B1, batch_hist := H1} = erlcuda:stats(0),
+    H0 = maps:get(batch_hist, S0),
+    io:format("     1000 callers x 20 user clamp jobs: ~p jobs in ~p drains, average batch ~.1f; "
+              "batch histogram (2^i..): ~w~n",
+              [J1 - J0, B1 - B0, (J1 - J0) / max(1, B1 - B0), [X - Y || {X, Y} <- lists:zip(H1, H0)]]),
+    ok.
+
+one_job(K, Args) ->
+    T0 = erlang:monotonic_time(nanosecond),
+    {ok, Ref} = erlcuda:launch(K, Args),
+    receive {erlcuda, Ref, {ok, _}} -> ok end,
+    (erlang:monotonic_time(nanosecond) - T0) / 1000.
+
+%% A fault in a user's kernel ends gpud: the job gets gpud_exit, the next
+%% gpud comes back with the modules and serves.
+user_fault(K) ->
+    ok = erlcuda:load_module(faulty, erlcuda_user_check:dir(faulty)),
+    [#{os_pid := P0}] = erlcuda:devices(),
+    Answer = erlcuda:launch_sync({faulty, K}, [[1.0, 2.0]], [{timeout, 30000}]),
+    Next = wait_next(P0, 1000),
+    Clamp = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
+    case {Answer, Next, Clamp} of
+        {{error, {gpud_exit, _}}, {ok, [3.0]}, {ok, [1.0]}} ->
+            {ok, io_lib:format("job answered ~p; next jobs ok", [Answer])};
+        Other -> Other
+    end.
 
 one_in_flight(A) ->
     T0 = erlang:monotonic_time(nanosecond),

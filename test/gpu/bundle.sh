@@ -36,7 +36,13 @@ for line in sys.stdin:
 # The benchmarks' tools (built with the test binaries above).
 cp target/release/gpud-bench "$out/gpud-bench"
 cp _build/default/lib/erlcuda/ebin/* "$out/lib/erlcuda/ebin/"
-erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl
+erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl \
+    test/erlcuda_user_check.erl
+# Users' kernel modules, prebuilt (the GPU machine has no Rust).
+make user-modules
+mkdir -p "$out/user_modules"
+cp -r _build/user_modules/example _build/user_modules/faulty "$out/user_modules/"
+rm -rf "$out"/user_modules/*/target
 erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
 # The peers' half of the benchmarks (PyTorch, CuPy, erlcuda's PTX timed with
 # CUDA events) and the report, which needs only Python's standard library.

@@ -71,7 +71,7 @@ cargo_tests() {
     echo "cargo tests: $passed passed, 0 failed in $bins binaries"
 }
 
-check() { erl "erlcuda_gpu_check:main([{gpud_fault, \"$here/gpud-fault\"}])"; }
+check() { ERLCUDA_USER_MODULES="$here/user_modules" erl "erlcuda_gpu_check:main([{gpud_fault, \"$here/gpud-fault\"}])"; }
 
 case "${1:-check}" in
     check)
