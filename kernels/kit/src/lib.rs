@@ -76,6 +76,11 @@ pub mod host;
 
 mod macros;
 
+/// A sum in erlcuda's stated order (for CPU bodies: runs of 256 serially,
+/// pairwise, chunks in order), as the `reduction!` host entries compute.
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::sum;
+
 pub use job::Job;
 
 /// Dynamic shared memory bytes the kit's block-wide reductions use

@@ -91,6 +91,8 @@ macro_rules! reduction {
 ///   (GPU: a device address, read with `T::ldg`/`T::ldg_nc`) or a `&[T]` of
 ///   `n` elements (CPU), an `s` to a `T`, a `d` to a `u32`; the named
 ///   [`crate::Args`] gives the rest (output, `n`, `out_len`, the raw job).
+/// * The GPU body sees [`crate::device`]'s functions by their plain names
+///   (`thread_idx()`, `block_dim()`, `block_sum(v)`, ...).
 /// * Both bodies run in an unsafe context. The GPU body must reach every
 ///   barrier with all the block's threads; a barrier follows each call.
 #[macro_export]
@@ -116,6 +118,9 @@ macro_rules! table {
             #[inline(always)]
             #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
             unsafe fn __gpu<T: $crate::Float>($gk: $crate::Args<'_, T>, $gblock: u64) {
+                // The device primitives by their plain names in the body.
+                #[allow(unused_imports)]
+                use $crate::device::*;
                 let (mut __vi, mut __si, mut __di) = (0usize, 0usize, 0usize);
                 $( let $arg = $crate::__bind!(gpu $kind, $gk, __vi, __si, __di); )+
                 unsafe { $gbody }
