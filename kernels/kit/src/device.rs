@@ -1,0 +1,234 @@
+//! Device primitives (nvptx64 only): thread and block indices, barriers,
+//! dynamic shared memory, warp shuffles and warp/block reductions, `trap`,
+//! and `unroll!`. The built-in kernels (`kernels/`) use these very
+//! definitions.
+//!
+//! Only the x dimension exists: every erlcuda launch is `(grid, 1, 1)` ×
+//! `(threads, 1, 1)`, grid-stride over virtual blocks ([`crate::job`]).
+//!
+//! Shared memory is addressed through the 32-bit shared window
+//! ([`smem_base`], [`Float::lds`]/[`Float::sts`]); barriers are `asm!`
+//! without `nomem`, so LLVM never moves a shared access across them.
+//! The warp and block reductions assume full warps: the block size a kernel
+//! runs with is a multiple of 32.
+
+use crate::Float;
+use core::arch::asm;
+use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
+
+/// `unroll!(i, N, body)`: `body` N times (N = 2, 4, 8 or 16) with `i: u32`
+/// a literal constant each time, so register arrays indexed by `i` stay in
+/// registers whatever LLVM's unroller decides.
+#[macro_export]
+macro_rules! unroll {
+    ($i:ident, 2, $body:expr) => { $crate::unroll!(@ $i, $body, 0 1) };
+    ($i:ident, 4, $body:expr) => { $crate::unroll!(@ $i, $body, 0 1 2 3) };
+    ($i:ident, 8, $body:expr) => { $crate::unroll!(@ $i, $body, 0 1 2 3 4 5 6 7) };
+    ($i:ident, 16, $body:expr) => { $crate::unroll!(@ $i, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15) };
+    (@ $i:ident, $body:expr, $($n:literal)*) => { $( { let $i: u32 = $n; $body; } )* };
+}
+
+/// This thread's index in its block (`%tid.x`).
+#[inline(always)]
+pub fn thread_idx() -> u32 {
+    unsafe { _thread_idx_x() }
+}
+
+/// This block's index in the grid (`%ctaid.x`); not the virtual block.
+#[inline(always)]
+pub fn block_idx() -> u32 {
+    unsafe { _block_idx_x() }
+}
+
+/// Threads per block (`%ntid.x`): the kernel's `threads` unless the launch
+/// said `{block, B}`.
+#[inline(always)]
+pub fn block_dim() -> u32 {
+    unsafe { _block_dim_x() }
+}
+
+/// Blocks in the grid (`%nctaid.x`): the stride of the grid-stride loop.
+#[inline(always)]
+pub fn grid_dim() -> u32 {
+    unsafe { _grid_dim_x() }
+}
+
+/// Lane of this thread in its warp.
+#[inline(always)]
+pub fn lane() -> u32 {
+    thread_idx() & 31
+}
+
+/// Warp of this thread in its block.
+#[inline(always)]
+pub fn warp() -> u32 {
+    thread_idx() >> 5
+}
+
+/// `bar.sync 0`: every thread of the block waits here. As an asm block
+/// with (implicit) memory effects it is a compiler barrier too. Only in
+/// control flow that all the block's threads take.
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { asm!("bar.sync 0;", options(nostack)) }
+}
+
+/// Aborts the kernel (`trap`): the launch fails, gpud exits.
+#[inline(always)]
+pub fn trap() -> ! {
+    unsafe { core::arch::nvptx::trap() }
+}
+
+/// Shared-window (32-bit) address of the dynamic shared memory (16-byte
+/// aligned), sized by the launch's shared bytes.
+#[inline(always)]
+pub fn smem_base() -> u32 {
+    #[repr(C, align(16))]
+    struct A16([f32; 4]);
+    let p = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<A16>();
+    let r: u32;
+    unsafe {
+        asm!("cvta.to.shared.u64 {t}, {p}; cvt.u32.u64 {r}, {t};",
+             t = out(reg64) _, p = in(reg64) p, r = out(reg32) r,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r
+}
+
+/// The dynamic shared memory at byte `offset` as a generic pointer (for
+/// plain `*p` accesses; [`Float::lds`]/[`Float::sts`] on
+/// `smem_base() + offset` are the explicit `ld.shared`/`st.shared`).
+#[inline(always)]
+pub fn shared<T>(offset: u32) -> *mut T {
+    let p = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
+    p.wrapping_add(offset as usize).cast()
+}
+
+/// 16-byte shared-memory load of 4 f32 (`a` 16-byte aligned).
+#[inline(always)]
+pub unsafe fn lds4_f32(a: u32) -> [f32; 4] {
+    let (x, y, z, w): (f32, f32, f32, f32);
+    asm!("ld.shared.v4.f32 {{{x}, {y}, {z}, {w}}}, [{a}];", a = in(reg32) a,
+         x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
+         options(pure, readonly, nostack, preserves_flags));
+    [x, y, z, w]
+}
+
+/// 16-byte shared-memory store of 4 f32 (`a` 16-byte aligned).
+#[inline(always)]
+pub unsafe fn sts4_f32(a: u32, v: [f32; 4]) {
+    asm!("st.shared.v4.f32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) a,
+         x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
+         options(nostack, preserves_flags));
+}
+
+// ------------------------------------------------------------ warp level
+
+/// Sum over the warp by shuffles down (depth 5); valid in lane 0.
+#[inline(always)]
+pub fn warp_sum<T: Float>(mut v: T) -> T {
+    let mut d = 16;
+    while d > 0 {
+        v += T::shfl_down(v, d);
+        d >>= 1;
+    }
+    v
+}
+
+/// Maximum over the warp (IEEE maxNum); valid in lane 0.
+#[inline(always)]
+pub fn warp_max<T: Float>(mut v: T) -> T {
+    let mut d = 16;
+    while d > 0 {
+        v = v.max(T::shfl_down(v, d));
+        d >>= 1;
+    }
+    v
+}
+
+/// Sum over the warp by a butterfly (depth 5); the same value in every lane.
+#[inline(always)]
+pub fn warp_sum_all<T: Float>(mut v: T) -> T {
+    let mut m = 16;
+    while m > 0 {
+        v += T::shfl_xor(v, m);
+        m >>= 1;
+    }
+    v
+}
+
+/// Maximum over the warp; the same value in every lane.
+#[inline(always)]
+pub fn warp_max_all<T: Float>(mut v: T) -> T {
+    let mut m = 16;
+    while m > 0 {
+        v = v.max(T::shfl_xor(v, m));
+        m >>= 1;
+    }
+    v
+}
+
+// ----------------------------------------------------------- block level
+
+/// Sum over the block, valid in thread 0 (depth 5 + 5): one partial per
+/// warp through shared memory at `smem` (`nwarps` ≤ 32 slots of
+/// `T::BYTES`), then warp 0 sums them. Two barriers; ends with one, so the
+/// caller may call it again at once. `reduction!` kernels and the built-in
+/// reduce/dot use it.
+#[inline(always)]
+pub fn block_sum_first<T: Float>(v: T, smem: u32, nwarps: u32) -> T {
+    let (lane, warp) = (lane(), warp());
+    let v = warp_sum(v);
+    if lane == 0 {
+        unsafe { T::sts(smem + T::BYTES * warp, v) };
+    }
+    sync_threads();
+    let mut r = T::ZERO;
+    if warp == 0 {
+        let x = if lane < nwarps { unsafe { T::lds(smem + T::BYTES * lane) } } else { T::ZERO };
+        r = warp_sum(x);
+    }
+    sync_threads();
+    r
+}
+
+/// Sum over the whole block, returned to every thread. Uses the first
+/// [`crate::BLOCK_SHARED_BYTES`] of the dynamic shared memory; every thread
+/// of the block must call it (uniform control flow). Two barriers; it may
+/// be called again at once.
+#[inline(always)]
+pub fn block_sum<T: Float>(v: T) -> T {
+    block_all(warp_sum(v), T::ZERO, warp_sum)
+}
+
+/// Maximum (IEEE maxNum) over the whole block, returned to every thread;
+/// as [`block_sum`].
+#[inline(always)]
+pub fn block_max<T: Float>(v: T) -> T {
+    block_all(warp_max(v), T::NEG_INFINITY, warp_max)
+}
+
+/// The block-wide reduction behind [`block_sum`]/[`block_max`]: `v` is the
+/// warp's result (in lane 0). Slots 0..32 hold the warps' results, slot 32
+/// the block's. A second call cannot overwrite slot 32 before every thread
+/// read it: its writer passes the second call's first barrier, which every
+/// reader reaches only after reading.
+#[inline(always)]
+fn block_all<T: Float>(v: T, identity: T, warp_op: impl Fn(T) -> T) -> T {
+    let smem = smem_base();
+    let (lane, warp) = (lane(), warp());
+    if lane == 0 {
+        unsafe { T::sts(smem + T::BYTES * warp, v) };
+    }
+    sync_threads();
+    if warp == 0 {
+        let nwarps = block_dim() >> 5;
+        let x = if lane < nwarps { unsafe { T::lds(smem + T::BYTES * lane) } } else { identity };
+        let r = warp_op(x);
+        if lane == 0 {
+            unsafe { T::sts(smem + T::BYTES * 32, r) };
+        }
+    }
+    sync_threads();
+    unsafe { T::lds(smem + T::BYTES * 32) }
+}

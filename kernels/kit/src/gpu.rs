@@ -1,0 +1,174 @@
+//! The device side of the three kernel shapes (nvptx64): what the entries
+//! the macros generate run. Every entry is grid-stride over the launch's
+//! virtual blocks (stride `gridDim.x`), finds each block's job by binary
+//! search over `block_start` ([`owner`]), and works with `blockDim.x`
+//! threads, so any grid and any `{block, B}` are correct.
+
+use crate::args::scalars;
+use crate::device::{block_dim, block_idx, block_sum_first, grid_dim, smem_base, sync_threads, thread_idx};
+use crate::job::{owner, Job, ELEMS_PER_THREAD, SERIAL};
+use crate::Float;
+use core::array::from_fn;
+
+// The elementwise body handles one group of 4 consecutive elements per
+// thread (one 16-byte vector of f32, two of f64).
+const _: () = assert!(ELEMS_PER_THREAD == 4);
+
+/// The job owning virtual block `vb`.
+#[inline(always)]
+pub unsafe fn job_at(jobs: *const Job, njobs: u32, vb: u64) -> Job {
+    let j = owner(njobs, vb, |i| (*jobs.add(i as usize)).block_start);
+    *jobs.add(j as usize)
+}
+
+/// `elementwise!`: `out[i] = f([vectors at i], scalars)`. Virtual block `b`
+/// of a job covers elements `[b·B·4, (b+1)·B·4)` (B = blockDim.x).
+#[inline(always)]
+pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(
+    jobs: *const Job,
+    njobs: u32,
+    total_blocks: u32,
+    offs: &[usize; NS],
+    f: impl Fn([T; NV], &[T; NS]) -> T,
+) {
+    let (t, bd) = (thread_idx() as u64, block_dim() as u64);
+    let mut vb = block_idx();
+    while vb < total_blocks {
+        let job = job_at(jobs, njobs, vb as u64);
+        let sc = scalars::<T, NS>(&job, offs);
+        let base = (vb as u64 - job.block_start) * bd * ELEMS_PER_THREAD;
+        elementwise_block(&job, base, t, bd, |v| f(v, &sc));
+        vb += grid_dim();
+    }
+}
+
+/// One virtual block of an elementwise job from element `base`. When every
+/// pointer is 16-byte aligned, thread `t` takes the 4 consecutive elements
+/// at `base + 4t` as vectors (read-only loads: inputs never overlap the
+/// output); otherwise elements `base + t + B·i`, i < 4 (coalesced).
+#[inline(always)]
+unsafe fn elementwise_block<T: Float, const NV: usize>(job: &Job, base: u64, t: u64, bd: u64, f: impl Fn([T; NV]) -> T) {
+    let ins: [*const T; NV] = from_fn(|i| job.vec[i] as *const T);
+    let out = job.out as *mut T;
+    let n = job.n;
+    if ins.iter().fold(job.out, |a, &p| a | p as u64) & 15 == 0 {
+        let e = base + 4 * t;
+        if e + 4 <= n {
+            let xs: [[T; 4]; NV] = from_fn(|i| T::ldg4_nc(ins[i].add(e as usize)));
+            let r: [T; 4] = from_fn(|q| f(from_fn(|i| xs[i][q])));
+            T::stg4(out.add(e as usize), r);
+        } else {
+            for e in e..n.min(e + 4) {
+                T::stg(out.add(e as usize), f(from_fn(|i| T::ldg_nc(ins[i].add(e as usize)))));
+            }
+        }
+    } else {
+        for i in 0..ELEMS_PER_THREAD {
+            let e = base + t + bd * i;
+            if e < n {
+                T::stg(out.add(e as usize), f(from_fn(|k| T::ldg_nc(ins[k].add(e as usize)))));
+            }
+        }
+    }
+}
+
+/// `reduction!`: `out[0] = Σ term([vectors at i], scalars)`. Virtual block
+/// `b` of a job sums elements `[b·B·SERIAL, (b+1)·B·SERIAL)`: each thread
+/// at most SERIAL terms ([`partial`]), then the block tree
+/// ([`block_sum_first`], depth 5 + 5), then one `red.global.add` into the
+/// job's output, which gpud zeroed.
+#[inline(always)]
+pub unsafe fn reduction<T: Float, const NV: usize, const NS: usize>(
+    jobs: *const Job,
+    njobs: u32,
+    total_blocks: u32,
+    offs: &[usize; NS],
+    term: impl Fn([T; NV], &[T; NS]) -> T,
+) {
+    let smem = smem_base();
+    let (t, bd) = (thread_idx() as u64, block_dim() as u64);
+    let mut vb = block_idx();
+    while vb < total_blocks {
+        let job = job_at(jobs, njobs, vb as u64);
+        let sc = scalars::<T, NS>(&job, offs);
+        // A multiple of 4 elements: chunks keep the base's 16-byte alignment.
+        let lo = (vb as u64 - job.block_start) * bd * SERIAL;
+        let hi = job.n.min(lo + bd * SERIAL);
+        let ins: [*const T; NV] = from_fn(|i| job.vec[i] as *const T);
+        let s = partial(ins, lo, hi, t, bd, |v| term(v, &sc));
+        let s = block_sum_first(s, smem, (bd >> 5) as u32);
+        if t == 0 {
+            T::red_add(job.out as *mut T, s);
+        }
+        vb += grid_dim();
+    }
+}
+
+/// This thread's partial sum of `term` over elements `lo..hi` of the
+/// vectors `ins`, threads `t` of `nt` (even) striding through them. A
+/// thread sees at most `(hi - lo) / nt` elements; when every vector is
+/// 16-byte aligned at `lo` they are loaded 2 groups of 4 at a time into 8
+/// accumulators, otherwise one at a time into one accumulator (f32: `acc[e
+/// & 1]` with an even stride is one accumulator too). The built-in
+/// reduce/dot use it as well.
+#[inline(always)]
+pub unsafe fn partial<T: Float, const NV: usize>(
+    ins: [*const T; NV],
+    lo: u64,
+    hi: u64,
+    t: u64,
+    nt: u64,
+    term: impl Fn([T; NV]) -> T,
+) -> T {
+    let p: [*const T; NV] = from_fn(|i| ins[i].add(lo as usize));
+    let n = hi - lo;
+    let mut acc = [T::ZERO; 8];
+    let mut tail_from = 0u64;
+    if p.iter().fold(0u64, |a, &q| a | q as u64) & 15 == 0 {
+        let n4 = n / 4;
+        let mut i = t;
+        while i + nt < n4 {
+            let x0: [[T; 4]; NV] = from_fn(|k| T::ldg4_nc(p[k].add(4 * i as usize)));
+            let x1: [[T; 4]; NV] = from_fn(|k| T::ldg4_nc(p[k].add(4 * (i + nt) as usize)));
+            for q in 0..4 {
+                acc[q] += term(from_fn(|k| x0[k][q]));
+                acc[4 + q] += term(from_fn(|k| x1[k][q]));
+            }
+            i += 2 * nt;
+        }
+        if i < n4 {
+            let x0: [[T; 4]; NV] = from_fn(|k| T::ldg4_nc(p[k].add(4 * i as usize)));
+            for q in 0..4 {
+                acc[q] += term(from_fn(|k| x0[k][q]));
+            }
+        }
+        tail_from = n4 * 4;
+    }
+    let mut e = tail_from + t;
+    while e < n {
+        let v = term(from_fn(|k| T::ldg_nc(p[k].add(e as usize))));
+        // f64 names its accumulator statically (a select between two f64
+        // accumulators cost reduce_f64 an 8-byte ptxas spill on sm_90).
+        if T::BYTES == 8 {
+            acc[0] += v;
+        } else {
+            acc[(e & 1) as usize] += v;
+        }
+        e += nt;
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+}
+
+/// `table!`: `body(job, block)` for every virtual block, `block` counted
+/// within its job. A barrier after each, so a body may use shared memory
+/// freely without racing the next virtual block's body.
+#[inline(always)]
+pub unsafe fn table(jobs: *const Job, njobs: u32, total_blocks: u32, body: impl Fn(&Job, u64)) {
+    let mut vb = block_idx();
+    while vb < total_blocks {
+        let job = job_at(jobs, njobs, vb as u64);
+        body(&job, vb as u64 - job.block_start);
+        sync_threads();
+        vb += grid_dim();
+    }
+}

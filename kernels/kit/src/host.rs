@@ -1,0 +1,109 @@
+//! The host (CPU backend) side of the three kernel shapes: what the
+//! `erlcuda_host_NAME_TY(job)` entries the macros generate run, one whole
+//! job on the calling thread. Addresses in the job are host addresses.
+
+use crate::args::{scalars, slice, slice_mut, Args};
+use crate::job::{Job, DEFAULT_THREADS, SERIAL};
+use crate::manifest::Layout;
+use crate::Float;
+use core::array::from_fn;
+
+/// `elementwise!`: `out[i] = f([vectors at i], scalars)` for i < n.
+///
+/// # Safety
+/// The job's addresses hold `n` elements of `T` (inputs and output),
+/// the output disjoint from the inputs.
+pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(
+    job: &Job,
+    offs: &[usize; NS],
+    f: impl Fn([T; NV], &[T; NS]) -> T,
+) {
+    let sc = scalars::<T, NS>(job, offs);
+    let n = job.n.min(job.out_len);
+    let ins: [&[T]; NV] = from_fn(|i| slice(job.vec[i] as *const T, n));
+    let out = slice_mut(job.out as *mut T, n);
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: every input has n elements, i < n.
+        *o = f(from_fn(|k| *ins[k].get_unchecked(i)), &sc);
+    }
+}
+
+/// `reduction!`: `out[0] = Σ term([vectors at i], scalars)` in the order
+/// of [`sum`].
+///
+/// # Safety
+/// The job's inputs hold `n` elements of `T`, its output at least one.
+pub unsafe fn reduction<T: Float, const NV: usize, const NS: usize>(
+    job: &Job,
+    offs: &[usize; NS],
+    term: impl Fn([T; NV], &[T; NS]) -> T,
+) {
+    if job.out_len == 0 {
+        return;
+    }
+    let sc = scalars::<T, NS>(job, offs);
+    let ins: [&[T]; NV] = from_fn(|i| slice(job.vec[i] as *const T, job.n));
+    // SAFETY: i < n, the inputs' length.
+    let s = sum(job.n as usize, |i| term(from_fn(|k| *ins[k].get_unchecked(i)), &sc));
+    *(job.out as *mut T) = s;
+}
+
+/// `table!`: the kernel's CPU body, once for the whole job.
+///
+/// # Safety
+/// As [`Args::new`].
+pub unsafe fn table<T: Float>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>)) {
+    body(Args::new(job, layout))
+}
+
+/// Terms per chunk of [`sum`]: one GPU virtual block of a reduction at the
+/// default block size (65536, gpud's EC_SUM_CHUNK).
+pub const SUM_CHUNK: usize = (DEFAULT_THREADS as u64 * SERIAL) as usize;
+
+/// `Σ term(i)` for i < len in the element type, in the order every erlcuda
+/// CPU sum follows (gpud's `ops::sum`): runs of at most SERIAL (256) terms
+/// added serially, their partials combined pairwise within each chunk of
+/// [`SUM_CHUNK`] terms, the chunks' partials added in index order. The
+/// GPU's order differs, its error bound is the same.
+pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T) -> T {
+    let chunks = len.div_ceil(SUM_CHUNK);
+    let one = |c: usize| chunk_sum(c * SUM_CHUNK, len.min((c + 1) * SUM_CHUNK), &term);
+    if chunks == 1 {
+        return one(0);
+    }
+    // From +0.0 as gpud does (the sign of a zero total agrees too).
+    let mut total = T::ZERO;
+    for c in 0..chunks {
+        total += one(c);
+    }
+    total
+}
+
+/// One chunk: serial runs of SERIAL terms, then their partials pairwise.
+fn chunk_sum<T: Float>(lo: usize, hi: usize, term: &impl Fn(usize) -> T) -> T {
+    let serial = SERIAL as usize;
+    let mut parts = [T::ZERO; SUM_CHUNK / SERIAL as usize];
+    let mut np = 0;
+    let mut i = lo;
+    while i < hi {
+        let end = hi.min(i + serial);
+        let mut acc = T::ZERO;
+        for j in i..end {
+            acc += term(j);
+        }
+        parts[np] = acc;
+        np += 1;
+        i = end;
+    }
+    // Pairwise: depth log2(256) = 8.
+    while np > 1 {
+        for j in 0..np / 2 {
+            parts[j] = parts[2 * j] + parts[2 * j + 1];
+        }
+        if np % 2 == 1 {
+            parts[np / 2] = parts[np - 1];
+        }
+        np = np.div_ceil(2);
+    }
+    parts[0]
+}

@@ -1,0 +1,100 @@
+//! `erlcuda-kernel`: write erlcuda GPU kernels in Rust, in a crate of your
+//! own, and build them with `priv/erlcuda-build CRATE_DIR OUT_DIR` (no CUDA
+//! toolkit: nightly rustc's nvptx64 target does the work).
+//!
+//! A kernel is declared once, with one of three macros; that one
+//! declaration yields
+//! * the PTX entries `NAME_f32` / `NAME_f64` (for the types listed), with
+//!   the job-table ABI of [`job`];
+//! * the host (CPU backend) entries `erlcuda_host_NAME_f32` / `..._f64`,
+//!   `extern "C" fn(job: *const Job)`, each running one whole job;
+//! * the kernel's line of the module manifest (its signature), which the
+//!   build command reads out of the host library.
+//!
+//! ```ignore
+//! #![cfg_attr(target_arch = "nvptx64", no_std)]
+//! use erlcuda_kernel::{elementwise, reduction, table};
+//!
+//! // out[i] = min(max(x[i], lo), hi)
+//! elementwise!(clamp, [f32, f64], (x: v, lo: s, hi: s) => x.max(lo).min(hi));
+//! // out[0] = Σ x[i]²
+//! reduction!(sumsq, [f32, f64], (x: v) => x * x);
+//! // anything else: a GPU body per virtual block, a CPU body per job
+//! table! {
+//!     row_sums, [f32, f64], (x: v, cols: d),
+//!     out = n / cols, blocks = n / cols, threads = 256, shared = erlcuda_kernel::BLOCK_SHARED_BYTES,
+//!     gpu(k, row) { /* x: *const T, cols: u32, k: Args<T>, row: u64 */ }
+//!     cpu(k) { /* x: &[T], cols: u32, k: Args<T> */ }
+//! }
+//! ```
+//!
+//! Bodies are generic over `T: `[`Float`] (f32 or f64) and written once for
+//! both types: only [`Float`]'s methods are visible on `T`, so the same
+//! code (the portable [`Float::exp`] included) runs on the GPU and the CPU.
+//! Literals are `T::from_f64(0.5)`, `T::ZERO`, `T::ONE`.
+//!
+//! The crate itself is `no_std` with no dependencies; on nvptx64 it also
+//! provides the `#[panic_handler]` (a trap), so a kernel crate needs only
+//! `#![cfg_attr(target_arch = "nvptx64", no_std)]` and no `#![feature]`.
+
+#![no_std]
+// allow_internal_unstable: the macros expand to `extern "ptx-kernel"` fns
+// (feature abi_ptx) in crates that enable no feature themselves.
+#![feature(allow_internal_unstable, core_intrinsics)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(
+        stdarch_nvptx,
+        asm_experimental_arch,
+        link_llvm_intrinsics,
+        gpu_launch_sized_workgroup_mem,
+        gpu_intrinsics
+    )
+)]
+#![allow(internal_features, clippy::missing_safety_doc)]
+
+pub mod job;
+
+mod float;
+pub use float::Float;
+
+pub mod manifest;
+
+mod args;
+pub use args::Args;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod device;
+
+// What the macros expand to on each side; not an API of its own.
+#[cfg(target_arch = "nvptx64")]
+#[doc(hidden)]
+pub mod gpu;
+#[cfg(not(target_arch = "nvptx64"))]
+#[doc(hidden)]
+pub mod host;
+
+mod macros;
+
+/// A sum in erlcuda's stated order (for CPU bodies: runs of 256 serially,
+/// pairwise, chunks in order), as the `reduction!` host entries compute.
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::sum;
+
+pub use job::Job;
+
+/// Dynamic shared memory bytes the kit's block-wide reductions use
+/// ([`device::block_sum`], [`device::block_max`], the `reduction!`
+/// kernels): one slot per warp (32 at most) and one for the broadcast
+/// result, 8 bytes each. A table kernel that calls them declares at least
+/// this much `shared`; its own data goes after it.
+pub const BLOCK_SHARED_BYTES: u32 = 33 * 8;
+
+/// GPU code that panics (an index out of bounds, an explicit `panic!`)
+/// traps: the launch fails with an illegal-instruction error and gpud
+/// exits, as for any device fault.
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    device::trap()
+}
