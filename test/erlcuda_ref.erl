@@ -4,7 +4,7 @@
 
 -export([f32/1, random_vector/1, to_binary/1, from_binary/1, args/3, shape/2,
          check/3, reference/2, depth/3, unit/1, load_app/1, start_app/1, wait_ready/0, stop_app/0,
-         os_state/1]).
+         os_state/1, exact/3, dot2/1]).
 
 %% @doc Rounds a float to the nearest f32.
 -spec f32(number()) -> float().

@@ -1143,3 +1143,64 @@ fn device_fault_answers_everything_and_exits_3() {
     assert_eq!(seen[&99], Status::DeviceError.code());
     assert!(vm.stat(|s| &s.jobs_failed) >= 1);
 }
+
+/// Control descriptors from a hostile or mistaken VM: every one answered,
+/// with a reason where a load fails, and gpud serves on. (No module here
+/// loads: the Erlang suite loads real ones.)
+#[test]
+fn end_to_end_control_descriptors_are_judged() {
+    let (mut vm, mut gpud) = start(64, 1 << 20, &[]);
+    let msg = vm.alloc(256); // 1024 bytes for why a load failed
+    let write_path = |vm: &mut Vm, p: &[u8]| -> u64 {
+        let addr = vm.alloc(p.len().div_ceil(4).max(1));
+        // SAFETY: a fresh region of the arena, p.len() bytes long.
+        unsafe { ptr::copy_nonoverlapping(p.as_ptr(), vm.arena_ptr(addr).cast::<u8>(), p.len()) };
+        addr
+    };
+    let nowhere = write_path(&mut vm, b"/nonexistent/erlcuda-module");
+    let control = |kernel: u16, in0: u64, in0_len: u32, out: u64, out_len: u32, slot: u32, id: u64| {
+        let mut s = Sqe { user_data: id, kernel, ty: ElemType::U8.id(), in0, in0_len, out, out_len, ..Sqe::default() };
+        s.p.set_u32(0, slot);
+        s
+    };
+    let cases = [
+        (control(EC_CONTROL_LOAD_MODULE, nowhere, 27, msg, 1024, 3, 1), Status::ModuleError),
+        (control(EC_CONTROL_LOAD_MODULE, nowhere, 27, msg, 1024, 5000, 2), Status::ModuleError),
+        (control(EC_CONTROL_LOAD_MODULE, 1 << 40, 27, msg, 1024, 3, 3), Status::OutOfBounds),
+        (control(EC_CONTROL_LOAD_MODULE, nowhere, 27, u64::MAX, 1024, 3, 4), Status::OutOfBounds),
+        (control(EC_CONTROL_LOAD_MODULE, nowhere, 27, nowhere, 27, 3, 5), Status::Overlap),
+        (control(EC_CONTROL_LOAD_MODULE, nowhere, 27, msg, 1024, u32::MAX, 6), Status::BadShape),
+        (control(EC_CONTROL_UNLOAD_MODULE, 0, 0, 0, 0, 3, 7), Status::Ok),
+        // A user's kernel of a slot with nothing loaded, with and without
+        // its options entry.
+        (Sqe { user_data: 8, kernel: EC_USER_KERNEL_BASE + 3 * EC_MODULE_KERNELS, in0_len: 1, out_len: 1, ..Sqe::default() }, Status::BadKernel),
+    ];
+    for (s, want) in &cases {
+        vm.submit(std::slice::from_ref(s));
+        let c = vm.wait_cqes(1, Duration::from_secs(20));
+        assert_eq!(c[0].user_data, s.user_data);
+        assert_eq!(c[0].status, want.code(), "{s:?}");
+        if s.user_data == 1 {
+            // SAFETY: the region the answered job named.
+            let why = unsafe { std::slice::from_raw_parts(vm.arena_ptr(msg).cast::<u8>(), 1024) };
+            let why = String::from_utf8_lossy(&why[..why.iter().position(|&b| b == 0).unwrap()]).into_owned();
+            assert!(why.contains("/nonexistent/erlcuda-module/manifest"), "{why}");
+        }
+    }
+    // A job with EC_FLAG_OPTS takes its options entry along: one answer for two entries.
+    let opts = Sqe::default();
+    vm.submit(&[Sqe { user_data: 9, flags: EC_FLAG_OPTS, kernel: EC_USER_KERNEL_BASE, in0_len: 1, out_len: 1, ..Sqe::default() }, opts]);
+    let c = vm.wait_cqes(1, Duration::from_secs(20));
+    assert_eq!((c[0].user_data, c[0].status), (9, Status::BadKernel.code()));
+    // Still serving.
+    let a = vm.write(&[1.0, 2.0]);
+    let b = vm.write(&[3.0, 4.0]);
+    let o = vm.alloc(2);
+    let add = shaped_sqe(Kernel::VectorAdd, ElemType::F32, 2, [0; 3], &[]);
+    vm.submit(&[Sqe { user_data: 10, in0: a, in1: b, out: o, ..add }]);
+    let c = vm.wait_cqes(1, Duration::from_secs(20));
+    assert_eq!(c[0].status, Status::Ok.code());
+    assert_eq!(vm.read(o, 2), vec![4.0, 6.0]);
+    gpud.close_stdin();
+    assert!(gpud.wait_exit(Duration::from_secs(10)).success());
+}
