@@ -487,12 +487,13 @@ impl Daemon {
         if self.sqes.is_empty() {
             return Ok(true);
         }
+        record_batch(self.ring.stats(), count_jobs(&self.sqes));
+
         // Validate everything first; refusals are answered at once. A
         // control descriptor first runs every job before it to the end.
         self.coalescer.clear();
         let sqes = std::mem::take(&mut self.sqes);
         let mut looked_for_segments = false;
-        let mut jobs = 0u64;
         let mut i = 0;
         while i < sqes.len() {
             let sqe = &sqes[i];
@@ -504,7 +505,6 @@ impl Daemon {
             } else {
                 None
             };
-            jobs += 1;
             if matches!(sqe.kernel, EC_CONTROL_LOAD_MODULE | EC_CONTROL_UNLOAD_MODULE) {
                 if !self.control(sqe)? {
                     return Ok(false);
@@ -534,7 +534,6 @@ impl Daemon {
                 }
             }
         }
-        record_batch(self.ring.stats(), jobs);
         self.sqes = sqes;
         self.ring.cq_publish();
 
@@ -743,6 +742,17 @@ fn stdin_or_socket_closed(sock: &OwnedFd) -> bool {
 
 /// Stats for one non-empty drain of `size` entries. gpud is the only
 /// writer, so a relaxed load-then-store max is exact.
+/// Jobs in a drain: entries less the launch options riding after a job
+/// with EC_FLAG_OPTS (as `process_drain` pairs them).
+fn count_jobs(sqes: &[Sqe]) -> u64 {
+    let (mut n, mut i) = (0u64, 0usize);
+    while i < sqes.len() {
+        i += if sqes[i].flags & EC_FLAG_OPTS != 0 { 2 } else { 1 };
+        n += 1;
+    }
+    n
+}
+
 fn record_batch(stats: &Stats, size: u64) {
     stats.batches.fetch_add(1, Ordering::Relaxed);
     if size > stats.max_batch.load(Ordering::Relaxed) {

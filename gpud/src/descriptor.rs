@@ -433,7 +433,9 @@ fn geometry(sqe: &Sqe, opts: Option<&LaunchOpts>, k: &UserKernel) -> Result<Geom
         if o.shared_bytes > kitjob::MAX_SHARED_BYTES {
             return Err(Status::BadShape);
         }
-        g.shared_bytes = o.shared_bytes;
+        // More than the kernel declares, never less: what it declares is
+        // what its own code (block reductions) needs.
+        g.shared_bytes = o.shared_bytes.max(k.shared);
     }
     Ok(g)
 }
