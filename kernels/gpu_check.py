@@ -22,7 +22,8 @@ Times vector_add / saxpy / reduce / dot at 2^24 (and, with --before, the
 old module's vector_add_batch / reduce_batch / dot_batch at the same size).
 Prints a table (also to $OUT/gpu_check.md when $OUT is set); exits non-zero
 when any check fails. The launch logic mirrors the host-side helpers of
-kernels/src/abi.rs, whose constants it reads.
+kernels/src/abi.rs, whose constants it reads (saxpy's table: the kit's Job,
+kernels/kit/src/job.rs).
 """
 import math
 import os
