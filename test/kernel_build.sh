@@ -23,11 +23,15 @@ ok() { echo "ok: $*"; }
 
 # ------------------------------------------------------------ (a) builds
 
+host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
+# The nightly's own llvm-nm (llvm-tools): no binutils needed.
+nm="$(rustc +nightly --print sysroot)/lib/rustlib/$host/bin/llvm-nm"
+
 # check_entries OUT KERNEL_TYPE...: module.ptx has each entry, host.so each
 # erlcuda_host_ entry.
 check_entries() {
   local out="$1" e syms; shift
-  syms="$(nm -D --defined-only "$out/host.so" | awk '{ print $NF }')"
+  syms="$("$nm" -D --defined-only "$out/host.so" | awk '{ print $NF }')"
   for e in "$@"; do
     grep -q "^\.visible \.entry $e(" "$out/module.ptx" || fail "$out/module.ptx lacks the entry $e"
     grep -qx "erlcuda_host_$e" <<<"$syms" || fail "$out/host.so lacks erlcuda_host_$e"
@@ -159,7 +163,6 @@ refused "a toolchain without rust-src" \
 
 mkdir -p "$tmp/sysroot-src/lib/rustlib/src/rust/library/core"
 touch "$tmp/sysroot-src/lib/rustlib/src/rust/library/core/Cargo.toml"
-host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
 refused "a toolchain without llvm-tools" \
   "erlcuda-build: the nightly toolchain lacks llvm-tools ($tmp/sysroot-src/lib/rustlib/$host/bin/llvm-link): rustup component add llvm-tools --toolchain nightly" \
   ERLCUDA_SYSROOT="$tmp/sysroot-src" -- "$root/examples/kernels" "$tmp/o"

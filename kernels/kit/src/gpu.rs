@@ -13,7 +13,7 @@ use core::array::from_fn;
 /// Groups of 4 consecutive elements (one 16-byte vector of f32, two of
 /// f64) each thread of an elementwise kernel handles per virtual block.
 const GROUPS: usize = (ELEMS_PER_THREAD / 4) as usize;
-const _: () = assert!(ELEMS_PER_THREAD % 4 == 0 && GROUPS > 0);
+const _: () = assert!(ELEMS_PER_THREAD.is_multiple_of(4) && GROUPS > 0);
 
 /// The job owning virtual block `vb`.
 #[inline(always)]
