@@ -7,7 +7,7 @@ EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
         user-modules example \
-        test-asan test-valgrind test-fuzz test-bench bench \
+        test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench \
         gpu-bundle clean
 
 all: compile
@@ -67,6 +67,7 @@ demo: setup $(BENCH_EBIN)
 test: setup
 	$(MAKE) -C c_src test
 	$(MAKE) check-ptx
+	$(MAKE) test-kernel-build
 	$(MAKE) test-rust
 	$(MAKE) test-fuzz
 	$(MAKE) test-erlang
@@ -98,6 +99,19 @@ check-ptx:
 
 test-rust:
 	$(CARGO) test --release -p gpud
+
+# Users' own kernels: a crate written with kernels/kit (erlcuda-kernel) built
+# into OUT (module.ptx, host.so, manifest), e.g.
+#   make kernel-module CRATE=examples/kernels OUT=_build/kernels/example
+kernel-module:
+	@test -n "$(CRATE)" -a -n "$(OUT)" || { echo "usage: make kernel-module CRATE=crate_dir OUT=out_dir" >&2; exit 2; }
+	bash priv/erlcuda-build $(CRATE) $(OUT)
+
+# The kit's host tests, then priv/erlcuda-build on examples/kernels and
+# test/kernels_faulty, and its refusals (test/kernel_build.sh).
+test-kernel-build:
+	cd kernels/kit && $(CARGO) +nightly test -q
+	bash test/kernel_build.sh
 
 test-erlang: compile gpud-fault user-modules
 	$(REBAR) eunit

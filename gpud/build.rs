@@ -24,7 +24,7 @@ fn main() {
     println!("cargo::rerun-if-env-changed=ERLCUDA_PTX_CPU");
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let kernels = manifest.join("../kernels");
-    for p in ["src", "tools", "build.sh", "build.rs", "Cargo.toml"] {
+    for p in ["src", "tools", "build.sh", "build.rs", "Cargo.toml", "kit/src", "kit/Cargo.toml"] {
         println!("cargo::rerun-if-changed={}", kernels.join(p).display());
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());

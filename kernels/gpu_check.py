@@ -22,7 +22,8 @@ Times vector_add / saxpy / reduce / dot at 2^24 (and, with --before, the
 old module's vector_add_batch / reduce_batch / dot_batch at the same size).
 Prints a table (also to $OUT/gpu_check.md when $OUT is set); exits non-zero
 when any check fails. The launch logic mirrors the host-side helpers of
-kernels/src/abi.rs, whose constants it reads.
+kernels/src/abi.rs, whose constants it reads (saxpy's table: the kit's Job,
+kernels/kit/src/job.rs).
 """
 import math
 import os
@@ -57,8 +58,12 @@ BEFORE = opt("--before")
 # ---- constants from abi.rs (single source of truth; parsed by ptx_launch.read_abi)
 ABI = read_abi(ABI_PATH)
 VADD_EPB = ABI["VADD_ELEMS_PER_BLOCK"]
-SAXPY_EPB = ABI["SAXPY_ELEMS_PER_BLOCK"]
-MAX_GRID = 132 * 64  # VADD_MAX_GRID = SAXPY_MAX_GRID = REDUCE_MAX_GRID (expressions in abi.rs)
+# saxpy is declared with the helper crate: the kit's job ABI (kernels/kit/src/job.rs,
+# beside abi.rs in the GPU bundle), virtual blocks of 256 threads x ELEMS_PER_THREAD.
+KIT = read_abi(next(p for p in (os.path.join(HERE, "kit", "src", "job.rs"), os.path.join(HERE, "job.rs"))
+                    if os.path.isfile(p)))
+SAXPY_EPB = 256 * KIT["ELEMS_PER_THREAD"]
+MAX_GRID = 132 * 64  # VADD_MAX_GRID = REDUCE_MAX_GRID (expressions in abi.rs) = gpud's KIT_MAX_GRID
 SMALL_MAX, MEDIUM_MAX, CHUNK = ABI["REDUCE_SMALL_MAX"], ABI["REDUCE_MEDIUM_MAX"], ABI["REDUCE_LARGE_CHUNK"]
 SUM_SERIAL, SUM_DEPTH, SUM_CHUNK = ABI["SUM_SERIAL"], ABI["SUM_TREE_DEPTH"], ABI["SUM_CHUNK"]
 WARPS = 256 // 32
@@ -67,9 +72,10 @@ BM, BN = ABI["MATMUL_BM"], ABI["MATMUL_BN"]
 MATMUL_SMEM = matmul_smem(ABI)
 
 TYPES = {"f32": (np.float32, 2.0 ** -24), "f64": (np.float64, 2.0 ** -53)}
-SAXPY_DT = np.dtype([("x", "<u8"), ("y", "<u8"), ("out", "<u8"), ("len", "<u8"), ("block_start", "<u8"),
-                     ("alpha", "<f8")])
-assert SAXPY_DT.itemsize == 48
+# kit Job (64 bytes): vec[2], out, n, out_len, block_start, params[16] (saxpy, "svv": alpha at 0)
+SAXPY_DT = np.dtype([("x", "<u8"), ("y", "<u8"), ("out", "<u8"), ("n", "<u8"), ("out_len", "<u8"),
+                     ("block_start", "<u8"), ("alpha", "<f8"), ("pad", "<u8")])
+assert SAXPY_DT.itemsize == 64
 
 mod = cp.RawModule(path=PTX)
 
@@ -189,21 +195,18 @@ def vadd_case(t, lens, misalign, grid=None, label="", check=True, kern=None, nam
 
 
 # --------------------------------------------------------------------- saxpy
-def saxpy_case(t, lens, misalign, grid=None, label="", inplace=False, check=True):
+def saxpy_case(t, lens, misalign, grid=None, label="", check=True):
     dt, u = TYPES[t]
     name, kern = K[("saxpy", t)]
     keep, table, hs, acc = [], np.zeros(len(lens), dtype=SAXPY_DT), [], 0
     for i, n in enumerate(lens):
         dx, px, hx = alloc_vec(n, misalign[i], dt)
         dy, py, hy = alloc_vec(n, misalign[i], dt)
-        if inplace:  # out = y exactly
-            do, po, off = dy, py, (1 if misalign[i] else 0)
-        else:
-            do, po, off = alloc_out(n, misalign[i], dt)
+        do, po, off = alloc_out(n, misalign[i], dt)
         alpha = float(rng.standard_normal()) * (1 + 3 * (i % 2))
         keep += [dx, dy, do]
         hs.append((hx.copy(), hy.copy(), alpha, do, off))
-        table[i] = (px, py, po, n, acc, alpha)
+        table[i] = (px, py, po, n, n, acc, alpha, 0)
         acc += cdiv(n, SAXPY_EPB)
     total = acc
     dt_dev = cp.asarray(table.view(np.uint8))
@@ -217,10 +220,7 @@ def saxpy_case(t, lens, misalign, grid=None, label="", inplace=False, check=True
     bad = 0
     worst = 0.0
     for n, (hx, hy, alpha, do, off) in zip(lens, hs):
-        if inplace:  # y has no guard element
-            got, guard = cp.asnumpy(do)[off:off + n], True
-        else:
-            got, guard = read_out(do, off, n)
+        got, guard = read_out(do, off, n)
         x, y = hx.astype(np.float64), hy.astype(np.float64)
         a = float(np.float32(alpha)) if t == "f32" else alpha
         p, e = two_prod(np.full_like(x, a), x)  # e == 0 for f32 inputs
@@ -402,7 +402,7 @@ def main():
             saxpy_case(t, [n], [False], label=f"n={n}")
         saxpy_case(t, lens, mis, label="batch mixed, 1/3 unaligned")
         saxpy_case(t, lens_req * 3, [i % 2 == 1 for i in range(12)], grid=5, label="grid-stride grid=5")
-        saxpy_case(t, lens_req + [4099], [False, False, True, False, True], inplace=True, label="in place out=y")
+        # (no in-place case: the kit's ABI never has an output overlap an input)
         # ---- reduce / dot
         for dot in (False, True):
             for n in lens_req:

@@ -18,7 +18,7 @@
 //! | `vector_add_f32`, `vector_add_f64` | f32 / f64 |
 //! | `reduce_f32`, `reduce_f64` | f32 / f64 |
 //! | `dot_f32`, `dot_f64` | f32 / f64 |
-//! | `saxpy_f32`, `saxpy_f64` | f32 / f64 (`alpha` is f64 in the job) |
+//! | `saxpy_f32`, `saxpy_f64` | f32 / f64 (the kit's job ABI, see below) |
 //! | `matmul_f32` | f32 |
 //!
 //! The two entries of a kernel share its descriptor struct, launch shape
@@ -38,9 +38,9 @@
 //!   `1..=total` is correct; [`grid_for`] gives the recommended one.
 //!   `grid.y = grid.z = 1`, `block = (THREADS, 1, 1)`;
 //! * a launch with `total == 0` must be skipped (grid.x = 0 is invalid);
-//! * inputs must not overlap outputs (except `vector_add` and `saxpy`, where
-//!   `out` may be exactly one of the inputs); outputs of different jobs must
-//!   not overlap;
+//! * inputs must not overlap outputs (except `vector_add`, where `out` may
+//!   be exactly one of the inputs); outputs of different jobs must not
+//!   overlap;
 //! * alignment is not required: 16-byte aligned pointers (and, for matmul,
 //!   `k % 4 == 0` / `n % 4 == 0`) take the vectorised paths (for both
 //!   types: 4 consecutive elements, one `v4.f32` or two `v2.f64` accesses).
@@ -54,13 +54,13 @@
 //!   returns `total_blocks`.
 //!
 //! # `saxpy_{f32,f64}`  — `out[i] = alpha · x[i] + y[i]`
-//! * params: `(jobs: u64 -> [SaxpyJob; njobs], njobs: u32, total_blocks: u32)`
-//! * block `(SAXPY_THREADS,1,1)`, grid `(grid_for(total_blocks, SAXPY_MAX_GRID),1,1)`,
-//!   dynamic shared memory 0.
-//! * host prep: [`saxpy_prepare`] fills `block_start` (an exclusive prefix of
-//!   `ceil(len / SAXPY_ELEMS_PER_BLOCK)`) and returns `total_blocks`.
+//! * declared with the helper crate (`saxpy.rs`, `elementwise!`): the job
+//!   ABI is kernels/kit/src/job.rs (`Job`, signature `svv`: `alpha` is the
+//!   f64 at byte 0 of `params`, `vec = [x, y]`), not a struct of this file;
+//! * block `(job::DEFAULT_THREADS,1,1)`, dynamic shared memory 0, virtual
+//!   blocks `job::blocks_of(Blocks::Elements, n, 256, &[])` per job;
 //! * one fused multiply-add per element (one rounding); `saxpy_f32` rounds
-//!   the job's f64 `alpha` to f32 first. `out` may be exactly `x` or `y`.
+//!   `alpha` to f32 first. `out` never overlaps `x` or `y`.
 //!
 //! # `reduce_{f32,f64}` / `dot_{f32,f64}`  — `*out = Σ a[i]` / `*out = Σ a[i]·b[i]`
 //! * params: `(jobs: u64 -> [ReduceJob; n_small+n_medium+n_large], n_small: u32,
@@ -188,43 +188,6 @@ pub fn vadd_prepare(jobs: &mut [VecAddJob]) -> Option<u32> {
 /// Recommended grid.x for a grid-stride kernel with `total` virtual blocks.
 pub fn grid_for(total: u32, max_grid: u32) -> u32 {
     if total < max_grid { total } else { max_grid }
-}
-
-// ------------------------------------------------------------------- saxpy
-
-pub const SAXPY_THREADS: u32 = 256;
-/// Elements one (virtual) block handles: 256 threads × 4 groups of 4.
-pub const SAXPY_ELEMS_PER_BLOCK: u64 = 4096;
-pub const SAXPY_MAX_GRID: u32 = 132 * 64;
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SaxpyJob {
-    pub x: u64,
-    pub y: u64,
-    pub out: u64,
-    /// Number of elements.
-    pub len: u64,
-    /// First virtual block of this job (exclusive prefix over jobs); set by
-    /// [`saxpy_prepare`].
-    pub block_start: u64,
-    /// The scale; `saxpy_f32` rounds it to f32.
-    pub alpha: f64,
-}
-
-pub const fn saxpy_blocks(len: u64) -> u64 {
-    div_ceil_u64(len, SAXPY_ELEMS_PER_BLOCK)
-}
-
-/// Fills `block_start` and returns `total_blocks`, or `None` if the total
-/// does not fit the kernel's `u32` parameter.
-pub fn saxpy_prepare(jobs: &mut [SaxpyJob]) -> Option<u32> {
-    let mut acc: u64 = 0;
-    for j in jobs.iter_mut() {
-        j.block_start = acc;
-        acc = acc.checked_add(saxpy_blocks(j.len))?;
-    }
-    u32::try_from(acc).ok()
 }
 
 // ------------------------------------------------------------ reduce / dot
@@ -396,7 +359,6 @@ pub fn prepare_tiles(jobs: &mut [MatmulJob], bm: u32, bn: u32) -> Option<u32> {
 const _: () = assert!(core::mem::size_of::<VecAddJob>() == 40);
 const _: () = assert!(core::mem::size_of::<ReduceJob>() == 40);
 const _: () = assert!(core::mem::size_of::<MatmulJob>() == 48);
-const _: () = assert!(core::mem::size_of::<SaxpyJob>() == 48);
 const _: () = assert!(MATMUL_SMEM_BYTES == 33_280);
 const _: () = assert!(REDUCE_LARGE_CHUNK % 4 == 0 && REDUCE_SMEM_BYTES >= 8 * REDUCE_WARPS);
 const _: () = assert!(SUM_CHUNK == REDUCE_LARGE_CHUNK && REDUCE_LARGE_CHUNK / REDUCE_THREADS as u64 <= SUM_SERIAL);

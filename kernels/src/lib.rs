@@ -4,11 +4,13 @@
 //! of `#[repr(C)]` descriptors in device memory (see `abi.rs`, shared with
 //! gpud). Built by `kernels/build.sh OUT_DIR` into `OUT_DIR/erlcuda_kernels.ptx`.
 //! One file per kernel, each defining its `extern "ptx-kernel"` entries
-//! `<kernel>_f32` / `<kernel>_f64`; `common.rs` holds what they share.
+//! `<kernel>_f32` / `<kernel>_f64`, or declaring them with the helper crate
+//! `erlcuda-kernel` (kernels/kit) as users' kernels are (`saxpy.rs`);
+//! `common.rs` re-exports what they share from that crate, which also
+//! provides the panic handler.
 
 #![no_std]
-#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)]
-#![feature(gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics)]
+#![feature(abi_ptx, asm_experimental_arch)]
 #![allow(internal_features, unused_comparisons, clippy::missing_safety_doc)]
 
 pub mod abi;
@@ -17,8 +19,3 @@ mod common;
 mod matmul_f64;
 // One module per row of the kernel table (build.rs): kernels/src/<entry>.rs.
 include!(concat!(env!("OUT_DIR"), "/kernel_mods.rs"));
-
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    unsafe { core::arch::nvptx::trap() }
-}

@@ -67,7 +67,7 @@ unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
     let stage_bytes = BK * (LDA_S + LDB_S) * 4;
 
     let smem = smem_base();
-    let t = tid();
+    let t = thread_idx();
     let (tx, ty) = (t % 16, t / 16);
     // A loader mapping
     let a_r = t / kv(BK);
@@ -76,9 +76,9 @@ unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
     let b_r = t / 32;
     let b_c = (t % 32) * 4;
 
-    let mut vb = bid();
+    let mut vb = block_idx();
     while vb < total_tiles {
-        let j = upper_search(njobs, vb as u64, |i| (*jobs.add(i as usize)).tile_start);
+        let j = owner(njobs, vb as u64, |i| (*jobs.add(i as usize)).tile_start);
         let job = *jobs.add(j as usize);
         let (m, n, k) = (job.m, job.n, job.k);
         let (pa, pb, pc) = (job.a as *const f32, job.b as *const f32, job.c as *mut f32);
@@ -208,7 +208,7 @@ unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
                 }
             }
         }
-        vb += gdim();
+        vb += grid_dim();
     }
 }
 

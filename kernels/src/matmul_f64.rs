@@ -22,7 +22,7 @@ use core::arch::asm;
 
 use crate::abi::matmul_f64_abi::*;
 use crate::abi::MatmulJob;
-use crate::common::{bid, gdim, smem_base, sync_threads, tid, upper_search};
+use crate::common::{block_idx, grid_dim, owner, smem_base, sync_threads, thread_idx};
 
 const BM: u32 = MATMUL_F64_BM;
 const BN: u32 = MATMUL_F64_BN;
@@ -76,16 +76,16 @@ fn tile_origin(job: &MatmulJob, vb: u32) -> (u32, u32) {
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn matmul_f64(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
     let smem = smem_base();
-    let mut vb = bid();
+    let mut vb = block_idx();
     while vb < total_tiles {
-        let j = upper_search(njobs, vb as u64, |i| (*jobs.add(i as usize)).tile_start);
+        let j = owner(njobs, vb as u64, |i| (*jobs.add(i as usize)).tile_start);
         let job = *jobs.add(j as usize);
         let (m0, n0) = tile_origin(&job, vb);
         tile(&job, m0, n0, smem);
         // The next tile's first loads overwrite the shared memory just read
         // (the tensor-core body has no barrier after its last k-slice).
         sync_threads();
-        vb += gdim();
+        vb += grid_dim();
     }
 }
 
@@ -174,7 +174,7 @@ fn chunk_bytes(i: u32, len: u32) -> u32 {
 unsafe fn tile(job: &MatmulJob, m0: u32, n0: u32, smem: u32) {
     let (m, n, k) = (job.m, job.n, job.k);
     let (ga, gb) = (to_global(job.a), to_global(job.b));
-    let t = tid();
+    let t = thread_idx();
     let (lane, warp) = (t % 32, t / 32);
     let (g, tq) = (lane / 4, lane % 4);
     let wm = (warp % WARPS_M) * (MI as u32 * 8);
@@ -367,7 +367,7 @@ unsafe fn sts_f64(a: u32, v: f64) {
 unsafe fn tile(job: &MatmulJob, m0: u32, n0: u32, smem: u32) {
     let (m, n, k) = (job.m, job.n, job.k);
     let (ga, gb) = (to_global(job.a), to_global(job.b));
-    let t = tid();
+    let t = thread_idx();
     let (tx, ty) = (t % 16, t / 16);
     // Loaders (coalesced along rows): A[row = t/16 + 16p][t%16] for p < 8,
     // B[t/64 + 4p][t%64] for p < 4; zero outside the matrices.

@@ -9,10 +9,10 @@ use crate::common::*;
 
 #[inline(always)]
 unsafe fn vector_add<T: Float>(jobs: *const VecAddJob, njobs: u32, total_blocks: u32) {
-    let t = tid() as u64;
-    let mut vb = bid();
+    let t = thread_idx() as u64;
+    let mut vb = block_idx();
     while vb < total_blocks {
-        let j = upper_search(njobs, vb as u64, |i| (*jobs.add(i as usize)).block_start);
+        let j = owner(njobs, vb as u64, |i| (*jobs.add(i as usize)).block_start);
         let job = *jobs.add(j as usize);
         let (a, b, out) = (job.a as *const T, job.b as *const T, job.out as *mut T);
         let base = (vb as u64 - job.block_start) * VADD_ELEMS_PER_BLOCK;
@@ -52,7 +52,7 @@ unsafe fn vector_add<T: Float>(jobs: *const VecAddJob, njobs: u32, total_blocks:
                 }
             }
         }
-        vb += gdim();
+        vb += grid_dim();
     }
 }
 

@@ -50,7 +50,7 @@ cp bench/peers.py bench/report.py bench/FORMAT.md kernels/ptx_launch.py kernels/
 bash kernels/build.sh "$out"
 # The PTX-level checks (every entry of both types; matmul_f64 against DGEMM).
 cp kernels/gpu_check.py kernels/test_matmul_f64.py kernels/ptx_launch.py kernels/src/abi.rs \
-    kernels/src/matmul_f64_abi.rs "$out/kernels/"
+    kernels/src/matmul_f64_abi.rs kernels/kit/src/job.rs "$out/kernels/"
 cp test/gpu/run.sh "$out/run.sh"
 
 deb=$(ls .deb/erlang-base_*.deb 2>/dev/null | head -n1 || true)

@@ -13,7 +13,7 @@ use std::ops::{Add, AddAssign, Mul};
 
 use crate::backend::Arena;
 use crate::descriptor::Job;
-use crate::layout::{ElemType, Kernel, EC_SUM_CHUNK, EC_SUM_SERIAL};
+use crate::layout::{ElemType, Kernel, EC_PARAM_BYTES, EC_SUM_CHUNK, EC_SUM_SERIAL};
 
 // The kernels' ABI (job-table structs, grid rules), shared verbatim with the
 // device code.
@@ -21,10 +21,11 @@ use crate::layout::{ElemType, Kernel, EC_SUM_CHUNK, EC_SUM_SERIAL};
 #[allow(clippy::all)]
 pub mod abi;
 
-// The job ABI of kernels written with the helper crate (users' kernels and
-// the built-ins re-expressed with it), shared verbatim with the kit.
+// The job ABI of kernels declared with the helper crate (kernels/kit):
+// users' kernels, and the built-ins re-expressed with it (saxpy). Shared
+// verbatim with the device and host code of those kernels.
 #[path = "../../../kernels/kit/src/job.rs"]
-#[allow(clippy::all)]
+#[allow(dead_code, clippy::all)]
 pub mod kitjob;
 
 // Users' kernels: the same trait over a loaded module's declaration.
@@ -35,6 +36,17 @@ include!(concat!(env!("OUT_DIR"), "/ops_table.rs"));
 // The device code states the header's accumulation depths in abi.rs (it
 // cannot read the C header); they must be the header's.
 const _: () = assert!(abi::SUM_SERIAL == EC_SUM_SERIAL as u64 && abi::SUM_CHUNK == EC_SUM_CHUNK as u64);
+// Likewise the kit's: its parameter area is the descriptor's, and its
+// reductions (SERIAL terms per thread, one chunk per block of the default
+// size) state the header's depths.
+const _: () = assert!(kitjob::PARAM_BYTES == EC_PARAM_BYTES);
+const _: () = assert!(kitjob::SERIAL == EC_SUM_SERIAL as u64);
+const _: () = assert!(kitjob::SERIAL * kitjob::DEFAULT_THREADS as u64 == EC_SUM_CHUNK as u64);
+
+/// grid.x cap of the launches of kit-declared kernels: 64 blocks per SM of a
+/// 132-SM H100/H200, as for the built-ins' own tables (the entries are
+/// grid-stride, so any grid is correct).
+pub const KIT_MAX_GRID: u32 = 132 * 64;
 
 /// The host side of `kernel`.
 pub fn op(kernel: Kernel) -> &'static (dyn KernelOp + Sync) {
@@ -156,10 +168,29 @@ pub fn rounded(x: f64, ty: ElemType) -> f64 {
     crate::with_float!(ty, T => T::from_f64(x).into())
 }
 
+/// `job` as a job of a kit-declared kernel (`kitjob::Job`): its device
+/// pointers, its lengths, and its 's'/'d' arguments packed in the parameter
+/// area at `kitjob::param_offsets(signature)`, as in the submission's.
+/// `block_start` is left to `kitjob::prepare`.
+pub fn kit_job(job: &Job, p: &DevPtrs) -> kitjob::Job {
+    kitjob::Job {
+        vec: [p.in0, p.in1],
+        out: p.out,
+        n: job.in0().len() as u64,
+        out_len: job.out().len() as u64,
+        block_start: 0,
+        // The submission's parameter area, verbatim: the kit packs its
+        // arguments by the same rule (job.rs, param_offsets).
+        params: job.params(),
+    }
+}
+
+
 /// Appends the bytes of plain `#[repr(C)]` descriptors.
 pub fn push_pod<T: Copy>(out: &mut Vec<u8>, items: &[T]) {
-    // SAFETY: T is one of abi.rs's #[repr(C)] descriptor structs: plain
-    // integers and floats with no padding (size asserted there).
+    // SAFETY: T is one of abi.rs's #[repr(C)] descriptor structs or
+    // kitjob::Job: plain integers, floats and bytes with no padding (sizes
+    // asserted there).
     let b = unsafe { std::slice::from_raw_parts(items.as_ptr().cast::<u8>(), std::mem::size_of_val(items)) };
     out.extend_from_slice(b);
 }
@@ -304,6 +335,26 @@ mod tests {
             let _ = op(k);
         }
         assert_eq!(OPS.len(), Kernel::ALL.len());
+    }
+
+    #[test]
+    fn kit_jobs_carry_the_submissions_parameter_area() {
+        use crate::descriptor::validate;
+        use crate::layout::Params;
+        for k in Kernel::ALL {
+            let sig = k.row().signature;
+            // The kit's offsets are the header's.
+            let (offs, count, _) = kitjob::param_offsets(sig.as_bytes()).expect("fits");
+            let ours: Vec<usize> = Params::offsets(sig).unwrap().into_iter().map(|(_, at)| at).collect();
+            assert_eq!(&offs[..count], &ours[..], "{sig}");
+            // A validated job's kit parameter area is its descriptor's.
+            let mut sqe = crate::testvec::shaped_sqe(k, ElemType::F64, 16, [2, 4, 3], &[-1.25]);
+            (sqe.in1, sqe.out) = (0x1000, 0x2000);
+            let job = validate(&sqe, 1u64 << 20).unwrap();
+            assert_eq!(kit_job(&job, &DevPtrs::default()).params, sqe.p.0, "{sig}");
+            let kj = kit_job(&job, &DevPtrs { in0: 1, in1: 2, out: 3 });
+            assert_eq!((kj.vec, kj.out, kj.n, kj.out_len), ([1, 2], 3, job.in0().len() as u64, job.out().len() as u64));
+        }
     }
 
     #[test]

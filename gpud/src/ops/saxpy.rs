@@ -2,8 +2,14 @@
 //! rounded to the element type first; the GPU fuses the multiply-add (one
 //! rounding), the CPU rounds twice: within 2 units of the last place either
 //! way (the tests' tolerance).
+//!
+//! The device kernel is declared with the helper crate, as users' kernels
+//! are (kernels/src/saxpy.rs, `elementwise!`): its table is one
+//! `kitjob::Job` per job, alpha the f64 at byte 0 of the parameter area.
+//! The CPU path stays here.
 
-use super::{abi, elementwise, push_pod, DevPtrs, DeviceLaunch, Float, KernelOp};
+use super::kitjob::{self, Blocks};
+use super::{elementwise, kit_job, push_pod, DevPtrs, DeviceLaunch, Float, KernelOp, KIT_MAX_GRID};
 use crate::backend::Arena;
 use crate::descriptor::Job;
 use crate::layout::ElemType;
@@ -21,21 +27,10 @@ impl KernelOp for Op {
     }
 
     fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch> {
-        let mut t: Vec<abi::SaxpyJob> = jobs
-            .iter()
-            .zip(ptrs)
-            .map(|(j, p)| abi::SaxpyJob {
-                x: p.in0,
-                y: p.in1,
-                out: p.out,
-                len: j.out().len() as u64,
-                block_start: 0,
-                alpha: j.scalar(0),
-            })
-            .collect();
-        let total = abi::saxpy_prepare(&mut t)?;
+        let mut t: Vec<kitjob::Job> = jobs.iter().zip(ptrs).map(|(j, p)| kit_job(j, p)).collect();
+        let total = kitjob::prepare(&mut t, |j| elements_blocks(j.n))?;
         push_pod(table, &t);
-        Some(DeviceLaunch::counted(jobs.len(), total, abi::SAXPY_MAX_GRID, 0))
+        Some(DeviceLaunch::counted(jobs.len(), total, KIT_MAX_GRID, 0))
     }
 
     fn reference(&self, ty: ElemType, ins: &[&[f64]], scalars: &[f64], _dims: &[u32]) -> Vec<(f64, f64)> {
@@ -44,7 +39,13 @@ impl KernelOp for Op {
     }
 
     fn blocks(&self, job: &Job) -> u64 {
-        abi::div_ceil_u64(job.out().len() as u64, abi::SAXPY_ELEMS_PER_BLOCK)
+        elements_blocks(job.out().len() as u64)
     }
     // Placement: mapped, like vector_add (the same streaming access).
+}
+
+/// Virtual blocks of an elementwise job of `n` elements at the block size
+/// gpud launches with (256, the kit's default).
+fn elements_blocks(n: u64) -> u64 {
+    kitjob::blocks_of(Blocks::Elements, n, kitjob::DEFAULT_THREADS, &[])
 }

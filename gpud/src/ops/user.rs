@@ -10,25 +10,9 @@ use crate::backend::Arena;
 use crate::descriptor::Job;
 use crate::modules::{UserKernel, UserShape};
 
-/// Grid cap of a launch unless `{grid, G}` says otherwise: 64 blocks per SM
-/// of an H200 (132 SMs), like the built-in streaming kernels; the entries
-/// are grid-stride, so a smaller grid only loops more.
-const MAX_GRID: u32 = 132 * 64;
 
 pub struct UserOp(pub Arc<UserKernel>);
 
-impl UserOp {
-    fn kit_job(job: &Job, ptrs: DevPtrs) -> KitJob {
-        KitJob {
-            vec: [ptrs.in0, if job.in1().is_empty() { 0 } else { ptrs.in1 }],
-            out: ptrs.out,
-            n: job.in0().len() as u64,
-            out_len: job.out().len() as u64,
-            block_start: 0,
-            params: job.params(),
-        }
-    }
-}
 
 impl KernelOp for UserOp {
     unsafe fn cpu(&self, arena: &Arena<'_>, job: &Job) {
@@ -37,7 +21,7 @@ impl KernelOp for UserOp {
             in1: arena.host_ptr(job.in1()) as u64,
             out: arena.host_ptr(job.out()) as u64,
         };
-        let kj = Self::kit_job(job, ptrs);
+        let kj = super::kit_job(job, &ptrs);
         let f = self.0.host[job.ty() as usize].expect("validation admits only declared types");
         // SAFETY: the module's host code for this kernel and type; the job's
         // regions are in the arena with the lengths the declaration states,
@@ -49,7 +33,7 @@ impl KernelOp for UserOp {
 
     fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch> {
         let g = jobs[0].geometry();
-        let mut t: Vec<KitJob> = jobs.iter().zip(ptrs).map(|(j, p)| Self::kit_job(j, *p)).collect();
+        let mut t: Vec<KitJob> = jobs.iter().zip(ptrs).map(|(j, p)| super::kit_job(j, p)).collect();
         // Each job's block count needs its dims, which the job holds decoded.
         let mut start = 0u64;
         for (kj, j) in t.iter_mut().zip(jobs) {
@@ -59,7 +43,7 @@ impl KernelOp for UserOp {
         let total = u32::try_from(start).ok()?;
         super::push_pod(table, &t);
         Some(DeviceLaunch {
-            grid: if g.grid > 0 { g.grid.min(total) } else { total.min(MAX_GRID) },
+            grid: if g.grid > 0 { g.grid.min(total) } else { total.min(super::KIT_MAX_GRID) },
             block: g.threads,
             smem: g.shared_bytes,
             params: [jobs.len() as u32, total, 0, 0],

@@ -82,6 +82,8 @@ pub fn trap() -> ! {
 /// Shared-window (32-bit) address of the dynamic shared memory (16-byte
 /// aligned), sized by the launch's shared bytes.
 #[inline(always)]
+// The asm converts the address only, it touches no memory: `nomem` holds.
+#[allow(clippy::pointers_in_nomem_asm_block)]
 pub fn smem_base() -> u32 {
     #[repr(C, align(16))]
     struct A16([f32; 4]);

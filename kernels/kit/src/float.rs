@@ -126,9 +126,10 @@ pub trait Float:
 /// targets run exactly the same operations.
 pub fn exp_f64(x: f64) -> f64 {
     const LOG2E: f64 = core::f64::consts::LOG2_E;
-    // ln 2 split so that k·LN2_HI is exact for |k| < 2^11.
-    const LN2_HI: f64 = 6.93147180369123816490e-01;
-    const LN2_LO: f64 = 1.90821492927058770002e-10;
+    // ln 2 split (fdlibm's) so that k·LN2_HI is exact for |k| < 2^11:
+    // 6.93147180369123816490e-01 and 1.90821492927058770002e-10.
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
     // 1.5·2^52: adding it rounds to an integer (round to nearest even).
     const SHIFT: f64 = 6755399441055744.0;
     if x.is_nan() {
@@ -159,9 +160,10 @@ pub fn exp_f64(x: f64) -> f64 {
 /// (truncation < 6e-9 relative, a tenth of an f32 ulp).
 pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
-    // ln 2 split so that k·LN2_HI is exact for |k| < 2^8.
-    const LN2_HI: f32 = 0.693145751953125;
-    const LN2_LO: f32 = 1.428606765330187045e-06;
+    // ln 2 split so that k·LN2_HI is exact for |k| < 2^8:
+    // 0.693145751953125 and 1.428606765330187045e-06.
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
     // 1.5·2^23
     const SHIFT: f32 = 12582912.0;
     if x.is_nan() {

@@ -10,9 +10,10 @@ use crate::job::{owner, Job, ELEMS_PER_THREAD, SERIAL};
 use crate::Float;
 use core::array::from_fn;
 
-// The elementwise body handles one group of 4 consecutive elements per
-// thread (one 16-byte vector of f32, two of f64).
-const _: () = assert!(ELEMS_PER_THREAD == 4);
+/// Groups of 4 consecutive elements (one 16-byte vector of f32, two of
+/// f64) each thread of an elementwise kernel handles per virtual block.
+const GROUPS: usize = (ELEMS_PER_THREAD / 4) as usize;
+const _: () = assert!(ELEMS_PER_THREAD.is_multiple_of(4) && GROUPS > 0);
 
 /// The job owning virtual block `vb`.
 #[inline(always)]
@@ -43,30 +44,35 @@ pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(
 }
 
 /// One virtual block of an elementwise job from element `base`. When every
-/// pointer is 16-byte aligned, thread `t` takes the 4 consecutive elements
-/// at `base + 4t` as vectors (read-only loads: inputs never overlap the
-/// output); otherwise elements `base + t + B·i`, i < 4 (coalesced).
+/// pointer is 16-byte aligned, thread `t` takes groups of 4 consecutive
+/// elements at `base + 4(t + B·g)` as vectors, all groups' loads issued
+/// before any store (read-only loads: inputs never overlap the output);
+/// otherwise elements `base + t + B·i` (coalesced).
 #[inline(always)]
 unsafe fn elementwise_block<T: Float, const NV: usize>(job: &Job, base: u64, t: u64, bd: u64, f: impl Fn([T; NV]) -> T) {
     let ins: [*const T; NV] = from_fn(|i| job.vec[i] as *const T);
     let out = job.out as *mut T;
     let n = job.n;
+    let one = |e: u64| f(from_fn(|i| T::ldg_nc(ins[i].add(e as usize))));
     if ins.iter().fold(job.out, |a, &p| a | p as u64) & 15 == 0 {
-        let e = base + 4 * t;
-        if e + 4 <= n {
-            let xs: [[T; 4]; NV] = from_fn(|i| T::ldg4_nc(ins[i].add(e as usize)));
-            let r: [T; 4] = from_fn(|q| f(from_fn(|i| xs[i][q])));
-            T::stg4(out.add(e as usize), r);
-        } else {
-            for e in e..n.min(e + 4) {
-                T::stg(out.add(e as usize), f(from_fn(|i| T::ldg_nc(ins[i].add(e as usize)))));
+        let e: [u64; GROUPS] = from_fn(|g| base + 4 * (t + bd * g as u64));
+        let xs: [Option<[[T; 4]; NV]>; GROUPS] =
+            from_fn(|g| (e[g] + 4 <= n).then(|| from_fn(|i| T::ldg4_nc(ins[i].add(e[g] as usize)))));
+        for g in 0..GROUPS {
+            match xs[g] {
+                Some(x) => T::stg4(out.add(e[g] as usize), from_fn(|q| f(from_fn(|i| x[i][q])))),
+                None => {
+                    for e in e[g]..n.min(e[g] + 4) {
+                        T::stg(out.add(e as usize), one(e));
+                    }
+                }
             }
         }
     } else {
         for i in 0..ELEMS_PER_THREAD {
             let e = base + t + bd * i;
             if e < n {
-                T::stg(out.add(e as usize), f(from_fn(|k| T::ldg_nc(ins[k].add(e as usize)))));
+                T::stg(out.add(e as usize), one(e));
             }
         }
     }

@@ -253,7 +253,7 @@ const fn check_types(types: &[&str]) {
 }
 
 const fn check_launch(shape: Shape, threads: u32, shared: u32) {
-    if threads < 32 || threads > MAX_THREADS || threads % 32 != 0 {
+    if threads < 32 || threads > MAX_THREADS || !threads.is_multiple_of(32) {
         panic!("erlcuda_kernel: threads is a multiple of 32 from 32 to 1024");
     }
     if shared > MAX_SHARED_BYTES {
