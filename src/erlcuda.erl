@@ -168,8 +168,8 @@ submit_user(H, {Mod, K} = Kernel, Args, Launch, Tries) ->
     case erlcuda_modules:lookup(Mod, K) of
         undefined ->
             {error, {unknown_kernel, Kernel}};
-        Row ->
-            case launch_opts(Launch, Row) of
+        {Row, Shape} ->
+            case launch_opts(Launch, Shape) of
                 {ok, Opts} ->
                     case erlcuda_nif:submit(H, erlang:append_element(Row, Opts), Args, 0) of
                         {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, Tries - 1);
@@ -184,15 +184,21 @@ submit_user(_H, Kernel, _Args, _Launch, _Tries) ->
     {error, {unknown_kernel, Kernel}}.
 
 %% {Given, Grid, Block, SharedBytes} (bits as the header's EC_OPT_*). A
-%% reduction's block tree needs a power of two from 32 threads.
-launch_opts(Launch, Row) ->
-    Reduction = element(5, Row) =:= scalar,
+%% reduction's block tree needs a power of two from 32 threads; a table
+%% kernel's block-wide helpers whole warps (a multiple of 32).
+launch_opts(Launch, Shape) ->
+    BadBlock = fun(B) -> case Shape of
+                             reduction -> B < 32 orelse B band (B - 1) =/= 0;
+                             table -> B rem 32 =/= 0;
+                             elementwise -> false
+                         end
+               end,
     lists:foldl(
       fun(_, {error, _} = E) -> E;
          ({grid, G}, {ok, {Gv, _, B, S}}) when is_integer(G), G >= 1, G =< 16#7fffffff ->
               {ok, {Gv bor 1, G, B, S}};
          ({block, B} = O, {ok, {Gv, G, _, S}}) when is_integer(B), B >= 1, B =< 1024 ->
-              case Reduction andalso (B < 32 orelse B band (B - 1) =/= 0) of
+              case BadBlock(B) of
                   true -> {error, {badarg, {opt, O}}};
                   false -> {ok, {Gv bor 2, G, B, S}}
               end;

@@ -24,7 +24,7 @@
 
 -export([start_link/0, load/2, unload/1, lookup/2, kernel_infos/0, gpud_args/0,
          parse_manifest/1]).
--export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -define(TABLE, ?MODULE).
 %% The header's EC_USER_KERNEL_BASE, EC_MODULE_KERNELS, EC_MODULE_SLOTS.
@@ -53,11 +53,12 @@ load(Name, _) ->
 unload(Name) ->
     call({unload, Name}).
 
-%% @doc The NIF's description of kernel `K' of module `Name', or `undefined'.
--spec lookup(term(), term()) -> tuple() | undefined.
+%% @doc The NIF's description of kernel `K' of module `Name' and its shape,
+%% or `undefined'.
+-spec lookup(term(), term()) -> {tuple(), elementwise | reduction | table} | undefined.
 lookup(Name, K) ->
     case persistent_term:get({?MODULE, Name}, undefined) of
-        #{K := {Row, _Info}} -> Row;
+        #{K := {Row, #{shape := Shape}}} -> {Row, Shape};
         _ -> undefined
     end.
 
@@ -145,6 +146,8 @@ row(Name, Slot, Gen, I, #{name := K, sig := Sig, shape := Shape, types := Types,
 
 %% State: #{Name => #{slot, gen, dir}}, plus next_gen.
 init([]) ->
+    %% terminate/2 runs at shutdown: the lookups in persistent_term go too.
+    process_flag(trap_exit, true),
     ?TABLE = ets:new(?TABLE, [named_table, protected, set, {read_concurrency, true}]),
     {ok, #{modules => #{}, next_gen => 1}}.
 
@@ -170,6 +173,15 @@ handle_call({unload, Name}, _From, #{modules := Mods} = S) ->
     end.
 
 handle_cast(_, S) -> {noreply, S}.
+
+%% Stopped last (it started first), after the devices: the lookups go too,
+%% so a launch after erlcuda stopped finds no module, and a new start
+%% begins with none.
+terminate(_Why, #{modules := Mods}) ->
+    maps:foreach(fun(Name, #{slot := Slot}) ->
+                         ok = erlcuda_nif:module_gen(Slot, 0),
+                         persistent_term:erase({?MODULE, Name})
+                 end, Mods).
 
 %% Answers of operations that timed out earlier.
 handle_info(_, S) -> {noreply, S}.

@@ -146,6 +146,8 @@ bad_calls() ->
     %% A reduction's block tree wants a power of two from 32.
     {error, {badarg, {opt, {block, 48}}}} = erlcuda:launch({example, sumsq}, [X], [{block, 48}]),
     {error, {badarg, {opt, {block, 16}}}} = erlcuda:launch({example, sumsq}, [X], [{block, 16}]),
+    %% A table kernel's block-wide helpers want whole warps.
+    {error, {badarg, {opt, {block, 48}}}} = erlcuda:launch({example, softmax}, [X, 2], [{block, 48}]),
     %% The built-ins take no launch options.
     {error, {badarg, {opt, {block, 64}}}} = erlcuda:launch(vector_add, [X, X], [{block, 64}]),
     ok.
@@ -161,6 +163,12 @@ launch_options() ->
          ?assertEqual(Want, floats(R))
      end || Opts <- [[{block, 64}], [{grid, 1}], [{grid, 3}, {block, 1024}], [{shared_bytes, 4096}],
                      [{block, 1}, {grid, 2}]]],
+    M = [V * 4 || V <- random(6 * 37, f64)],
+    Soft = erlcuda_user_check:reference(softmax, [M], [37]),
+    [begin
+         {ok, {f64, R}} = erlcuda:launch_sync({example, softmax}, [vec(M, f64, typed), 37], Opts),
+         [?assert(abs(G - W) =< 64 * unit(f64) * W) || {G, W} <- lists:zip(floats({f64, R}), Soft)]
+     end || Opts <- [[{block, 32}], [{block, 1024}, {grid, 2}], [{shared_bytes, 8192}]]],
     {ok, S} = erlcuda:launch_sync({example, sumsq}, [X], [{block, 32}, {grid, 2}]),
     W = reference(sumsq, [X], []),
     ?assert(abs(S - W) =< erlcuda_ref:depth(reduce, 5000, 0) * unit(f32) * W),

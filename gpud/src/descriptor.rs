@@ -423,8 +423,14 @@ fn geometry(sqe: &Sqe, opts: Option<&LaunchOpts>, k: &UserKernel) -> Result<Geom
         g.grid = o.grid;
     }
     if o.given & EC_OPT_BLOCK != 0 {
-        let reduction_ok = k.shape != UserShape::Reduction || (o.block >= 32 && o.block.is_power_of_two());
-        if o.block == 0 || o.block > kitjob::MAX_THREADS || !reduction_ok {
+        // A reduction's block tree needs a power of two from 32; a table
+        // kernel's block-wide helpers (kit: block_sum, block_max) whole warps.
+        let shape_ok = match k.shape {
+            UserShape::Reduction => o.block >= 32 && o.block.is_power_of_two(),
+            UserShape::Table => o.block % 32 == 0,
+            UserShape::Elementwise => true,
+        };
+        if o.block == 0 || o.block > kitjob::MAX_THREADS || !shape_ok {
             return Err(Status::BadShape);
         }
         g.threads = o.block;

@@ -223,6 +223,10 @@ fn parse_line(line: &str) -> Result<Decl, String> {
 /// image while it is still loaded).
 struct HostLib {
     handle: *mut c_void,
+    /// The private copy, open while the library is loaded: the loader
+    /// knows a library by its path, `/proc/self/fd/N`, and would hand back
+    /// an older module for a reused fd number.
+    _copy: std::fs::File,
 }
 
 // SAFETY: a dlopen handle may be used from any thread.
@@ -239,7 +243,7 @@ impl HostLib {
             return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
         }
         // SAFETY: fd is ours; File takes ownership and closes it on drop,
-        // after dlopen has mapped the image.
+        // after dlclose (field order of HostLib).
         let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         std::io::Write::write_all(&mut file, &bytes).map_err(|e| format!("copy of {}: {e}", path.display()))?;
         let proc_path = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
@@ -247,7 +251,6 @@ impl HostLib {
         // a module is given (SECURITY.md), taken only after the manifest
         // parsed.
         let handle = unsafe { libc::dlopen(proc_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        drop(file);
         if handle.is_null() {
             // SAFETY: dlerror returns a C string or null.
             let why = unsafe {
@@ -260,7 +263,7 @@ impl HostLib {
             };
             return Err(format!("{}: {why}", path.display()));
         }
-        Ok(HostLib { handle })
+        Ok(HostLib { handle, _copy: file })
     }
 
     fn symbol(&self, name: &str) -> Option<HostFn> {

@@ -8,7 +8,7 @@ use super::kitjob::{self, Job as KitJob};
 use super::{DevPtrs, DeviceLaunch, KernelOp};
 use crate::backend::Arena;
 use crate::descriptor::Job;
-use crate::modules::{UserKernel, UserShape};
+use crate::modules::{OutRule, UserKernel, UserShape};
 
 
 pub struct UserOp(pub Arc<UserKernel>);
@@ -55,7 +55,11 @@ impl KernelOp for UserOp {
         kitjob::blocks_of(self.0.blocks, job.in0().len() as u64, job.geometry().threads, job.dim_args())
     }
 
+    /// A reduction adds its blocks' partials into a zeroed output. A table
+    /// kernel with a one-element output gets a zeroed one too: with no
+    /// rows (n = 0) no block runs, and it must still read 0, not whatever
+    /// the arena held.
     fn accumulates_into_output(&self, _job: &Job) -> bool {
-        self.0.shape == UserShape::Reduction
+        self.0.shape == UserShape::Reduction || (self.0.shape == UserShape::Table && self.0.out == OutRule::One)
     }
 }
