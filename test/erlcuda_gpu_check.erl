@@ -336,10 +336,17 @@ user_checks() ->
              check("user sumsq (reduction), every size", fun() -> erlcuda_user_check:sumsq(all) end),
              check("user kernels: bad calls refused", fun erlcuda_user_check:bad_calls/0),
              check("user kernels: launch options", fun erlcuda_user_check:launch_options/0),
+             check("user module refused: PTX unlike its manifest",
+                   fun() -> erlcuda_user_check:refused_ptx(scratch()) end),
              check("user figures", fun user_figures/0),
              check("user kernel fault: illegal address", fun() -> user_fault(oob) end),
              check("user kernel fault: trap", fun() -> user_fault(boom) end)]
     end.
+
+scratch() ->
+    D = filename:join(os:getenv("TMPDIR", "/tmp"), "erlcuda-gpu-check-" ++ os:getpid()),
+    ok = filelib:ensure_dir(filename:join(D, "x")),
+    D.
 
 user_figures() ->
     A = erlcuda_ref:to_binary(erlcuda_ref:random_vector(1000)),

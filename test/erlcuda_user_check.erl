@@ -11,7 +11,7 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([dir/1, load_example/0, clamp/1, softmax/1, row_sums/1, sumsq/1, bad_calls/0,
-         launch_options/0, reference/3]).
+         launch_options/0, reference/3, refused_ptx/1]).
 
 -define(SIZES, [0, 1, 7, 1023, 4097, 1 bsl 20 + 7]).
 
@@ -172,6 +172,30 @@ launch_options() ->
     {ok, S} = erlcuda:launch_sync({example, sumsq}, [X], [{block, 32}, {grid, 2}]),
     W = reference(sumsq, [X], []),
     ?assert(abs(S - W) =< erlcuda_ref:depth(reduce, 5000, 0) * unit(f32) * W),
+    ok.
+
+%% @doc On the GPU: a module whose PTX does not hold what its manifest
+%% declares is refused with the reason, before any of it runs: an entry
+%% with a fourth parameter, a missing entry. `Tmp' is a scratch folder.
+-spec refused_ptx(string()) -> ok.
+refused_ptx(Tmp) ->
+    Ex = dir(example),
+    {ok, Ptx} = file:read_file(filename:join(Ex, "module.ptx")),
+    Cases = [{extra_param, binary:replace(Ptx, <<".param .u32 clamp_f32_param_2\n">>,
+                                          <<".param .u32 clamp_f32_param_2,\n\t.param .u32 clamp_f32_param_3\n">>),
+              <<"clamp_f32 takes more than the 3 parameters">>},
+             {no_entry, binary:replace(Ptx, <<".entry clamp_f64(">>, <<".entry clampx_f64(">>),
+              <<"no entry clamp_f64">>}],
+    [begin
+         D = filename:join(Tmp, atom_to_list(Name)),
+         ok = filelib:ensure_dir(filename:join(D, "x")),
+         ?assertNotEqual(Ptx, Bad),
+         ok = file:write_file(filename:join(D, "module.ptx"), Bad),
+         [{ok, _} = file:copy(filename:join(Ex, F), filename:join(D, F)) || F <- ["manifest", "host.so"]],
+         {error, {module, Why}} = erlcuda:load_module(Name, D),
+         ?assertNotEqual(nomatch, binary:match(Why, Want), Why)
+     end || {Name, Bad, Want} <- Cases],
+    {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
     ok.
 
 sizes(all) -> ?SIZES;

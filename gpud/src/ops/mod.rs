@@ -28,6 +28,12 @@ pub mod abi;
 #[allow(dead_code, clippy::all)]
 pub mod kitjob;
 
+// The CPU sums' order (serial runs, pairwise within a chunk), the very
+// code the kit's host sums run.
+#[path = "../../../kernels/kit/src/sum_order.rs"]
+mod sum_order;
+const _: () = assert!(sum_order::SERIAL == EC_SUM_SERIAL as usize && sum_order::CHUNK == EC_SUM_CHUNK as usize);
+
 // Users' kernels: the same trait over a loaded module's declaration.
 pub mod user;
 
@@ -268,37 +274,7 @@ pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T + Sync) -> T {
 }
 
 fn chunk_sum<T: Float>(lo: usize, hi: usize, term: &impl Fn(usize) -> T) -> T {
-    let serial = EC_SUM_SERIAL as usize;
-    // At most EC_SUM_CHUNK / EC_SUM_SERIAL = 256 partials per chunk.
-    let mut parts = [T::ZERO; (EC_SUM_CHUNK / EC_SUM_SERIAL) as usize];
-    let mut np = 0;
-    let mut i = lo;
-    while i < hi {
-        let end = (i + serial).min(hi);
-        let mut acc = T::ZERO;
-        for j in i..end {
-            acc += term(j);
-        }
-        parts[np] = acc;
-        np += 1;
-        i = end;
-    }
-    // Pairwise: depth log2(256) = 8.
-    while np > 1 {
-        let half = np.div_ceil(2);
-        for j in 0..np / 2 {
-            parts[j] = parts[2 * j] + parts[2 * j + 1];
-        }
-        if np % 2 == 1 {
-            parts[np / 2] = parts[np - 1];
-        }
-        np = half;
-    }
-    if np == 1 {
-        parts[0]
-    } else {
-        T::ZERO
-    }
+    sum_order::chunk_sum(T::ZERO, lo, hi, term)
 }
 
 /// The job's elementwise output on the CPU: `out[i] = f(a[i], b[i])`, in

@@ -58,7 +58,8 @@ pub unsafe fn table<T: Float>(job: &Job, layout: &Layout, body: impl FnOnce(Args
 
 /// Terms per chunk of [`sum`]: one GPU virtual block of a reduction at the
 /// default block size (65536, gpud's EC_SUM_CHUNK).
-pub const SUM_CHUNK: usize = (DEFAULT_THREADS as u64 * SERIAL) as usize;
+pub const SUM_CHUNK: usize = crate::sum_order::CHUNK;
+const _: () = assert!(SUM_CHUNK == (DEFAULT_THREADS as u64 * SERIAL) as usize);
 
 /// `Σ term(i)` for i < len in the element type, in the order every erlcuda
 /// CPU sum follows (gpud's `ops::sum`): runs of at most SERIAL (256) terms
@@ -79,31 +80,7 @@ pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T) -> T {
     total
 }
 
-/// One chunk: serial runs of SERIAL terms, then their partials pairwise.
+/// One chunk, in the order `sum_order.rs` defines (gpud's sums share it).
 fn chunk_sum<T: Float>(lo: usize, hi: usize, term: &impl Fn(usize) -> T) -> T {
-    let serial = SERIAL as usize;
-    let mut parts = [T::ZERO; SUM_CHUNK / SERIAL as usize];
-    let mut np = 0;
-    let mut i = lo;
-    while i < hi {
-        let end = hi.min(i + serial);
-        let mut acc = T::ZERO;
-        for j in i..end {
-            acc += term(j);
-        }
-        parts[np] = acc;
-        np += 1;
-        i = end;
-    }
-    // Pairwise: depth log2(256) = 8.
-    while np > 1 {
-        for j in 0..np / 2 {
-            parts[j] = parts[2 * j] + parts[2 * j + 1];
-        }
-        if np % 2 == 1 {
-            parts[np / 2] = parts[np - 1];
-        }
-        np = np.div_ceil(2);
-    }
-    parts[0]
+    crate::sum_order::chunk_sum(T::ZERO, lo, hi, term)
 }

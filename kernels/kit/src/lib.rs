@@ -57,6 +57,8 @@
 // written there, whatever clippy would prefer.
 #[allow(clippy::all)]
 pub mod job;
+// The CPU sums' order, one definition shared with gpud.
+pub mod sum_order;
 
 mod float;
 pub use float::Float;
