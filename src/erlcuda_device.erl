@@ -25,7 +25,9 @@
 %%
 %% gpud's stdout (the protocol) and stderr (its diagnostics) come through
 %% the port's one pipe (`stderr_to_stdout'); {@link erlcuda_gpud_log} sends
-%% the diagnostics to OTP's logger.
+%% the diagnostics to OTP's logger. Telemetry ({@link erlcuda_telemetry}):
+%% `[erlcuda, gpud, restart]' at each exit, `[erlcuda, memory]' at each
+%% ready and every `memory_event_ms'.
 %%
 %% State (a map):
 %% <pre>
@@ -113,6 +115,7 @@ init({Id, Backend, Probe}) ->
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
             persistent_term:put({?MODULE, Id}, H),
+            memory_events(),
             S = #{id => Id, backend => Backend, probe => Probe, handle => H,
                   port => undefined, os_pid => undefined, status => starting,
                   step => undefined, probe_port => undefined, probe_pid => undefined,
@@ -158,6 +161,10 @@ handle_info({accept, Port}, #{port := Port, step := accept} = S) ->
     {noreply, accept_slice(S)};
 handle_info({Port, {exit_status, Status}}, #{port := Port} = S) ->
     {noreply, gpud_exited(Status, drain(Port, S))};
+handle_info(memory_event, S) ->
+    emit_memory(S),
+    memory_events(),
+    {noreply, S};
 handle_info({timeout, T, step}, #{timer := T, step := Step} = S) ->
     {noreply, start_failed({Step, timeout}, S#{timer := undefined})};
 handle_info({'EXIT', _PortOrOther, _}, S) ->
@@ -245,8 +252,10 @@ accept_slice(#{handle := H, port := Port, os_pid := OsPid} = S) ->
 
 ready(Name, #{started_at := T0} = S) ->
     Now = erlang:monotonic_time(microsecond),
-    cancel_timer(S#{status := up, step := undefined, name := Name, up_since := Now,
-                    ready_us := Now - T0}).
+    S1 = cancel_timer(S#{status := up, step := undefined, name := Name, up_since := Now,
+                         ready_us := Now - T0}),
+    emit_memory(S1),
+    S1.
 
 %% Sets the step and its deadline. accept and ready share one deadline:
 %% accept_slice/1 moves on to ready without a new timer.
@@ -274,7 +283,7 @@ start_failed(Why, #{id := Id, port := Port, os_pid := OsPid, probe_port := Probe
 %% scheduled: at once after a gpud that served a while, with exponential
 %% backoff after one that keeps dying young (or does not start).
 gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
-                      restarts := R} = S) ->
+                      restarts := R, os_pid := OsPid} = S) ->
     erlcuda_nif:reset(H, {gpud_exit, Status}),
     Now = erlang:monotonic_time(microsecond),
     Quick = Up =:= undefined orelse Now - Up < 1000000,
@@ -287,6 +296,12 @@ gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
     logger:warning("erlcuda device ~p: gpud exited (~p); restart in ~p ms", [Id, Status, Delay],
                    meta(Id)),
     erlang:send_after(Delay, self(), restart),
+    ToNative = fun(T, Unit) -> erlang:convert_time_unit(T, Unit, native) end,
+    erlcuda_telemetry:execute(
+      [erlcuda, gpud, restart],
+      #{system_time => erlang:system_time(), backoff => ToNative(Delay, millisecond),
+        uptime => case Up of undefined -> 0; _ -> ToNative(Now - Up, microsecond) end},
+      #{device => Id, os_pid => OsPid, reason => Status, restarts => R + 1}),
     S1 = cancel_timer(S),
     S1#{port := undefined, os_pid := undefined, status := down, step := undefined,
         restarts := R + 1, quick_fails := QF1, up_since := undefined, last_exit := Status}.
@@ -316,7 +331,7 @@ wait_gone(OsPid, N) ->
             end
     end.
 
-%%% Output and logs
+%%% Output, logs, telemetry
 
 %% One whole line of output from `Port' (gpud or its probe): a diagnostic
 %% is logged, anything else goes to `Then' (output/4 or late_output/4).
@@ -381,6 +396,25 @@ os_pid(Port) ->
 %% No domain: OTP's default handler would drop the event.
 meta(Id) ->
     #{device => Id}.
+
+%% The periodic [erlcuda, memory] event, only where telemetry is there.
+memory_events() ->
+    case {erlcuda_telemetry:handler(), application:get_env(erlcuda, memory_event_ms)} of
+        {false, _} -> ok;
+        {_, {ok, Ms}} when is_integer(Ms), Ms > 0 -> _ = erlang:send_after(Ms, self(), memory_event), ok;
+        _ -> ok
+    end.
+
+emit_memory(#{id := Id, handle := H, os_pid := OsPid}) ->
+    case erlcuda_telemetry:handler() of
+        false -> ok;
+        _ ->
+            #{arena_used := Used, arena_bytes := Bytes, arena_max_bytes := Max} = erlcuda_nif:stats(H),
+            erlcuda_telemetry:execute([erlcuda, memory],
+                                      #{arena_used => Used, arena_bytes => Bytes,
+                                        arena_max_bytes => Max},
+                                      #{device => Id, os_pid => OsPid})
+    end.
 
 info_map(#{id := Id, backend := B, name := Name, os_pid := OsPid, status := St,
            restarts := R, last_exit := LE, ready_us := RU}) ->
