@@ -10,8 +10,12 @@ defmodule ErlcudaExample do
     devices = :erlcuda.devices()
 
     cond do
-      devices != [] and Enum.all?(devices, &(&1.status == :up)) -> devices
-      tries == 0 -> raise "erlcuda: no device came up: #{inspect(devices)}"
+      devices != [] and Enum.all?(devices, &(&1.status == :up)) ->
+        devices
+
+      tries == 0 ->
+        raise "erlcuda: no device came up: #{inspect(devices)}"
+
       true ->
         Process.sleep(10)
         wait_ready(tries - 1)
