@@ -16,9 +16,13 @@
 %%
 %% A line longer than the port's line length arrives in pieces
 %% (`{noeol, Part}'): {@link part/2} keeps them until the rest comes.
+%%
+%% {@link filter/2} is a logger filter for seeing all of gpud's lines while
+%% keeping other events above a level (the benchmarks and the GPU check
+%% record gpud's `info' lines: device, JIT and registration times).
 -module(erlcuda_gpud_log).
 
--export([line/3, part/2, log_other/2, level/1]).
+-export([line/3, part/2, log_other/2, level/1, filter/2]).
 
 -export_type([meta/0]).
 
@@ -57,6 +61,19 @@ level(4) -> warning;
 level(5) -> notice;
 level(6) -> info;
 level(7) -> debug.
+
+%% @doc A primary logger filter: gpud's lines pass at every level, other
+%% events below `Min' are dropped. With the primary level lowered to `info'
+%% (logger checks it before any filter):
+%% `logger:add_primary_filter(gpud_lines, {fun erlcuda_gpud_log:filter/2, notice})'.
+-spec filter(logger:log_event(), logger:level()) -> logger:filter_return().
+filter(#{meta := #{device := _, os_pid := _}} = Event, _Min) ->
+    Event;
+filter(#{level := Level}, Min) ->
+    case logger:compare_levels(Level, Min) of
+        lt -> stop;
+        _ -> ignore
+    end.
 
 log(Level, Msg, Meta) ->
     logger:log(Level, "~ts", [text(Msg)], Meta).

@@ -15,7 +15,7 @@
 
 all() ->
     [ready_line_is_info, every_line_whole_and_in_order, last_line_without_newline,
-     probe_diagnostics, device_fault_is_an_error].
+     probe_diagnostics, device_fault_is_an_error, filter_keeps_gpud_lines].
 
 init_per_suite(Config) ->
     #{level := Level} = logger:get_primary_config(),
@@ -127,6 +127,18 @@ device_fault_is_an_error(_) ->
             ?assertEqual(#{device => 0, os_pid => P0}, Meta),
             ?assertMatch({_, _}, binary:match(Text, <<"simulated device fault">>))
     end.
+
+%% erlcuda_gpud_log:filter/2 (the benchmarks' and GPU check's): gpud's
+%% lines at every level, other events only from the level given.
+filter_keeps_gpud_lines(_) ->
+    F = fun erlcuda_gpud_log:filter/2,
+    Gpud = #{level => debug, msg => {string, "x"}, meta => #{device => 0, os_pid => 1}},
+    Ours = #{level => warning, msg => {string, "x"}, meta => #{device => 0}},
+    Otp = #{level => info, msg => {string, "x"}, meta => #{}},
+    ?assertEqual(Gpud, F(Gpud, error)),
+    ?assertEqual(stop, F(Ours, error)),
+    ?assertEqual(ignore, F(Ours, warning)),
+    ?assertEqual(stop, F(Otp, notice)).
 
 %%% Helpers
 
