@@ -6,7 +6,7 @@ BENCH_EBIN := _build/bench/ebin
 EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
-        user-modules example \
+        user-modules example test-docs test-as-dependency test-elixir \
         test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench \
         gpu-bundle clean
 
@@ -72,6 +72,9 @@ test: setup
 	$(MAKE) test-fuzz
 	$(MAKE) test-erlang
 	$(MAKE) example
+	$(MAKE) test-docs
+	$(MAKE) test-as-dependency
+	$(MAKE) test-elixir
 	$(MAKE) test-asan
 	$(MAKE) test-valgrind
 	$(MAKE) test-bench
@@ -116,6 +119,34 @@ test-kernel-build:
 test-erlang: compile gpud-fault user-modules
 	$(REBAR) eunit
 	ERLCUDA_USER_MODULES=$(USER_MODULES) ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) $(REBAR) ct
+
+# The API docs build (doc/), dialyzer finds nothing, and the application's
+# version is the newest one in CHANGELOG.md.
+test-docs: compile
+	$(REBAR) edoc
+	$(REBAR) dialyzer
+	@v=$$(erl -noshell -eval '{ok, [{application, _, P}]} = file:consult("src/erlcuda.app.src"), \
+	        io:format("~s", [proplists:get_value(vsn, P)]), halt().'); \
+	 top=$$(sed -n 's/^## \([0-9][0-9.]*\) .*/\1/p' CHANGELOG.md | head -1); \
+	 if [ "$$v" != "$$top" ]; then \
+	     echo "src/erlcuda.app.src says $$v, CHANGELOG.md's newest version is $$top"; exit 1; \
+	 fi; echo "version $$v: src/erlcuda.app.src and CHANGELOG.md agree"
+
+# erlcuda as a dependency of a throwaway rebar3 app: a kernel from erl -pa,
+# a relx release booted, dialyzer (README, "As a rebar3 dependency").
+test-as-dependency: compile
+	bash test/as_dependency.sh
+
+# erlcuda as a dependency of a mix project (examples/elixir, README "From
+# Elixir"), with Debian's elixir and rebar3 (no Hex). Skipped where elixir
+# is not installed (.ci/setup installs it).
+MIX_REBAR3 ?= $(shell command -v rebar3)
+test-elixir: compile
+	@if command -v mix >/dev/null; then \
+	    cd examples/elixir && MIX_REBAR3=$(MIX_REBAR3) mix test; \
+	else \
+	    echo "test-elixir: skipped, elixir is not installed (apt-get install elixir)"; \
+	fi
 
 # The benchmarks (bench/erlcuda_bench.erl) on this machine's backend, then
 # bench/report.py: bench/results/$(BENCH_MACHINE).json and bench/RESULTS.md.

@@ -25,7 +25,10 @@
 -define(SIZE_BUDGET_MS, 4000).
 
 main() ->
-    logger:set_primary_config(level, error),
+    %% Errors only from the VM side, but every line of gpud's: its device,
+    %% JIT and registration times belong in the run's log.
+    logger:set_primary_config(level, info),
+    _ = logger:add_primary_filter(erlcuda_bench, {fun erlcuda_gpud_log:filter/2, error}),
     Backend = case os:getenv("ERLCUDA_BACKEND") of false -> auto; B -> list_to_atom(B) end,
     application:load(erlcuda),
     application:set_env(erlcuda, backend, Backend),

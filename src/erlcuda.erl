@@ -67,8 +67,17 @@ launch(Kernel, Args) ->
 %% @doc Submits a job and returns at once. Exactly one message
 %% `{erlcuda, Ref, {ok, Result} | {error, Reason}}' follows for every
 %% `{ok, Ref}'. Options: `{device, N}' (default 0).
+%% Emits `[erlcuda, launch, start]' (and `exception' when refused) where
+%% telemetry is there: {@link erlcuda_telemetry}.
 -spec launch(kernel(), [term()], [option()]) -> {ok, reference()} | {error, reason()}.
 launch(Kernel, Args, Opts) ->
+    case erlcuda_telemetry:handler() of
+        false -> launch_untraced(Kernel, Args, Opts);
+        Mod -> erlcuda_telemetry:launch(Mod, false, Kernel, Opts,
+                                        fun() -> launch_untraced(Kernel, Args, Opts) end)
+    end.
+
+launch_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Device, _Timeout, Launch} -> submit(Device, Kernel, Args, Launch);
         {error, _} = E -> E
@@ -83,9 +92,17 @@ launch_sync(Kernel, Args) ->
 %% `{timeout, Ms}' (default 5000). After `{error, timeout}' no message about
 %% the job reaches the caller later: the job is cancelled, or, if its answer
 %% was already on its way, that answer is taken out of the mailbox and
-%% returned instead.
+%% returned instead. Emits `[erlcuda, launch, start | stop | exception]'
+%% where telemetry is there: {@link erlcuda_telemetry}.
 -spec launch_sync(kernel(), [term()], [option()]) -> {ok, result()} | {error, reason()}.
 launch_sync(Kernel, Args, Opts) ->
+    case erlcuda_telemetry:handler() of
+        false -> launch_sync_untraced(Kernel, Args, Opts);
+        Mod -> erlcuda_telemetry:launch(Mod, true, Kernel, Opts,
+                                        fun() -> launch_sync_untraced(Kernel, Args, Opts) end)
+    end.
+
+launch_sync_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Device, Timeout, Launch} ->
             case submit(Device, Kernel, Args, Launch) of

@@ -7,6 +7,7 @@
 %% @private
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
+    _ = erlcuda_telemetry:setup(),
     erlcuda_sup:start_link().
 
 %% @private

@@ -13,15 +13,24 @@
 %% returns; the start runs as messages to this server, so `info' and
 %% `stats' are answered while gpud starts, at most one accept slice
 %% (?ACCEPT_SLICE_MS) late. A start goes through these steps:
+%% <pre>
 %%   probe   `gpud --probe' says which backend serves the one asked for
 %%           (auto: cuda where a driver and a GPU exist, else cpu) and how
 %%           many devices it has; done once, before the first start
 %%   accept  gpud runs; the shared memory is handed to it in short accept
 %%           slices, so that its exit is noticed at once
 %%   ready   waiting for gpud's "ready" line
+%% </pre>
 %% A failed step counts as a gpud exit (backoff, then a new start).
 %%
+%% gpud's stdout (the protocol) and stderr (its diagnostics) come through
+%% the port's one pipe (`stderr_to_stdout'); {@link erlcuda_gpud_log} sends
+%% the diagnostics to OTP's logger. Telemetry ({@link erlcuda_telemetry}):
+%% `[erlcuda, gpud, restart]' at each exit, `[erlcuda, memory]' at each
+%% ready and every `memory_event_ms'.
+%%
 %% State (a map):
+%% <pre>
 %%   id, backend     device id; cpu | cuda, or what was asked for (auto |
 %%                   cuda) until the probe ran
 %%   probe           none | device | all: a probe is due before the next
@@ -31,13 +40,16 @@
 %%   status          starting | up | down (what erlcuda:devices/0 shows)
 %%   step            probe | accept | ready while starting, else undefined
 %%   probe_port      the running `gpud --probe', or undefined
-%%   probe_line      the last line it printed
+%%   probe_pid       its OS pid
+%%   probe_line      the last protocol line it printed
+%%   partial         the start of a long output line (noeol), else &lt;&lt;&gt;&gt;
 %%   timer           the deadline of the current step, or undefined
 %%   started_at      when the current gpud was spawned (for ready_us)
 %%   name            what gpud says the device is
 %%   restarts        gpud exits seen so far
-%%   quick_fails     consecutive exits of a gpud that ran < 1 s: drives backoff
+%%   quick_fails     consecutive exits of a gpud that ran &lt; 1 s: drives backoff
 %%   up_since, last_exit, ready_us (start-to-ready of the last start)
+%% </pre>
 -module(erlcuda_device).
 -behaviour(gen_server).
 
@@ -54,6 +66,8 @@
 -define(ACCEPT_SLICE_MS, 50).
 -define(START_TIMEOUT_MS, 20000).
 -define(PROBE_TIMEOUT_MS, 30000).
+%% How long an exited gpud's last output is waited for (see drain/2).
+-define(DRAIN_MS, 200).
 
 %%% API
 
@@ -101,9 +115,11 @@ init({Id, Backend, Probe}) ->
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
             persistent_term:put({?MODULE, Id}, H),
+            memory_events(),
             S = #{id => Id, backend => Backend, probe => Probe, handle => H,
                   port => undefined, os_pid => undefined, status => starting,
-                  step => undefined, probe_port => undefined, probe_line => <<>>,
+                  step => undefined, probe_port => undefined, probe_pid => undefined,
+                  probe_line => <<>>, partial => <<>>,
                   timer => undefined, started_at => undefined, name => <<>>,
                   restarts => 0, quick_fails => 0, up_since => undefined,
                   last_exit => undefined, ready_us => undefined},
@@ -129,23 +145,26 @@ handle_cast(_Msg, S) ->
     {noreply, S}.
 
 %% @private
+%% Output of gpud or its probe: diagnostics go to the logger, the rest is
+%% the protocol (output/4).
+handle_info({Port, {data, {noeol, Part}}}, #{partial := P} = S)
+  when Port =:= map_get(port, S); Port =:= map_get(probe_port, S) ->
+    {noreply, S#{partial := erlcuda_gpud_log:part(P, Part)}};
+handle_info({Port, {data, {eol, Part}}}, #{partial := P} = S)
+  when Port =:= map_get(port, S); Port =:= map_get(probe_port, S) ->
+    {noreply, port_line(Port, P, Part, fun output/4, S#{partial := <<>>})};
 %% gpud --probe
-handle_info({Port, {data, {eol, Line}}}, #{probe_port := Port} = S) ->
-    {noreply, S#{probe_line := Line}};
 handle_info({Port, {exit_status, Status}}, #{probe_port := Port} = S) ->
-    {noreply, probed(Status, S#{probe_port := undefined})};
+    {noreply, probed(Status, (drain(Port, S))#{probe_port := undefined})};
 %% gpud
 handle_info({accept, Port}, #{port := Port, step := accept} = S) ->
     {noreply, accept_slice(S)};
-handle_info({Port, {data, {eol, <<"ready ", Name/binary>>}}}, #{port := Port, step := ready} = S) ->
-    {noreply, ready(Name, S)};
-handle_info({Port, {data, {eol, Line}}}, #{port := Port, step := ready} = S) ->
-    {noreply, start_failed({unexpected, Line}, S)};
-handle_info({Port, {data, {eol, Line}}}, #{port := Port} = S) ->
-    logger:notice("erlcuda device ~p: gpud said ~ts", [maps:get(id, S), Line]),
-    {noreply, S};
 handle_info({Port, {exit_status, Status}}, #{port := Port} = S) ->
-    {noreply, gpud_exited(Status, S)};
+    {noreply, gpud_exited(Status, drain(Port, S))};
+handle_info(memory_event, S) ->
+    emit_memory(S),
+    memory_events(),
+    {noreply, S};
 handle_info({timeout, T, step}, #{timer := T, step := Step} = S) ->
     {noreply, start_failed({Step, timeout}, S#{timer := undefined})};
 handle_info({'EXIT', _PortOrOther, _}, S) ->
@@ -171,10 +190,11 @@ start(#{probe := none} = S) ->
 start(#{backend := Backend} = S) ->
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, ["--probe", "--backend", atom_to_list(Backend)]},
-                   exit_status, use_stdio, binary, {line, 1024}, hide]) of
+                   exit_status, use_stdio, stderr_to_stdout, binary, {line, 1024}, hide]) of
         Port ->
             step(probe, ?PROBE_TIMEOUT_MS, S#{status := starting, probe_port := Port,
-                                              probe_line := <<>>})
+                                              probe_pid := os_pid(Port),
+                                              probe_line := <<>>, partial := <<>>})
     catch error:Why ->
             gpud_exited({spawn_failed, Why}, S#{status := starting})
     end.
@@ -209,14 +229,15 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
             "--spin-us", integer_to_list(Spin)] ++ erlcuda_modules:gpud_args(),
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
-                  [{args, Args}, exit_status, use_stdio, binary, {line, 4096}, hide]) of
+                  [{args, Args}, exit_status, use_stdio, stderr_to_stdout, binary,
+                   {line, 4096}, hide]) of
         Port ->
-            {os_pid, OsPid} = erlang:port_info(Port, os_pid),
             self() ! {accept, Port},
-            step(accept, ?START_TIMEOUT_MS, S#{port := Port, os_pid := OsPid,
-                                               status := starting, started_at := T0})
+            step(accept, ?START_TIMEOUT_MS, S#{port := Port, os_pid := os_pid(Port),
+                                               status := starting, started_at := T0,
+                                               partial := <<>>})
     catch error:Why ->
-            logger:error("erlcuda device ~p: cannot run gpud: ~p", [Id, Why]),
+            logger:error("erlcuda device ~p: cannot run gpud: ~p", [Id, Why], meta(Id)),
             gpud_exited({spawn_failed, Why}, S#{status := starting})
     end.
 
@@ -231,8 +252,10 @@ accept_slice(#{handle := H, port := Port, os_pid := OsPid} = S) ->
 
 ready(Name, #{started_at := T0} = S) ->
     Now = erlang:monotonic_time(microsecond),
-    cancel_timer(S#{status := up, step := undefined, name := Name, up_since := Now,
-                    ready_us := Now - T0}).
+    S1 = cancel_timer(S#{status := up, step := undefined, name := Name, up_since := Now,
+                         ready_us := Now - T0}),
+    emit_memory(S1),
+    S1.
 
 %% Sets the step and its deadline. accept and ready share one deadline:
 %% accept_slice/1 moves on to ready without a new timer.
@@ -246,7 +269,7 @@ cancel_timer(#{timer := T} = S) ->
     S#{timer := undefined}.
 
 start_failed(Why, #{id := Id, port := Port, os_pid := OsPid, probe_port := Probe} = S) ->
-    logger:error("erlcuda device ~p: gpud start failed: ~p", [Id, Why]),
+    logger:error("erlcuda device ~p: gpud start failed: ~p", [Id, Why], meta(Id)),
     catch port_close(Probe),
     case Port of
         undefined -> ok;
@@ -260,7 +283,7 @@ start_failed(Why, #{id := Id, port := Port, os_pid := OsPid, probe_port := Probe
 %% scheduled: at once after a gpud that served a while, with exponential
 %% backoff after one that keeps dying young (or does not start).
 gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
-                      restarts := R} = S) ->
+                      restarts := R, os_pid := OsPid} = S) ->
     erlcuda_nif:reset(H, {gpud_exit, Status}),
     Now = erlang:monotonic_time(microsecond),
     Quick = Up =:= undefined orelse Now - Up < 1000000,
@@ -270,8 +293,15 @@ gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
                 0 -> 0;
                 _ -> min(Cap, Base bsl min(QF1 - 1, 20))
             end,
-    logger:warning("erlcuda device ~p: gpud exited (~p); restart in ~p ms", [Id, Status, Delay]),
+    logger:warning("erlcuda device ~p: gpud exited (~p); restart in ~p ms", [Id, Status, Delay],
+                   meta(Id)),
     erlang:send_after(Delay, self(), restart),
+    ToNative = fun(T, Unit) -> erlang:convert_time_unit(T, Unit, native) end,
+    erlcuda_telemetry:execute(
+      [erlcuda, gpud, restart],
+      #{system_time => erlang:system_time(), backoff => ToNative(Delay, millisecond),
+        uptime => case Up of undefined -> 0; _ -> ToNative(Now - Up, microsecond) end},
+      #{device => Id, os_pid => OsPid, reason => Status, restarts => R + 1}),
     S1 = cancel_timer(S),
     S1#{port := undefined, os_pid := undefined, status := down, step := undefined,
         restarts := R + 1, quick_fails := QF1, up_since := undefined, last_exit := Status}.
@@ -299,6 +329,91 @@ wait_gone(OsPid, N) ->
                 [_, <<"Z", _/binary>>] -> true;
                 _ -> timer:sleep(10), wait_gone(OsPid, N - 1)
             end
+    end.
+
+%%% Output, logs, telemetry
+
+%% One whole line of output from `Port' (gpud or its probe): a diagnostic
+%% is logged, anything else goes to `Then' (output/4 or late_output/4).
+port_line(Port, Partial, Part, Then, #{id := Id, os_pid := OsPid, probe_pid := ProbePid} = S) ->
+    Meta = #{device => Id,
+             os_pid => case Port =:= maps:get(probe_port, S) of true -> ProbePid; false -> OsPid end},
+    case erlcuda_gpud_log:line(Partial, Part, Meta) of
+        logged -> S;
+        {other, Line} -> Then(Port, Line, Meta, S)
+    end.
+
+%% The protocol: the probe's last line says what it found; gpud says
+%% `ready NAME' once, or `error REASON' when it cannot start. Other output
+%% (not gpud's own: the dynamic loader's, a user's host code's) is logged.
+output(Port, Line, _Meta, #{probe_port := Port} = S) ->
+    S#{probe_line := Line};
+output(_Port, <<"ready ", Name/binary>>, _Meta, #{step := ready} = S) ->
+    ready(Name, S);
+output(_Port, <<"error ", _/binary>> = Line, _Meta, #{step := ready} = S) ->
+    start_failed({unexpected, Line}, S);
+output(_Port, Line, Meta, S) ->
+    erlcuda_gpud_log:log_other(Line, Meta),
+    S.
+
+%% What a program wrote last can arrive after its exit_status (a last line
+%% without its newline always does): the port is read to its close (the
+%% 'EXIT' that follows EOF) before the exit is acted on, for at most
+%% ?DRAIN_MS (a child of gpud could hold the pipe open).
+drain(Port, S) ->
+    drain(Port, erlang:monotonic_time(millisecond) + ?DRAIN_MS, S).
+
+drain(Port, Deadline, #{partial := P} = S) ->
+    receive
+        {Port, {data, {noeol, Part}}} ->
+            drain(Port, Deadline, S#{partial := erlcuda_gpud_log:part(P, Part)});
+        {Port, {data, {eol, Part}}} ->
+            drain(Port, Deadline, port_line(Port, P, Part, fun late_output/4, S#{partial := <<>>}));
+        {'EXIT', Port, _} ->
+            flush_partial(Port, S)
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+            flush_partial(Port, S)
+    end.
+
+flush_partial(_Port, #{partial := <<>>} = S) -> S;
+flush_partial(Port, #{partial := P} = S) ->
+    port_line(Port, <<>>, P, fun late_output/4, S#{partial := <<>>}).
+
+%% After the exit: the probe's last protocol line still says why it failed;
+%% gpud's is only shown.
+late_output(Port, Line, _Meta, #{probe_port := Port} = S) ->
+    S#{probe_line := Line};
+late_output(_Port, Line, Meta, S) ->
+    erlcuda_gpud_log:log_other(Line, Meta),
+    S.
+
+os_pid(Port) ->
+    case erlang:port_info(Port, os_pid) of
+        {os_pid, P} -> P;
+        undefined -> undefined
+    end.
+
+%% No domain: OTP's default handler would drop the event.
+meta(Id) ->
+    #{device => Id}.
+
+%% The periodic [erlcuda, memory] event, only where telemetry is there.
+memory_events() ->
+    case {erlcuda_telemetry:handler(), application:get_env(erlcuda, memory_event_ms)} of
+        {false, _} -> ok;
+        {_, {ok, Ms}} when is_integer(Ms), Ms > 0 -> _ = erlang:send_after(Ms, self(), memory_event), ok;
+        _ -> ok
+    end.
+
+emit_memory(#{id := Id, handle := H, os_pid := OsPid}) ->
+    case erlcuda_telemetry:handler() of
+        false -> ok;
+        _ ->
+            #{arena_used := Used, arena_bytes := Bytes, arena_max_bytes := Max} = erlcuda_nif:stats(H),
+            erlcuda_telemetry:execute([erlcuda, memory],
+                                      #{arena_used => Used, arena_bytes => Bytes,
+                                        arena_max_bytes => Max},
+                                      #{device => Id, os_pid => OsPid})
     end.
 
 info_map(#{id := Id, backend := B, name := Name, os_pid := OsPid, status := St,

@@ -11,6 +11,10 @@ main() -> main([]).
 
 %% Options: {gpud_fault, Path} (a gpud built with fault injection).
 main(Opts) ->
+    %% gpud's info lines (device, JIT and registration times) in the log,
+    %% other events from notice up as before.
+    logger:set_primary_config(level, info),
+    _ = logger:add_primary_filter(gpud_lines, {fun erlcuda_gpud_log:filter/2, notice}),
     Backend = list_to_atom(os:getenv("ERLCUDA_BACKEND", "cuda")),
     Env = [{backend, Backend}, {poison_outputs, true}, {arena_bytes, 1 bsl 30},
            {arena_max_bytes, 16 bsl 30}],

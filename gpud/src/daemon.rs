@@ -92,11 +92,12 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     // here: its jobs are then refused as BAD_KERNEL.
     for (slot, dir) in &opts.modules {
         if let Err(e) = d.modules.load(*slot, dir, &mut *d.backend) {
-            eprintln!("gpud[{}]: module in slot {slot} ({}): {e}", opts.device, dir.display());
+            log!(Error, "gpud[{}]: module in slot {slot} ({}): {e}", opts.device, dir.display());
         }
     }
     announce(&format!("ready {kind} {name}"))?;
-    eprintln!(
+    log!(
+        Info,
         "gpud[{}]: ready: backend {kind} ({name}), sq {} cq {} entries, arena {} bytes",
         opts.device, geo.sq_entries, geo.cq_entries, geo.arena_bytes
     );
@@ -104,10 +105,11 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
 }
 
 /// Prints one protocol line on stdout and flushes it: the VM reads stdout
-/// line by line, and nothing else ever goes there.
+/// line by line, and nothing else ever goes there. The VM reads stderr
+/// through the same pipe: the line goes out in one write, as `log` requires.
 pub fn announce(line: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}")
+    out.write_all(format!("{line}\n").as_bytes())
         .and_then(|_| out.flush())
         .map_err(|e| Error::Sys {
             what: "write stdout",
@@ -304,7 +306,7 @@ impl Daemon {
     /// On a backend failure answers everything in flight first.
     fn poll_backend(&mut self) -> Result<bool> {
         if let Err(e) = self.backend.poll(&mut self.done) {
-            eprintln!("gpud[{}]: device failed: {e}", self.device);
+            log!(Error, "gpud[{}]: device failed: {e}", self.device);
             self.fail_all();
             return Err(e);
         }
@@ -325,7 +327,7 @@ impl Daemon {
         let done = std::mem::take(&mut self.done);
         for t in &done {
             let Some(i) = self.in_flight.iter().position(|f| f.ticket == *t) else {
-                eprintln!("gpud[{}]: backend reported unknown ticket {t}", self.device);
+                log!(Error, "gpud[{}]: backend reported unknown ticket {t}", self.device);
                 continue;
             };
             let f = self.in_flight.swap_remove(i);
@@ -359,11 +361,12 @@ impl Daemon {
     fn fail_all(&mut self) {
         let held = std::mem::take(&mut self.in_flight);
         if held.iter().any(|f| matches!(f.kernel, KernelRef::User(_))) {
-            eprintln!("gpud[{}]: a user's kernel was in flight: leaving the answers to the VM", self.device);
+            log!(Warning, "gpud[{}]: a user's kernel was in flight: leaving the answers to the VM", self.device);
             return;
         }
         for f in &held {
-            eprintln!(
+            log!(
+                Warning,
                 "gpud[{}]: answering {} {:?} jobs in flight with DEVICE_ERROR",
                 self.device,
                 f.jobs.len(),
@@ -394,7 +397,7 @@ impl Daemon {
             // A signal: the caller looks at the ring again and comes back.
             Err(nix::errno::Errno::EINTR) => return Ok(Wake::Look),
             Err(e) => {
-                eprintln!("gpud[{}]: poll: {}; exiting", self.device, e.desc());
+                log!(Error, "gpud[{}]: poll: {}; exiting", self.device, e.desc());
                 return Ok(Wake::Quit);
             }
         }
@@ -457,7 +460,7 @@ impl Daemon {
             Ok(SockState::Open) => Ok(Wake::Look),
             Ok(SockState::Closed) => Ok(self.quit("the VM closed the socket")),
             Err(e) => {
-                eprintln!("gpud[{}]: registering a segment failed: {e}", self.device);
+                log!(Error, "gpud[{}]: registering a segment failed: {e}", self.device);
                 self.fail_all();
                 Err(e)
             }
@@ -465,7 +468,7 @@ impl Daemon {
     }
 
     fn quit(&self, why: &str) -> Wake {
-        eprintln!("gpud[{}]: {why}; exiting", self.device);
+        log!(Info, "gpud[{}]: {why}; exiting", self.device);
         Wake::Quit
     }
 
@@ -476,7 +479,8 @@ impl Daemon {
         let drain = self.ring.drain_sq(&mut self.sqes);
         if let Some(pending) = drain.overrun {
             self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
-            eprintln!(
+            log!(
+                Error,
                 "gpud[{}]: SQ tail is {pending} entries ahead of head (ring of {}): \
                  corrupt; answered {} and skipped the rest",
                 self.device,
@@ -585,7 +589,7 @@ impl Daemon {
         let Ok(slot) = u16::try_from(slot) else { return Status::BadShape };
         if sqe.kernel == EC_CONTROL_UNLOAD_MODULE {
             self.modules.unload(slot, &mut *self.backend);
-            eprintln!("gpud[{}]: module slot {slot} unloaded", self.device);
+            log!(Info, "gpud[{}]: module slot {slot} unloaded", self.device);
             return Status::Ok;
         }
         let (path, msg) = match (
@@ -606,11 +610,11 @@ impl Daemon {
         };
         match result {
             Ok(d) => {
-                eprintln!("gpud[{}]: module slot {slot} loaded from {d}", self.device);
+                log!(Info, "gpud[{}]: module slot {slot} loaded from {d}", self.device);
                 Status::Ok
             }
             Err(e) => {
-                eprintln!("gpud[{}]: module slot {slot} refused: {e}", self.device);
+                log!(Warning, "gpud[{}]: module slot {slot} refused: {e}", self.device);
                 // SAFETY: as above; the output region is the job's own.
                 let out = unsafe { arena.output::<u8>(msg) };
                 out.fill(0);
@@ -658,7 +662,7 @@ impl Daemon {
                     drain,
                 }),
                 Err(e) => {
-                    eprintln!("gpud[{}]: {kernel:?} launch failed: {e}", self.device);
+                    log!(Error, "gpud[{}]: {kernel:?} launch failed: {e}", self.device);
                     // This launch, the rest of the drain and everything in
                     // flight: all answered before gpud exits.
                     // Launches that did finish (the CPU backend's, say)
@@ -692,13 +696,13 @@ impl Daemon {
         let mut warned = false;
         let room = self.ring.cq_wait_for_room(|| {
             if !warned {
-                eprintln!("gpud[{device}]: CQ full; waiting for the VM");
+                log!(Warning, "gpud[{device}]: CQ full; waiting for the VM");
                 warned = true;
             }
             !stdin_or_socket_closed(sock)
         });
         if !room {
-            eprintln!("gpud[{device}]: the VM went away while the CQ was full; exiting");
+            log!(Notice, "gpud[{device}]: the VM went away while the CQ was full; exiting");
             return false;
         }
         self.ring.cq_write(Cqe {

@@ -13,13 +13,18 @@
 //! - [`coalesce`]: grouping by kernel, batch statistics;
 //! - [`segment`]: arena segments sent after the handshake;
 //! - [`backend`]: the backends (`cpu`, `cuda`);
-//! - [`daemon`]: the main loop tying them together.
+//! - [`daemon`]: the main loop tying them together;
+//! - [`log`]: diagnostics on stderr, one `<level>`-prefixed line each, which
+//!   the VM turns into OTP logger events.
 //!
 //! Besides, with the `testkit` feature only (tests and benchmarks, never in
 //! the gpud the VM runs): [`testvec`] (shared test vectors, the descriptor
 //! builder, `gpud-bench --bench-backend`) and [`baseline`] (`gpud-bench
 //! --baseline`, the benchmarks' in-process baseline).
 
+// First, so that `log!` is in scope in every module below.
+#[macro_use]
+pub mod log;
 pub mod backend;
 #[cfg(feature = "testkit")]
 pub mod baseline;
@@ -64,7 +69,7 @@ pub fn exit_code(result: error::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpud: {e}");
+            log!(Error, "gpud: {e}");
             if let Some(reason) = e.stdout_reason() {
                 let _ = daemon::announce(&format!("error {reason}"));
             }

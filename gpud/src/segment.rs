@@ -121,9 +121,9 @@ impl Segments {
                     backend.add_segment(seg, base, len)?;
                     self.maps[seg] = Some(m);
                     self.sizes.set(seg, len);
-                    eprintln!("gpud[{device}]: arena segment {seg}: {len} bytes");
+                    log!(Info, "gpud[{device}]: arena segment {seg}: {len} bytes");
                 }
-                Err(e) => eprintln!("gpud[{device}]: refused a segment message: {e}"),
+                Err(e) => log!(Error, "gpud[{device}]: refused a segment message: {e}"),
             }
         }
     }

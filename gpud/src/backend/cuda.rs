@@ -494,7 +494,8 @@ impl CudaBackend {
                 "cuStreamCreate",
                 sys::cuStreamCreate(&mut user_stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
             )?;
-            eprintln!(
+            log!(
+                Info,
                 "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, PTX ({}) JIT {jit_ms:.0} ms",
                 drv / 1000,
                 drv % 1000 / 10,
@@ -820,7 +821,8 @@ impl Backend for CudaBackend {
                 bytes,
             });
         }
-        eprintln!(
+        log!(
+            Info,
             "gpud[{}]: cuda: registered segment {seg} ({bytes} bytes) in {:.1} ms",
             self.device,
             t.elapsed().as_secs_f64() * 1e3

@@ -233,7 +233,7 @@ pub fn probe(kind: BackendKind) -> Result<(&'static str, u32)> {
         BackendKind::Auto => match cuda::probe() {
             Ok(n) => Ok(("cuda", n)),
             Err(e) => {
-                eprintln!("gpud: backend auto: {e}; using the CPU");
+                log!(Notice, "gpud: backend auto: {e}; using the CPU");
                 Ok(("cpu", 1))
             }
         },
@@ -249,7 +249,7 @@ pub fn open(kind: BackendKind, device: u32) -> Result<Box<dyn Backend>> {
         BackendKind::Auto => match cuda::CudaBackend::open(device) {
             Ok(b) => Ok(Box::new(b)),
             Err(e) => {
-                eprintln!("gpud[{device}]: backend auto: {e}; using the CPU");
+                log!(Notice, "gpud[{device}]: backend auto: {e}; using the CPU");
                 Ok(Box::new(cpu::CpuBackend::new(device)))
             }
         },

@@ -1,0 +1,43 @@
+defmodule ErlcudaExample do
+  @moduledoc """
+  erlcuda from Elixir: the API is the Erlang module `:erlcuda`, called as is.
+  Vectors are lists of numbers, binaries of native-endian f32, or
+  `{type, binary}` (`:f64` here); results take the form of the first vector.
+  """
+
+  @doc "Waits until every device's gpud is up (the application starts it in the background)."
+  def wait_ready(tries \\ 500) do
+    devices = :erlcuda.devices()
+
+    cond do
+      devices != [] and Enum.all?(devices, &(&1.status == :up)) ->
+        devices
+
+      tries == 0 ->
+        raise "erlcuda: no device came up: #{inspect(devices)}"
+
+      true ->
+        Process.sleep(10)
+        wait_ready(tries - 1)
+    end
+  end
+
+  @doc "alpha * x + y on f64 vectors, as Elixir floats."
+  def saxpy(alpha, xs, ys) do
+    {:ok, {:f64, out}} = :erlcuda.launch_sync(:saxpy, [alpha, f64(xs), f64(ys)])
+    for <<v::float-64-native <- out>>, do: v
+  end
+
+  @doc "The dot product of two lists, launched without waiting; the answer is a message."
+  def dot_async(xs, ys) do
+    {:ok, ref} = :erlcuda.launch(:dot_product, [xs, ys])
+
+    receive do
+      {:erlcuda, ^ref, result} -> result
+    after
+      5000 -> {:error, :timeout}
+    end
+  end
+
+  defp f64(list), do: {:f64, for(v <- list, into: <<>>, do: <<v::float-64-native>>)}
+end

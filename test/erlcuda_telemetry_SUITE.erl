@@ -1,0 +1,260 @@
+%% Common Test: erlcuda's telemetry events, with a stand-in `telemetry'
+%% module (the real library is a Hex package, which CI does not fetch), and
+%% none at all where there is no `telemetry'.
+%%
+%% The stand-in has telemetry's execute/3 and sends every event to the
+%% process registered as `erlcuda_telemetry_sink' (the test case).
+-module(erlcuda_telemetry_SUITE).
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-compile([export_all, nowarn_export_all]).
+
+-define(SINK, erlcuda_telemetry_sink).
+
+all() ->
+    [without_telemetry, {group, with_telemetry}].
+
+groups() ->
+    [{with_telemetry, [sequence],
+      [launch_sync_start_stop, launch_sync_errors, launch_sync_timeout, launch_async,
+       gpud_restart, memory_events, memory_only_at_start]}].
+
+init_per_suite(Config) ->
+    %% A real telemetry in the code path would make without_telemetry moot.
+    case code:which(telemetry) of
+        non_existing -> Config;
+        Path -> {skip, {"a telemetry module is in the code path", Path}}
+    end.
+
+end_per_suite(_Config) ->
+    erlcuda_ref:stop_app(),
+    remove_stand_in().
+
+init_per_group(with_telemetry, Config) ->
+    ok = load_stand_in(),
+    Config.
+
+end_per_group(with_telemetry, _Config) ->
+    erlcuda_ref:stop_app(),
+    remove_stand_in().
+
+init_per_testcase(_Case, Config) ->
+    true = register(?SINK, self()),
+    Config.
+
+end_per_testcase(_Case, _Config) ->
+    unregister(?SINK),
+    erlcuda_ref:stop_app(),
+    flush().
+
+%%% Without telemetry
+
+%% No telemetry module: the check at start says so once, and nothing is
+%% emitted, whatever happens (launches, errors, a gpud restart, the memory
+%% timer). The answer is kept: a telemetry loaded after erlcuda's start is
+%% not even looked at (here the stand-in, which would report every call).
+without_telemetry(_) ->
+    remove_stand_in(),
+    ok = erlcuda_ref:start_app([{memory_event_ms, 50}]),
+    ?assertEqual(false, erlcuda_telemetry:handler()),
+    ?assertEqual(false, persistent_term:get({erlcuda_telemetry, handler})),
+    ok = load_stand_in(),
+    {ok, [3.0]} = erlcuda:launch_sync(vector_add, [[1.0], [2.0]]),
+    {error, {badarg, _}} = erlcuda:launch_sync(vector_add, [[1.0], [foo]]),
+    {ok, Ref} = erlcuda:launch(reduce, [[1.0, 2.0]]),
+    receive {erlcuda, Ref, {ok, 3.0}} -> ok after 5000 -> ct:fail(no_answer) end,
+    kill_gpud(),
+    _ = erlcuda_ref:wait_ready(),
+    timer:sleep(200),
+    ?assertEqual([], events()),
+    remove_stand_in().
+
+%%% With the stand-in
+
+launch_sync_start_stop(_) ->
+    ok = erlcuda_ref:start_app([]),
+    ?assertEqual(telemetry, erlcuda_telemetry:handler()),
+    flush(),
+    {ok, [3.0]} = erlcuda:launch_sync(vector_add, [[1.0], [2.0]], [{device, 0}]),
+    [{[erlcuda, launch, start], M0, Meta0}, {[erlcuda, launch, stop], M1, Meta1}] = launch_events(),
+    #{monotonic_time := T0, system_time := Sys} = M0,
+    #{duration := D, monotonic_time := T1} = M1,
+    ?assert(is_integer(Sys) andalso is_integer(T0)),
+    ?assert(is_integer(D) andalso D >= 0),
+    ?assertEqual(T1 - T0, D),
+    #{kernel := vector_add, device := 0, sync := true, telemetry_span_context := Ctx} = Meta0,
+    ?assertEqual(Meta0, Meta1),
+    ?assert(is_reference(Ctx)),
+    %% A user's kernel name as given.
+    {error, {unknown_kernel, {nomod, k}}} = erlcuda:launch_sync({nomod, k}, []),
+    [{[erlcuda, launch, start], _, #{kernel := {nomod, k}}},
+     {[erlcuda, launch, exception], _, #{kernel := {nomod, k}}}] = launch_events().
+
+%% Every refusal and error answer is an exception event with the reason
+%% launch_sync returned.
+launch_sync_errors(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    Calls = [{vector_add, [[1.0], [foo]], []},
+             {vector_add, [[1.0], [2.0, 3.0]], []},
+             {no_such_kernel, [], []},
+             {vector_add, [[1.0], [2.0]], [{device, 7}]},
+             {vector_add, [[1.0], [2.0]], [{bogus, 1}]},
+             {vector_add, [[1.0], [2.0]], not_a_list}],
+    [begin
+         {error, Reason} = erlcuda:launch_sync(K, A, O),
+         [{[erlcuda, launch, start], _, Meta},
+          {[erlcuda, launch, exception], #{duration := D}, XMeta}] = launch_events(),
+         ?assert(D >= 0),
+         ?assertEqual(Meta#{kind => error, reason => Reason, stacktrace => []}, XMeta),
+         ?assertEqual(K, maps:get(kernel, Meta)),
+         ?assertEqual(case O of [{device, N}] -> N; _ -> 0 end, maps:get(device, Meta))
+     end || {K, A, O} <- Calls],
+    ok.
+
+%% A timeout is an exception with reason `timeout' (or, when the answer
+%% raced the timeout, a stop): always what the caller got.
+launch_sync_timeout(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    N = 384,
+    Big = erlcuda_ref:to_binary(erlcuda_ref:random_vector(N * N)),
+    Results = [erlcuda:launch_sync(matmul, [Big, Big, N, N, N], [{timeout, 0}]) || _ <- lists:seq(1, 5)],
+    Events = launch_events(),
+    ?assertEqual(10, length(Events)),
+    lists:foreach(
+      fun({Result, [{[erlcuda, launch, start], _, _}, {Name, _, Meta}]}) ->
+              case Result of
+                  {error, timeout} ->
+                      ?assertEqual([erlcuda, launch, exception], Name),
+                      ?assertEqual(timeout, maps:get(reason, Meta));
+                  {ok, _} ->
+                      ?assertEqual([erlcuda, launch, stop], Name)
+              end
+      end, lists:zip(Results, pairs(Events))),
+    ?assert(lists:member({error, timeout}, Results)).
+
+%% launch/3: a start carrying the job's ref (its answer goes to the caller
+%% alone: no stop); a refusal is a start and an exception.
+launch_async(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    {ok, Ref} = erlcuda:launch(dot_product, [[1.0, 2.0], [3.0, 4.0]]),
+    receive {erlcuda, Ref, {ok, 11.0}} -> ok after 5000 -> ct:fail(no_answer) end,
+    timer:sleep(100),
+    [{[erlcuda, launch, start], #{monotonic_time := _, system_time := _}, Meta}] = launch_events(),
+    #{kernel := dot_product, device := 0, sync := false, ref := Ref} = Meta,
+    {error, {no_device, 3}} = erlcuda:launch(reduce, [[1.0]], [{device, 3}]),
+    [{[erlcuda, launch, start], _, #{sync := false} = M0},
+     {[erlcuda, launch, exception], _, M1}] = launch_events(),
+    ?assertNot(maps:is_key(ref, M0)),
+    ?assertEqual({error, {no_device, 3}}, {maps:get(kind, M1), maps:get(reason, M1)}).
+
+%% kill -9 of gpud: one restart event naming the device, the gpud that
+%% died, why, and how long it had been up.
+gpud_restart(_) ->
+    ok = erlcuda_ref:start_app([]),
+    [#{os_pid := P0}] = erlcuda:devices(),
+    timer:sleep(50),
+    flush(),
+    kill_gpud(),
+    receive
+        {telemetry, [erlcuda, gpud, restart], M, Meta} ->
+            #{system_time := _, backoff := Backoff, uptime := Up} = M,
+            ?assert(is_integer(Backoff) andalso Backoff >= 0),
+            ?assert(Up >= erlang:convert_time_unit(50, millisecond, native)),
+            ?assertMatch(#{device := 0, os_pid := P0, restarts := 1, reason := 137}, Meta)
+    after 5000 -> ct:fail(no_restart_event)
+    end,
+    [#{os_pid := P1}] = erlcuda_ref:wait_ready(),
+    ?assertNotEqual(P0, P1).
+
+%% [erlcuda, memory]: at gpud's ready, then every memory_event_ms; the arena
+%% in use follows a result kept alive in it.
+memory_events(_) ->
+    ok = erlcuda_ref:start_app([{memory_event_ms, 100}, {arena_bytes, 1 bsl 20},
+                                {arena_max_bytes, 16 bsl 20}]),
+    [#{os_pid := P}] = erlcuda:devices(),
+    {M0, Meta} = memory_event(),
+    ?assertEqual(#{device => 0, os_pid => P}, Meta),
+    #{arena_used := U0, arena_bytes := Bytes, arena_max_bytes := Max} = M0,
+    ?assertEqual(16 bsl 20, Max),
+    ?assert(Bytes >= 1 bsl 20 andalso U0 >= 0),
+    %% A 256 KiB result stays in the arena while referenced.
+    X = erlcuda_ref:to_binary(lists:duplicate(1 bsl 16, 1.0)),
+    {ok, Sum} = erlcuda:launch_sync(vector_add, [X, X]),
+    flush(),
+    {#{arena_used := U1}, _} = memory_event(),
+    ?assert(U1 >= U0 + byte_size(Sum)),
+    flush(),
+    {_, _} = memory_event(),
+    {_, _} = memory_event().
+
+%% memory_event_ms = infinity: one event per gpud start, none in between.
+memory_only_at_start(_) ->
+    ok = erlcuda_ref:start_app([{memory_event_ms, infinity}]),
+    timer:sleep(300),
+    ?assertMatch([{[erlcuda, memory], _, _}], events()),
+    kill_gpud(),
+    _ = erlcuda_ref:wait_ready(),
+    timer:sleep(100),
+    ?assertMatch([{[erlcuda, gpud, restart], _, _}, {[erlcuda, memory], _, _}], events()).
+
+%%% Helpers
+
+%% The stand-in: telemetry's execute/3, nothing else.
+load_stand_in() ->
+    Src = "-module(telemetry).\n"
+          "-export([execute/3]).\n"
+          "execute(Event, Measurements, Meta) ->\n"
+          "    case whereis(" ++ atom_to_list(?SINK) ++ ") of\n"
+          "        undefined -> ok;\n"
+          "        Pid -> Pid ! {telemetry, Event, Measurements, Meta}, ok\n"
+          "    end.\n",
+    Forms = forms(Src),
+    {ok, telemetry, Bin} = compile:forms(Forms, [binary, return_errors]),
+    {module, telemetry} = code:load_binary(telemetry, "telemetry_stand_in.erl", Bin),
+    ok.
+
+forms(Src) ->
+    {ok, Tokens, _} = erl_scan:string(Src),
+    split_forms(Tokens, []).
+
+split_forms([], Acc) -> lists:reverse(Acc);
+split_forms(Tokens, Acc) ->
+    {Form, [Dot | Rest]} = lists:splitwith(fun(T) -> element(1, T) =/= dot end, Tokens),
+    {ok, F} = erl_parse:parse_form(Form ++ [Dot]),
+    split_forms(Rest, [F | Acc]).
+
+remove_stand_in() ->
+    _ = code:purge(telemetry),
+    _ = code:delete(telemetry),
+    _ = code:purge(telemetry),
+    ok.
+
+kill_gpud() ->
+    [#{os_pid := P}] = erlcuda:devices(),
+    os:cmd("kill -9 " ++ integer_to_list(P)).
+
+memory_event() ->
+    receive {telemetry, [erlcuda, memory], M, Meta} -> {M, Meta}
+    after 5000 -> ct:fail(no_memory_event)
+    end.
+
+%% The launch events so far, in order (other events left out).
+launch_events() ->
+    [E || {[erlcuda, launch, _], _, _} = E <- events()].
+
+events() ->
+    receive {telemetry, E, M, Meta} -> [{E, M, Meta} | events()]
+    after 0 -> []
+    end.
+
+pairs([A, B | T]) -> [[A, B] | pairs(T)];
+pairs([]) -> [].
+
+flush() ->
+    receive {telemetry, _, _, _} -> flush()
+    after 0 -> ok
+    end.
