@@ -169,7 +169,9 @@ enum ec_output {
  * element type (f32 jobs in f32, f64 jobs in f64). A reduction of n terms
  * adds each term through at most EC_SUM_SERIAL serial additions, then a
  * pairwise tree of depth <= 16, then at most ceil(n / EC_SUM_CHUNK) partials
- * in sequence; a matmul output is a serial (fused) multiply-add chain over k.
+ * in sequence; a matmul output sums its k products in k order at most k + 1
+ * roundings deep (the GPU: one fused multiply-add chain; the CPU: blocked
+ * chains, each block's sum added to the output in turn).
  * Tests derive their tolerance from these depths (test/erlcuda_ref.erl).
  *
  * Adding a kernel: one row here, gpud/src/ops/<atom>.rs, kernels/src/<entry>.rs

@@ -1,6 +1,7 @@
 //! `matmul`: `C (m×n) = A (m×k) · B (k×n)`, row-major, Args
-//! `[A, B, M, N, K]`. Each output element is one serial multiply-add chain
-//! over k in the element type, on both backends.
+//! `[A, B, M, N, K]`. Each output element sums its k products in k order in
+//! the element type: one fused chain on the GPU, blocked chains on the CPU
+//! ([`Gemm`]), at most k + 1 roundings deep on both (the header's rule).
 
 use super::{abi, push_pod, DevPtrs, DeviceLaunch, Float, KernelOp, Placement};
 use crate::backend::Arena;
@@ -79,28 +80,55 @@ impl KernelOp for Op {
 
 /// Row-major `out (m×n) = a (m×k) · b (k×n)`, each output a serial chain
 /// over k in `T`, rows in parallel when large.
-pub fn matmul_cpu<T: Float>(a: &[T], b: &[T], out: &mut [T], m: usize, n: usize, k: usize) {
+pub fn matmul_cpu<T: Float + Gemm>(a: &[T], b: &[T], out: &mut [T], m: usize, n: usize, k: usize) {
     use rayon::prelude::*;
     assert!(a.len() == m * k && b.len() == k * n && out.len() == m * n);
     if m == 0 || n == 0 {
         return;
     }
-    let row = |i: usize, orow: &mut [T]| {
-        // i-k-j order: the inner loop streams one row of B and the output
-        // row with unit stride, which vectorises.
-        orow.fill(T::ZERO);
-        for (p, &aip) in a[i * k..(i + 1) * k].iter().enumerate() {
-            for (s, &bpj) in orow.iter_mut().zip(&b[p * n..(p + 1) * n]) {
-                *s += aip * bpj;
+    // Bands of rows over rayon's threads, each one GEMM call: the crate
+    // runs one thread per call (its own threading is off), so the row
+    // split stays ours and the result does not depend on the thread count.
+    let rows_per_band = if (m as u64) * (n as u64) * (k.max(1) as u64) >= PAR_MATMUL_WORK && m > 1 {
+        m.div_ceil(rayon::current_num_threads() * 4).max(1)
+    } else {
+        m
+    };
+    out.par_chunks_mut(rows_per_band * n).enumerate().for_each(|(band, o)| {
+        let rows = o.len() / n;
+        let a = &a[band * rows_per_band * k..][..rows * k];
+        T::gemm(a, b, o, rows, n, k);
+    });
+}
+
+/// A row-major GEMM `out = a · b` of the element type (matrixmultiply's
+/// packed, cache-blocked kernels: sgemm / dgemm). Each output element sums
+/// its k products in k order: chains of at most the crate's kc products
+/// (fused where the CPU has FMA), each chain's sum then added to the
+/// output, so at most k + 1 roundings deep, the depth the header states.
+pub trait Gemm: Sized {
+    fn gemm(a: &[Self], b: &[Self], out: &mut [Self], m: usize, n: usize, k: usize);
+}
+
+macro_rules! gemm_impl {
+    ($t:ty, $f:ident) => {
+        impl Gemm for $t {
+            fn gemm(a: &[$t], b: &[$t], out: &mut [$t], m: usize, n: usize, k: usize) {
+                assert!(a.len() >= m * k && b.len() >= k * n && out.len() >= m * n);
+                // SAFETY: the asserts bound every access: A is m×k with row
+                // stride k, B k×n with row stride n, C m×n with row stride
+                // n, all unit column stride; beta = 0 ignores C's contents.
+                unsafe {
+                    matrixmultiply::$f(
+                        m, k, n, 1.0,
+                        a.as_ptr(), k as isize, 1,
+                        b.as_ptr(), n as isize, 1,
+                        0.0, out.as_mut_ptr(), n as isize, 1,
+                    )
+                }
             }
         }
     };
-    let work = m as u64 * n as u64 * k.max(1) as u64;
-    if work >= PAR_MATMUL_WORK && m > 1 {
-        out.par_chunks_mut(n).enumerate().for_each(|(i, orow)| row(i, orow));
-    } else {
-        for (i, orow) in out.chunks_mut(n).enumerate() {
-            row(i, orow);
-        }
-    }
 }
+gemm_impl!(f32, sgemm);
+gemm_impl!(f64, dgemm);
