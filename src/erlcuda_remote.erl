@@ -7,29 +7,32 @@
 %% Per job, one proxy process is spawned on the device's node (with
 %% `spawn_request/5', as erpc does): it submits the job there through the
 %% local fast path, so the NIF's answer goes to it, and it ends with that
-%% answer as its exit reason. Whoever spawned it holds a monitor on it, so the
-%% answer and the loss of the node arrive as one and the same signal, the
-%% monitor's `DOWN': there is no second message to race with, and a
-%% `noconnection' (the node went down, or the connection to it) is the
-%% monitor firing, never a timeout.
+%% answer as its exit reason. Its spawner watches it (a monitor, or a link
+%% while trapping exits), so the answer and the loss of the node arrive as
+%% one and the same signal, the `DOWN' or `EXIT' of the proxy: there is no
+%% second message to race with, and a `noconnection' (the node went down, or
+%% the connection to it) is that signal, never a timeout.
 %%
-%% `launch/5' (asynchronous): the caller cannot be left holding a monitor
+%% `launch/5' (asynchronous): the caller cannot be left watching anything
 %% (after `{ok, Ref}' it runs its own code), so a relay process on the
-%% caller's node spawns and monitors the proxy, and turns its `DOWN' into
-%% exactly one `{erlcuda, Ref, Result}' for the caller (Ref made by the
-%% caller, returned by `launch'). The proxy acknowledges the submit before
-%% the job runs, so `launch' returns what the remote `launch' said: `{ok,
-%% Ref}' or `{error, Reason}' (a bad argument, a kernel that node has not
-%% loaded, busy), as a local launch does. The relay watches the caller: if
-%% the caller exits, the relay exits, and the proxy, which watches the relay,
-%% cancels the job.
+%% caller's node spawns the proxy linked to it, traps exits, and turns the
+%% proxy's `EXIT' into exactly one `{erlcuda, Ref, Result}' for the caller
+%% (Ref made by the caller, returned by `launch'). The proxy acknowledges the
+%% submit before the job runs, so `launch' returns what the remote `launch'
+%% said: `{ok, Ref}' or `{error, Reason}' (a bad argument, a kernel that node
+%% has not loaded, busy), as a local launch does. The link works both ways:
+%% the relay exits with the caller (it monitors it), and the proxy, trapping
+%% exits too, then cancels the job. One link instead of two monitors: three
+%% signals cross the connection per job (spawn, acknowledgement, exit).
 %%
-%% `launch_sync/6': the caller waits, so it holds the monitor itself (no
+%% `launch_sync/6': the caller waits, so it holds a monitor itself (no
 %% relay). On its timeout it abandons the request the way erpc does
 %% (`spawn_request_abandon/1', then `demonitor/2' with `info'): after that no
 %% signal of the request can reach it, and an answer already in the mailbox is
 %% taken and returned. The proxy holds the same timeout and cancels the job
-%% on the device when it passes, or when the caller is gone.
+%% on the device when it passes; with a finite timeout that bounds what a
+%% caller that died leaves running, so the proxy does not watch the caller
+%% (two signals per job: spawn and exit); with `infinity' it monitors it.
 %%
 %% Exit reasons of a proxy (`Tag' a reference made for the job):
 %%   {Tag, refused, Reason}   the remote `launch' said {error, Reason}
@@ -118,24 +121,26 @@ abandon(Node, Tag, ReqId) ->
 %% caller exactly one of: {Ref, refused, Reason}; or {Ref, accepted} and then
 %% one {erlcuda, Ref, Result}.
 relay(Caller, Ref, Node, N, Kernel, Args, Launch) ->
+    %% The proxy is the only process linked to this one.
+    process_flag(trap_exit, true),
     CMon = erlang:monitor(process, Caller),
     Tag = make_ref(),
     erlcuda_cluster:count_sent(Node, N, 1),
     ReqId = spawn_request(Node, ?MODULE, proxy, [async, self(), Tag, N, Kernel, Args, Launch, infinity],
-                          [{reply, error_only}, monitor]),
+                          [{reply, error_only}, link]),
     receive
         {Tag, accepted} ->
             Caller ! {Ref, accepted},
             receive
-                {'DOWN', ReqId, process, _, Reason} ->
+                {'EXIT', _Proxy, Reason} ->
                     {answer, Result} = outcome(Node, Tag, Reason),
                     Caller ! {erlcuda, Ref, Result};
                 {'DOWN', CMon, process, _, _} ->
-                    %% The caller is gone; the proxy sees this relay exit and
-                    %% cancels the job.
+                    %% The caller is gone: this relay's exit reaches the
+                    %% proxy through the link, and it cancels the job.
                     ok
             end;
-        {'DOWN', ReqId, process, _, Reason} ->
+        {'EXIT', _Proxy, Reason} ->
             %% Refused (or lost) before it was accepted: launch/5 says so.
             case outcome(Node, Tag, Reason) of
                 {refused, Why} -> Caller ! {Ref, refused, Why};
@@ -148,7 +153,7 @@ relay(Caller, Ref, Node, N, Kernel, Args, Launch) ->
     end,
     erlcuda_cluster:count_sent(Node, N, -1).
 
-%% A proxy's exit reason, as seen through the monitor.
+%% A proxy's exit reason, as seen through the monitor or the link.
 outcome(_Node, Tag, {Tag, refused, Reason}) -> {refused, Reason};
 outcome(_Node, Tag, {Tag, answer, Result}) -> {answer, Result};
 outcome(Node, _Tag, noconnection) -> {answer, {error, {nodedown, Node}}};
@@ -168,7 +173,7 @@ spawn_error(_Node, Why) -> {remote, {spawn, Why}}.
 %% Runs one job on local device `N' for `Owner' (the relay or the caller of
 %% launch_sync, on another node) and exits with its answer (module doc).
 proxy(Mode, Owner, Tag, N, Kernel, Args, Launch, Timeout) ->
-    OMon = erlang:monitor(process, Owner),
+    OMon = watch(Mode, Owner, Timeout),
     %% erlcuda_cluster_sup is the first child erlcuda stops: its DOWN says
     %% this node's erlcuda is going away, before any device closes.
     case whereis(erlcuda_cluster_sup) of
@@ -194,10 +199,23 @@ proxy(Mode, Owner, Tag, N, Kernel, Args, Launch, Timeout) ->
             end
     end.
 
+%% async: linked to the relay, trapping its exit; sync: a monitor on the
+%% caller only without a deadline (see the module doc).
+watch(async, Owner, _) ->
+    process_flag(trap_exit, true),
+    {'EXIT', Owner};
+watch(sync, Owner, infinity) ->
+    erlang:monitor(process, Owner);
+watch(sync, _Owner, _) ->
+    none.
+
 wait(N, Ref, OMon, SMon, Timeout) ->
     receive
         {erlcuda, Ref, Result} ->
             local_answer(Result);
+        {'EXIT', Owner, _} when OMon =:= {'EXIT', Owner} ->
+            _ = cancel(N, Ref),
+            owner_gone;
         {'DOWN', SMon, process, _, _} ->
             %% erlcuda stops here: to the caller that is the node going away.
             case cancel(N, Ref) of

@@ -27,7 +27,8 @@ all() ->
 
 groups() ->
     [{two_nodes, [sequence],
-      [devices_in_cluster, routed_to_node, any_on_an_idle_cluster_stays_local, errors_at_once,
+      [devices_in_cluster, routed_to_node, any_on_an_idle_cluster_stays_local,
+       local_bias_keeps_jobs_here, errors_at_once,
        users_kernel_judged_remotely, sync_timeout_leaves_nothing, callers_that_die,
        large_vectors, erlcuda_stops_with_jobs_in_flight]},
      {three_nodes, [], [any_spreads_load]}].
@@ -99,6 +100,25 @@ any_on_an_idle_cluster_stays_local(Config) ->
      || _ <- lists:seq(1, 20)],
     ?assertEqual(Local0 + 20, local_jobs_ok()),
     ?assertEqual(Jobs0, jobs_ok(P)).
+
+%% cluster_local_bias: a remote device must be that many jobs less busy.
+%% With a bias larger than anything queued here, concurrent `any' jobs all
+%% stay here; with 0 (the default) the same load reaches the peer.
+local_bias_keeps_jobs_here(Config) ->
+    [{P, _B}] = ?config(peers, Config),
+    {Args, Expected} = ones_matmul(96),
+    Burst = fun() ->
+                    Refs = [ok(erlcuda:launch(matmul, Args, [{device, any}])) || _ <- lists:seq(1, 40)],
+                    [{ok, Expected} = one_answer(R) || R <- Refs]
+            end,
+    Jobs0 = jobs_ok(P),
+    application:set_env(erlcuda, cluster_local_bias, 1000),
+    try Burst() after application:unset_env(erlcuda, cluster_local_bias) end,
+    ?assertEqual(Jobs0, jobs_ok(P)),
+    Burst(),
+    ?assert(jobs_ok(P) > Jobs0),
+    no_stray(),
+    settled([P]).
 
 %% Refusals come from launch at once and no message follows: a node not in
 %% the cluster (no connection is even tried), a device the node does not
