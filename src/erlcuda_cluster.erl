@@ -25,12 +25,13 @@
 %% `{device, any}' takes the least of these among the devices that are `up'
 %% (all of them if none is), the local device winning a tie, ties among
 %% remote ones broken at random. `cluster_local_bias' (application env,
-%% default 0) is added to every remote device's figure: a job leaves this
-%% node only for a device that many jobs less busy. A remote job costs a
-%% round trip and its copies (measured in bench/erlcuda_cluster_bench.erl),
-%% which a device with a few jobs queued may well beat; 0 is the plain rule. A launch that a device refuses before it
-%% runs anything (`busy', gone, a user's kernel that node has not loaded) is
-%% tried on the next best.
+%% default 0, read on every such launch) is added to every remote device's
+%% figure: a job leaves this node only for a device that many jobs less
+%% busy. A remote job costs a round trip and its copies (measured in
+%% bench/erlcuda_cluster_bench.erl), which a device with a few jobs queued
+%% may well beat; 0 is the plain rule. A launch that a device refuses before
+%% it runs anything (`busy', gone, a user's kernel that node has not loaded)
+%% is tried on the next best.
 %%
 %% Tables:
 %%   erlcuda_cluster_view (protected, this server's):
@@ -107,17 +108,17 @@ launch({Node, N} = Device, Kernel, Args, Launch) ->
     end;
 launch(any, Kernel, Args, Launch) ->
     first_any(route(), Kernel,
-          fun({Node, N}) when Node =:= node() ->
-                  case erlcuda:launch(Kernel, Args, [{device, N} | Launch]) of
-                      {error, R} -> {refused, R};
-                      Ok -> {answer, Ok}
-                  end;
-             ({Node, N}) ->
-                  case erlcuda_remote:launch(Node, N, Kernel, Args, Launch) of
-                      {error, R} -> {refused, R};
-                      Ok -> {answer, Ok}
-                  end
-          end).
+              fun({Node, N}) when Node =:= node() ->
+                      case erlcuda:launch(Kernel, Args, [{device, N} | Launch]) of
+                          {error, R} -> {refused, R};
+                          Ok -> {answer, Ok}
+                      end;
+                 ({Node, N}) ->
+                      case erlcuda_remote:launch(Node, N, Kernel, Args, Launch) of
+                          {error, R} -> {refused, R};
+                          Ok -> {answer, Ok}
+                      end
+              end).
 
 %% @doc `erlcuda:launch_sync/3' for a target other than a local device
 %% number. `Timeout' covers the whole call, retries of `any' included.
@@ -141,14 +142,20 @@ launch_sync(any, Kernel, Args, Launch, Timeout) ->
                    _ -> erlang:monotonic_time(millisecond) + Timeout
                end,
     first_any(route(), Kernel,
-          fun({Node, N}) when Node =:= node() ->
-                  case erlcuda:launch_sync(Kernel, Args, [{device, N}, {timeout, left(Deadline)} | Launch]) of
-                      {error, R} = E -> case refusal(R) of true -> {refused, R}; false -> {answer, E} end;
-                      Ok -> {answer, Ok}
-                  end;
-             ({Node, N}) ->
-                  erlcuda_remote:launch_sync(Node, N, Kernel, Args, Launch, left(Deadline))
-          end).
+              fun({Node, N}) when Node =:= node() ->
+                      Opts = [{device, N}, {timeout, left(Deadline)} | Launch],
+                      case erlcuda:launch_sync(Kernel, Args, Opts) of
+                          {error, R} = E ->
+                              case refusal(R) of
+                                  true -> {refused, R};
+                                  false -> {answer, E}
+                              end;
+                          Ok ->
+                              {answer, Ok}
+                      end;
+                 ({Node, N}) ->
+                      erlcuda_remote:launch_sync(Node, N, Kernel, Args, Launch, left(Deadline))
+              end).
 
 %% @doc The cluster's devices for `{device, any}', best first (see the
 %% module doc).
@@ -371,10 +378,10 @@ refresh(#{local := Old} = S) ->
     Devs = try erlcuda:devices() catch _:_ -> maps:values(Old) end,
     New = maps:from_list([{Id, D} || D = #{id := Id} <- Devs]),
     [ok = pg:join(?SCOPE, ?GROUP(Id), self()) || Id <- maps:keys(New), not is_map_key(Id, Old)],
-    [begin
-         ok = pg:leave(?SCOPE, ?GROUP(Id), self()),
-         ets:delete(?VIEW, {node(), Id})
-     end || Id <- maps:keys(Old), not is_map_key(Id, New)],
+    [ok = pg:leave(?SCOPE, ?GROUP(Id), self()) || Id <- maps:keys(Old), not is_map_key(Id, New)],
+    %% Rows of devices gone, and init/1's guesses that were wrong.
+    [ets:delete(?VIEW, {node(), Id}) || [Id] <- ets:match(?VIEW, {{node(), '$1'}, '_', '_', '_', '_'}),
+                                        not is_map_key(Id, New)],
     [true = ets:insert(?VIEW, {{node(), Id}, status(D), 0, 0, D}) || {Id, D} <- maps:to_list(New)],
     routes(),
     Next = case lists:all(fun(D) -> status(D) =:= up end, Devs) of
