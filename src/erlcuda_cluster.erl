@@ -6,10 +6,12 @@
 %% Discovery is `pg' over Erlang distribution, nothing of erlcuda's own: on
 %% every node this server joins the group `{erlcuda_device, Id}' of scope
 %% `erlcuda_pg' for each local device, so the members of a group are the
-%% nodes that have that device. Nodes that connect are seen through the
-%% scope's join events, nodes that leave or disconnect through its leave
-%% events; nothing is configured. (Connecting nodes, and reconnecting them
-%% after a partition, is the cluster's business, as for pg itself.)
+%% nodes that have that device, and the group `erlcuda_nodes', so that a
+%% node without devices (`devices = []', a client) is known too and gets the
+%% others' reports. Nodes that connect are seen through the scope's join
+%% events, nodes that leave or disconnect through its leave events; nothing
+%% is configured. (Connecting nodes, and reconnecting them after a
+%% partition, is the cluster's business, as for pg itself.)
 %%
 %% Load: every `cluster_load_ms' (application env, default 10) this server
 %% sends each peer server the ring entries in flight (queued or running) of
@@ -47,8 +49,9 @@
 %%
 %% State (a map):
 %%   mon       the pg scope monitor's reference
-%%   peers     #{Pid => #{Id => true}}: remote erlcuda_cluster servers and
-%%             the device groups each is in
+%%   peers     #{Pid => #{Id => true}}: remote erlcuda_cluster servers (in
+%%             erlcuda_nodes or a device group) and the device groups each
+%%             is in
 %%   local     #{Id => Info}: this node's devices, refreshed every second
 %%             (every REFRESH_SOON_MS while one of them is not up)
 %%   sent      #{Pid => Rows}: what each peer was last sent
@@ -67,6 +70,7 @@
 
 -define(SCOPE, erlcuda_pg).
 -define(GROUP(Id), {erlcuda_device, Id}).
+-define(NODES, erlcuda_nodes).
 -define(VIEW, erlcuda_cluster_view).
 -define(COUNTS, erlcuda_cluster_counts).
 -define(REFRESH_MS, 1000).
@@ -283,6 +287,7 @@ init([]) ->
     ?VIEW = ets:new(?VIEW, [named_table, protected, set, {read_concurrency, true}]),
     ?COUNTS = ets:new(?COUNTS, [named_table, public, set, {write_concurrency, true}]),
     {Mon, Groups} = pg:monitor_scope(?SCOPE),
+    ok = pg:join(?SCOPE, ?NODES, self()),
     TickMs = application:get_env(erlcuda, cluster_load_ms, 10),
     %% Until the first refresh (erlcuda_sup cannot be asked from here), the
     %% devices the environment names, so that `any' works from the start:
@@ -323,21 +328,12 @@ handle_info(tick, #{tick_ms := Ms, refresh_at := R} = S) ->
          end,
     erlang:send_after(Ms, self(), tick),
     {noreply, publish(S1)};
-handle_info({Mon, join, ?GROUP(_) = G, Pids}, #{mon := Mon} = S) ->
+handle_info({Mon, join, G, Pids}, #{mon := Mon} = S) ->
     {noreply, joined(G, Pids, S)};
-handle_info({Mon, leave, ?GROUP(Id), Pids}, #{mon := Mon, peers := Peers, sent := Sent} = S) ->
-    {Peers1, Sent1} =
-        lists:foldl(fun(P, {Ps, Se}) when node(P) =/= node(), is_map_key(P, Ps) ->
-                            true = ets:delete(?VIEW, {node(P), Id}),
-                            Ids = maps:remove(Id, maps:get(P, Ps)),
-                            case map_size(Ids) of
-                                0 -> {maps:remove(P, Ps), maps:remove(P, Se)};
-                                _ -> {Ps#{P := Ids}, Se}
-                            end;
-                       (_, Acc) -> Acc
-                    end, {Peers, Sent}, Pids),
+handle_info({Mon, leave, G, Pids}, #{mon := Mon} = S) ->
+    S1 = lists:foldl(fun(P, Acc) -> left(G, P, Acc) end, S, [P || P <- Pids, node(P) =/= node()]),
     routes(),
-    {noreply, S#{peers := Peers1, sent := Sent1}};
+    {noreply, S1};
 handle_info({erlcuda_cluster_load, Pid, Node, Rows, Ask}, #{peers := Peers} = S) ->
     %% Only from a member, only for its groups: a report that arrives after
     %% its leave must not bring a device back.
@@ -358,18 +354,36 @@ handle_info(_Msg, S) ->
 
 %%% Membership and reports
 
-%% Remote members joined a device group. A server seen for the first time
-%% gets this node's load at once, with a request for its own: its report to
-%% us may have come before we knew it, and was dropped.
-joined(?GROUP(Id), Pids, S) ->
+%% Remote servers joined erlcuda_nodes or a device group (pg's sync after
+%% a connection gives the groups in no set order). A server seen for the
+%% first time gets this node's load at once, with a request for its own: its
+%% report to us may have come before we knew it, and was dropped.
+joined(G, Pids, S) when G =:= ?NODES; element(1, G) =:= erlcuda_device ->
     lists:foldl(fun(P, #{peers := Ps} = Acc) when node(P) =/= node() ->
-                        case Ps of
-                            #{P := Ids} -> Acc#{peers := Ps#{P := Ids#{Id => true}}};
-                            _ -> send_load(P, true, true, Acc#{peers := Ps#{P => #{Id => true}}})
+                        Ids0 = maps:get(P, Ps, #{}),
+                        Ids = case G of
+                                  ?GROUP(Id) -> Ids0#{Id => true};
+                                  ?NODES -> Ids0
+                              end,
+                        Acc1 = Acc#{peers := Ps#{P => Ids}},
+                        case is_map_key(P, Ps) of
+                            true -> Acc1;
+                            false -> send_load(P, true, true, Acc1)
                         end;
                    (_, Acc) -> Acc
                 end, S, Pids);
 joined(_, _, S) ->
+    S.
+
+%% A remote server left a device group (that device is gone), or
+%% erlcuda_nodes (its erlcuda or its node is gone: all its devices with it).
+left(?GROUP(Id), P, #{peers := Ps} = S) when is_map_key(P, Ps) ->
+    true = ets:delete(?VIEW, {node(P), Id}),
+    S#{peers := Ps#{P := maps:remove(Id, maps:get(P, Ps))}};
+left(?NODES, P, #{peers := Ps, sent := Sent} = S) when is_map_key(P, Ps) ->
+    [ets:delete(?VIEW, {node(P), Id}) || Id <- maps:keys(maps:get(P, Ps))],
+    S#{peers := maps:remove(P, Ps), sent := maps:remove(P, Sent)};
+left(_, _, S) ->
     S.
 
 %% This node's devices: join the groups of new ones, leave those of devices

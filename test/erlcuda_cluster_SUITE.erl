@@ -30,6 +30,7 @@ groups() ->
       [devices_in_cluster, routed_to_node, any_on_an_idle_cluster_stays_local,
        local_bias_keeps_jobs_here, errors_at_once,
        users_kernel_judged_remotely, sync_timeout_leaves_nothing, callers_that_die,
+       client_node_without_devices,
        large_vectors, erlcuda_stops_with_jobs_in_flight]},
      {three_nodes, [], [any_spreads_load]}].
 
@@ -217,6 +218,30 @@ callers_that_die(Config) ->
     settled([P]),
     wait_until(fun() -> peer:call(P, erlang, system_info, [process_count]) =< Procs0 + 2 end),
     no_stray().
+
+%% A node with `devices = []' runs no gpud: it lists the cluster's devices
+%% and sends every job elsewhere, with `any' or by name.
+client_node_without_devices(Config) ->
+    [{P, B}] = ?config(peers, Config),
+    {C, Client} = start_client(),
+    try
+        Me = node(),
+        [] = peer:call(C, erlcuda, devices, []),
+        wait_until(fun() ->
+                           lists:usort([N || #{node := N} <- peer:call(C, erlcuda, devices, [cluster])])
+                               =:= lists:usort([Me, B])
+                   end),
+        Jobs0 = jobs_ok(P) + local_jobs_ok(),
+        {ok, [3.0]} = peer:call(C, erlcuda, launch_sync, [vector_add, [[1.0], [2.0]], [{device, any}]]),
+        {ok, [3.0]} = peer:call(C, erlcuda, launch_sync, [vector_add, [[1.0], [2.0]], [{device, {B, 0}}]]),
+        {error, {no_device, 0}} = peer:call(C, erlcuda, launch, [vector_add, [[1.0], [2.0]]]),
+        {error, {no_device, {Client, 0}}} =
+            peer:call(C, erlcuda, launch, [vector_add, [[1.0], [2.0]], [{device, {Client, 0}}]]),
+        ?assertEqual(Jobs0 + 2, jobs_ok(P) + local_jobs_ok())
+    after
+        catch peer:stop(C)
+    end,
+    settled([P]).
 
 %% Large vectors cross as binaries, by distribution: a 2^20-element f32
 %% vector_add on the peer gives what this node gives, bit for bit (same
@@ -436,6 +461,18 @@ start_peer(Prefix) ->
     [#{status := up}] = peer:call(P, erlcuda_ref, wait_ready, [], 60000),
     true = net_kernel:connect_node(Node),
     wait_until(fun() -> lists:member(Node, up_nodes()) end),
+    {P, Node}.
+
+%% A peer running erlcuda with no device (devices = []), connected.
+start_client() ->
+    Paths = lists:append([["-pa", D] || D <- code:get_path(), string:find(D, "erlcuda") =/= nomatch]),
+    {ok, P, Node} = peer:start(#{name => peer:random_name(client), connection => standard_io,
+                                 args => ["-setcookie", atom_to_list(erlang:get_cookie()) | Paths]}),
+    ok = peer:call(P, application, load, [erlcuda]),
+    ok = peer:call(P, application, set_env, [erlcuda, devices, []]),
+    ok = peer:call(P, application, set_env, [erlcuda, backend, cpu]),
+    {ok, _} = peer:call(P, application, ensure_all_started, [erlcuda], 60000),
+    true = net_kernel:connect_node(Node),
     {P, Node}.
 
 %% Holds the peer's gpud (SIGSTOP): its jobs stay queued.
