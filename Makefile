@@ -7,7 +7,7 @@ EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
         user-modules example test-docs test-as-dependency test-elixir \
-        test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench \
+        test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster \
         gpu-bundle clean
 
 all: compile
@@ -158,6 +158,15 @@ bench: setup $(BENCH_EBIN) gpud-bench
 	    erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_bench:main(), halt().'
 	python3 bench/report.py --machine $(BENCH_MACHINE) --erlang _build/bench/erlang.json \
 	    --command "make bench"
+
+# erlcuda across nodes (bench/erlcuda_cluster_bench.erl): small jobs per
+# second with {device, any} over this node and 2 peer nodes against one node,
+# latency by route, large vectors to another node. Prints tables. A named
+# node needs epmd.
+bench-cluster: setup $(BENCH_EBIN)
+	epmd -daemon
+	erl -noshell -sname erlcuda_bench_$$$$ -pa $(EBIN) -pa $(BENCH_EBIN) \
+	    -eval 'erlcuda_cluster_bench:main(), halt().'
 
 # The whole-stack GPU check, for a machine with only a driver (README).
 gpu-bundle: setup

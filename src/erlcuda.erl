@@ -32,9 +32,17 @@
 %% full: retry later); `closed' (the device is stopping). Errors in the
 %% message: `{gpud_exit, Status}' (gpud died with the job in flight),
 %% `{gpud, Why}' (gpud refused the job), `closed'.
+%%
+%% Across nodes ({@link erlcuda_cluster}): `{device, {Node, N}}' runs the job
+%% on device N of the erlcuda on Node, `{device, any}' on the least-loaded
+%% device of the cluster (this node's on a tie); {@link devices/1} lists them.
+%% The answer is the same `{erlcuda, Ref, Result}' message; a job in flight
+%% on a node that goes down, or whose erlcuda stops, gets
+%% `{error, {nodedown, Node}}'. A node not in the cluster:
+%% `{error, {no_device, {Node, N}}}' at once.
 -module(erlcuda).
 
--export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, stats/1,
+-export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, devices/1, stats/1,
          kernels/0, load_module/2, unload_module/1]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
@@ -51,11 +59,13 @@
                          output := vector | scalar, entry := binary(),
                          accumulate := type, threads => pos_integer(),
                          shared => non_neg_integer()}.
--type option() :: {device, non_neg_integer()} | {timeout, timeout()}
+-type option() :: {device, non_neg_integer() | {node(), non_neg_integer()} | any}
+                | {timeout, timeout()}
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}.
 -type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
-                | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}.
+                | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}
+                | {nodedown, node()} | {remote, term()}.
 
 -define(DEFAULT_TIMEOUT, 5000).
 
@@ -66,7 +76,9 @@ launch(Kernel, Args) ->
 
 %% @doc Submits a job and returns at once. Exactly one message
 %% `{erlcuda, Ref, {ok, Result} | {error, Reason}}' follows for every
-%% `{ok, Ref}'. Options: `{device, N}' (default 0).
+%% `{ok, Ref}'. Options: `{device, N}' (default 0), `{device, {Node, N}}',
+%% `{device, any}'; a job for another node returns once that node has
+%% accepted or refused it.
 %% Emits `[erlcuda, launch, start]' (and `exception' when refused) where
 %% telemetry is there: {@link erlcuda_telemetry}.
 -spec launch(kernel(), [term()], [option()]) -> {ok, reference()} | {error, reason()}.
@@ -79,7 +91,8 @@ launch(Kernel, Args, Opts) ->
 
 launch_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
-        {ok, Device, _Timeout, Launch} -> submit(Device, Kernel, Args, Launch);
+        {ok, Device, _Timeout, Launch} when is_integer(Device) -> submit(Device, Kernel, Args, Launch);
+        {ok, Target, _Timeout, Launch} -> erlcuda_cluster:launch(Target, Kernel, Args, Launch);
         {error, _} = E -> E
     end.
 
@@ -104,6 +117,8 @@ launch_sync(Kernel, Args, Opts) ->
 
 launch_sync_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
+        {ok, Target, Timeout, Launch} when not is_integer(Target) ->
+            erlcuda_cluster:launch_sync(Target, Kernel, Args, Launch, Timeout);
         {ok, Device, Timeout, Launch} ->
             case submit(Device, Kernel, Args, Launch) of
                 {ok, Ref} -> await(Device, Ref, Timeout);
@@ -128,6 +143,13 @@ devices() ->
                                   end
                           end, Ids)
     end.
+
+%% @doc `devices(cluster)': every device of every node running erlcuda in
+%% the cluster (found through `pg'), the maps of {@link devices/0} on its
+%% node with `node' and `in_flight' added.
+-spec devices(cluster) -> [map()].
+devices(cluster) ->
+    erlcuda_cluster:devices().
 
 %% @doc Counters of device `N': jobs submitted and completed, jobs in flight
 %% and their peak, arena use, busy refusals, gpud's batches and launches,
@@ -255,6 +277,9 @@ options(_) -> {error, {badarg, opts}}.
 %% to judge: only users' kernels take them.
 options([], Device, Timeout, Launch) -> {ok, Device, Timeout, lists:reverse(Launch)};
 options([{device, N} | T], _, Timeout, L) when is_integer(N), N >= 0 -> options(T, N, Timeout, L);
+options([{device, {Node, N} = D} | T], _, Timeout, L) when is_atom(Node), is_integer(N), N >= 0 ->
+    options(T, D, Timeout, L);
+options([{device, any} | T], _, Timeout, L) -> options(T, any, Timeout, L);
 options([{K, _} = O | T], Device, Timeout, L) when K =:= grid; K =:= block; K =:= shared_bytes ->
     options(T, Device, Timeout, [O | L]);
 %% A receive timeout is at most 16#ffffffff ms (erlang's timeout()): a larger

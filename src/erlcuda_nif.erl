@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, stats/1, kernels/0]).
+         submit/4, stats/1, in_flight/1, kernels/0]).
 
 -on_load(init/0).
 
@@ -65,6 +65,11 @@ submit(_H, _Kernel, _Args, _Flags) -> ?NOT_LOADED.
 %% @doc Counters of the VM side and of gpud.
 -spec stats(handle()) -> map().
 stats(_H) -> ?NOT_LOADED.
+
+%% @doc Ring entries in flight on the device (queued or running): a cheap
+%% load figure (no lock, no map) for placing `{device, any}' jobs.
+-spec in_flight(handle()) -> non_neg_integer().
+in_flight(_H) -> ?NOT_LOADED.
 
 %% @doc Queues a control descriptor: load (or unload) users' module slot
 %% `Slot' from directory `Path' on this device; the answer is the message

@@ -1,4 +1,5 @@
-%% @doc Top supervisor: one {@link erlcuda_device} per device.
+%% @doc Top supervisor: one {@link erlcuda_device} per device, and
+%% {@link erlcuda_cluster_sup} (devices of other nodes).
 %%
 %% Which devices exist follows the `backend' and `devices' application
 %% environment. `init/1' only reads it: nothing here waits on gpud. Where
@@ -24,7 +25,12 @@ init([]) ->
         {ok, Children} ->
             %% The users' modules first: every gpud started asks it which to load.
             Modules = #{id => erlcuda_modules, start => {erlcuda_modules, start_link, []}},
-            {ok, {#{strategy => one_for_one, intensity => 10, period => 60}, [Modules | Children]}};
+            %% The cluster last, so it stops first: remote callers' jobs are
+            %% answered {nodedown, Node} before the devices close.
+            Cluster = #{id => erlcuda_cluster_sup, start => {erlcuda_cluster_sup, start_link, []},
+                        type => supervisor, shutdown => infinity},
+            {ok, {#{strategy => one_for_one, intensity => 10, period => 60},
+                  [Modules | Children] ++ [Cluster]}};
         {error, Reason} ->
             {error, Reason}
     end.
