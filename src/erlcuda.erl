@@ -264,15 +264,13 @@ submit(Device, Kernel, Args, Launch, Out) ->
 
 %% No {device, N}: the device of the first buffer in Args, else 0. (With
 %% one, a buffer of another device is refused by the NIF.)
-device(default, Args) when is_list(Args) ->
-    case [B || B <- Args, is_reference(B)] of
-        [B | _] ->
-            case erlcuda_nif:buffer_info(B) of
-                {D, _, _, _} -> D;
-                false -> 0
-            end;
-        [] -> 0
+%% Args may be an improper list: the NIF judges it (badarg), not this walk.
+device(default, [B | T]) when is_reference(B) ->
+    case erlcuda_nif:buffer_info(B) of
+        {D, _, _, _} -> D;
+        false -> device(default, T)
     end;
+device(default, [_ | T]) -> device(default, T);
 device(default, _) -> 0;
 device(N, _) -> N.
 
