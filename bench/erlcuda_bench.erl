@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0]).
+-export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -46,6 +46,7 @@ main() ->
     throughput(?CALLERS),
     large(),
     matmul(),
+    buffers(),
     restart(5),
     application:stop(erlcuda),
     {ok, Host} = inet:gethostname(),
@@ -437,6 +438,62 @@ matmul([S | Rest]) ->
         true -> io:format("(larger sizes skipped: ~p^3 took ~.1f ms)~n", [S, Ms]);
         false -> matmul(Rest)
     end.
+
+%% ------------------------------------------------------------ device buffers
+
+%% Data that stays on the device (targets on an H200): vector_add 2^26
+%% between buffers <= 0.5 ms; a chain add, saxpy, dot from put to the final
+%% scalar; matmul 4096^3 / 8192^3 with buffer inputs >= 85 % of cuBLAS (its
+%% figures come from bench/peers.py); put/get of 256 MiB >= 80 % of pinned
+%% PCIe bandwidth.
+buffers() ->
+    io:format("~-44s ~12s ~12s ~6s~n", ["device buffers", "median", "", "reps"]),
+    Ms = fun(F) -> fun() -> T0 = erlang:monotonic_time(nanosecond), F(),
+                            (erlang:monotonic_time(nanosecond) - T0) / 1.0e6 end end,
+    Report = fun(Name, Ts0, Unit, Value) ->
+                     Ts = lists:sort(Ts0),
+                     V = Value(pct(Ts, 0.5)),
+                     record(["buffers.", Name], erlcuda, V, Unit,
+                            {Value(lists:last(Ts)), Value(hd(Ts))}, length(Ts),
+                            #{ms => pct(Ts, 0.5)}),
+                     io:format("~-44s ~12.3f ~12s ~6w~n", [Name, V, Unit, length(Ts)])
+             end,
+    Opts = [{timeout, 600000}],
+    %% put and get of 256 MiB.
+    Big = big_bin(1 bsl 26),
+    GBs = fun(T) -> 256 * 1048576 / (T * 1.0e6) end,
+    Puts = timed_reps(Ms(fun() -> {ok, B} = erlcuda:put(Big, Opts), ok = erlcuda:free(B) end), 2, 10),
+    Report("put.256MiB", Puts, <<"GB/s">>, GBs),
+    {ok, A} = erlcuda:put(Big, Opts),
+    {ok, B} = erlcuda:put(big_bin(1 bsl 26), Opts),
+    Gets = timed_reps(Ms(fun() -> {ok, _} = erlcuda:get(A) end), 2, 10),
+    Report("get.256MiB", Gets, <<"GB/s">>, GBs),
+    %% vector_add 2^26 between buffers, the result a buffer.
+    Adds = timed_reps(Ms(fun() -> {ok, C} = erlcuda:launch_sync(vector_add, [A, B], [{output, buffer} | Opts]),
+                                  ok = erlcuda:free(C) end), 5, 50),
+    Report("vector_add.2^26", Adds, <<"ms">>, fun(T) -> T end),
+    %% add, saxpy, dot from put to the final scalar (2^24 elements).
+    X = big_bin(1 bsl 24),
+    Chain = fun() ->
+                    {ok, Xb} = erlcuda:put(X, Opts),
+                    {ok, S} = erlcuda:launch_sync(vector_add, [Xb, Xb], [{output, buffer} | Opts]),
+                    {ok, Y} = erlcuda:launch_sync(saxpy, [0.5, S, Xb], [{output, buffer} | Opts]),
+                    {ok, _} = erlcuda:launch_sync(dot_product, [Y, Xb], Opts),
+                    [ok = erlcuda:free(Z) || Z <- [Xb, S, Y]]
+            end,
+    Report("chain.put_add_saxpy_dot.2^24", timed_reps(Ms(Chain), 2, 20), <<"ms">>, fun(T) -> T end),
+    ok = erlcuda:free(A), ok = erlcuda:free(B),
+    %% matmul with buffer inputs.
+    [begin
+         {ok, Ma} = erlcuda:put(big_bin(N * N), Opts),
+         {ok, Mb} = erlcuda:put(big_bin(N * N), Opts),
+         Mm = fun() -> {ok, C} = erlcuda:launch_sync(matmul, [Ma, Mb, N, N, N], [{output, buffer} | Opts]),
+                       ok = erlcuda:free(C) end,
+         Report(["matmul.n", integer_to_list(N)], timed_reps(Ms(Mm), 1, 10), <<"TFLOP/s">>,
+                fun(T) -> 2 * N * N * N / (T * 1.0e9) end),
+         ok = erlcuda:free(Ma), ok = erlcuda:free(Mb)
+     end || N <- [4096, 8192]],
+    io:format("memory after: ~p~n~n", [erlcuda:memory(0)]).
 
 %% ---------------------------------------------------------------- busy spin
 

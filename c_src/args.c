@@ -251,6 +251,15 @@ static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct ve
     memset(v, 0, sizeof *v);
     v->term = t;
     v->type = EC_TYPE_F32;
+    void *res;
+    if (enif_get_resource(env, t, BUFFER_RT, &res)) {
+        /* A device buffer: typed and sized when it was made. */
+        v->buf = res;
+        v->type = v->buf->type;
+        v->len = v->buf->len;
+        v->len_known = 1;
+        return 1;
+    }
     int arity;
     const ERL_NIF_TERM *tup;
     if (enif_get_tuple(env, t, &arity, &tup) && arity == 2) {
@@ -328,6 +337,22 @@ int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst)
     return 1;
 }
 
+int parse_vector(ErlNifEnv *env, ERL_NIF_TERM t, int dirty, struct vec *v, ERL_NIF_TERM *err)
+{
+    if (!inspect_vec(env, t, dirty ? UINT64_MAX : LIST_ELEMS_ON_SCHEDULER, v) || v->buf) {
+        *err = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 1)));
+        return -1;
+    }
+    if (!dirty && (!v->len_known || (v->is_binary ? v->bin.size > BINARY_BYTES_ON_SCHEDULER
+                                                  : v->len > LIST_ELEMS_ON_SCHEDULER)))
+        return 1;
+    if (v->len > UINT32_MAX) {
+        *err = make_badarg(env, ATOM_too_large);
+        return -1;
+    }
+    return 0;
+}
+
 static ERL_NIF_TERM arg_error(ErlNifEnv *env, ERL_NIF_TERM what, unsigned i)
 {
     return make_badarg(env, enif_make_tuple2(env, what, enif_make_uint(env, i)));
@@ -369,10 +394,21 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
                 *err = arg_error(env, ATOM_arg, i + 1);
                 return -1;
             }
+            if (v->buf) {
+                ERL_NIF_TERM why = buffer_unusable(env, d, v->buf);
+                if (why) {
+                    *err = make_error(env, why);
+                    return -1;
+                }
+            }
             if (s->nin == 0) {
                 first_vec = i + 1;
                 s->type = v->type;
-                s->form = v->typed ? FORM_TYPED : v->is_binary ? FORM_BINARY : FORM_LIST;
+                /* A buffer's result comes back as get/1's: a binary for
+                 * f32, else {Type, Binary}. */
+                s->form = v->typed || (v->buf && v->type != EC_TYPE_F32) ? FORM_TYPED
+                          : v->is_binary || v->buf                       ? FORM_BINARY
+                                                                         : FORM_LIST;
             } else if (v->type != s->type) {
                 *err = arg_error(env, ATOM_type, i + 1);
                 return -1;
@@ -380,6 +416,8 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
             s->nin++;
             if (!v->len_known)
                 too_big = 1;
+            else if (v->buf)
+                ; /* nothing to copy */
             else if (v->is_binary && !find_in_arena(d, v))
                 bin_bytes += v->bin.size;
             else if (!v->is_binary)

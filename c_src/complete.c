@@ -32,6 +32,10 @@ void release_job_locked(struct device *d, uint32_t idx)
     if (!j->out_taken)
         free_region_locked(d, &j->out);
     j->out.bytes = 0;
+    j->out_buf = 0;
+    j->buf_term = 0;
+    /* May run buffer destructors (queue_free takes only the leaf
+     * freeq_lock) and region destructors. */
     enif_clear_env(j->env);
     __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
     d->free_stack[d->nfree++] = idx;
@@ -87,9 +91,25 @@ int cancel_job(struct device *d, ERL_NIF_TERM ref)
     return cancelled;
 }
 
+ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status)
+{
+    /* Out of device memory: try later. Larger than gpud's limit: never. */
+    if (status == EC_STATUS_OOM)
+        return make_error(env, ATOM_oom);
+    if (status == EC_STATUS_TOO_LARGE)
+        return make_badarg(env, ATOM_too_large);
+    ERL_NIF_TERM why = status > 0 && status < (int32_t)EC_STATUS_COUNT ? STATUS_ATOMS[status]
+                                                                        : enif_make_int(env, status);
+    return make_error(env, enif_make_tuple2(env, ATOM_gpud, why));
+}
+
 static void send_answer(ErlNifEnv *caller_env, ErlNifEnv *msg_env, struct job *j,
                         ERL_NIF_TERM result)
 {
+    if (j->output == OUTPUT_FREE) {
+        enif_clear_env(msg_env); /* a free answers nobody */
+        return;
+    }
     ERL_NIF_TERM msg =
         enif_make_tuple3(msg_env, ATOM_erlcuda, enif_make_copy(msg_env, j->ref), result);
     enif_send(caller_env, &j->pid, msg_env, msg);
@@ -150,13 +170,13 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_
         ERL_NIF_TERM result;
         if (j->output == OUTPUT_CONTROL) {
             result = control_result(m, d, j, status);
-        } else if (status == EC_STATUS_OK) {
-            result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
+        } else if (status != EC_STATUS_OK) {
+            result = status_error(m, status);
+        } else if (j->out_buf) {
+            /* A put, or a launch with {output, buffer}: the new buffer. */
+            result = enif_make_tuple2(m, ATOM_ok, enif_make_copy(m, j->buf_term));
         } else {
-            ERL_NIF_TERM why = status > 0 && status < (int32_t)EC_STATUS_COUNT
-                                   ? STATUS_ATOMS[status]
-                                   : enif_make_int(m, status);
-            result = make_error(m, enif_make_tuple2(m, ATOM_gpud, why));
+            result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         }
         send_answer(caller_env, m, j, result);
     }
@@ -248,14 +268,28 @@ static void wait_cq(struct device *d)
             ;
         if (p[0].revents & POLLIN)
             shm_drain(d->shm.cq_efd);
+        if (p[1].revents & POLLIN)
+            shm_drain(d->ctl_efd); /* frees queued (stop is seen by the flag) */
     }
     __atomic_fetch_and(&h->cq_flags, ~EC_NEED_WAKEUP, __ATOMIC_RELAXED);
+}
+
+/* Publishes queued buffer frees (garbage collection's, which wakes this
+ * thread through ctl_efd) unless the device is closing: close holds life
+ * (write) while it stops this thread, so only a try. */
+static void thread_flush_frees(struct device *d)
+{
+    if (__atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) == 0 || enif_rwlock_tryrlock(d->life) != 0)
+        return;
+    flush_frees(d);
+    enif_rwlock_runlock(d->life);
 }
 
 static void *completion_thread(void *arg)
 {
     struct device *d = arg;
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
+        thread_flush_frees(d);
         if (!cq_pending(d)) {
             wait_cq(d);
             continue;

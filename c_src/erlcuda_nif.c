@@ -34,13 +34,15 @@ static int dev_lock_init(struct device *d)
 
 static ErlNifResourceType *DEVICE_RT;
 ErlNifResourceType *REGION_RT;
+ErlNifResourceType *BUFFER_RT;
 
 ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_closed,
     ATOM_unknown_kernel, ATOM_args, ATOM_arg, ATOM_length_mismatch, ATOM_shape, ATOM_too_large,
     ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
     ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
     ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
-    ATOM_pipeline_bytes, ATOM_poison_outputs;
+    ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
+    ATOM_oom;
 
 ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
 
@@ -96,9 +98,9 @@ static void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM r
     dev_lock(d);
     maybe_unmap_locked(d);
     dev_unlock(d);
-    if (d->ctl_efd >= 0)
-        close(d->ctl_efd);
-    d->ctl_efd = -1;
+    /* ctl_efd stays open until the device's destructor: a buffer's
+     * destructor may still write it (it holds the device, so none runs
+     * after that). */
     enif_rwlock_rwunlock(d->life);
 }
 
@@ -125,10 +127,30 @@ static void device_dtor(ErlNifEnv *env, void *obj)
     }
     if (d->free_stack)
         enif_free(d->free_stack);
+    if (d->ctl_efd >= 0)
+        close(d->ctl_efd);
+    if (d->freeq)
+        enif_free(d->freeq);
+    if (d->freeq_lock)
+        enif_mutex_destroy(d->freeq_lock);
     for (uint32_t i = 0; i < EC_MAX_SEGMENTS; i++)
         arena_destroy(&d->alloc[i]);
     if (!d->unmapped)
         shm_unmap(&d->shm); /* exported regions hold the device: none are left */
+}
+
+/* A buffer garbage-collected: its free is queued (never blocking; see
+ * buffers.c) and the completion thread woken to send it. */
+static void buffer_dtor(ErlNifEnv *env, void *obj)
+{
+    struct buffer_res *b = obj;
+    struct device *d = b->d;
+    (void)env;
+    uint32_t before = __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE);
+    queue_free(b);
+    if (before == 0 && __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) > 0 && d->ctl_efd >= 0)
+        shm_signal(d->ctl_efd);
+    enif_release_resource(d);
 }
 
 static void region_dtor(ErlNifEnv *env, void *obj)
@@ -199,9 +221,11 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->cq_lock = enif_mutex_create("erlcuda.cq");
     d->lock_ok = dev_lock_init(d) == 0;
     d->msg_env = enif_alloc_env();
+    d->freeq_lock = enif_mutex_create("erlcuda.freeq");
     d->jobs = enif_alloc(entries * sizeof *d->jobs);
     d->free_stack = enif_alloc(entries * sizeof *d->free_stack);
-    if (!d->life || !d->pipe || !d->cq_lock || !d->lock_ok || !d->msg_env || !d->jobs || !d->free_stack)
+    if (!d->life || !d->pipe || !d->cq_lock || !d->lock_ok || !d->msg_env || !d->jobs ||
+        !d->free_stack || !d->freeq_lock)
         return make_error(env, enif_make_atom(env, "enomem"));
     memset(d->jobs, 0, entries * sizeof *d->jobs);
     for (uint32_t i = 0; i < entries; i++) {
@@ -293,6 +317,13 @@ static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         fail_in_flight_locked(d, env, argv[1]);
         shm_reset_rings(&d->shm);
         shm_disconnect(&d->shm);
+        /* gpud's buffers died with it: every buffer made so far is lost,
+         * and frees queued for them have nobody to go to. Under d->lock, so
+         * no submit publishes an id of the old epoch after this. */
+        __atomic_add_fetch(&d->epoch, 1, __ATOMIC_RELAXED);
+        enif_mutex_lock(d->freeq_lock);
+        __atomic_store_n(&d->nfreeq, 0, __ATOMIC_RELEASE);
+        enif_mutex_unlock(d->freeq_lock);
         dev_unlock(d);
         enif_mutex_unlock(d->cq_lock);
         enif_rwlock_rwunlock(d->pipe);
@@ -349,6 +380,84 @@ static ERL_NIF_TERM nif_submit(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
                              argv);
 }
 
+/* put(Handle, Vector) -> {ok, Ref} | {error, _}; then {erlcuda, Ref,
+ * {ok, Buf} | {error, _}}. Large vectors go to a dirty scheduler. */
+static ERL_NIF_TERM put_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    ERL_NIF_TERM result;
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    submit_put(env, d, argv, 1, &result);
+    return result;
+}
+
+static ERL_NIF_TERM nif_put(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    ERL_NIF_TERM result;
+    if (!d)
+        return enif_make_badarg(env);
+    if (submit_put(env, d, argv, 0, &result) == 0)
+        return result;
+    return enif_schedule_nif(env, "put_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, put_dirty, argc, argv);
+}
+
+static struct buffer_res *get_buffer(ErlNifEnv *env, ERL_NIF_TERM t)
+{
+    void *p;
+    return enif_get_resource(env, t, BUFFER_RT, &p) ? p : NULL;
+}
+
+/* get(Buf) -> {ok, Ref} | {error, _}; then {erlcuda, Ref, {ok, Vector}}. */
+static ERL_NIF_TERM nif_get(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct buffer_res *b = get_buffer(env, argv[0]);
+    (void)argc;
+    if (!b)
+        return enif_make_badarg(env);
+    return submit_get(env, b, argv[0]);
+}
+
+/* free(Buf) -> ok: at once and idempotent; the free goes to gpud now. */
+static ERL_NIF_TERM nif_free(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct buffer_res *b = get_buffer(env, argv[0]);
+    (void)argc;
+    if (!b)
+        return enif_make_badarg(env);
+    queue_free(b);
+    struct device *d = b->d;
+    enif_rwlock_rlock(d->life);
+    if (!d->closed)
+        flush_frees(d);
+    enif_rwlock_runlock(d->life);
+    return ATOM_ok;
+}
+
+/* buffer_info(Buf) -> {Device, Type, Len, Status} (Status: live | freed |
+ * lost) | false when Buf is not a buffer. */
+static ERL_NIF_TERM nif_buffer_info(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct buffer_res *b = get_buffer(env, argv[0]);
+    (void)argc;
+    if (!b)
+        return ATOM_false;
+    static const char *types[] = {
+#define TYPE_NAME(NAME, ID, ATOM, BYTES) [ID] = #ATOM,
+        EC_TYPES(TYPE_NAME)
+#undef TYPE_NAME
+    };
+    ERL_NIF_TERM why = buffer_unusable(env, b->d, b);
+    const ERL_NIF_TERM *e;
+    int n;
+    ERL_NIF_TERM st = !why ? enif_make_atom(env, "live")
+                      : enif_get_tuple(env, why, &n, &e) ? e[1] : why;
+    return enif_make_tuple4(env, enif_make_uint(env, b->d->id), enif_make_atom(env, types[b->type]),
+                            enif_make_uint(env, b->len), st);
+}
+
 /* module_op(Handle, load | unload, Slot, Path) -> {ok, Ref} | {error, _} */
 static ERL_NIF_TERM nif_module_op(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
@@ -397,6 +506,9 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "dirty_submits", load64(&d->c.dirty_submits));
     put(env, &m, "arena_inputs", load64(&d->c.arena_inputs));
     put(env, &m, "pipelined", load64(&d->c.pipelined));
+    put(env, &m, "buffer_frees", load64(&d->c.buffer_frees));
+    put(env, &m, "buffer_frees_queued", __atomic_load_n(&d->nfreeq, __ATOMIC_RELAXED));
+    put(env, &m, "buffer_epoch", __atomic_load_n(&d->epoch, __ATOMIC_RELAXED));
     put(env, &m, "slots", d->nslots);
 
     enif_rwlock_rlock(d->life);
@@ -425,6 +537,13 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         put(env, &m, "max_batch", load64(&g->max_batch));
         put(env, &m, "gpud_sleeps", load64(&g->sleeps));
         put(env, &m, "gpud_work_ns", load64(&g->work_ns));
+        /* Device buffers, as gpud accounts them (memory/1). */
+        put(env, &m, "buffers_used", load64(&g->buf_used));
+        put(env, &m, "buffers_peak", load64(&g->buf_peak));
+        put(env, &m, "buffers_limit", load64(&g->buf_limit));
+        put(env, &m, "buffers", load64(&g->buf_count));
+        put(env, &m, "buffers_cached", load64(&g->buf_cached));
+        put(env, &m, "buffers_device_allocs", load64(&g->buf_device_allocs));
         ERL_NIF_TERM hist = enif_make_list(env, 0);
         for (unsigned i = EC_BATCH_HIST_BUCKETS; i > 0; i--)
             hist = enif_make_list_cell(env, enif_make_uint64(env, load64(&g->batch_hist[i - 1])),
@@ -495,6 +614,11 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     A(pipeline_bytes);
     A(zero_copy_bytes);
     A(poison_outputs);
+    A(buffer);
+    A(freed);
+    A(lost);
+    A(device);
+    A(oom);
 #undef A
     args_load(env);
 #define STATUS_ATOM_INIT(NAME, CODE, ATOM) STATUS_ATOMS[CODE] = enif_make_atom(env, #ATOM);
@@ -508,7 +632,10 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     ErlNifResourceTypeInit rinit = {.dtor = region_dtor, .members = 1};
     REGION_RT = enif_init_resource_type(env, "erlcuda_region", &rinit,
                                         ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
-    if (!DEVICE_RT || !REGION_RT)
+    ErlNifResourceTypeInit binit = {.dtor = buffer_dtor, .members = 1};
+    BUFFER_RT = enif_init_resource_type(env, "erlcuda_buffer", &binit,
+                                        ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    if (!DEVICE_RT || !REGION_RT || !BUFFER_RT)
         return -1;
     /* Last: a failed load gets no unload, so it must hold nothing. */
     copy_pool_hold();
@@ -544,6 +671,10 @@ static ErlNifFunc nif_funcs[] = {
     {"kernels", 0, nif_kernels, 0},
     {"module_op", 4, nif_module_op, 0},
     {"module_gen", 2, nif_module_gen, 0},
+    {"put", 2, nif_put, 0},
+    {"get", 1, nif_get, 0},
+    {"free", 1, nif_free, 0},
+    {"buffer_info", 1, nif_buffer_info, 0},
 };
 
 ERL_NIF_INIT(erlcuda_nif, nif_funcs, load, NULL, upgrade, unload)

@@ -64,6 +64,8 @@ struct region {
 
 struct job {
     uint32_t gen;
+    int out_buf;          /* the output is a new device buffer: buf_term, in env */
+    ERL_NIF_TERM buf_term;
     int state; /* enum job_state, accessed with __atomic */
     uint32_t kernel;
     uint8_t type;   /* enum ec_type of the output */
@@ -95,8 +97,24 @@ struct region_res {
     struct region r;
 };
 
+/* A device buffer (see erlcuda_ring.h, EC_FLAG_*_BUF), the Erlang term of
+ * which is this resource. `id` is the device's, assigned here (never reused
+ * while the VM lives); `epoch` the device's restart count when it was made:
+ * once gpud restarts, every older buffer is lost. `freed` (__atomic) goes 0
+ * -> 1 once, by free/1 or the destructor, whichever is first; the one that
+ * sets it queues the free for gpud. The destructor never blocks: it takes
+ * only freeq_lock, a leaf. */
+struct buffer_res {
+    struct device *d;
+    uint64_t id;
+    uint32_t epoch;
+    uint32_t len;
+    uint8_t type;
+    int freed;
+};
+
 struct counters {
-    uint64_t submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
+    uint64_t buffer_frees, submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
         dirty_submits, arena_inputs, pipelined;
 };
 
@@ -135,6 +153,15 @@ struct device {
     int stop;    /* __atomic */
     ErlNifEnv *msg_env; /* the completion thread's */
     struct counters c;  /* __atomic adds */
+    /* Device buffers. epoch: gpud restarts so far (__atomic; changed under
+     * lock by reset); next_buf_id under lock. Ids of freed buffers wait in
+     * freeq (under freeq_lock, a leaf taken last) until a free descriptor
+     * carries them (flush_frees). */
+    uint32_t epoch;
+    uint64_t next_buf_id;
+    ErlNifMutex *freeq_lock;
+    uint64_t *freeq;
+    uint32_t nfreeq, freeq_cap; /* nfreeq read __atomic without the lock */
 };
 
 /* One vector argument as given by the caller. */
@@ -151,6 +178,7 @@ struct vec {
     ERL_NIF_TERM list;
     uint64_t len; /* elements; valid once known */
     int len_known;
+    struct buffer_res *buf; /* a device buffer: no copy, its id is named */
     int in_arena;  /* a binary already in this device's arena: no copy */
     uint64_t addr; /* its arena address when in_arena */
 };
@@ -185,6 +213,10 @@ struct kernel_info {
  * job's output region, at most CONTROL_MSG_BYTES. */
 #define OUTPUT_CONTROL 0xffu
 #define CONTROL_MSG_BYTES 1024u
+/* A put: answered {ok, Buf} (the job's buf_term). */
+#define OUTPUT_PUT 0xfeu
+/* A free descriptor: answered to nobody. */
+#define OUTPUT_FREE 0xfdu
 
 /* A checked job: what submit has learned from the arguments. */
 struct job_spec {
@@ -207,13 +239,16 @@ extern ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, A
     ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
     ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
     ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
-    ATOM_pipeline_bytes, ATOM_poison_outputs;
+    ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
+    ATOM_oom;
 
 /* A gpud completion status as an atom, by its code (< EC_STATUS_COUNT). */
 extern ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
 
 /* The resource type of a result binary that stays in the arena. */
 extern ErlNifResourceType *REGION_RT;
+/* The resource type of a device buffer (struct buffer_res). */
+extern ErlNifResourceType *BUFFER_RT;
 
 /* -------------------------------------------------------- small helpers -- */
 
@@ -266,6 +301,9 @@ void set_module_gen(uint32_t slot, uint32_t gen);
  * d->life. */
 int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
                struct job_spec *s, ERL_NIF_TERM *err);
+/* Parses one vector (not a buffer) for put: 0, 1 to go dirty (only when
+ * !dirty), or -1 with *err set. */
+int parse_vector(ErlNifEnv *env, ERL_NIF_TERM t, int dirty, struct vec *v, ERL_NIF_TERM *err);
 /* Writes a vector argument to dst (v->len elements of its type; lists as f32). Returns 0 if a
  * list element is not a number (dst is then partly written). */
 int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst);
@@ -290,6 +328,40 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
 ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[]);
 /* Returns a region to its segment's allocator. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r);
+/* Allocates a region of `bytes` (growing the arena). Caller holds d->lock.
+ * 0 or -1. */
+int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r);
+/* A slot and regions for a job (see submit.c): the slot, -1 busy, -2 never. */
+int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes, uint32_t credits,
+                    int keep_out);
+void unreserve_job(struct device *d, uint32_t idx);
+/* Publishes one descriptor of slot idx (INFLIGHT first) and wakes gpud. */
+void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
+/* publish, unless an input buffer of s (may be NULL) was freed or lost
+ * since it was checked: then -2 and nothing published. */
+int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
+                    const struct job_spec *s);
+/* Wakes gpud if it sleeps, after a publish. */
+void wake_gpud(struct device *d);
+/* put(Handle, Vector): a put descriptor; {ok, Ref}, then {erlcuda, Ref,
+ * {ok, Buf} | {error, Reason}}. Returns 1 to go dirty (when !dirty). */
+int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+               ERL_NIF_TERM *result);
+/* get(Buf): a get descriptor; {ok, Ref}, then {erlcuda, Ref, {ok, Vector}}. */
+ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf);
+/* Makes a new buffer of device d (a fresh id, the current epoch): its
+ * resource term in env, or 0 when out of memory. */
+ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len);
+/* Why buffer b cannot be used on device d now ({buffer, freed | lost |
+ * {device, D}}), or 0 when it can. */
+ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b);
+/* Queues buffer b's free (once; never blocks: the destructor calls it). */
+void queue_free(struct buffer_res *b);
+/* Publishes queued frees as free descriptors, as far as slots and arena
+ * allow. Caller holds d->life (read) and not d->lock. */
+void flush_frees(struct device *d);
+/* The {error, _} answer of a gpud status other than OK. */
+ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status);
 
 /* ----------------------------------------------- complete.c: completion -- */
 

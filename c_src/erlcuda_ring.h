@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 4u
+#define EC_ABI_VERSION 5u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -93,6 +93,19 @@
  * ec_launch_opts (one job, two entries, published by one tail store). Only
  * users' kernels take launch options. */
 #define EC_FLAG_OPTS (1u << 0)
+/* Device buffers: the address field the flag names (in0, in1, out) holds a
+ * buffer id, not an arena address. A buffer is memory gpud owns (device
+ * memory on cuda, gpud's own heap on cpu) and keeps across jobs; the VM
+ * assigns its ids (free-running per device, never reused while gpud lives,
+ * 0 never), gpud maps id -> allocation. An input buffer must exist with the
+ * descriptor's type and length (else BAD_BUFFER); EC_FLAG_OUT_BUF on a job
+ * creates a new buffer of out_len elements for its output (an id gpud
+ * knows already: BAD_BUFFER). Buffers count against gpud's memory limit:
+ * one that does not fit now answers OOM, one larger than the limit
+ * TOO_LARGE. */
+#define EC_FLAG_IN0_BUF (1u << 1)
+#define EC_FLAG_IN1_BUF (1u << 2)
+#define EC_FLAG_OUT_BUF (1u << 3)
 
 /* Element types of vectors: X(NAME, id, erlang_atom, bytes). A vector's
  * elements are native-endian; a list of numbers is f32. */
@@ -214,6 +227,24 @@ enum ec_kernel {
 #define EC_CONTROL_LOAD_MODULE 0xff00u
 #define EC_CONTROL_UNLOAD_MODULE 0xff01u
 
+/* Buffer control descriptors, answered in SQ order with the jobs around
+ * them (a put is done before a later job that names its buffer is
+ * validated; a free releases the memory only once every launch submitted
+ * before it has finished):
+ *   PUT   in0 = arena region of in0_len elements of `type`; out = the new
+ *         buffer's id with EC_FLAG_OUT_BUF, out_len == in0_len. Copies the
+ *         region into a new buffer. OK, OOM, TOO_LARGE, BAD_BUFFER.
+ *   GET   in0 = a buffer id with EC_FLAG_IN0_BUF, in0_len its length;
+ *         out = arena region of out_len == in0_len elements. Copies the
+ *         buffer out. OK, BAD_BUFFER.
+ *   FREE  in0 = arena region of in0_len u64 buffer ids (type S64, at most
+ *         EC_FREE_MAX_IDS); ids gpud does not know are skipped (a buffer
+ *         whose put failed is freed too). Always OK once the region is. */
+#define EC_CONTROL_PUT 0xff02u
+#define EC_CONTROL_GET 0xff03u
+#define EC_CONTROL_FREE 0xff04u
+#define EC_FREE_MAX_IDS 512u
+
 /* Limits of a signature: vectors (in0, in1) and the parameter area. */
 #define EC_MAX_VECTORS 2u
 #define EC_PARAM_BYTES 16u
@@ -233,13 +264,16 @@ enum ec_kernel {
     X(MISALIGNED, 6, misaligned)        \
     X(DEVICE_ERROR, 7, device_error)    \
     X(BAD_TYPE, 8, bad_type)            \
-    X(MODULE_ERROR, 9, module_error)
+    X(MODULE_ERROR, 9, module_error)  \
+    X(OOM, 10, oom)                     \
+    X(TOO_LARGE, 11, too_large)         \
+    X(BAD_BUFFER, 12, bad_buffer)
 
 enum ec_status {
 #define EC_STATUS_ENUM(NAME, CODE, ATOM) EC_STATUS_##NAME = CODE,
     EC_STATUSES(EC_STATUS_ENUM)
 #undef EC_STATUS_ENUM
-    EC_STATUS_COUNT = 10
+    EC_STATUS_COUNT = 13
 };
 
 /* An arena address: segment index in the top 16 bits, byte offset inside the
@@ -311,6 +345,14 @@ struct ec_stats {
     uint64_t batch_hist[EC_BATCH_HIST_BUCKETS];
     uint64_t work_ns;        /* time spent draining, launching and answering
                                 (not waiting): gpud's load */
+    /* Device buffers, as this gpud sees them (stored, not added: a new
+     * gpud starts them from 0, its predecessor's buffers being gone). */
+    uint64_t buf_used;   /* bytes held by live buffers (size classes) */
+    uint64_t buf_peak;   /* the most buf_used has been */
+    uint64_t buf_limit;  /* gpud's memory limit for buffers */
+    uint64_t buf_count;  /* live buffers */
+    uint64_t buf_cached; /* bytes of freed buffers kept for reuse */
+    uint64_t buf_device_allocs; /* allocations from the device (cuMemAlloc) */
 };
 
 struct ec_header {

@@ -29,7 +29,7 @@ void free_region_locked(struct device *d, struct region *r)
 
 /* Allocates `bytes` in some segment, adding a segment while the arena is
  * below its limit. Caller holds d->lock. Returns 0 or -1 (busy). */
-static int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r)
+int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r)
 {
     r->bytes = bytes;
     r->inl = 0;
@@ -57,11 +57,25 @@ static int region_alloc_locked(struct device *d, uint64_t bytes, struct region *
     return arena_alloc(&d->alloc[seg], bytes, &r->off);
 }
 
+/* Could a region of `bytes` ever be had, however long one waits: in a
+ * segment that large, or in one the arena can still grow by? Caller holds
+ * d->lock. */
+static int can_ever_fit_locked(const struct device *d, uint64_t bytes)
+{
+    if (bytes == 0)
+        return 1;
+    for (uint32_t i = 0; i < d->shm.nseg; i++)
+        if (d->shm.seg[i].bytes >= bytes)
+            return 1;
+    return d->shm.nseg < EC_MAX_SEGMENTS && d->arena_max - d->arena_total >= bytes;
+}
+
 /* Reserves a slot and the job's regions, plus `credits` extra slots for the
  * extra descriptors of a pipelined job. `keep_out`: the output will outlive
  * the job (a zero-copy result binary), so it cannot be in the slot's inline
- * area. Returns the slot index, or -1 (busy). */
-static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
+ * area. Returns the slot index, -1 (busy: try later) or -2 (the regions can
+ * never fit the arena: a permanent refusal, never busy). */
+int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
                            uint32_t credits, int keep_out)
 {
     struct region in = {0, 0, 0, 0}, out = {0, 0, 0, 0};
@@ -76,12 +90,15 @@ static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_byt
         in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
         out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
     } else if (region_alloc_locked(d, out_bytes, &out) != 0) {
+        int never = in_bytes + out_bytes > d->arena_max || !can_ever_fit_locked(d, out_bytes) ||
+                    !can_ever_fit_locked(d, in_bytes);
         dev_unlock(d);
-        return -1;
+        return never ? -2 : -1;
     } else if (in_bytes > 0 && region_alloc_locked(d, in_bytes, &in) != 0) {
         free_region_locked(d, &out);
+        int never = in_bytes + out_bytes > d->arena_max || !can_ever_fit_locked(d, in_bytes);
         dev_unlock(d);
-        return -1;
+        return never ? -2 : -1;
     }
     int64_t idx = d->free_stack[--d->nfree];
     struct job *j = &d->jobs[idx];
@@ -99,7 +116,7 @@ static int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_byt
     return idx;
 }
 
-static void unreserve_job(struct device *d, uint32_t idx)
+void unreserve_job(struct device *d, uint32_t idx)
 {
     dev_lock(d);
     release_job_locked(d, idx);
@@ -107,7 +124,7 @@ static void unreserve_job(struct device *d, uint32_t idx)
 }
 
 /* Wakes gpud if it sleeps, after a publish. */
-static void wake_gpud(struct device *d)
+void wake_gpud(struct device *d)
 {
     struct ec_header *h = d->shm.hdr;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -115,6 +132,21 @@ static void wake_gpud(struct device *d)
         shm_signal(d->shm.sq_efd);
         count(&d->c.wakeups_sent, 1);
     }
+}
+
+/* Are the job's input buffers still usable? Checked under d->lock when the
+ * descriptor is published: a free/1 or a gpud restart between parse_args
+ * and here is seen, so no descriptor names a buffer after its free or of an
+ * older gpud. Caller holds d->lock. */
+static int buffers_live_locked(const struct device *d, const struct job_spec *s)
+{
+    for (unsigned i = 0; s && i < s->nin; i++) {
+        const struct buffer_res *b = s->in[i].buf;
+        if (b && (__atomic_load_n(&b->freed, __ATOMIC_ACQUIRE) ||
+                  b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED)))
+            return 0;
+    }
+    return 1;
 }
 
 /* Publishes a user's job: its descriptor, then its launch options when
@@ -125,13 +157,17 @@ static void wake_gpud(struct device *d)
  * submits the unload): every job of a generation is ahead of its unload in
  * the SQ. Returns 0, or -1 when the generation was retired. */
 static int publish_user(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
-                        const struct kernel_info *ki)
+                        const struct kernel_info *ki, const struct job_spec *s)
 {
     struct ec_header *h = d->shm.hdr;
     dev_lock(d);
     if (module_gen(ki->slot) != ki->gen) {
         dev_unlock(d);
         return -1;
+    }
+    if (!buffers_live_locked(d, s)) {
+        dev_unlock(d);
+        return -2;
     }
     __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
     uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
@@ -147,22 +183,31 @@ static int publish_user(struct device *d, uint32_t idx, const struct ec_sqe *sqe
     return 0;
 }
 
-/* Publishes the job's descriptor and wakes gpud if it sleeps. */
-static void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
+/* Publishes the job's descriptor and wakes gpud if it sleeps. Returns 0,
+ * or -2 (nothing published) when an input buffer of `s` was freed or lost
+ * meanwhile. */
+int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
+                           const struct job_spec *s)
 {
     struct ec_header *h = d->shm.hdr;
     dev_lock(d);
+    if (!buffers_live_locked(d, s)) {
+        dev_unlock(d);
+        return -2;
+    }
     /* INFLIGHT before the descriptor is visible: a completion can only follow. */
     __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
     uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
     d->shm.sq[tail & (d->nslots - 1)] = *sqe;
     __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
     dev_unlock(d);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&h->sq_flags, __ATOMIC_RELAXED) & EC_NEED_WAKEUP) {
-        shm_signal(d->shm.sq_efd);
-        count(&d->c.wakeups_sent, 1);
-    }
+    wake_gpud(d);
+    return 0;
+}
+
+void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
+{
+    (void)publish_checked(d, idx, sqe, NULL);
 }
 
 /* How many descriptors a job is published as: more than 1 only for an
@@ -233,6 +278,8 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
                ERL_NIF_TERM *result)
 {
     uint8_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
+    /* `buffer`: the output stays on the device, a new buffer. */
+    int out_buf = enif_is_identical(argv[3], ATOM_buffer);
     struct job_spec s;
     struct kernel_info user;
     memset(&s, 0, sizeof s);
@@ -268,27 +315,32 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
      * which a large binary result keeps after the job. */
     uint64_t in_off[2] = {0, 0}, in_bytes = 0;
     for (unsigned i = 0; i < s.nin; i++) {
-        if (s.in[i].in_arena)
+        if (s.in[i].in_arena || s.in[i].buf)
             continue;
         in_off[i] = in_bytes;
         in_bytes += arena_round(s.in[i].len * s.elem);
     }
-    uint64_t out_bytes = arena_round(s.out_len * s.elem);
-    if (in_bytes > d->arena_max || out_bytes > d->arena_max) {
+    uint64_t out_bytes = out_buf ? 0 : arena_round(s.out_len * s.elem);
+    if (in_bytes > d->arena_max || out_bytes > d->arena_max || in_bytes + out_bytes > d->arena_max) {
         enif_rwlock_runlock(d->life);
         *result = make_badarg(env, ATOM_too_large);
         return 0;
     }
     /* A binary vector result this large stays in the arena as the answer. */
-    int zero_copy = s.in[0].is_binary && s.output == EC_OUTPUT_VECTOR &&
+    int zero_copy = !out_buf && s.in[0].is_binary && s.output == EC_OUTPUT_VECTOR &&
                     s.out_len * s.elem >= d->zero_copy_bytes;
-    uint32_t parts = flags == 0 ? pipeline_parts(d, &s) : 1;
+    uint32_t parts = flags == 0 && !out_buf ? pipeline_parts(d, &s) : 1;
     /* A job with launch options takes a second SQ entry: one credit slot. */
     uint32_t credits = flags & EC_FLAG_OPTS ? 1 : parts - 1;
     int64_t idx = reserve_job(d, in_bytes, out_bytes, credits, zero_copy);
     if (idx < 0 && parts > 1) {
         parts = 1; /* not enough free slots for the extra descriptors: one is fine */
         idx = reserve_job(d, in_bytes, out_bytes, 0, zero_copy);
+    }
+    if (idx == -2) {
+        enif_rwlock_runlock(d->life);
+        *result = make_badarg(env, ATOM_too_large);
+        return 0;
     }
     if (idx < 0) {
         enif_rwlock_runlock(d->life);
@@ -299,6 +351,14 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     struct job *j = &d->jobs[idx];
     uint64_t addr[2] = {0, 0};
     for (unsigned i = 0; i < s.nin; i++) {
+        if (s.in[i].buf) {
+            /* Named by id; the term in the job's env keeps the buffer (so
+             * no free of it) until the job is answered. */
+            enif_make_copy(j->env, s.in[i].term);
+            addr[i] = s.in[i].buf->id;
+            flags |= i == 0 ? EC_FLAG_IN0_BUF : EC_FLAG_IN1_BUF;
+            continue;
+        }
         if (s.in[i].in_arena) {
             /* Keeps the binary, and so its region, alive while gpud reads it. */
             enif_make_copy(j->env, s.in[i].bin_term);
@@ -317,8 +377,23 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
             return 0;
         }
     }
-    if (d->poison)
+    if (d->poison && !out_buf)
         memset(region_ptr(d, &j->out), 0xff, s.out_len * s.elem); /* all NaN, f32 or f64 */
+    j->out_buf = out_buf;
+    if (out_buf) {
+        ERL_NIF_TERM bt = new_buffer(j->env, d, s.type, (uint32_t)s.out_len);
+        if (!bt) {
+            unreserve_job(d, (uint32_t)idx);
+            enif_rwlock_runlock(d->life);
+            *result = make_error(env, enif_make_atom(env, "enomem"));
+            return 0;
+        }
+        struct buffer_res *ob;
+        enif_get_resource(j->env, bt, BUFFER_RT, (void **)&ob);
+        j->buf_term = bt;
+        flags |= EC_FLAG_OUT_BUF;
+        j->out_len = (uint32_t)s.out_len;
+    }
     ERL_NIF_TERM ref = enif_make_ref(env);
     j->gen++;
     j->kernel = s.kernel;
@@ -337,7 +412,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         .flags = flags,
         .in0 = addr[0],
         .in1 = addr[1],
-        .out = region_addr(&j->out),
+        .out = out_buf ? 0 : region_addr(&j->out),
         .p = s.p,
         .in0_len = (uint32_t)s.in[0].len,
         .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
@@ -350,18 +425,31 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         submit_pipelined(d, (uint32_t)idx, &sqe, src, dst, parts);
         enif_rwlock_runlock(d->pipe);
         count(&d->c.pipelined, 1);
-    } else if (s.ki->user) {
-        if (publish_user(d, (uint32_t)idx, &sqe, s.ki) != 0) {
-            /* Its module was replaced or unloaded meanwhile: the caller
-             * looks the kernel up again (erlcuda:launch/3). */
+    } else {
+        if (out_buf) {
+            struct buffer_res *ob;
+            enif_get_resource(j->env, j->buf_term, BUFFER_RT, (void **)&ob);
+            sqe.out = ob->id;
+        }
+        int pr = s.ki->user ? publish_user(d, (uint32_t)idx, &sqe, s.ki, &s)
+                            : publish_checked(d, (uint32_t)idx, &sqe, &s);
+        if (pr != 0) {
+            /* -1: its module was replaced or unloaded meanwhile: the caller
+             * looks the kernel up again (erlcuda:launch/3). -2: an input
+             * buffer was freed, or gpud restarted, since parse_args. */
+            ERL_NIF_TERM why = 0;
+            for (unsigned i = 0; pr == -2 && !why && i < s.nin; i++)
+                if (s.in[i].buf)
+                    why = buffer_unusable(env, d, s.in[i].buf);
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
-            *result = make_error(env, enif_make_atom(env, "stale_kernel"));
+            *result = make_error(env, pr == -1 ? enif_make_atom(env, "stale_kernel")
+                                     : why ? why
+                                           : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
             return 0;
         }
-    } else {
-        publish(d, (uint32_t)idx, &sqe);
     }
+    flush_frees(d);
     enif_rwlock_runlock(d->life);
     count(&d->c.submitted, 1);
     *result = enif_make_tuple2(env, ATOM_ok, ref);

@@ -28,9 +28,13 @@
 %% `{type, I}' (vector I has another type than the first, or one the kernel
 %% does not run on), `length_mismatch', `shape', `too_large', `opts' or
 %% `{opt, O}';
+%% `{buffer, freed | lost | {device, D}}' (a buffer argument was freed, its
+%% gpud died since it was made, or it lives on device D, not the one
+%% `{device, N}' asks for);
 %% `{unknown_kernel, K}'; `{no_device, N}'; `busy' (the ring or the arena is
 %% full: retry later); `closed' (the device is stopping). Errors in the
-%% message: `{gpud_exit, Status}' (gpud died with the job in flight),
+%% message: `oom' (an `{output, buffer}' does not fit the device's memory
+%% limit now), `{gpud_exit, Status}' (gpud died with the job in flight),
 %% `{gpud, Why}' (gpud refused the job), `closed'.
 %%
 %% Across nodes ({@link erlcuda_cluster}): `{device, {Node, N}}' runs the job
@@ -42,17 +46,24 @@
 %% `{error, {no_device, {Node, N}}}' at once.
 -module(erlcuda).
 
+%% put/1,2 and get/1 are the buffer API, not the process dictionary.
+-compile({no_auto_import, [put/2, get/1]}).
+
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, devices/1, stats/1,
-         kernels/0, load_module/2, unload_module/1]).
+         kernels/0, load_module/2, unload_module/1,
+         put/1, put/2, get/1, free/1, memory/1]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
-              kernel_info/0]).
+              kernel_info/0, buffer/0]).
 
 -type kernel() :: atom() | {Module :: atom(), Kernel :: atom()}.
 -type elem_type() :: f32 | f64 | s32 | u32 | s64 | u8.
 -type vector() :: [number() | nan | infinity | neg_infinity] | binary()
-                | {elem_type(), binary()}.
--type result() :: vector() | float() | nan | infinity | neg_infinity.
+                | {elem_type(), binary()} | buffer().
+%% A device buffer: data that stays on the device (see put/2). A resource,
+%% so garbage collection frees it.
+-opaque buffer() :: reference().
+-type result() :: vector() | float() | nan | infinity | neg_infinity | buffer().
 -type kernel_info() :: #{name := kernel(), id := pos_integer(),
                          args := [vector | scalar | dim], types := [elem_type()],
                          shape := elementwise | reduction | matmul | table,
@@ -60,12 +71,13 @@
                          accumulate := type, threads => pos_integer(),
                          shared => non_neg_integer()}.
 -type option() :: {device, non_neg_integer() | {node(), non_neg_integer()} | any}
-                | {timeout, timeout()}
+                | {timeout, timeout()} | {output, buffer | host}
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}.
 -type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
                 | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}
-                | {nodedown, node()} | {remote, term()}.
+                | {nodedown, node()} | {remote, term()}
+                | oom | {buffer, freed | lost | {device, non_neg_integer()}}.
 
 -define(DEFAULT_TIMEOUT, 5000).
 
@@ -91,8 +103,12 @@ launch(Kernel, Args, Opts) ->
 
 launch_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
-        {ok, Device, _Timeout, Launch} when is_integer(Device) -> submit(Device, Kernel, Args, Launch);
-        {ok, Target, _Timeout, Launch} -> erlcuda_cluster:launch(Target, Kernel, Args, Launch);
+        {ok, Target, _Timeout, Launch, Out} ->
+            case route(Target, Args, Out) of
+                {local, Device} -> submit(Device, Kernel, Args, Launch, Out);
+                remote -> erlcuda_cluster:launch(Target, Kernel, Args, Launch);
+                {error, _} = E -> E
+            end;
         {error, _} = E -> E
     end.
 
@@ -117,13 +133,102 @@ launch_sync(Kernel, Args, Opts) ->
 
 launch_sync_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
-        {ok, Target, Timeout, Launch} when not is_integer(Target) ->
-            erlcuda_cluster:launch_sync(Target, Kernel, Args, Launch, Timeout);
-        {ok, Device, Timeout, Launch} ->
-            case submit(Device, Kernel, Args, Launch) of
-                {ok, Ref} -> await(Device, Ref, Timeout);
+        {ok, Target, Timeout, Launch, Out} ->
+            case route(Target, Args, Out) of
+                {local, Device} ->
+                    case submit(Device, Kernel, Args, Launch, Out) of
+                        {ok, Ref} -> await(Device, Ref, Timeout);
+                        {error, _} = E -> E
+                    end;
+                remote -> erlcuda_cluster:launch_sync(Target, Kernel, Args, Launch, Timeout);
                 {error, _} = E -> E
             end;
+        {error, _} = E -> E
+    end.
+
+%% Where a job runs: a local device (given, or the one its buffers live
+%% on, else 0), or another node (erlcuda_cluster). Buffers are node-local:
+%% `{device, any}' with a buffer, or asking for one back, stays here; a job
+%% naming a buffer cannot go to another node.
+route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
+    Buffers = Out =:= buffer orelse (is_list(Args) andalso lists:any(fun is_reference/1, Args)),
+    Here = node(),
+    case Target of
+        {Here, N} -> {local, N};
+        any when Buffers -> {local, device(default, Args)};
+        _ when Buffers -> {error, {badarg, {buffer, node_local}}};
+        _ -> remote
+    end;
+route(Device, Args, _Out) ->
+    {local, device(Device, Args)}.
+
+%% @equiv put(Vector, [])
+-spec put(vector()) -> {ok, buffer()} | {error, reason()}.
+put(Vector) ->
+    put(Vector, []).
+
+%% @doc Copies a vector to the device, where it stays as a buffer until
+%% {@link free/1} or garbage collection frees it. Buffers are typed like
+%% vectors (a list or a binary is f32) and mix freely with host vectors in
+%% `launch' Args; a job whose buffers live on a device runs there. Options:
+%% `{device, N}' (default 0), `{timeout, Ms}' (default 5000). Errors: `oom'
+%% (the device's memory limit, `device_memory_limit', is reached: free
+%% something and retry), `{badarg, too_large}' (larger than the limit or
+%% the arena: never fits), `{badarg, {arg, 1}}', `busy', `closed'.
+-spec put(vector(), [option()]) -> {ok, buffer()} | {error, reason()}.
+put(Vector, Opts) ->
+    case options(Opts) of
+        {ok, Device0, Timeout, [], host} ->
+            Device = case Device0 of default -> 0; N -> N end,
+            case handle(Device) of
+                undefined -> {error, {no_device, Device}};
+                H ->
+                    case erlcuda_nif:put(H, Vector) of
+                        {ok, Ref} -> await(Device, Ref, Timeout);
+                        {error, _} = E -> E
+                    end
+            end;
+        {ok, _, _, _, _} -> {error, {badarg, opts}};
+        {error, _} = E -> E
+    end.
+
+%% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
+%% Errors: `{buffer, freed}', `{buffer, lost}' (its gpud died since),
+%% `{badarg, buffer}' (not a buffer).
+-spec get(buffer()) -> {ok, vector()} | {error, reason()}.
+get(Buf) ->
+    case erlcuda_nif:buffer_info(Buf) of
+        false -> {error, {badarg, buffer}};
+        {Device, _Type, _Len, _Status} ->
+            case erlcuda_nif:get(Buf) of
+                {ok, Ref} -> await(Device, Ref, ?DEFAULT_TIMEOUT);
+                {error, _} = E -> E
+            end
+    end.
+
+%% @doc Frees a buffer at once (idempotent): later uses answer
+%% `{error, {buffer, freed}}'. Garbage collection frees buffers too.
+-spec free(buffer()) -> ok | {error, {badarg, buffer}}.
+free(Buf) ->
+    try erlcuda_nif:free(Buf)
+    catch error:badarg -> {error, {badarg, buffer}}
+    end.
+
+%% @doc Device memory of device `N' as its gpud accounts it: `used' (bytes
+%% held by live buffers, in size classes), `peak', `limit' (the
+%% `device_memory_limit' app env: bytes, or `{fraction, F}' of the device;
+%% by default all but a tenth, at least 1 GiB, left for the context),
+%% `buffers' (live), `cached' (freed blocks kept for reuse) and
+%% `device_allocs' (allocations from the device so far).
+-spec memory(non_neg_integer()) -> #{used := non_neg_integer(), peak := non_neg_integer(),
+                                     limit := non_neg_integer(), buffers := non_neg_integer(),
+                                     atom() => term()} | {error, {no_device, term()}}.
+memory(N) ->
+    case stats(N) of
+        #{buffers_used := U, buffers_peak := P, buffers_limit := L, buffers := B,
+          buffers_cached := C, buffers_device_allocs := A} ->
+            #{used => U, peak => P, limit => L, buffers => B, cached => C, device_allocs => A};
+        #{} -> {error, {no_device, N}};
         {error, _} = E -> E
     end.
 
@@ -192,26 +297,39 @@ unload_module(Name) ->
 
 %%% Internal
 
-submit(Device, Kernel, Args, Launch) ->
+submit(Device, Kernel, Args, Launch, Out) ->
+    Flags = case Out of buffer -> buffer; host -> 0 end,
     case handle(Device) of
         undefined -> {error, {no_device, Device}};
-        H when is_atom(Kernel), Launch =:= [] -> erlcuda_nif:submit(H, Kernel, Args, 0);
+        H when is_atom(Kernel), Launch =:= [] -> erlcuda_nif:submit(H, Kernel, Args, Flags);
         _ when is_atom(Kernel) -> {error, {badarg, {opt, hd(Launch)}}};
-        H -> submit_user(H, Kernel, Args, Launch, 3)
+        H -> submit_user(H, Kernel, Args, Launch, Flags, 3)
     end.
+
+%% No {device, N}: the device of the first buffer in Args, else 0. (With
+%% one, a buffer of another device is refused by the NIF.)
+%% Args may be an improper list: the NIF judges it (badarg), not this walk.
+device(default, [B | T]) when is_reference(B) ->
+    case erlcuda_nif:buffer_info(B) of
+        {D, _, _, _} -> D;
+        false -> device(default, T)
+    end;
+device(default, [_ | T]) -> device(default, T);
+device(default, _) -> 0;
+device(N, _) -> N.
 
 %% A user's kernel: its row from the module registry, with the launch
 %% options. `stale_kernel': the module was replaced between the lookup and
 %% the submit; the new one is published already, so look again.
-submit_user(H, {Mod, K} = Kernel, Args, Launch, Tries) ->
+submit_user(H, {Mod, K} = Kernel, Args, Launch, Flags, Tries) ->
     case erlcuda_modules:lookup(Mod, K) of
         undefined ->
             {error, {unknown_kernel, Kernel}};
         {Row, Shape} ->
             case launch_opts(Launch, Shape) of
                 {ok, Opts} ->
-                    case erlcuda_nif:submit(H, erlang:append_element(Row, Opts), Args, 0) of
-                        {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, Tries - 1);
+                    case erlcuda_nif:submit(H, erlang:append_element(Row, Opts), Args, Flags) of
+                        {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, Flags, Tries - 1);
                         {error, stale_kernel} -> {error, {unknown_kernel, Kernel}};
                         Other -> Other
                     end;
@@ -219,7 +337,7 @@ submit_user(H, {Mod, K} = Kernel, Args, Launch, Tries) ->
                     E
             end
     end;
-submit_user(_H, Kernel, _Args, _Launch, _Tries) ->
+submit_user(_H, Kernel, _Args, _Launch, _Flags, _Tries) ->
     {error, {unknown_kernel, Kernel}}.
 
 %% {Given, Grid, Block, SharedBytes} (bits as the header's EC_OPT_*). A
@@ -270,12 +388,21 @@ flush(Ref) ->
     after 0 -> {error, timeout}
     end.
 
-options(Opts) when is_list(Opts) -> options(Opts, 0, ?DEFAULT_TIMEOUT, []);
+options(Opts) when is_list(Opts) ->
+    case lists:keytake(output, 1, Opts) of
+        {value, {output, Out}, Rest} when Out =:= buffer; Out =:= host ->
+            case options(Rest) of
+                {ok, D, T, L, _} -> {ok, D, T, L, Out};
+                E -> E
+            end;
+        {value, O, _} -> {error, {badarg, {opt, O}}};
+        false -> options(Opts, default, ?DEFAULT_TIMEOUT, [])
+    end;
 options(_) -> {error, {badarg, opts}}.
 
 %% Launch options (grid, block, shared_bytes) are collected for the kernel
 %% to judge: only users' kernels take them.
-options([], Device, Timeout, Launch) -> {ok, Device, Timeout, lists:reverse(Launch)};
+options([], Device, Timeout, Launch) -> {ok, Device, Timeout, lists:reverse(Launch), host};
 options([{device, N} | T], _, Timeout, L) when is_integer(N), N >= 0 -> options(T, N, Timeout, L);
 options([{device, {Node, N} = D} | T], _, Timeout, L) when is_atom(Node), is_integer(N), N >= 0 ->
     options(T, D, Timeout, L);

@@ -227,7 +227,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     {ok, Spin} = application:get_env(erlcuda, gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
-            "--spin-us", integer_to_list(Spin)] ++ erlcuda_modules:gpud_args(),
+            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ erlcuda_modules:gpud_args(),
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, Args}, exit_status, use_stdio, stderr_to_stdout, binary,
                    {line, 4096}, hide]) of
@@ -239,6 +239,19 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     catch error:Why ->
             logger:error("erlcuda device ~p: cannot run gpud: ~p", [Id, Why], meta(Id)),
             gpud_exited({spawn_failed, Why}, S#{status := starting})
+    end.
+
+%% gpud's limit for device buffers, from the app env device_memory_limit.
+memory_args() ->
+    case application:get_env(erlcuda, device_memory_limit, default) of
+        N when is_integer(N), N >= 0 -> ["--memory-limit", integer_to_list(N)];
+        {fraction, F} when is_number(F), F > 0, F =< 1 ->
+            ["--memory-fraction", float_to_list(float(F), [{decimals, 6}, compact])];
+        default -> [];
+        Other ->
+            logger:warning("erlcuda: device_memory_limit ~p is not bytes or {fraction, F}; "
+                           "using the default", [Other]),
+            []
     end.
 
 %% Hands gpud the shared memory. One short slice at a time, then back to the

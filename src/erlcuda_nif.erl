@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, stats/1, in_flight/1, kernels/0]).
+         submit/4, stats/1, in_flight/1, kernels/0, put/2, get/1, free/1, buffer_info/1]).
 
 -on_load(init/0).
 
@@ -59,7 +59,9 @@ cancel(_H, _Ref) -> ?NOT_LOADED.
 %% there are named, not copied) and queues it. `Flags' is 0, or `fault' for
 %% the crash-isolation test (only a gpud built with the `fault-injection'
 %% feature accepts it).
--spec submit(handle(), term(), term(), 0 | fault) -> {ok, reference()} | {error, term()}.
+%% `buffer': the output stays on the device as a new buffer, the answer
+%% `{ok, Buf}'.
+-spec submit(handle(), term(), term(), 0 | fault | buffer) -> {ok, reference()} | {error, term()}.
 submit(_H, _Kernel, _Args, _Flags) -> ?NOT_LOADED.
 
 %% @doc Counters of the VM side and of gpud.
@@ -86,3 +88,22 @@ module_gen(_Slot, _Gen) -> ?NOT_LOADED.
 %% @doc The kernel table of `c_src/erlcuda_ring.h': `{Name, Id, VectorInputs}'.
 -spec kernels() -> [map()].
 kernels() -> ?NOT_LOADED.
+
+%% @doc Queues a put: the vector goes to a new device buffer; the answer is
+%% `{erlcuda, Ref, {ok, Buf} | {error, Reason}}'.
+-spec put(handle(), term()) -> {ok, reference()} | {error, term()}.
+put(_H, _Vector) -> ?NOT_LOADED.
+
+%% @doc Queues a get of buffer `Buf'; the answer is `{erlcuda, Ref, {ok,
+%% Vector}}' (a binary for f32, else `{Type, Binary}').
+-spec get(reference()) -> {ok, reference()} | {error, term()}.
+get(_Buf) -> ?NOT_LOADED.
+
+%% @doc Frees buffer `Buf' now (idempotent).
+-spec free(reference()) -> ok.
+free(_Buf) -> ?NOT_LOADED.
+
+%% @doc `{Device, Type, Len, live | freed | lost}', or false when the term
+%% is not a buffer.
+-spec buffer_info(term()) -> {non_neg_integer(), atom(), non_neg_integer(), live | freed | lost} | false.
+buffer_info(_Term) -> ?NOT_LOADED.

@@ -31,6 +31,9 @@ main(Opts) ->
                  check("kill -9 of gpud mid-load", fun kill_mid_load/0),
                  figures(),
                  user_checks(),
+                 check("device buffers: put/get every type, launch between buffers, 2^26",
+                       fun buffers/0),
+                 check("device buffers: oom is an answer, frees come back", fun buffers_oom/0),
                  check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
                  [check("fault: GPU context poisoned on purpose", fun() -> fault(P, Env) end)
                   || {gpud_fault, P} <- Opts]]),
@@ -54,6 +57,61 @@ check(Label, Fun) ->
         {fail, Why} ->
             io:format("FAIL ~-58s ~7.1f s~n     ~p~n", [Label, Ms / 1000, Why]),
             {fail, Label, Why}
+    end.
+
+%%% device buffers
+
+buffers() ->
+    [begin
+         {ok, B} = erlcuda:put(V),
+         Want = case V of {f32, Bin} -> Bin; _ -> V end,
+         {ok, Want} = erlcuda:get(B),
+         ok = erlcuda:free(B)
+     end || V <- [{f32, <<1.0:32/float-native>>}, {f64, <<2.0:64/float-native>>},
+                  {s32, <<-3:32/signed-native>>}, {u32, <<3:32/native>>},
+                  {s64, <<-4:64/signed-native>>}, {u8, <<5, 6>>}]],
+    N = ?LARGE,
+    A = << <<(float(I rem 1000)):32/float-native>> || I <- lists:seq(1, N)>>,
+    {ok, Ab} = erlcuda:put(A, [{timeout, 60000}]),
+    {ok, Sb} = erlcuda:launch_sync(vector_add, [Ab, Ab], [{output, buffer}, {timeout, 60000}]),
+    {ok, Y} = erlcuda:launch_sync(saxpy, [0.5, Sb, Ab], [{output, buffer}, {timeout, 60000}]),
+    {ok, Yh} = erlcuda:get(Y),
+    Bad = [I || {I, <<X:32/float-native>>, <<Z:32/float-native>>}
+                    <- lists:zip3(lists:seq(0, 999), [binary:part(A, I * 4, 4) || I <- lists:seq(0, 999)],
+                                  [binary:part(Yh, I * 4, 4) || I <- lists:seq(0, 999)]),
+                Z =/= 2 * X],
+    [] = Bad,
+    {ok, Dot} = erlcuda:launch_sync(dot_product, [Ab, Ab], [{timeout, 60000}]),
+    true = Dot > 0,
+    {ok, 14.0} = erlcuda:launch_sync(dot_product, [element(2, erlcuda:put([1.0, 2.0, 3.0])),
+                                                    [1.0, 2.0, 3.0]]),
+    [ok = erlcuda:free(X) || X <- [Ab, Sb, Y]],
+    #{device_allocs := Allocs0} = erlcuda:memory(0),
+    [begin {ok, T} = erlcuda:put(A), ok = erlcuda:free(T) end || _ <- lists:seq(1, 5)],
+    #{device_allocs := Allocs1} = erlcuda:memory(0),
+    {ok, io_lib:format("put/free cycles: ~p new device allocations", [Allocs1 - Allocs0])}.
+
+buffers_oom() ->
+    #{limit := Lim, used := Base} = erlcuda:memory(0),
+    Chunk = 1 bsl 30,
+    Fill = fun F(Acc) ->
+                   case erlcuda:put({u8, binary:copy(<<0>>, Chunk)}, [{timeout, 60000}]) of
+                       {ok, B} -> F([B | Acc]);
+                       {error, oom} -> Acc
+                   end
+           end,
+    Bufs = Fill([]),
+    true = length(Bufs) * Chunk =< Lim,
+    {ok, _} = erlcuda:launch_sync(vector_add, [[1.0], [2.0]]),
+    [ok = erlcuda:free(B) || B <- Bufs],
+    ok = wait_used(Base, 100),
+    {ok, io_lib:format("~p GiB of buffers before oom (limit ~p GiB)", [length(Bufs), Lim bsr 30])}.
+
+wait_used(Base, 0) -> {used, erlcuda:memory(0), Base};
+wait_used(Base, N) ->
+    case erlcuda:memory(0) of
+        #{used := Base} -> ok;
+        _ -> timer:sleep(50), wait_used(Base, N - 1)
     end.
 
 %%% every kernel against the f64 reference, fresh random data, poisoned outputs

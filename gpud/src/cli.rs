@@ -1,15 +1,28 @@
 //! Command line: `gpud --probe [--backend B]` and
-//! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...`.
+//! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...
+//! [--memory-limit BYTES | --memory-fraction F]`.
 
 use crate::backend::BackendKind;
 use crate::error::{Error, Result};
 
-pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]...\n       gpud --probe [--backend cpu|cuda|auto]";
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F]\n       gpud --probe [--backend cpu|cuda|auto]";
 
 /// Default time spent polling the SQ before sleeping on its eventfd.
 pub const DEFAULT_SPIN_US: u64 = 50;
 /// Upper bound for `--spin-us`: a second of spinning is already absurd.
 pub const MAX_SPIN_US: u64 = 1_000_000;
+
+/// How much memory device buffers may take (`device_memory_limit` of the
+/// app env, see `buffers::limit_for`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// Leave headroom for the context.
+    #[default]
+    Default,
+    Bytes(u64),
+    /// Parts per million of the device's memory (0 < ppm <= 1e6).
+    Fraction(u32),
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DaemonOpts {
@@ -20,6 +33,7 @@ pub struct DaemonOpts {
     pub spin_us: u64,
     /// Users' modules to load before `ready`: (slot, directory).
     pub modules: Vec<(u16, std::path::PathBuf)>,
+    pub memory_limit: MemoryLimit,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +54,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut backend = None;
     let mut spin_us = None;
     let mut modules = Vec::new();
+    let mut memory_limit = None;
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         // Accept both `--flag value` and `--flag=value`.
@@ -87,12 +102,31 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
                     .ok_or_else(|| usage(format!("bad --module {v:?} (SLOT:DIR)")))?;
                 modules.push((slot, std::path::PathBuf::from(dir)))
             }
+            "--memory-limit" => {
+                let v = value("--memory-limit")?;
+                let n = v.parse::<u64>().map_err(|_| usage(format!("bad --memory-limit {v:?}")))?;
+                if memory_limit.replace(MemoryLimit::Bytes(n)).is_some() {
+                    return Err(usage("one memory limit"));
+                }
+            }
+            "--memory-fraction" => {
+                let v = value("--memory-fraction")?;
+                let f = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| *f > 0.0 && *f <= 1.0)
+                    .ok_or_else(|| usage(format!("bad --memory-fraction {v:?} (0 < F <= 1)")))?;
+                let ppm = ((f * 1e6).round() as u32).max(1);
+                if memory_limit.replace(MemoryLimit::Fraction(ppm)).is_some() {
+                    return Err(usage("one memory limit"));
+                }
+            }
             other => return Err(usage(format!("unknown argument {other:?}"))),
         }
     }
     let backend = backend.unwrap_or(BackendKind::Auto);
     if probe {
-        if socket.is_some() || device.is_some() || spin_us.is_some() || !modules.is_empty() {
+        if socket.is_some() || device.is_some() || spin_us.is_some() || !modules.is_empty() || memory_limit.is_some() {
             return Err(usage("--probe takes only --backend"));
         }
         return Ok(Command::Probe { backend });
@@ -103,6 +137,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         backend,
         spin_us: spin_us.unwrap_or(DEFAULT_SPIN_US),
         modules,
+        memory_limit: memory_limit.unwrap_or_default(),
     }))
 }
 
@@ -123,7 +158,8 @@ mod tests {
                 device: 0,
                 backend: BackendKind::Cpu,
                 spin_us: 50,
-                modules: vec![]
+                modules: vec![],
+                memory_limit: MemoryLimit::Default,
             })
         );
         assert_eq!(
@@ -133,7 +169,8 @@ mod tests {
                 device: 3,
                 backend: BackendKind::Auto,
                 spin_us: 0,
-                modules: vec![]
+                modules: vec![],
+                memory_limit: MemoryLimit::Default,
             })
         );
         assert_eq!(
@@ -143,9 +180,19 @@ mod tests {
                 device: 0,
                 backend: BackendKind::Auto,
                 spin_us: 50,
-                modules: vec![(3, "/a/b".into()), (0, "/c:d".into())]
+                modules: vec![(3, "/a/b".into()), (0, "/c:d".into())],
+                memory_limit: MemoryLimit::Default,
             })
         );
+        let lim = |a: &str| match p(&format!("--socket x --device 0 {a}")) {
+            Ok(Command::Daemon(o)) => Some(o.memory_limit),
+            _ => None,
+        };
+        assert_eq!(lim("--memory-limit 1048576"), Some(MemoryLimit::Bytes(1 << 20)));
+        assert_eq!(lim("--memory-fraction=0.5"), Some(MemoryLimit::Fraction(500_000)));
+        for bad in ["--memory-fraction 0", "--memory-fraction 1.5", "--memory-limit -1", "--memory-limit 1 --memory-limit 2"] {
+            assert_eq!(lim(bad), None, "{bad}");
+        }
         for bad in ["--module x:/a", "--module 1000:/a", "--module 1:", "--module /a"] {
             assert!(p(&format!("--socket x --device 0 {bad}")).is_err(), "{bad}");
         }

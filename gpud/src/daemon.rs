@@ -23,11 +23,14 @@ use nix::sys::time::TimeSpec;
 use crate::backend::{self, Backend, Launch, Ticket};
 use crate::cli::DaemonOpts;
 use crate::coalesce::{self, Coalescer};
-use crate::descriptor::{names_unknown_segment, validate_with, Job, KernelRef, Region};
+use crate::buffers::{self, Buffers};
+use crate::descriptor::{names_unknown_segment, validate_bufs, BufferTable, Job, KernelRef, Region};
 use crate::error::{Error, Result};
 use crate::handshake::{self, peer_closed};
 use crate::layout::{
-    Cqe, ElemType, LaunchOpts, Sqe, Stats, Status, EC_CONTROL_LOAD_MODULE, EC_CONTROL_UNLOAD_MODULE, EC_FLAG_OPTS,
+    Cqe, ElemType, LaunchOpts, Sqe, Stats, Status, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_FREE, EC_CONTROL_GET,
+    EC_CONTROL_LOAD_MODULE, EC_CONTROL_PUT, EC_CONTROL_UNLOAD_MODULE, EC_FLAG_IN0_BUF, EC_FLAG_OPTS, EC_FLAG_OUT_BUF,
+    EC_FREE_MAX_IDS, EC_MAX_SEGMENTS,
 };
 use crate::modules::Registry;
 use crate::ops::user::UserOp;
@@ -81,6 +84,7 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
         ring,
         session.sock,
     );
+    d.set_memory_limit(opts.memory_limit);
     // Every segment the hello announced, before ready: jobs queued while
     // gpud was down may name any of them, and the first drain may come
     // before the last segment message would otherwise have been read.
@@ -98,8 +102,8 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     announce(&format!("ready {kind} {name}"))?;
     log!(
         Info,
-        "gpud[{}]: ready: backend {kind} ({name}), sq {} cq {} entries, arena {} bytes",
-        opts.device, geo.sq_entries, geo.cq_entries, geo.arena_bytes
+        "gpud[{}]: ready: backend {kind} ({name}), sq {} cq {} entries, arena {} bytes, buffers up to {} bytes",
+        opts.device, geo.sq_entries, geo.cq_entries, geo.arena_bytes, d.buffers.limit()
     );
     d.main_loop()
 }
@@ -146,6 +150,24 @@ pub struct Daemon {
     /// Tickets the backend reported done and gpud has not answered yet.
     done: Vec<Ticket>,
     next_drain: u64,
+    /// Device buffers (ids the VM assigned -> blocks of the backend's).
+    buffers: Buffers,
+}
+
+/// Validation's view of the buffers: lookups, and new output buffers from
+/// the backend's memory.
+struct Table<'a> {
+    bufs: &'a mut Buffers,
+    mem: &'a mut dyn buffers::BufferMemory,
+}
+
+impl BufferTable for Table<'_> {
+    fn lookup(&self, id: u64, ty: ElemType, len: u32) -> std::result::Result<Region, Status> {
+        self.bufs.lookup(id, ty, len)
+    }
+    fn create(&mut self, id: u64, ty: ElemType, len: u32) -> std::result::Result<Region, Status> {
+        self.bufs.create(self.mem, id, ty, len)
+    }
 }
 
 impl Daemon {
@@ -160,6 +182,8 @@ impl Daemon {
         ring: Ring,
         sock: OwnedFd,
     ) -> Daemon {
+        let mut backend = backend;
+        let limit = buffers::limit_for(backend.buffer_memory().buf_capacity(), crate::cli::MemoryLimit::Default);
         Daemon {
             device,
             spin,
@@ -173,7 +197,32 @@ impl Daemon {
             in_flight: Vec::new(),
             done: Vec::new(),
             next_drain: 0,
+            buffers: Buffers::new(limit),
         }
+    }
+
+    /// Sets the buffers' memory limit (`--memory-limit`, `--memory-fraction`).
+    pub fn set_memory_limit(&mut self, limit: crate::cli::MemoryLimit) {
+        let cap = self.backend.buffer_memory().buf_capacity();
+        let mut b = Buffers::new(buffers::limit_for(cap, limit));
+        std::mem::swap(&mut self.buffers, &mut b);
+        b.clear(self.backend.buffer_memory());
+        self.buffers.publish(self.ring.stats());
+    }
+
+    /// Live device buffers and the bytes they hold (tests).
+    pub fn buffer_use(&self) -> (usize, u64) {
+        (self.buffers.count(), self.buffers.used())
+    }
+
+    /// Freed buffers' blocks become reusable once no launch that may read
+    /// them is in flight: one of a drain up to the free's, or the drain the
+    /// free came in, not submitted yet.
+    fn release_buffers(&mut self) {
+        let next = self.next_drain;
+        let oldest = self.in_flight.iter().map(|f| f.drain).min();
+        self.buffers.release(|d| d >= next || oldest.is_some_and(|o| o <= d));
+        self.buffers.publish(self.ring.stats());
     }
 
     /// While busy, gpud never blocks, so stdin EOF and socket hang-up are
@@ -338,6 +387,7 @@ impl Daemon {
         }
         self.done = done;
         self.done.clear();
+        self.release_buffers();
         self.count_work(started);
         Ok(true)
     }
@@ -515,7 +565,20 @@ impl Daemon {
                 }
                 continue;
             }
-            let mut v = validate_with(sqe, opts.as_ref(), self.segments.sizes(), &self.modules);
+            if matches!(sqe.kernel, EC_CONTROL_PUT | EC_CONTROL_GET | EC_CONTROL_FREE) {
+                if !self.buffer_control(sqe)? {
+                    return Ok(false);
+                }
+                continue;
+            }
+            let mut v = self.validate(sqe, opts.as_ref());
+            if v == Err(Status::Oom) && self.buffers.has_pending() {
+                // Freed blocks wait for launches: finish them and look again.
+                if !self.make_room()? {
+                    return Ok(false);
+                }
+                v = self.validate(sqe, opts.as_ref());
+            }
             if v == Err(Status::OutOfBounds)
                 && !looked_for_segments
                 && names_unknown_segment(sqe, self.segments.sizes())
@@ -526,12 +589,14 @@ impl Daemon {
                 if self.read_segments()? == Wake::Quit {
                     return Ok(false);
                 }
-                v = validate_with(sqe, opts.as_ref(), self.segments.sizes(), &self.modules);
+                v = self.validate(sqe, opts.as_ref());
             }
             match v {
                 Ok(job) => self.coalescer.push(job),
                 Err(status) => {
-                    self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
+                    if !matches!(status, Status::Oom | Status::TooLarge) {
+                        self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
+                    }
                     if !self.complete(sqe.user_data, status, 1) {
                         return Ok(false);
                     }
@@ -545,7 +610,143 @@ impl Daemon {
         let coalescer = std::mem::take(&mut self.coalescer);
         let result = self.submit_all(&coalescer);
         self.coalescer = coalescer;
+        self.release_buffers();
         result
+    }
+
+    /// Validates a job against the segments, the modules and the buffers
+    /// (creating its output buffer when it asks for one).
+    fn validate(&mut self, sqe: &Sqe, opts: Option<&LaunchOpts>) -> std::result::Result<Job, Status> {
+        let mut table = Table { bufs: &mut self.buffers, mem: self.backend.buffer_memory() };
+        let v = validate_bufs(sqe, opts, self.segments.sizes(), &self.modules, &mut table);
+        if sqe.flags & EC_FLAG_OUT_BUF != 0 && v.is_ok() {
+            self.buffers.publish(self.ring.stats());
+        }
+        v
+    }
+
+    /// Runs every job validated so far in this drain and every launch in
+    /// flight to the end, so that every freed block is reusable. Ok(false)
+    /// when the VM went away.
+    fn make_room(&mut self) -> Result<bool> {
+        let coalescer = std::mem::take(&mut self.coalescer);
+        let submitted = self.submit_all(&coalescer);
+        self.coalescer = coalescer;
+        self.coalescer.clear();
+        if !submitted? || !self.finish_in_flight()? {
+            return Ok(false);
+        }
+        self.release_buffers();
+        Ok(true)
+    }
+
+    /// A put, get or free (see the header), in SQ order with the jobs
+    /// around it, answered at once. Ok(false) when the VM went away.
+    fn buffer_control(&mut self, sqe: &Sqe) -> Result<bool> {
+        let mut status = self.run_buffer_control(sqe)?;
+        if status == Status::Oom && self.buffers.has_pending() {
+            if !self.make_room()? {
+                return Ok(false);
+            }
+            status = self.run_buffer_control(sqe)?;
+        }
+        if !matches!(status, Status::Ok | Status::Oom | Status::TooLarge) {
+            self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
+        }
+        self.buffers.publish(self.ring.stats());
+        let ok = self.complete(sqe.user_data, status, 1);
+        self.ring.cq_publish();
+        Ok(ok)
+    }
+
+    /// An arena region of a buffer control descriptor; reads segment
+    /// messages once when it names a segment gpud has not mapped yet (as
+    /// for jobs). When the VM went away meanwhile the region is refused
+    /// (nobody reads that answer) and the main loop notices; Err when
+    /// registering a segment failed.
+    fn arena_region(&mut self, addr: u64, len: u32, ty: ElemType) -> Result<std::result::Result<Region, Status>> {
+        let r = Region::new(addr, len, ty, self.segments.sizes());
+        let seg = (addr >> EC_ADDR_SEGMENT_SHIFT) as usize;
+        if r == Err(Status::OutOfBounds) && seg < EC_MAX_SEGMENTS as usize && !self.segments.sizes().is_known(seg) {
+            if self.read_segments()? == Wake::Quit {
+                return Ok(Err(Status::OutOfBounds));
+            }
+            return Ok(Region::new(addr, len, ty, self.segments.sizes()));
+        }
+        Ok(r)
+    }
+
+    fn run_buffer_control(&mut self, sqe: &Sqe) -> Result<Status> {
+        let Some(ty) = ElemType::from_id(sqe.ty) else { return Ok(Status::BadType) };
+        macro_rules! region {
+            ($addr:expr, $len:expr, $ty:expr) => {
+                match self.arena_region($addr, $len, $ty)? {
+                    Ok(r) => r,
+                    Err(s) => return Ok(s),
+                }
+            };
+        }
+        match sqe.kernel {
+            EC_CONTROL_PUT => {
+                if sqe.flags != EC_FLAG_OUT_BUF {
+                    return Ok(Status::BadFlags);
+                }
+                if sqe.out_len != sqe.in0_len {
+                    return Ok(Status::BadShape);
+                }
+                let src = region!(sqe.in0, sqe.in0_len, ty);
+                let buf = match self.buffers.create(self.backend.buffer_memory(), sqe.out, ty, sqe.out_len) {
+                    Ok(b) => b,
+                    Err(s) => return Ok(s),
+                };
+                let arena = self.segments.arena();
+                // SAFETY: a validated arena region, the descriptor's own: the
+                // VM does not touch it while the put is in flight.
+                let bytes = unsafe { std::slice::from_raw_parts(arena.host_ptr(src), src.bytes() as usize) };
+                self.backend.buf_write(buf.offset(), bytes)?;
+                Ok(Status::Ok)
+            }
+            EC_CONTROL_GET => {
+                if sqe.flags != EC_FLAG_IN0_BUF {
+                    return Ok(Status::BadFlags);
+                }
+                if sqe.out_len != sqe.in0_len {
+                    return Ok(Status::BadShape);
+                }
+                let buf = match self.buffers.lookup(sqe.in0, ty, sqe.in0_len) {
+                    Ok(b) => b,
+                    Err(s) => return Ok(s),
+                };
+                let dst = region!(sqe.out, sqe.out_len, ty);
+                let arena = self.segments.arena();
+                // SAFETY: as for a put; the output region is the get's own.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(arena.host_ptr(dst), dst.bytes() as usize) };
+                self.backend.buf_read(buf.offset(), bytes)?;
+                Ok(Status::Ok)
+            }
+            _ => {
+                if sqe.flags != 0 {
+                    return Ok(Status::BadFlags);
+                }
+                if ty != ElemType::S64 {
+                    return Ok(Status::BadType);
+                }
+                if sqe.in0_len > EC_FREE_MAX_IDS {
+                    return Ok(Status::BadShape);
+                }
+                let ids = region!(sqe.in0, sqe.in0_len, ty);
+                let arena = self.segments.arena();
+                // SAFETY: a validated region of 8-byte elements, the
+                // descriptor's own.
+                let ids: Vec<u64> = unsafe { arena.input::<u64>(ids) }.to_vec();
+                let drain = self.next_drain;
+                for id in ids {
+                    self.buffers.free(id, drain);
+                }
+                self.release_buffers();
+                Ok(Status::Ok)
+            }
+        }
     }
 
     /// Runs a control descriptor: the jobs before it in this drain are
@@ -653,7 +854,7 @@ impl Daemon {
                 jobs,
                 independent: coalesce::independent(jobs),
             };
-            let arena = self.segments.arena();
+            let arena = self.segments.arena().with_host_buffers(self.backend.host_buffers());
             match self.backend.submit(&arena, &launch) {
                 Ok(ticket) => self.in_flight.push(InFlight {
                     ticket,

@@ -9,7 +9,7 @@
 
 use crate::layout::{
     ElemType, Kernel, LaunchOpts, Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT,
-    EC_FLAG_FAULT, EC_FLAG_OPTS, EC_MAX_SEGMENTS, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_SHARED_BYTES,
+    EC_FLAG_FAULT, EC_FLAG_IN0_BUF, EC_FLAG_IN1_BUF, EC_FLAG_OPTS, EC_FLAG_OUT_BUF, EC_MAX_SEGMENTS, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_SHARED_BYTES,
     EC_PARAM_BYTES, EC_USER_KERNEL_BASE,
 };
 use crate::modules::{Registry, UserKernel, UserShape};
@@ -85,7 +85,23 @@ pub struct Region {
     len: u32,
 }
 
+/// The segment number of a device buffer's region: no arena segment has it
+/// (they stop at EC_MAX_SEGMENTS), and its offset is the buffer's address.
+pub const BUFFER_SEG: u16 = u16::MAX;
+
 impl Region {
+    /// The region of a device buffer at `addr` (a device address on cuda, a
+    /// host address on cpu). Only `buffers::Buffers` makes these, from its
+    /// own live allocations, which outlive every launch that names them.
+    pub(crate) fn buffer(addr: u64, len: u32, ty: ElemType) -> Region {
+        Region { seg: BUFFER_SEG, elem: ty.bytes() as u8, offset: addr, len }
+    }
+
+    /// True for a device buffer's region (not in the arena).
+    pub fn is_buffer(&self) -> bool {
+        self.seg == BUFFER_SEG
+    }
+
     /// The empty region; used for inputs a kernel does not read.
     pub const EMPTY: Region = Region {
         seg: 0,
@@ -176,6 +192,12 @@ pub fn names_unknown_segment(sqe: &Sqe, sizes: &SegmentSizes) -> bool {
     let mut addrs = [Some(sqe.in0), Some(sqe.in1), Some(sqe.out)];
     if kernel.vector_inputs() == 1 {
         addrs[1] = None;
+    }
+    // Buffer ids are not arena addresses.
+    for (i, flag) in [EC_FLAG_IN0_BUF, EC_FLAG_IN1_BUF, EC_FLAG_OUT_BUF].into_iter().enumerate() {
+        if sqe.flags & flag != 0 {
+            addrs[i] = None;
+        }
     }
     addrs.into_iter().flatten().any(|a| {
         let seg = (a >> EC_ADDR_SEGMENT_SHIFT) as usize;
@@ -314,18 +336,66 @@ pub fn validate(sqe: &Sqe, sizes: impl Sizes + Copy) -> Result<Job, Status> {
     validate_with(sqe, None, sizes, &Registry::default())
 }
 
+/// What validation asks about device buffers (`EC_FLAG_*_BUF`): the region
+/// of a live one, and a new one for a job's output. [`NoBuffers`] knows
+/// none (every buffer flag is then BAD_BUFFER).
+pub trait BufferTable {
+    /// The region of live buffer `id` of `len` elements of `ty`.
+    fn lookup(&self, id: u64, ty: ElemType, len: u32) -> Result<Region, Status>;
+    /// Creates buffer `id` for an output: called last, once everything
+    /// else about the job has passed, so a refused job holds no buffer.
+    fn create(&mut self, id: u64, ty: ElemType, len: u32) -> Result<Region, Status>;
+}
+
+/// The buffer table of a gpud without buffers (tests, the fuzz reference).
+pub struct NoBuffers;
+
+impl BufferTable for NoBuffers {
+    fn lookup(&self, _: u64, _: ElemType, _: u32) -> Result<Region, Status> {
+        Err(Status::BadBuffer)
+    }
+    fn create(&mut self, _: u64, _: ElemType, _: u32) -> Result<Region, Status> {
+        Err(Status::BadBuffer)
+    }
+}
+
+/// The flags that name buffers.
+pub const BUF_FLAGS: u8 = EC_FLAG_IN0_BUF | EC_FLAG_IN1_BUF | EC_FLAG_OUT_BUF;
+
+/// An input: an arena region, or a live buffer's when `as_buffer`.
+fn input_region(as_buffer: bool, addr: u64, len: u32, ty: ElemType, sizes: impl Sizes, bufs: &dyn BufferTable) -> Result<Region, Status> {
+    if as_buffer {
+        bufs.lookup(addr, ty, len)
+    } else {
+        Region::new(addr, len, ty, sizes)
+    }
+}
+
 /// [`validate`] for any kernel: a user's kernel is judged by its module's
 /// declaration in `modules`; `opts` is the entry after `sqe` when it has
 /// EC_FLAG_OPTS (`None` when the ring held none: refused).
 pub fn validate_with(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + Copy, modules: &Registry) -> Result<Job, Status> {
-    let fault = match sqe.flags {
+    validate_bufs(sqe, opts, sizes, modules, &mut NoBuffers)
+}
+
+/// [`validate_with`] with device buffers: an address whose `EC_FLAG_*_BUF`
+/// is set is a buffer id, looked up (inputs) or created (the output, last)
+/// in `bufs`. Inputs in buffers and in the arena mix freely.
+pub fn validate_bufs(
+    sqe: &Sqe,
+    opts: Option<&LaunchOpts>,
+    sizes: impl Sizes + Copy,
+    modules: &Registry,
+    bufs: &mut dyn BufferTable,
+) -> Result<Job, Status> {
+    let fault = match sqe.flags & !BUF_FLAGS {
         0 | EC_FLAG_OPTS => false,
         EC_FLAG_FAULT if cfg!(feature = "fault-injection") => true,
         _ => return Err(Status::BadFlags),
     };
     if sqe.kernel >= EC_USER_KERNEL_BASE {
         let k = modules.kernel(sqe.kernel).ok_or(Status::BadKernel)?;
-        return validate_user(sqe, opts, sizes, k);
+        return validate_user(sqe, opts, sizes, k, bufs);
     }
     if sqe.flags & EC_FLAG_OPTS != 0 {
         return Err(Status::BadFlags); // the built-ins take no launch options
@@ -339,17 +409,16 @@ pub fn validate_with(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + C
     let scalars = scalars.map(f64::to_bits);
     check_shape(kernel, sqe, &dims)?;
 
-    let in0 = Region::new(sqe.in0, sqe.in0_len, ty, sizes)?;
+    let in0 = input_region(sqe.flags & EC_FLAG_IN0_BUF != 0, sqe.in0, sqe.in0_len, ty, sizes, bufs)?;
     // A one-vector kernel's in1 address is documented as unused, so
-    // whatever is there is ignored rather than judged.
+    // whatever is there is ignored rather than judged (but not named a
+    // buffer).
     let in1 = match kernel.vector_inputs() {
+        1 if sqe.flags & EC_FLAG_IN1_BUF != 0 => return Err(Status::BadFlags),
         1 => Region::EMPTY,
-        _ => Region::new(sqe.in1, sqe.in1_len, ty, sizes)?,
+        _ => input_region(sqe.flags & EC_FLAG_IN1_BUF != 0, sqe.in1, sqe.in1_len, ty, sizes, bufs)?,
     };
-    let out = Region::new(sqe.out, sqe.out_len, ty, sizes)?;
-    if out.overlaps(&in0) || out.overlaps(&in1) {
-        return Err(Status::Overlap);
-    }
+    let out = output_region(sqe, ty, sizes, &in0, &in1, bufs)?;
     Ok(Job {
         user_data: sqe.user_data,
         kernel: KernelRef::Builtin(kernel),
@@ -367,7 +436,13 @@ pub fn validate_with(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + C
 
 /// A user's kernel: lengths by its declaration (every vector `n` long, the
 /// output by its rule), the launch options within their limits.
-fn validate_user(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + Copy, k: &UserKernel) -> Result<Job, Status> {
+fn validate_user(
+    sqe: &Sqe,
+    opts: Option<&LaunchOpts>,
+    sizes: impl Sizes + Copy,
+    k: &UserKernel,
+    bufs: &mut dyn BufferTable,
+) -> Result<Job, Status> {
     let ty = ElemType::from_id(sqe.ty).filter(|t| k.runs_on(*t)).ok_or(Status::BadType)?;
     let (scalars, dims) = sqe.p.decode(&k.signature);
     let n = sqe.in0_len;
@@ -377,12 +452,13 @@ fn validate_user(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + Copy,
         return Err(Status::BadShape);
     }
     let geometry = geometry(sqe, opts, k)?;
-    let in0 = Region::new(sqe.in0, n, ty, sizes)?;
-    let in1 = if two { Region::new(sqe.in1, sqe.in1_len, ty, sizes)? } else { Region::EMPTY };
-    let out = Region::new(sqe.out, sqe.out_len, ty, sizes)?;
-    if out.overlaps(&in0) || out.overlaps(&in1) {
-        return Err(Status::Overlap);
-    }
+    let in0 = input_region(sqe.flags & EC_FLAG_IN0_BUF != 0, sqe.in0, n, ty, sizes, bufs)?;
+    let in1 = match (two, sqe.flags & EC_FLAG_IN1_BUF != 0) {
+        (true, b) => input_region(b, sqe.in1, sqe.in1_len, ty, sizes, bufs)?,
+        (false, true) => return Err(Status::BadFlags),
+        (false, false) => Region::EMPTY,
+    };
+    let out = output_region(sqe, ty, sizes, &in0, &in1, bufs)?;
     Ok(Job {
         user_data: sqe.user_data,
         kernel: KernelRef::User(k.id),
@@ -396,6 +472,19 @@ fn validate_user(sqe: &Sqe, opts: Option<&LaunchOpts>, sizes: impl Sizes + Copy,
         geometry,
         fault: false,
     })
+}
+
+/// The output: an arena region disjoint from the inputs, or (last of all
+/// the checks, EC_FLAG_OUT_BUF) a new buffer, which overlaps nothing.
+fn output_region(sqe: &Sqe, ty: ElemType, sizes: impl Sizes, in0: &Region, in1: &Region, bufs: &mut dyn BufferTable) -> Result<Region, Status> {
+    if sqe.flags & EC_FLAG_OUT_BUF != 0 {
+        return bufs.create(sqe.out, ty, sqe.out_len);
+    }
+    let out = Region::new(sqe.out, sqe.out_len, ty, sizes)?;
+    if out.overlaps(in0) || out.overlaps(in1) {
+        return Err(Status::Overlap);
+    }
+    Ok(out)
 }
 
 /// The launch geometry of a user's job: its declaration, overridden by the
@@ -556,10 +645,16 @@ mod tests {
 
     #[test]
     fn refuses_flags() {
-        for flags in [1, 2, 0x40, 0x81, u8::MAX] {
+        for flags in [1, 0x10, 0x40, 0x81, u8::MAX, 0x13] {
             let mut s = vadd(0, 0x100, 0x200, 4);
             s.flags = flags;
-            assert_eq!(validate(&s, ARENA), Err(Status::BadFlags));
+            assert_eq!(validate(&s, ARENA), Err(Status::BadFlags), "{flags:#x}");
+        }
+        // Buffer flags without buffers: the ids name nothing.
+        for flags in [2, 4, 8, 14] {
+            let mut s = vadd(0, 0x100, 0x200, 4);
+            s.flags = flags;
+            assert_eq!(validate(&s, ARENA), Err(Status::BadBuffer), "{flags:#x}");
         }
         assert!(!validate(&vadd(0, 0x100, 0x200, 4), ARENA).unwrap().fault());
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 4;
+pub const EC_ABI_VERSION: u32 = 5;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -23,6 +23,15 @@ pub const EC_SEGMENT_MAGIC: u64 = 0x544e_454d_4745_5343;
 pub const EC_FLAG_FAULT: u8 = 1 << 7;
 /// `ec_sqe.flags`: the next SQ entry is this job's [`LaunchOpts`].
 pub const EC_FLAG_OPTS: u8 = 1 << 0;
+/// `ec_sqe.flags`: in0 / in1 / out holds a device buffer id (see the header).
+pub const EC_FLAG_IN0_BUF: u8 = 1 << 1;
+pub const EC_FLAG_IN1_BUF: u8 = 1 << 2;
+pub const EC_FLAG_OUT_BUF: u8 = 1 << 3;
+/// Buffer control descriptors: put, get, free (see the header).
+pub const EC_CONTROL_PUT: u16 = 0xff02;
+pub const EC_CONTROL_GET: u16 = 0xff03;
+pub const EC_CONTROL_FREE: u16 = 0xff04;
+pub const EC_FREE_MAX_IDS: u32 = 512;
 /// Users' kernels: module slot `s`, kernel `i` has the id
 /// `EC_USER_KERNEL_BASE + s * EC_MODULE_KERNELS + i`.
 pub const EC_USER_KERNEL_BASE: u16 = 1024;
@@ -40,7 +49,7 @@ pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
 /// One past the largest kernel id.
 pub const EC_KERNEL_COUNT: u32 = KERNEL_ROWS.len() as u32 + 1;
-pub const EC_STATUS_COUNT: u32 = 10;
+pub const EC_STATUS_COUNT: u32 = 13;
 pub const EC_TYPE_COUNT: u32 = 6;
 pub const EC_SHAPE_COUNT: u32 = 3;
 pub const EC_OUTPUT_COUNT: u32 = 2;
@@ -185,6 +194,12 @@ pub struct Stats {
     pub sleeps: AtomicU64,
     pub batch_hist: [AtomicU64; EC_BATCH_HIST_BUCKETS],
     pub work_ns: AtomicU64,
+    pub buf_used: AtomicU64,
+    pub buf_peak: AtomicU64,
+    pub buf_limit: AtomicU64,
+    pub buf_count: AtomicU64,
+    pub buf_cached: AtomicU64,
+    pub buf_device_allocs: AtomicU64,
 }
 
 /// `struct ec_header`, at offset 0 of the memfd.
@@ -457,10 +472,13 @@ pub enum Status {
     DeviceError = 7,
     BadType = 8,
     ModuleError = 9,
+    Oom = 10,
+    TooLarge = 11,
+    BadBuffer = 12,
 }
 
 impl Status {
-    pub const ALL: [Status; 10] = [
+    pub const ALL: [Status; 13] = [
         Status::Ok,
         Status::BadKernel,
         Status::BadFlags,
@@ -471,6 +489,9 @@ impl Status {
         Status::DeviceError,
         Status::BadType,
         Status::ModuleError,
+        Status::Oom,
+        Status::TooLarge,
+        Status::BadBuffer,
     ];
 
     pub fn code(self) -> i32 {
@@ -493,6 +514,9 @@ impl Status {
             Status::DeviceError => "DEVICE_ERROR",
             Status::BadType => "BAD_TYPE",
             Status::ModuleError => "MODULE_ERROR",
+            Status::Oom => "OOM",
+            Status::TooLarge => "TOO_LARGE",
+            Status::BadBuffer => "BAD_BUFFER",
         }
     }
 
@@ -508,6 +532,9 @@ impl Status {
             Status::DeviceError => "device_error",
             Status::BadType => "bad_type",
             Status::ModuleError => "module_error",
+            Status::Oom => "oom",
+            Status::TooLarge => "too_large",
+            Status::BadBuffer => "bad_buffer",
         }
     }
 }
@@ -603,6 +630,8 @@ int main(void)
     C(EC_FLAG_OPTS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES);
     C(EC_USER_KERNEL_BASE); C(EC_MODULE_KERNELS); C(EC_MODULE_SLOTS);
     C(EC_CONTROL_LOAD_MODULE); C(EC_CONTROL_UNLOAD_MODULE);
+    C(EC_FLAG_IN0_BUF); C(EC_FLAG_IN1_BUF); C(EC_FLAG_OUT_BUF);
+    C(EC_CONTROL_PUT); C(EC_CONTROL_GET); C(EC_CONTROL_FREE); C(EC_FREE_MAX_IDS);
 
     SZ(ec_cqe); AL(ec_cqe);
     OF(ec_cqe, user_data); OF(ec_cqe, status); OF(ec_cqe, batch);
@@ -611,6 +640,8 @@ int main(void)
     OF(ec_stats, jobs_ok); OF(ec_stats, jobs_failed); OF(ec_stats, batches);
     OF(ec_stats, launches); OF(ec_stats, bad_descriptors); OF(ec_stats, max_batch);
     OF(ec_stats, sleeps); OF(ec_stats, batch_hist); OF(ec_stats, work_ns);
+    OF(ec_stats, buf_used); OF(ec_stats, buf_peak); OF(ec_stats, buf_limit);
+    OF(ec_stats, buf_count); OF(ec_stats, buf_cached); OF(ec_stats, buf_device_allocs);
 
     SZ(ec_header); AL(ec_header);
     OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);
@@ -709,6 +740,13 @@ int main(void)
         put("const.EC_MODULE_SLOTS", EC_MODULE_SLOTS.to_string());
         put("const.EC_CONTROL_LOAD_MODULE", EC_CONTROL_LOAD_MODULE.to_string());
         put("const.EC_CONTROL_UNLOAD_MODULE", EC_CONTROL_UNLOAD_MODULE.to_string());
+        put("const.EC_FLAG_IN0_BUF", EC_FLAG_IN0_BUF.to_string());
+        put("const.EC_FLAG_IN1_BUF", EC_FLAG_IN1_BUF.to_string());
+        put("const.EC_FLAG_OUT_BUF", EC_FLAG_OUT_BUF.to_string());
+        put("const.EC_CONTROL_PUT", EC_CONTROL_PUT.to_string());
+        put("const.EC_CONTROL_GET", EC_CONTROL_GET.to_string());
+        put("const.EC_CONTROL_FREE", EC_CONTROL_FREE.to_string());
+        put("const.EC_FREE_MAX_IDS", EC_FREE_MAX_IDS.to_string());
 
         sz!("ec_cqe", Cqe);
         of!("ec_cqe", Cqe, user_data, u64);
@@ -725,6 +763,12 @@ int main(void)
         of!("ec_stats", Stats, sleeps, u64);
         of!("ec_stats", Stats, batch_hist, [u64; EC_BATCH_HIST_BUCKETS]);
         of!("ec_stats", Stats, work_ns, u64);
+        of!("ec_stats", Stats, buf_used, u64);
+        of!("ec_stats", Stats, buf_peak, u64);
+        of!("ec_stats", Stats, buf_limit, u64);
+        of!("ec_stats", Stats, buf_count, u64);
+        of!("ec_stats", Stats, buf_cached, u64);
+        of!("ec_stats", Stats, buf_device_allocs, u64);
 
         sz!("ec_header", Header);
         of!("ec_header", Header, magic, u64);

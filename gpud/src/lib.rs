@@ -10,6 +10,7 @@
 //! - [`ring`]: SQ consumer, CQ producer, NEED_WAKEUP;
 //! - [`descriptor`]: validation of untrusted submissions;
 //! - [`modules`]: users' kernels, loaded at run time;
+//! - [`buffers`]: device buffers, their caching allocator and accounting;
 //! - [`coalesce`]: grouping by kernel, batch statistics;
 //! - [`segment`]: arena segments sent after the handshake;
 //! - [`backend`]: the backends (`cpu`, `cuda`);
@@ -26,6 +27,7 @@
 #[macro_use]
 pub mod log;
 pub mod backend;
+pub mod buffers;
 #[cfg(feature = "testkit")]
 pub mod baseline;
 pub mod cli;

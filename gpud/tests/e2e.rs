@@ -594,8 +594,10 @@ fn end_to_end_mixed_jobs_and_hostile_descriptors() {
     };
     let arena = vm.arena_bytes;
     let hostile = [
-        (Sqe { flags: 2, ..good }, Status::BadFlags),
-        (Sqe { flags: EC_FLAG_FAULT | 2, ..good }, Status::BadFlags),
+        (Sqe { flags: 0x10, ..good }, Status::BadFlags),
+        (Sqe { flags: EC_FLAG_FAULT | 0x10, ..good }, Status::BadFlags),
+        // A buffer id gpud never saw.
+        (Sqe { flags: 2, ..good }, Status::BadBuffer),
         (Sqe { kernel: 0, ..good }, Status::BadKernel),
         (Sqe { kernel: EC_KERNEL_COUNT as u16, ..good }, Status::BadKernel),
         (Sqe { kernel: u16::MAX, ..good }, Status::BadKernel),

@@ -133,13 +133,18 @@ fn bytes_overlap(a: &Region, b: &Region) -> bool {
 pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
     // Launch options (EC_FLAG_OPTS) are for users' kernels only; no module
     // is loaded here, so every id from EC_USER_KERNEL_BASE is unknown.
-    if s.flags != 0 && s.flags != EC_FLAG_OPTS {
+    // Buffer flags (EC_FLAG_IN0_BUF 2, IN1_BUF 4, OUT_BUF 8) name buffer
+    // ids; validation here knows no buffer, so each one named is BAD_BUFFER
+    // where its address would be judged.
+    let bufs = s.flags & 0x0e;
+    let rest = s.flags & !0x0e;
+    if rest != 0 && rest != EC_FLAG_OPTS {
         return Err(Status::BadFlags);
     }
     if s.kernel >= EC_USER_KERNEL_BASE {
         return Err(Status::BadKernel);
     }
-    if s.flags != 0 {
+    if rest != 0 {
         return Err(Status::BadFlags);
     }
     let row = KERNEL_ROWS.get(usize::from(s.kernel).wrapping_sub(1)).ok_or(Status::BadKernel)?;
@@ -173,8 +178,19 @@ pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
         }
         Ok((seg, off as u128, end))
     };
+    if bufs & 2 != 0 {
+        return Err(Status::BadBuffer);
+    }
     let in0 = region(s.in0, s.in0_len)?;
-    let in1 = if two { Some(region(s.in1, s.in1_len)?) } else { None };
+    let in1 = match (two, bufs & 4 != 0) {
+        (true, true) => return Err(Status::BadBuffer),
+        (true, false) => Some(region(s.in1, s.in1_len)?),
+        (false, true) => return Err(Status::BadFlags),
+        (false, false) => None,
+    };
+    if bufs & 8 != 0 {
+        return Err(Status::BadBuffer);
+    }
     let out = region(s.out, s.out_len)?;
     let hit = |a: (u64, u128, u128), b: (u64, u128, u128)| a.0 == b.0 && a.1 < a.2 && b.1 < b.2 && a.1 < b.2 && b.1 < a.2;
     if hit(out, in0) || in1.is_some_and(|i| hit(out, i)) {

@@ -12,6 +12,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::{Arena, Backend, Launch, Ticket};
+use crate::buffers::{BufferMemory, HostMemory};
 use crate::descriptor::Job;
 use crate::error::{Error, Result};
 use crate::modules::UserKernel;
@@ -23,6 +24,9 @@ const PAR_BATCH_WORK: u64 = 1 << 15;
 /// the end and queues its ticket, `poll` hands the tickets out.
 pub struct CpuBackend {
     name: String,
+    /// Device buffers: gpud's own heap, a quarter of the machine's memory
+    /// being its "device" (the VM lives there too).
+    memory: HostMemory,
     next_ticket: Ticket,
     done: Vec<Ticket>,
 }
@@ -31,6 +35,7 @@ impl CpuBackend {
     pub fn new(_device: u32) -> CpuBackend {
         CpuBackend {
             name: format!("cpu-{}-threads", rayon::current_num_threads()),
+            memory: HostMemory { blocks: 0, capacity: crate::buffers::host_ram() / 4 },
             next_ticket: 1,
             done: Vec::new(),
         }
@@ -83,6 +88,27 @@ impl Backend for CpuBackend {
 
     fn in_flight(&self) -> usize {
         self.done.len()
+    }
+
+    fn buffer_memory(&mut self) -> &mut dyn BufferMemory {
+        &mut self.memory
+    }
+
+    fn host_buffers(&self) -> bool {
+        true
+    }
+
+    fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: `addr` is a live block of at least src.len() bytes (the
+        // buffer's own, buffers.rs), disjoint from the arena.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: as for buf_write; dst.len() is the buffer's length.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
     }
 }
 

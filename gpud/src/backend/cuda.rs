@@ -44,6 +44,7 @@ use std::time::Instant;
 use cudarc::driver::sys::{self, CUresult};
 
 use super::{Arena, Backend, Launch, Ticket};
+use crate::buffers::BufferMemory;
 use crate::descriptor::{Job, KernelRef, Region};
 use crate::error::{Error, Result};
 use crate::layout::{ElemType, Kernel, EC_MAX_SEGMENTS, EC_TYPE_COUNT, KERNEL_ROWS};
@@ -410,6 +411,37 @@ pub struct CudaBackend {
     copies_out: Vec<Copy>,
     chunks: Vec<Chunk>,
     zero_dev: Vec<(u64, usize)>,
+    /// Device buffers' raw memory (the caching allocator, buffers.rs,
+    /// sits on it).
+    memory: CudaMemory,
+}
+
+/// cuMemAlloc / cuMemFree for device buffers, in the backend's context
+/// (current on gpud's one thread since `open`).
+struct CudaMemory {
+    capacity: u64,
+}
+
+impl BufferMemory for CudaMemory {
+    fn buf_alloc(&mut self, bytes: u64) -> Option<u64> {
+        let mut p = 0;
+        // SAFETY: a valid out-pointer; the context is current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut p, usize::try_from(bytes).ok()?) };
+        // Out of memory (or anything else): no block; the allocator gives
+        // cached blocks back and tries again, or answers OOM. A context
+        // that is truly broken fails the next launch and gpud exits.
+        (r == CUresult::CUDA_SUCCESS).then_some(p)
+    }
+
+    fn buf_free(&mut self, addr: u64, _bytes: u64) {
+        // SAFETY: a block of buf_alloc, given back once (buffers.rs), and
+        // no launch in flight uses it (frees are deferred until then).
+        unsafe { sys::cuMemFree_v2(addr) };
+    }
+
+    fn buf_capacity(&self) -> u64 {
+        self.capacity
+    }
 }
 
 fn kidx(k: Kernel) -> usize {
@@ -489,6 +521,8 @@ impl CudaBackend {
                     sys::cuStreamCreate(s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
                 )?;
             }
+            let (mut free_b, mut total_b) = (0usize, 0usize);
+            setup("cuMemGetInfo", sys::cuMemGetInfo_v2(&mut free_b, &mut total_b))?;
             let mut user_stream = ptr::null_mut();
             setup(
                 "cuStreamCreate",
@@ -524,6 +558,10 @@ impl CudaBackend {
                 copies_out: Vec::new(),
                 chunks: Vec::new(),
                 zero_dev: Vec::new(),
+                // The device's memory as the context found it: what is
+                // already taken (the context, other processes) is not
+                // ours to hand out.
+                memory: CudaMemory { capacity: free_b as u64 },
             })
         }
     }
@@ -534,6 +572,10 @@ impl CudaBackend {
     }
 
     fn dev_ptr(&self, r: Region) -> Result<u64> {
+        if r.is_buffer() {
+            // A live device buffer: its block's device address.
+            return Ok(r.offset());
+        }
         if r.is_empty() {
             // Never dereferenced; any valid-looking address will do.
             return Ok(self.segs[r.segment()].as_ref().map_or(0, |s| s.dev));
@@ -608,11 +650,12 @@ impl CudaBackend {
             };
             modes.push(mode);
             if mode != Placement::Mapped {
-                for r in j.inputs() {
+                for r in j.inputs().into_iter().filter(|r| !r.is_buffer()) {
                     scratch_need += r.bytes().next_multiple_of(SCRATCH_ALIGN);
                 }
             }
-            if !j.fault() && (mode == Placement::CopyInOut || op.accumulates_into_output(j)) {
+            // An output in a device buffer is written (and zeroed) in place.
+            if !j.fault() && !j.out().is_buffer() && (mode == Placement::CopyInOut || op.accumulates_into_output(j)) {
                 scratch_need += j.out().bytes().next_multiple_of(SCRATCH_ALIGN);
             }
         }
@@ -647,14 +690,21 @@ impl CudaBackend {
                 in1: self.dev_ptr(j.in1())?,
                 out: self.dev_ptr(j.out())?,
             };
+            // Inputs already in device buffers are read where they are.
             if *mode != Placement::Mapped {
-                p.in0 = place(arena.host_ptr(j.in0()), j.in0().bytes(), &mut self.copies_in);
-                if !j.in1().is_empty() {
+                if !j.in0().is_buffer() {
+                    p.in0 = place(arena.host_ptr(j.in0()), j.in0().bytes(), &mut self.copies_in);
+                }
+                if !j.in1().is_empty() && !j.in1().is_buffer() {
                     p.in1 = place(arena.host_ptr(j.in1()), j.in1().bytes(), &mut self.copies_in);
                 }
             }
             let zeroed = op.accumulates_into_output(j);
-            if *mode == Placement::CopyInOut || zeroed {
+            if j.out().is_buffer() {
+                if zeroed {
+                    self.zero_dev.push((p.out, j.out().bytes() as usize));
+                }
+            } else if *mode == Placement::CopyInOut || zeroed {
                 p.out = place(arena.host_ptr(j.out()), j.out().bytes(), &mut self.copies_out);
                 if zeroed {
                     self.zero_dev.push((p.out, j.out().bytes() as usize));
@@ -905,6 +955,27 @@ impl Backend for CudaBackend {
 
     fn in_flight(&self) -> usize {
         self.busy
+    }
+
+    fn buffer_memory(&mut self) -> &mut dyn BufferMemory {
+        &mut self.memory
+    }
+
+    fn host_buffers(&self) -> bool {
+        false
+    }
+
+    fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: `addr` is a live device block of at least src.len() bytes;
+        // src is registered (pinned) arena memory, so the copy runs at full
+        // PCIe speed and is complete when the call returns.
+        ck(unsafe { sys::cuMemcpyHtoD_v2(addr, src.as_ptr().cast(), src.len()) }, "cuMemcpyHtoD (put)")
+    }
+
+    fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: as for buf_write. Whatever wrote the buffer has finished:
+        // the VM learns a buffer's id only from a completed job.
+        ck(unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), addr, dst.len()) }, "cuMemcpyDtoH (get)")
     }
 }
 

@@ -16,6 +16,7 @@ use std::ptr::NonNull;
 
 use std::sync::Arc;
 
+use crate::buffers::BufferMemory;
 use crate::descriptor::{Job, KernelRef, Region};
 use crate::error::Result;
 use crate::layout::{ElemType, EC_MAX_SEGMENTS};
@@ -62,6 +63,10 @@ impl BackendKind {
 #[derive(Clone)]
 pub struct Arena<'a> {
     segs: [Option<(NonNull<u8>, u64)>; EC_MAX_SEGMENTS as usize],
+    /// Device buffers are host memory (the cpu backend): a buffer region's
+    /// offset is then its host address. Off for cuda, whose buffers no
+    /// host code may touch.
+    host_buffers: bool,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -80,6 +85,7 @@ impl<'a> Arena<'a> {
     pub unsafe fn from_raw(base: NonNull<u8>, bytes: u64) -> Arena<'a> {
         let mut a = Arena {
             segs: [None; EC_MAX_SEGMENTS as usize],
+            host_buffers: false,
             _borrow: PhantomData,
         };
         // SAFETY: forwarded to the caller.
@@ -104,6 +110,13 @@ impl<'a> Arena<'a> {
         unsafe { Arena::from_raw(NonNull::from(buf).cast(), bytes) }
     }
 
+    /// This arena's backend keeps device buffers in host memory (see
+    /// `host_buffers`).
+    pub fn with_host_buffers(mut self, yes: bool) -> Arena<'a> {
+        self.host_buffers = yes;
+        self
+    }
+
     /// Size of segment 0.
     pub fn bytes(&self) -> u64 {
         self.segment(0).map_or(0, |(_, b)| b)
@@ -116,6 +129,12 @@ impl<'a> Arena<'a> {
 
     /// The host address of `r`'s first byte (checked against its segment).
     pub fn host_ptr(&self, r: Region) -> *mut u8 {
+        if r.is_buffer() {
+            // A live buffer's block (buffers.rs keeps it until every launch
+            // submitted before its free has finished), r.bytes() long.
+            assert!(self.host_buffers, "region {r:?} is a device buffer, not host memory");
+            return r.offset() as *mut u8;
+        }
         let (base, bytes) = self
             .segment(r.segment())
             .unwrap_or_else(|| panic!("region {r:?} in a segment the arena lacks"));
@@ -210,6 +229,21 @@ pub trait Backend {
 
     /// Launches submitted and not yet reported by `poll`.
     fn in_flight(&self) -> usize;
+
+    /// The raw memory of device buffers (the caching allocator in
+    /// `buffers.rs` sits on it).
+    fn buffer_memory(&mut self) -> &mut dyn BufferMemory;
+
+    /// True when buffers live in host memory (see `Arena::with_host_buffers`).
+    fn host_buffers(&self) -> bool;
+
+    /// Copies `src` (arena memory) into the buffer block at `addr`, and
+    /// returns once the copy is done. Nothing in flight writes `addr`.
+    fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()>;
+
+    /// Copies the buffer block at `addr` into `dst` (arena memory), and
+    /// returns once the copy is done.
+    fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()>;
 }
 
 /// Submits `launch` and waits until it is done: for tests and benchmarks.

@@ -1,0 +1,276 @@
+/*
+ * buffers.c: device buffers on the VM side. A buffer is a resource (struct
+ * buffer_res) naming memory gpud owns; its id is assigned here, so a put or a
+ * launch with {output, buffer} needs no round trip to learn it. What gpud
+ * does with ids: erlcuda_ring.h, EC_FLAG_*_BUF and EC_CONTROL_PUT/GET/FREE.
+ *
+ * Frees. free/1 and the destructor (garbage collection) both go through
+ * queue_free, which marks the buffer freed once and queues its id under
+ * freeq_lock, a leaf: the destructor may run anywhere, even inside
+ * enif_clear_env under d->lock, so it never takes d->lock and never blocks.
+ * flush_frees turns queued ids into free descriptors (up to EC_FREE_MAX_IDS
+ * ids each); it runs after every submit, in free/1 and on the completion
+ * thread, which the destructor wakes through ctl_efd.
+ *
+ * Lost and freed. A buffer made under epoch e (the device's restart count)
+ * is lost once gpud restarted; a freed one is freed. Both are checked when
+ * the job is parsed and again under d->lock when it is published
+ * (submit.c), and reset moves the epoch and drops queued frees under the
+ * same lock, so gpud never sees an id after its free or from before it
+ * started. Ids are never reused while the VM lives: a stale id can only be
+ * unknown to gpud, never another buffer.
+ */
+#define _GNU_SOURCE
+#include "erlcuda_nif.h"
+
+#include <string.h>
+
+ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len)
+{
+    struct buffer_res *b = enif_alloc_resource(BUFFER_RT, sizeof *b);
+    if (!b)
+        return 0;
+    b->d = d;
+    b->id = __atomic_add_fetch(&d->next_buf_id, 1, __ATOMIC_RELAXED);
+    b->epoch = __atomic_load_n(&d->epoch, __ATOMIC_RELAXED);
+    b->len = len;
+    b->type = type;
+    b->freed = 0;
+    enif_keep_resource(d);
+    ERL_NIF_TERM t = enif_make_resource(env, b);
+    enif_release_resource(b);
+    return t;
+}
+
+ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b)
+{
+    if (b->d != d)
+        return enif_make_tuple2(env, ATOM_buffer,
+                                enif_make_tuple2(env, ATOM_device, enif_make_uint(env, b->d->id)));
+    if (__atomic_load_n(&b->freed, __ATOMIC_ACQUIRE))
+        return enif_make_tuple2(env, ATOM_buffer, ATOM_freed);
+    if (b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED))
+        return enif_make_tuple2(env, ATOM_buffer, ATOM_lost);
+    return 0;
+}
+
+void queue_free(struct buffer_res *b)
+{
+    struct device *d = b->d;
+    int zero = 0;
+    if (!__atomic_compare_exchange_n(&b->freed, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return; /* freed already */
+    if (b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED))
+        return; /* lost with its gpud */
+    enif_mutex_lock(d->freeq_lock);
+    if (d->nfreeq == d->freeq_cap) {
+        uint32_t cap = d->freeq_cap ? d->freeq_cap * 2 : 1024;
+        uint64_t *q = enif_realloc(d->freeq, cap * sizeof *q);
+        if (!q) {
+            /* Out of memory in the VM: the block stays in gpud until it
+             * restarts. Leaks device memory, never corrupts it. */
+            enif_mutex_unlock(d->freeq_lock);
+            return;
+        }
+        d->freeq = q;
+        d->freeq_cap = cap;
+    }
+    d->freeq[d->nfreeq] = b->id;
+    __atomic_store_n(&d->nfreeq, d->nfreeq + 1, __ATOMIC_RELEASE);
+    enif_mutex_unlock(d->freeq_lock);
+}
+
+void flush_frees(struct device *d)
+{
+    if (__atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) == 0 || d->closed)
+        return;
+    int published = 0;
+    struct ec_header *h = d->shm.hdr;
+    dev_lock(d);
+    for (;;) {
+        enif_mutex_lock(d->freeq_lock);
+        uint32_t n = d->nfreeq < EC_FREE_MAX_IDS ? d->nfreeq : EC_FREE_MAX_IDS;
+        if (n == 0 || d->nfree == 0) {
+            enif_mutex_unlock(d->freeq_lock);
+            break;
+        }
+        struct region in;
+        if (region_alloc_locked(d, arena_round((uint64_t)n * 8), &in) != 0) {
+            /* The arena is full: the next flush (after a completion) tries
+             * again. */
+            enif_mutex_unlock(d->freeq_lock);
+            break;
+        }
+        /* The last n ids: the queue is a stack, order does not matter. */
+        memcpy(region_ptr(d, &in), d->freeq + (d->nfreeq - n), (size_t)n * 8);
+        __atomic_store_n(&d->nfreeq, d->nfreeq - n, __ATOMIC_RELEASE);
+        enif_mutex_unlock(d->freeq_lock);
+
+        uint32_t idx = d->free_stack[--d->nfree];
+        struct job *j = &d->jobs[idx];
+        j->in = in;
+        j->out = (struct region){0, 0, 0, 0};
+        j->out_taken = 0;
+        j->ncredit = 0;
+        j->out_buf = 0;
+        j->gen++;
+        j->kernel = EC_CONTROL_FREE;
+        j->type = EC_TYPE_S64;
+        j->output = OUTPUT_FREE;
+        j->zero_copy = 0;
+        j->out_len = 0;
+        j->ref = ATOM_false; /* no caller: cancel/2 never matches it */
+        __atomic_store_n(&d->in_flight, d->in_flight + 1, __ATOMIC_RELAXED);
+        if (d->in_flight > d->in_flight_peak)
+            d->in_flight_peak = d->in_flight;
+        struct ec_sqe sqe = {
+            .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
+            .kernel = EC_CONTROL_FREE,
+            .type = EC_TYPE_S64,
+            .in0 = region_addr(&in),
+            .in0_len = n,
+        };
+        __atomic_store_n(&j->state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+        uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
+        d->shm.sq[tail & (d->nslots - 1)] = sqe;
+        __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
+        count(&d->c.buffer_frees, n);
+        published = 1;
+    }
+    dev_unlock(d);
+    if (published)
+        wake_gpud(d);
+}
+
+/* A descriptor of a buffer job (put or get) in slot idx: fills the job's
+ * common fields, keeps `keep` (the buffer's term) in its env. */
+static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uint32_t kernel,
+                              uint8_t type, uint32_t len, unsigned output, ERL_NIF_TERM keep,
+                              struct ec_sqe *sqe)
+{
+    struct job *j = &d->jobs[idx];
+    ERL_NIF_TERM ref = enif_make_ref(env);
+    j->gen++;
+    j->kernel = kernel;
+    j->type = type;
+    j->output = (uint8_t)output;
+    j->out_buf = output == OUTPUT_PUT;
+    j->buf_term = enif_make_copy(j->env, keep);
+    j->ref = enif_make_copy(j->env, ref);
+    enif_self(env, &j->pid);
+    j->out_len = len;
+    sqe->user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx;
+    sqe->kernel = (uint16_t)kernel;
+    sqe->type = type;
+    if (output == OUTPUT_PUT) {
+        publish(d, (uint32_t)idx, sqe);
+    } else {
+        /* A get: its buffer checked again under d->lock (submit.c). */
+        struct buffer_res *b;
+        enif_get_resource(env, keep, BUFFER_RT, (void **)&b);
+        struct job_spec s;
+        memset(&s, 0, sizeof s);
+        s.nin = 1;
+        s.in[0].buf = b;
+        if (publish_checked(d, (uint32_t)idx, sqe, &s) != 0) {
+            unreserve_job(d, (uint32_t)idx);
+            ERL_NIF_TERM why = buffer_unusable(env, d, b);
+            return make_error(env, why ? why : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
+        }
+    }
+    count(&d->c.submitted, 1);
+    return enif_make_tuple2(env, ATOM_ok, ref);
+}
+
+int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+               ERL_NIF_TERM *result)
+{
+    struct vec v;
+    enif_rwlock_rlock(d->life);
+    if (d->closed) {
+        enif_rwlock_runlock(d->life);
+        *result = make_error(env, ATOM_closed);
+        return 0;
+    }
+    int r = parse_vector(env, argv[1], dirty, &v, result);
+    if (r != 0) {
+        enif_rwlock_runlock(d->life);
+        if (r > 0)
+            count(&d->c.dirty_submits, 1);
+        return r > 0;
+    }
+    uint64_t bytes = v.len * type_bytes(v.type);
+    int64_t idx = bytes > d->arena_max ? -2 : reserve_job(d, arena_round(bytes ? bytes : 1), 0, 0, 0);
+    if (idx < 0) {
+        enif_rwlock_runlock(d->life);
+        if (idx == -1)
+            count(&d->c.busy, 1);
+        *result = idx == -1 ? make_error(env, ATOM_busy) : make_badarg(env, ATOM_too_large);
+        return 0;
+    }
+    struct job *j = &d->jobs[idx];
+    if (!copy_vec(env, &v, region_ptr(d, &j->in))) {
+        unreserve_job(d, (uint32_t)idx);
+        enif_rwlock_runlock(d->life);
+        *result = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 1)));
+        return 0;
+    }
+    ERL_NIF_TERM buf = new_buffer(env, d, v.type, (uint32_t)v.len);
+    struct buffer_res *b;
+    if (!buf || !enif_get_resource(env, buf, BUFFER_RT, (void **)&b)) {
+        unreserve_job(d, (uint32_t)idx);
+        enif_rwlock_runlock(d->life);
+        *result = make_error(env, enif_make_atom(env, "enomem"));
+        return 0;
+    }
+    struct ec_sqe sqe = {
+        .flags = EC_FLAG_OUT_BUF,
+        .in0 = region_addr(&j->in),
+        .in0_len = (uint32_t)v.len,
+        .out = b->id,
+        .out_len = (uint32_t)v.len,
+    };
+    *result = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, &sqe);
+    flush_frees(d);
+    enif_rwlock_runlock(d->life);
+    return 0;
+}
+
+ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf)
+{
+    struct device *d = b->d;
+    enif_rwlock_rlock(d->life);
+    if (d->closed) {
+        enif_rwlock_runlock(d->life);
+        return make_error(env, ATOM_closed);
+    }
+    ERL_NIF_TERM why = buffer_unusable(env, d, b);
+    if (why) {
+        enif_rwlock_runlock(d->life);
+        return make_error(env, why);
+    }
+    uint64_t bytes = (uint64_t)b->len * type_bytes(b->type);
+    /* A large result stays in the arena as a resource binary (no copy). */
+    int zero_copy = bytes >= d->zero_copy_bytes;
+    int64_t idx = reserve_job(d, 0, arena_round(bytes ? bytes : 1), 0, zero_copy);
+    if (idx < 0) {
+        enif_rwlock_runlock(d->life);
+        if (idx == -1)
+            count(&d->c.busy, 1);
+        return idx == -1 ? make_error(env, ATOM_busy) : make_badarg(env, ATOM_too_large);
+    }
+    struct job *j = &d->jobs[idx];
+    j->form = b->type == EC_TYPE_F32 ? FORM_BINARY : FORM_TYPED;
+    j->zero_copy = zero_copy;
+    struct ec_sqe sqe = {
+        .flags = EC_FLAG_IN0_BUF,
+        .in0 = b->id,
+        .in0_len = b->len,
+        .out = region_addr(&j->out),
+        .out_len = b->len,
+    };
+    ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, EC_OUTPUT_VECTOR, buf, &sqe);
+    flush_frees(d);
+    enif_rwlock_runlock(d->life);
+    return res;
+}

@@ -1,0 +1,308 @@
+%% Device buffers (erlcuda:put/1,2, get/1, free/1, memory/1, launch with
+%% {output, buffer}) on whatever backend the suite finds: every CI run
+%% covers them on the cpu backend, where buffers live in gpud's memory with
+%% the same semantics.
+-module(erlcuda_buffers_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
+-export([roundtrip_every_type/1, mixing_buffers_and_vectors/1, output_buffer_chain/1,
+         freed_and_bad/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
+         gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1]).
+
+all() ->
+    [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
+     oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
+     random_interleavings, kill9_loses_buffers, other_device].
+
+init_per_suite(Config) ->
+    Config.
+
+end_per_suite(_Config) ->
+    erlcuda_ref:stop_app().
+
+init_per_testcase(oom_with_a_small_limit, Config) ->
+    ok = erlcuda_ref:start_app([{device_memory_limit, 1 bsl 20}]),
+    Config;
+init_per_testcase(other_device, Config) ->
+    ok = erlcuda_ref:start_app([{devices, [0, 1]}]),
+    Config;
+init_per_testcase(_, Config) ->
+    ok = erlcuda_ref:start_app([{poison_outputs, true}]),
+    Config.
+
+end_per_testcase(_, _Config) ->
+    ok.
+
+f32s(L) -> << <<X:32/float-native>> || X <- L >>.
+
+%% Frees travel to gpud asynchronously: wait until used is back to Want.
+await_used(Want, Deadline) ->
+    #{used := U} = M = erlcuda:memory(0),
+    case U =:= Want of
+        true -> M;
+        false when Deadline =< 0 -> ct:fail({used, U, want, Want, M});
+        false ->
+            erlang:garbage_collect(),
+            timer:sleep(20),
+            await_used(Want, Deadline - 20)
+    end.
+
+roundtrip_every_type(_) ->
+    Cases = [{f32, <<1.5:32/float-native, -2.0:32/float-native>>},
+             {f64, <<1.5:64/float-native, 3.25:64/float-native>>},
+             {s32, <<-7:32/signed-native, 9:32/signed-native>>},
+             {u32, <<7:32/native, 16#ffffffff:32/native>>},
+             {s64, <<-1:64/signed-native>>},
+             {u8, <<1, 2, 255>>},
+             {u8, <<>>}],
+    lists:foreach(
+      fun({T, Bin} = V) ->
+              {ok, B} = erlcuda:put(V),
+              Want = case T of f32 -> Bin; _ -> V end,
+              ?assertEqual({ok, Want}, erlcuda:get(B)),
+              ok = erlcuda:free(B)
+      end, Cases),
+    %% A list and a bare binary are f32; get gives a binary.
+    {ok, L} = erlcuda:put([1.0, 2.0]),
+    ?assertEqual({ok, f32s([1.0, 2.0])}, erlcuda:get(L)),
+    {ok, Big} = erlcuda:put(f32s(lists:seq(1, 100000))),
+    ?assertEqual({ok, f32s(lists:seq(1, 100000))}, erlcuda:get(Big)),
+    #{used := U, buffers := N, limit := Lim, peak := P} = erlcuda:memory(0),
+    ?assert(U >= 400000 andalso N >= 2 andalso Lim > U andalso P >= U, {U, N, Lim, P}),
+    #{buffers_used := U} = erlcuda:stats(0),
+    %% Both still referenced here: neither was collected above.
+    [ok = erlcuda:free(X) || X <- [L, Big]].
+
+mixing_buffers_and_vectors(_) ->
+    A = [1.0, 2.0, 3.0],
+    Bv = [10.0, 20.0, 30.0],
+    {ok, Ab} = erlcuda:put(A),
+    {ok, Bb} = erlcuda:put(Bv),
+    Sum = f32s([11.0, 22.0, 33.0]),
+    %% Buffer first: get/1's form (a binary for f32).
+    ?assertEqual({ok, Sum}, erlcuda:launch_sync(vector_add, [Ab, Bb])),
+    ?assertEqual({ok, Sum}, erlcuda:launch_sync(vector_add, [Ab, Bv])),
+    ?assertEqual({ok, Sum}, erlcuda:launch_sync(vector_add, [Ab, f32s(Bv)])),
+    %% Host vector first: its form (a list).
+    ?assertEqual({ok, [11.0, 22.0, 33.0]}, erlcuda:launch_sync(vector_add, [A, Bb])),
+    ?assertEqual({ok, 140.0}, erlcuda:launch_sync(dot_product, [Ab, Bb])),
+    ?assertEqual({ok, 6.0}, erlcuda:launch_sync(reduce, [Ab])),
+    ?assertEqual({ok, f32s([12.0, 24.0, 36.0])}, erlcuda:launch_sync(saxpy, [2, Ab, Bb])),
+    %% f64 buffers give {f64, Binary}.
+    {ok, D} = erlcuda:put({f64, << <<X:64/float-native>> || X <- A >>}),
+    ?assertEqual({ok, {f64, << <<X:64/float-native>> || X <- [2.0, 4.0, 6.0]>>}},
+                 erlcuda:launch_sync(vector_add, [D, D])),
+    %% Types and lengths are checked as for vectors.
+    ?assertEqual({error, {badarg, {type, 2}}}, erlcuda:launch_sync(vector_add, [Ab, D])),
+    ?assertEqual({error, {badarg, length_mismatch}}, erlcuda:launch_sync(vector_add, [Ab, [1.0]])),
+    %% matmul with buffer inputs: [1 2 3] x [1 2 3]^T.
+    ?assertEqual({ok, f32s([14.0])}, erlcuda:launch_sync(matmul, [Ab, Ab, 1, 1, 3])),
+    %% Integer buffers are refused by kernels that run on floats.
+    {ok, I} = erlcuda:put({s32, <<1:32/native>>}),
+    ?assertEqual({error, {badarg, {type, 1}}}, erlcuda:launch_sync(reduce, [I])).
+
+output_buffer_chain(_) ->
+    X = [1.0, 2.0, 3.0, 4.0],
+    {ok, Xb} = erlcuda:put(X),
+    {ok, S} = erlcuda:launch_sync(vector_add, [Xb, Xb], [{output, buffer}]),
+    ?assert(is_reference(S)),
+    {ok, Y} = erlcuda:launch_sync(saxpy, [0.5, S, Xb], [{output, buffer}]),
+    ?assertEqual({ok, f32s([2.0, 4.0, 6.0, 8.0])}, erlcuda:get(Y)),
+    ?assertEqual({ok, 60.0}, erlcuda:launch_sync(dot_product, [Y, Xb])),
+    %% A scalar kept on the device is a one-element buffer.
+    {ok, R} = erlcuda:launch_sync(reduce, [Y], [{output, buffer}]),
+    ?assertEqual({ok, f32s([20.0])}, erlcuda:get(R)),
+    %% Async launch with a buffer output: the message carries the buffer.
+    {ok, Ref} = erlcuda:launch(vector_add, [Xb, X], [{output, buffer}]),
+    receive {erlcuda, Ref, {ok, Z}} -> {ok, _} = erlcuda:get(Z) after 5000 -> ct:fail(no_answer) end,
+    ?assertEqual({error, {badarg, {opt, {output, disk}}}},
+                 erlcuda:launch_sync(vector_add, [X, X], [{output, disk}])).
+
+freed_and_bad(_) ->
+    {ok, B} = erlcuda:put([1.0]),
+    ok = erlcuda:free(B),
+    ok = erlcuda:free(B),
+    ?assertEqual({error, {buffer, freed}}, erlcuda:get(B)),
+    ?assertEqual({error, {buffer, freed}}, erlcuda:launch_sync(vector_add, [B, [1.0]])),
+    ?assertEqual({error, {buffer, freed}}, erlcuda:launch_sync(vector_add, [[1.0], B])),
+    ?assertEqual({error, {badarg, buffer}}, erlcuda:get(make_ref())),
+    ?assertEqual({error, {badarg, buffer}}, erlcuda:free(self())),
+    ?assertEqual({error, {badarg, {arg, 1}}}, erlcuda:put(not_a_vector)),
+    ?assertEqual({error, {badarg, {arg, 1}}}, erlcuda:put([1.0, x])),
+    ?assertEqual({error, {no_device, 7}}, erlcuda:put([1.0], [{device, 7}])),
+    %% gpud refused nothing it should not have.
+    #{bad_descriptors := 0} = erlcuda:stats(0).
+
+other_device(_) ->
+    case erlcuda_ref:wait_ready() of
+        [_, _] ->
+            {ok, B1} = erlcuda:put([1.0, 2.0], [{device, 1}]),
+            %% Without {device, N} the job goes where its buffers are.
+            ?assertEqual({ok, f32s([2.0, 4.0])}, erlcuda:launch_sync(vector_add, [B1, B1])),
+            ?assertEqual({error, {buffer, {device, 1}}},
+                         erlcuda:launch_sync(vector_add, [B1, B1], [{device, 0}])),
+            {ok, B0} = erlcuda:put([1.0, 2.0]),
+            ?assertEqual({error, {buffer, {device, 0}}}, erlcuda:launch_sync(vector_add, [B1, B0])),
+            #{buffers := 1} = erlcuda:memory(1);
+        Devs ->
+            {skip, {devices, Devs}}
+    end.
+
+oom_with_a_small_limit(_) ->
+    #{limit := 1048576, used := Base} = erlcuda:memory(0),
+    {ok, A} = erlcuda:put(<<0:(600000 * 8)>>),
+    ?assertEqual({error, oom}, erlcuda:put(<<0:(600000 * 8)>>)),
+    %% A launch whose output buffer does not fit answers oom; gpud serves on.
+    ?assertEqual({error, oom}, erlcuda:launch_sync(vector_add, [A, A], [{output, buffer}])),
+    ?assertEqual({ok, 0.0}, erlcuda:launch_sync(reduce, [A])),
+    ok = erlcuda:free(A),
+    %% The freed block is reusable at once.
+    {ok, B} = erlcuda:put(<<0:(600000 * 8)>>),
+    ok = erlcuda:free(B),
+    await_used(Base, 5000),
+    #{bad_descriptors := 0} = erlcuda:stats(0).
+
+too_large_is_permanent(_) ->
+    #{limit := Lim} = erlcuda:memory(0),
+    #{arena_max_bytes := ArenaMax} = erlcuda:stats(0),
+    %% Larger than the arena could ever hold: refused by the NIF at once,
+    %% never busy (a 2 GiB-per-vector vector_add used to answer busy).
+    N = ArenaMax div 4 div 2 + 1,
+    Big = binary:copy(<<0:32>>, 1024),
+    Err = {error, {badarg, too_large}},
+    %% Built without copying N floats: only the lengths matter to the check.
+    ?assertEqual(Err, erlcuda:launch_sync(vector_add, [{f32, binary:copy(Big, N div 1024 + 1)},
+                                                       {f32, binary:copy(Big, N div 1024 + 1)}])),
+    %% A buffer larger than gpud's limit (when the arena could hold it).
+    case Lim < ArenaMax of
+        true -> ok;
+        false -> {comment, "the arena limit is below gpud's"}
+    end.
+
+gc_frees(_) ->
+    #{used := Base} = erlcuda:memory(0),
+    Pid = spawn(fun() ->
+                        Bs = [element(2, erlcuda:put([1.0, 2.0])) || _ <- lists:seq(1, 100)],
+                        receive stop -> length(Bs) end
+                end),
+    timer:sleep(200),
+    #{buffers := N} = erlcuda:memory(0),
+    ?assert(N >= 100),
+    Pid ! stop,
+    await_used(Base, 5000).
+
+%% 100,000 buffers made by processes that die without freeing them; used
+%% is back to its baseline after.
+dying_processes(_) ->
+    #{used := Base} = erlcuda:memory(0),
+    Procs = 1000,
+    Each = 100,
+    Self = self(),
+    T0 = erlang:monotonic_time(millisecond),
+    Pids = [spawn(fun() ->
+                          [{ok, _} = erlcuda:put([float(I)]) || I <- lists:seq(1, Each)],
+                          Self ! {done, self()}
+                  end) || _ <- lists:seq(1, Procs)],
+    [receive {done, P} -> ok after 60000 -> ct:fail(timeout) end || P <- Pids],
+    M = await_used(Base, 30000),
+    ct:pal("~p buffers by dying processes in ~p ms: ~p",
+           [Procs * Each, erlang:monotonic_time(millisecond) - T0, M]),
+    #{buffer_frees := F} = erlcuda:stats(0),
+    ?assert(F >= Procs * Each).
+
+%% kill -9 of gpud with buffers live: every use answers {buffer, lost}; the
+%% new gpud serves new buffers.
+kill9_loses_buffers(_) ->
+    {ok, B} = erlcuda:put([1.0, 2.0]),
+    {ok, _} = erlcuda:launch_sync(vector_add, [B, B], [{output, buffer}]),
+    [#{os_pid := OsPid}] = erlcuda:devices(),
+    os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+    wait_new_gpud(OsPid, 100),
+    ?assertEqual({error, {buffer, lost}}, erlcuda:get(B)),
+    ?assertEqual({error, {buffer, lost}}, erlcuda:launch_sync(vector_add, [B, [1.0, 1.0]])),
+    ok = erlcuda:free(B),
+    {ok, C} = erlcuda:put([3.0]),
+    ?assertEqual({ok, f32s([3.0])}, erlcuda:get(C)),
+    #{buffers := 1} = erlcuda:memory(0).
+
+wait_new_gpud(_Old, 0) -> ct:fail(no_restart);
+wait_new_gpud(Old, N) ->
+    case erlcuda:devices() of
+        [#{os_pid := P, status := up}] when P =/= Old, is_integer(P) -> ok;
+        _ -> timer:sleep(50), wait_new_gpud(Old, N - 1)
+    end.
+
+%% Random interleavings of put, get, free, launch (buffer and host outputs)
+%% and garbage collection, against a model of what each buffer holds.
+random_interleavings(_) ->
+    rand:seed(exsss, {1, 2, 3}),
+    #{used := Base} = erlcuda:memory(0),
+    Model = lists:foldl(fun(_, M) -> step(rand:uniform(6), M) end, #{}, lists:seq(1, 3000)),
+    [ok = erlcuda:free(B) || B <- maps:keys(Model)],
+    await_used(Base, 5000),
+    #{bad_descriptors := 0} = erlcuda:stats(0).
+
+vec(N) -> [float(rand:uniform(100)) || _ <- lists:seq(1, N)].
+
+pick(M) ->
+    case maps:keys(M) of
+        [] -> none;
+        Ks -> lists:nth(rand:uniform(length(Ks)), Ks)
+    end.
+
+step(1, M) ->
+    V = vec(rand:uniform(64) - 1),
+    {ok, B} = erlcuda:put(V),
+    M#{B => {live, f32s(V)}};
+step(2, M) ->
+    case pick(M) of
+        none -> M;
+        B ->
+            Want = case maps:get(B, M) of
+                       {live, Bin} -> {ok, Bin};
+                       freed -> {error, {buffer, freed}}
+                   end,
+            ?assertEqual(Want, erlcuda:get(B)),
+            M
+    end;
+step(3, M) ->
+    case pick(M) of
+        none -> M;
+        B -> ok = erlcuda:free(B), M#{B := freed}
+    end;
+step(4, M) ->
+    case pick(M) of
+        none -> M;
+        B ->
+            case maps:get(B, M) of
+                freed ->
+                    ?assertEqual({error, {buffer, freed}}, erlcuda:launch_sync(vector_add, [B, B])),
+                    M;
+                {live, Bin} ->
+                    Sum = f32s([X + X || <<X:32/float-native>> <= Bin]),
+                    {ok, C} = erlcuda:launch_sync(vector_add, [B, Bin], [{output, buffer}]),
+                    M#{C => {live, Sum}}
+            end
+    end;
+step(5, M) ->
+    case pick(M) of
+        none -> M;
+        B ->
+            case maps:get(B, M) of
+                freed -> M;
+                {live, Bin} ->
+                    Want = lists:sum([X || <<X:32/float-native>> <= Bin]),
+                    {ok, S} = erlcuda:launch_sync(reduce, [B]),
+                    ?assert(abs(S - Want) =< 1.0e-3 * (1 + abs(Want))),
+                    M
+            end
+    end;
+step(6, M) ->
+    %% Drop a buffer without freeing it: garbage collection frees it.
+    case pick(M) of
+        none -> M;
+        B -> maps:remove(B, M)
+    end.
