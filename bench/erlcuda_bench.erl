@@ -472,8 +472,11 @@ buffers() ->
     Adds = timed_reps(Ms(fun() -> {ok, C} = erlcuda:launch_sync(vector_add, [A, B], [{output, buffer} | Opts]),
                                   ok = erlcuda:free(C) end), 5, 50),
     Report("vector_add.2^26", Adds, <<"ms">>, fun(T) -> T end),
-    %% add, saxpy, dot from put to the final scalar (2^24 elements).
-    X = big_bin(1 bsl 24),
+    %% add, saxpy, dot on 2^26 elements: from put to the final scalar with
+    %% device buffers, and the same chain on plain binaries (the results of
+    %% the first two stay in the arena; every job crosses PCIe). PyTorch's
+    %% figure is peers.py's device.chain_add_saxpy_dot.
+    X = big_bin(1 bsl 26),
     Chain = fun() ->
                     {ok, Xb} = erlcuda:put(X, Opts),
                     {ok, S} = erlcuda:launch_sync(vector_add, [Xb, Xb], [{output, buffer} | Opts]),
@@ -481,7 +484,14 @@ buffers() ->
                     {ok, _} = erlcuda:launch_sync(dot_product, [Y, Xb], Opts),
                     [ok = erlcuda:free(Z) || Z <- [Xb, S, Y]]
             end,
-    Report("chain.put_add_saxpy_dot.2^24", timed_reps(Ms(Chain), 2, 20), <<"ms">>, fun(T) -> T end),
+    Report("chain.put_add_saxpy_dot.2^26", timed_reps(Ms(Chain), 2, 20), <<"ms">>, fun(T) -> T end),
+    BinChain = fun() ->
+                       {ok, S} = erlcuda:launch_sync(vector_add, [X, X], Opts),
+                       {ok, Y} = erlcuda:launch_sync(saxpy, [0.5, S, X], Opts),
+                       {ok, _} = erlcuda:launch_sync(dot_product, [Y, X], Opts)
+               end,
+    Report("chain.binaries_add_saxpy_dot.2^26", timed_reps(Ms(BinChain), 2, 20), <<"ms">>,
+           fun(T) -> T end),
     ok = erlcuda:free(A), ok = erlcuda:free(B),
     %% matmul with buffer inputs.
     [begin

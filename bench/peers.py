@@ -70,7 +70,7 @@ LARGE_SIZES = [65536, 1048576, 16777216, 67108864]
 LARGE_KERNELS = ["vector_add", "reduce", "dot_product"]
 MATMUL_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 MATMUL_TOL = 1e-4  # max |C - C_ref| / (|A| |B|) for erlcuda's matmul
-SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e"]
+SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e", "device_resident"]
 
 STATE = {"out": "peers.json", "meta": {}, "records": []}
 
@@ -556,6 +556,49 @@ def check_matmul(c, A, B, C, rows=16):
     return worst <= MATMUL_TOL and worst64 <= MATMUL_TOL, worst, worst64
 
 
+
+def sec_device_resident(c):
+    """PyTorch with its tensors on the device, beside erlcuda's device
+    buffers: vector_add of 2^26 f32 between device tensors (CUDA events);
+    the chain add, saxpy, dot of 2^26 from the upload of a pinned input to
+    the scalar on the host (wall time, the same work erlcuda's
+    buffers.chain does from put), and the same chain on tensors already
+    there."""
+    need(c, "torch")
+    np, torch = c.np, c.torch
+    n = 1 << 26
+    reps, warm = (5, 2) if c.quick else (50, 5)
+    x_np = c.rng.standard_normal(n, dtype=np.float32)
+    xp = torch.from_numpy(x_np).pin_memory()
+    a = torch.from_numpy(c.rng.standard_normal(n, dtype=np.float32)).cuda()
+    b = torch.from_numpy(c.rng.standard_normal(n, dtype=np.float32)).cuda()
+    out = torch.empty(n, device="cuda", dtype=torch.float32)
+    med, lo, hi = summary(torch_events(c, lambda: torch.add(a, b, out=out), reps, warm))
+    add("device.vector_add.n67108864", "pytorch_cuda", med * 1e3, "ms", (lo * 1e3, hi * 1e3), reps,
+        {"timing": "cuda_events"})
+
+    def chain_from_host():
+        x = xp.cuda(non_blocking=True)
+        s = x + x
+        y = 0.5 * s + x
+        return torch.dot(y, x).item()
+
+    def chain_on_device(x):
+        s = x + x
+        y = 0.5 * s + x
+        return torch.dot(y, x).item()
+
+    xd = xp.cuda()
+    want = float(np.dot((0.5 * (x_np.astype(np.float64) * 2) + x_np), x_np.astype(np.float64)))
+    got = chain_from_host()
+    ok = abs(got - want) <= 1e-3 * abs(want)
+    for name, fn in (("from_pinned", chain_from_host), ("on_device", lambda: chain_on_device(xd))):
+        ts = sorted(wall_times(fn, max(5, reps // 5), warm))
+        med = pct(ts, 0.5)
+        add(f"device.chain_add_saxpy_dot.n67108864.{name}", "pytorch_cuda", med * 1e3, "ms",
+            (ts[0] * 1e3, ts[-1] * 1e3), len(ts), {"checked": ok})
+    free_gpu(c)
+
 def sec_matmul_kernel(c):
     need(c, "torch")
     np, torch = c.np, c.torch
@@ -867,7 +910,8 @@ def main(argv):
              "latency": ("small-job latency, vector_add of 1000", sec_latency),
              "large": ("large vectors, host to host", sec_large),
              "matmul_kernel": ("matmul kernel alone, device-resident f32", sec_matmul_kernel),
-             "matmul_e2e": ("matmul end to end, host to host", sec_matmul_e2e)}
+             "matmul_e2e": ("matmul end to end, host to host", sec_matmul_e2e),
+             "device_resident": ("tensors on the device (erlcuda's device buffers' peer)", sec_device_resident)}
     secs = {}
     for name in SECTIONS:
         if name not in only:
