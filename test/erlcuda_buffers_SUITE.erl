@@ -10,12 +10,13 @@
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([roundtrip_every_type/1, mixing_buffers_and_vectors/1, output_buffer_chain/1,
          freed_and_bad/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
-         gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1]).
+         gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
+         proper_interleavings_with_kills/1]).
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
      oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
-     random_interleavings, kill9_loses_buffers, other_device].
+     random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers, other_device].
 
 init_per_suite(Config) ->
     Config.
@@ -237,6 +238,12 @@ wait_new_gpud(Old, N) ->
 
 %% Random interleavings of put, get, free, launch (buffer and host outputs)
 %% and garbage collection, against a model of what each buffer holds.
+%% PropEr: random sequences of put, get, free, launch, dropped references
+%% and kill -9 of gpud, each answer against a model (erlcuda_props).
+proper_interleavings_with_kills(_) ->
+    true = proper:quickcheck(erlcuda_props:prop_buffer_interleavings(),
+                             [{numtests, 15}, {to_file, user}, noshrink]).
+
 random_interleavings(_) ->
     rand:seed(exsss, {1, 2, 3}),
     #{used := Base} = erlcuda:memory(0),
