@@ -154,7 +154,7 @@ route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
     Buffers = Out =:= buffer orelse (is_list(Args) andalso lists:any(fun is_reference/1, Args)),
     Here = node(),
     case Target of
-        {Here, N} -> {local, N};
+        {Here, N} when Buffers -> {local, N};
         any when Buffers -> {local, device(default, Args)};
         _ when Buffers -> {error, {badarg, {buffer, node_local}}};
         _ -> remote
@@ -389,7 +389,8 @@ flush(Ref) ->
     end.
 
 options(Opts) when is_list(Opts) ->
-    case lists:keytake(output, 1, Opts) of
+    %% keytake needs a proper list; anything else is the generic badarg.
+    case is_proper(Opts) andalso lists:keytake(output, 1, Opts) of
         {value, {output, Out}, Rest} when Out =:= buffer; Out =:= host ->
             case options(Rest) of
                 {ok, D, T, L, _} -> {ok, D, T, L, Out};
@@ -399,6 +400,10 @@ options(Opts) when is_list(Opts) ->
         false -> options(Opts, default, ?DEFAULT_TIMEOUT, [])
     end;
 options(_) -> {error, {badarg, opts}}.
+
+is_proper([_ | T]) -> is_proper(T);
+is_proper([]) -> true;
+is_proper(_) -> false.
 
 %% Launch options (grid, block, shared_bytes) are collected for the kernel
 %% to judge: only users' kernels take them.
