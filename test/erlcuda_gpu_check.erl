@@ -16,8 +16,10 @@ main(Opts) ->
     logger:set_primary_config(level, info),
     _ = logger:add_primary_filter(gpud_lines, {fun erlcuda_gpud_log:filter/2, notice}),
     Backend = list_to_atom(os:getenv("ERLCUDA_BACKEND", "cuda")),
+    %% Buffers limited to 8 GiB: the oom check fills the limit with 1 GiB
+    %% puts, which at the default (all but a tenth of 141 GiB) took minutes.
     Env = [{backend, Backend}, {poison_outputs, true}, {arena_bytes, 1 bsl 30},
-           {arena_max_bytes, 16 bsl 30}],
+           {arena_max_bytes, 16 bsl 30}, {device_memory_limit, 8 bsl 30}],
     ok = erlcuda_ref:start_app(Env),
     [#{backend := B, name := Name, ready_us := Ready}] = erlcuda:devices(),
     io:format("erlcuda GPU check: backend ~p, ~ts, gpud ready in ~.1f ms~n~n",

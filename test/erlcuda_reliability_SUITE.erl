@@ -81,8 +81,14 @@ crash_isolation_under_load(_) ->
     Self = self(),
     Ctl = atomics:new(?CTL_SIZE, [{signed, true}]),
     Delay = atomics:new(?KILL_CYCLES, [{signed, true}]),
-    Callers = [spawn_link(fun() -> kill_caller(Self, Ctl, Delay, Expected, 0, #{}) end)
-               || _ <- lists:seq(1, ?KILL_CALLERS)],
+    %% Every fourth caller works between device buffers (issue 12): its
+    %% inputs stay on the device until a kill loses them, then it puts them
+    %% again; its results come back as buffers it reads and frees.
+    Callers = [spawn_link(fun() ->
+                                  Mode = case I rem 4 of 0 -> {buffers, none}; _ -> host end,
+                                  kill_caller(Self, Ctl, Delay, Expected, 0, #{}, Mode)
+                          end)
+               || I <- lists:seq(1, ?KILL_CALLERS)],
     T0 = erlang:monotonic_time(millisecond),
     Cycles = [kill_cycle(C, Ctl, Callers) || C <- lists:seq(1, ?KILL_CYCLES)],
     atomics:put(Ctl, ?STOP, 1),
@@ -111,11 +117,15 @@ crash_isolation_under_load(_) ->
     ?assertEqual([], [D || {_, _, _, D} <- Rows, D > ?MAX_ANSWER_DELAY_US]),
     ?assert(maps:get(gpud_exit, Total, 0) >= ?KILL_CYCLES),
     ?assert(maps:get(ok, Total, 0) > 0),
-    %% The only errors are the kills'.
-    ?assertEqual([], maps:keys(Total) -- [ok, gpud_exit]),
+    ?assert(maps:get(buffer_ok, Total, 0) > 0),
+    %% The only errors are the kills': a job in flight answers gpud_exit, a
+    %% buffer of the killed gpud answers {buffer, lost}.
+    ?assertEqual([], maps:keys(Total) -- [ok, gpud_exit, buffer_ok, buffer_lost]),
     After = wait_leak_snapshot(Base, 100),
     ct:pal("after: ~p", [After]),
     ?assertEqual(Base, After),
+    %% Every buffer was freed or lost: none is left on the device.
+    ?assertMatch(#{used := 0, buffers := 0}, wait_memory_empty(100)),
     #{restarts := Restarts} = erlcuda:stats(0),
     ?assertEqual(?KILL_CYCLES, Restarts).
 
@@ -209,33 +219,30 @@ wait_serving(Old, TKill) ->
 %% Between two jobs, when the test asks for a pause (?PAUSE is a cycle not
 %% yet paused for), counts itself paused and waits for {resume, Cycle}; the
 %% first job it launches after that is counted in ?LAUNCHED.
-kill_caller(Parent, Ctl, Delay, Expected, Paused, Counts) ->
+kill_caller(Parent, Ctl, Delay, Expected, Paused, Counts, Mode0) ->
+    %% Inputs first, before a pause: a put must not meet a stopped gpud.
+    Mode = ensure_inputs(Mode0),
     Pause = atomics:get(Ctl, ?PAUSE),
     case atomics:get(Ctl, ?STOP) of
         1 ->
             %% A second answer to any job would be here by now.
             receive {erlcuda, _, _} = Dup -> exit({duplicate, Dup}) after 200 -> ok end,
+            free_inputs(Mode),
             Parent ! {self(), done, Counts};
         0 when Pause > Paused ->
             atomics:add(Ctl, ?PAUSED, 1),
             receive {resume, Pause} -> ok end,
-            kill_job(Parent, Ctl, Delay, Expected, Pause, Counts, true);
+            kill_job(Parent, Ctl, Delay, Expected, Pause, Counts, true, Mode);
         0 ->
-            kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, false)
+            kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, false, Mode)
     end.
 
-kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, Resumed) ->
+kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, Resumed, Mode0) ->
     L = erlang:monotonic_time(microsecond),
-    case erlcuda:launch(vector_add, sum_args()) of
-        {ok, Ref} ->
+    case launch_kill_job(Mode0) of
+        {ok, Ref, Mode} ->
             Resumed andalso atomics:add(Ctl, ?LAUNCHED, 1),
-            Kind = receive
-                       {erlcuda, Ref, {ok, R}} when R =:= Expected -> ok;
-                       {erlcuda, Ref, {ok, R}} -> exit({wrong_result, R});
-                       {erlcuda, Ref, {error, {gpud_exit, _}}} -> gpud_exit;
-                       {erlcuda, Ref, {error, E}} -> {error, E}
-                   after 10000 -> exit({lost, Ref})
-                   end,
+            Answer = receive {erlcuda, Ref, Ans} -> Ans after 10000 -> exit({lost, Ref}) end,
             A = erlang:monotonic_time(microsecond),
             %% (monotonic time may be negative: cycle 0 means no kill yet)
             K = atomics:get(Ctl, ?KILL_TIME),
@@ -244,12 +251,77 @@ kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, Resumed) ->
                 false -> ok
             end,
             receive {erlcuda, Ref, Dup} -> exit({duplicate, Dup}) after 0 -> ok end,
+            {Kind, Mode1} = kill_answer(Answer, Expected, Mode),
             kill_caller(Parent, Ctl, Delay, Expected, Paused,
-                        maps:update_with(Kind, fun(X) -> X + 1 end, 1, Counts));
-        {error, busy} ->
+                        maps:update_with(Kind, fun(X) -> X + 1 end, 1, Counts), Mode1);
+        {lost, Mode} ->
+            %% Its inputs died with the last gpud: put them again.
+            kill_caller(Parent, Ctl, Delay, Expected, Paused,
+                        maps:update_with(buffer_lost, fun(X) -> X + 1 end, 1, Counts), Mode);
+        busy ->
             timer:sleep(1),
-            kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, Resumed)
+            kill_job(Parent, Ctl, Delay, Expected, Paused, Counts, Resumed, Mode0)
     end.
+
+%% Launches one job: {ok, Ref, Mode}, busy, or {lost, Mode} when the
+%% caller's device buffers are gone (inputs of an older gpud).
+launch_kill_job(host) ->
+    case erlcuda:launch(vector_add, sum_args()) of
+        {ok, Ref} -> {ok, Ref, host};
+        {error, busy} -> busy
+    end;
+launch_kill_job({buffers, {Xb, Yb}} = Mode) ->
+    case erlcuda:launch(vector_add, [Xb, Yb], [{output, buffer}]) of
+        {ok, Ref} -> {ok, Ref, Mode};
+        {error, busy} -> busy;
+        {error, {buffer, lost}} -> free_inputs(Mode), {lost, {buffers, none}}
+    end.
+
+%% The kind of an answer, checked against the expected sum, and the
+%% caller's mode after it.
+kill_answer({ok, R}, Expected, host) when R =:= Expected -> {ok, host};
+kill_answer({ok, Out}, Expected, {buffers, _} = Mode) when is_reference(Out) ->
+    Got = erlcuda:get(Out),
+    ok = erlcuda:free(Out),
+    case Got of
+        {ok, Bin} ->
+            case [V || <<V:32/float-native>> <= Bin] of
+                Expected -> {buffer_ok, Mode};
+                Wrong -> exit({wrong_result, Wrong})
+            end;
+        {error, E} ->
+            killed = kill_error(E),
+            free_inputs(Mode),
+            {buffer_lost, {buffers, none}}
+    end;
+kill_answer({ok, R}, _, _) -> exit({wrong_result, R});
+kill_answer({error, {gpud_exit, _}}, _, host) -> {gpud_exit, host};
+kill_answer({error, {gpud_exit, _}}, _, Mode) -> free_inputs(Mode), {gpud_exit, {buffers, none}};
+kill_answer({error, E}, _, _) -> {{error, E}, host}.
+
+%% The errors a kill may cause to a put or get.
+kill_error({gpud_exit, _}) -> killed;
+kill_error({buffer, lost}) -> killed;
+kill_error(busy) -> killed;                     % the ring is full for a moment
+kill_error(E) -> exit({unexpected, E}).
+
+%% A buffer caller's inputs on the device, put again (until it works) once
+%% a kill lost them.
+ensure_inputs({buffers, none}) ->
+    [X, Y] = sum_args(),
+    case {erlcuda:put(X), erlcuda:put(Y)} of
+        {{ok, Xb}, {ok, Yb}} -> {buffers, {Xb, Yb}};
+        {Px, Py} ->
+            [ok = erlcuda:free(B) || {ok, B} <- [Px, Py]],
+            [killed = kill_error(E) || {error, E} <- [Px, Py]],
+            timer:sleep(1),
+            ensure_inputs({buffers, none})
+    end;
+ensure_inputs(Mode) -> Mode.
+
+%% Frees a buffer caller's inputs (a lost buffer is freed too: idempotent).
+free_inputs({buffers, {Xb, Yb}}) -> ok = erlcuda:free(Xb), ok = erlcuda:free(Yb);
+free_inputs(_) -> ok.
 
 atomic_max(A, I, V) ->
     Old = atomics:get(A, I),
@@ -599,6 +671,15 @@ leak_snapshot() ->
       arena_used => maps:get(arena_used, S), in_flight => maps:get(in_flight, S),
       result_binaries => maps:get(result_binaries, S),
       arena_segments => maps:get(arena_segments, S)}.
+
+%% Device memory once no buffer is left (frees travel on the ring), or the
+%% last reading after N tries.
+wait_memory_empty(N) ->
+    case erlcuda:memory(0) of
+        #{buffers := 0} = M -> M;
+        M when N =< 0 -> M;
+        _ -> timer:sleep(20), wait_memory_empty(N - 1)
+    end.
 
 %% The snapshot once it equals Base, or the last one after N tries.
 wait_leak_snapshot(Base, N) ->
