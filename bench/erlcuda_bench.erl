@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0]).
+-export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, profile/0]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -44,6 +44,7 @@ main() ->
     latency(Be),
     other_latency(),
     throughput(?CALLERS),
+    profile(),
     large(),
     matmul(),
     buffers(),
@@ -357,6 +358,79 @@ loop(K, A, Go, Done, Busy) ->
 hist(H) ->
     string:join([io_lib:format("~w+:~w", [1 bsl I, N])
                  || {I, N} <- lists:zip(lists:seq(0, length(H) - 1), H), N > 0], " ").
+
+%% ---------------------------------------------------------------- profile
+
+%% Where the VM side's time goes while the throughput rows run (issue 13):
+%% the NIF's own sampled timings (c_src/profile.h) per job, and the
+%% schedulers' microstate accounting (erlang:statistics(microstate_accounting),
+%% msacc's source; the bundle's Erlang has no runtime_tools). Per caller
+%% count: the submit path in phases, the waits for the device lock, the
+%% completion thread's cost per answer (terms and enif_send, slot release),
+%% entries per CQ drain, wake-ups per 1000 jobs, and what the schedulers did.
+profile() ->
+    {ok, Ring} = application:get_env(erlcuda, ring_entries),
+    ok = application:stop(erlcuda),
+    application:set_env(erlcuda, ring_entries, ?THROUGHPUT_RING),
+    start(),
+    io:format("profile of the VM side (throughput rows again, ring_entries ~p)~n", [?THROUGHPUT_RING]),
+    Jobs = [{vector_add, [bin(vec(1000)), bin(vec(1000))]},
+            {reduce, [bin(vec(1000))]},
+            {dot_product, [bin(vec(1000)), bin(vec(1000))]},
+            {matmul, [bin(vec(40 * 25)), bin(vec(25 * 40)), 40, 40, 25]}],
+    Rows = [profile_row(C, Jobs) || C <- [100, 1000, 10000]],
+    Cols = [submit_ns, parse_ns, reserve_ns, copy_ns, publish_ns, lock_wait_pct, lock_wait_ns,
+            answer_ns, release_ns, send_ns, cqes_per_drain, cq_sleeps_per_1k, sq_wakeups_per_1k,
+            sched_busy_pct, sched_emulator_pct, sched_other_pct, sched_gc_pct],
+    io:format("~-22s" ++ lists:flatten(["~12w" || _ <- Rows]) ++ "~n",
+              ["callers" | [C || {C, _} <- Rows]]),
+    [io:format("~-22s" ++ lists:flatten(["~12.1f" || _ <- Rows]) ++ "~n",
+               [K | [float(maps:get(K, M)) || {_, M} <- Rows]]) || K <- Cols],
+    io:format("(submit phases in ns per sampled submit; answer, release, send in ns per job; "
+              "sched_*: % of the schedulers' time)~n~n"),
+    ok = application:stop(erlcuda),
+    application:set_env(erlcuda, ring_entries, Ring),
+    start(),
+    ok.
+
+profile_row(C, Jobs) ->
+    erlang:system_flag(microstate_accounting, reset),
+    erlang:system_flag(microstate_accounting, true),
+    S0 = erlcuda:stats(0),
+    throughput_row(C, Jobs, 3000),
+    S1 = erlcuda:stats(0),
+    Msacc = erlang:statistics(microstate_accounting),
+    erlang:system_flag(microstate_accounting, false),
+    D = fun(K) -> maps:get(K, S1) - maps:get(K, S0) end,
+    Per = fun(K, N) -> D(K) / max(1, D(N)) end,
+    Jobs1 = max(1, D(completed)),
+    Sched = lists:foldl(fun(#{type := scheduler, counters := Cs}, Acc) ->
+                                maps:fold(fun(St, V, A) -> maps:update_with(St, fun(X) -> X + V end, V, A) end,
+                                          Acc, Cs);
+                           (_, Acc) -> Acc
+                        end, #{}, Msacc),
+    Total = max(1, lists:sum(maps:values(Sched))),
+    Pct = fun(St) -> 100 * maps:get(St, Sched, 0) / Total end,
+    M = #{submit_ns => Per(prof_submit_ns, prof_submit_samples),
+          parse_ns => Per(prof_parse_ns, prof_submit_samples),
+          reserve_ns => Per(prof_reserve_ns, prof_submit_samples),
+          copy_ns => Per(prof_copy_ns, prof_submit_samples),
+          publish_ns => Per(prof_publish_ns, prof_submit_samples),
+          lock_wait_pct => 100 * Per(prof_lock_waits, prof_locks),
+          lock_wait_ns => Per(prof_lock_wait_ns, prof_lock_waits),
+          answer_ns => Per(prof_answer_ns, prof_cqes),
+          release_ns => Per(prof_release_ns, prof_cqes),
+          send_ns => Per(prof_send_ns, prof_send_samples),
+          cqes_per_drain => Per(prof_cqes, prof_drains),
+          cq_sleeps_per_1k => 1000 * D(cq_sleeps) / Jobs1,
+          sq_wakeups_per_1k => 1000 * D(sq_wakeups) / Jobs1,
+          sched_busy_pct => 100 - Pct(sleep),
+          sched_emulator_pct => Pct(emulator),
+          sched_other_pct => Pct(other),
+          sched_gc_pct => Pct(gc)},
+    record(["profile.callers_", integer_to_list(C)], erlcuda, maps:get(submit_ns, M), <<"ns">>,
+           null, D(prof_submit_samples), M#{msacc_schedulers => Sched}),
+    {C, M}.
 
 %% ---------------------------------------------------------------- large vectors
 

@@ -63,6 +63,7 @@ KNOWN = [
     (r"matmul\.(kernel|end_to_end)\.n\d+", ("TFLOP/s",)),
     (r"gpud\.(cold_start_ready|restart_ready|kill9_to_served)", ("ms",)),
     (r"gpud\.idle_cpu", ("%", "% of a core")),
+    (r"profile\.callers_\d+", ("ns",)),
 ]
 
 LARGE_RE = re.compile(r"^large\.([a-z_]+)\.([a-z_]+)\.n(\d+)$")

@@ -103,8 +103,8 @@ ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status)
     return make_error(env, enif_make_tuple2(env, ATOM_gpud, why));
 }
 
-static void send_answer(ErlNifEnv *caller_env, ErlNifEnv *msg_env, struct job *j,
-                        ERL_NIF_TERM result)
+static void send_answer(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *msg_env,
+                        struct job *j, ERL_NIF_TERM result)
 {
     if (j->output == OUTPUT_FREE) {
         enif_clear_env(msg_env); /* a free answers nobody */
@@ -112,7 +112,16 @@ static void send_answer(ErlNifEnv *caller_env, ErlNifEnv *msg_env, struct job *j
     }
     ERL_NIF_TERM msg =
         enif_make_tuple3(msg_env, ATOM_erlcuda, enif_make_copy(msg_env, j->ref), result);
-    enif_send(caller_env, &j->pid, msg_env, msg);
+    /* One in PROF_SAMPLE sends of this thread is timed (profile.h). */
+    static __thread uint32_t sends;
+    if (++sends % PROF_SAMPLE == 0) {
+        int64_t t0 = prof_now();
+        enif_send(caller_env, &j->pid, msg_env, msg);
+        prof_add(&d->prof.complete[PC_SEND_SAMPLES], 1);
+        prof_add(&d->prof.complete[PC_SEND_NS], (uint64_t)(prof_now() - t0));
+    } else {
+        enif_send(caller_env, &j->pid, msg_env, msg);
+    }
     enif_clear_env(msg_env);
 }
 
@@ -178,22 +187,24 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, const struct ec_
         } else {
             result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         }
-        send_answer(caller_env, m, j, result);
+        send_answer(d, caller_env, m, j, result);
     }
     count(&d->c.completed, 1);
     *release = idx;
 }
 
 /* Frees the slots of answered jobs: one hold of the lock for many, which
- * submitters contend for. */
-static void release_jobs(struct device *d, const uint32_t *idx, uint32_t n)
+ * submitters contend for. Returns the nanoseconds it took (profile.h). */
+static int64_t release_jobs(struct device *d, const uint32_t *idx, uint32_t n)
 {
     if (n == 0)
-        return;
+        return 0;
+    int64_t t0 = prof_now();
     dev_lock(d);
     for (uint32_t i = 0; i < n; i++)
         release_job_locked(d, idx[i]);
     dev_unlock(d);
+    return prof_now() - t0;
 }
 
 /* Consumes every CQE present. Caller holds cq_lock. A hostile tail can claim
@@ -209,6 +220,7 @@ uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env)
         n = d->nslots;
     }
     uint32_t done[64], ndone = 0;
+    int64_t t0 = n ? prof_now() : 0, released = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct ec_cqe cqe;
         memcpy(&cqe, &d->shm.cq[(head + i) & (d->nslots - 1)], sizeof cqe);
@@ -220,11 +232,18 @@ uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env)
         if (idx >= 0)
             done[ndone++] = (uint32_t)idx;
         if (ndone == sizeof done / sizeof done[0]) {
-            release_jobs(d, done, ndone);
+            released += release_jobs(d, done, ndone);
             ndone = 0;
         }
     }
-    release_jobs(d, done, ndone);
+    released += release_jobs(d, done, ndone);
+    if (n) {
+        uint64_t *p = d->prof.complete;
+        prof_add(&p[PC_DRAINS], 1);
+        prof_add(&p[PC_CQES], n);
+        prof_add(&p[PC_ANSWER_NS], (uint64_t)(prof_now() - t0 - released));
+        prof_add(&p[PC_RELEASE_NS], (uint64_t)released);
+    }
     return n;
 }
 
@@ -336,7 +355,7 @@ void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM
         if (claim < 0)
             continue;
         if (claim == 1)
-            send_answer(caller_env, m, j, make_error(m, enif_make_copy(m, reason)));
+            send_answer(d, caller_env, m, j, make_error(m, enif_make_copy(m, reason)));
         release_job_locked(d, i);
         count(&d->c.failed_by_reset, 1);
     }

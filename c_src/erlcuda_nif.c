@@ -507,6 +507,16 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "arena_inputs", load64(&d->c.arena_inputs));
     put(env, &m, "pipelined", load64(&d->c.pipelined));
     put(env, &m, "buffer_frees", load64(&d->c.buffer_frees));
+    /* profile.h: sums of the sampled submit phases and of the drains */
+    static const char *const ps[PS_COUNT] = {
+        "prof_submit_samples", "prof_submit_ns", "prof_parse_ns", "prof_reserve_ns",
+        "prof_copy_ns", "prof_publish_ns", "prof_locks", "prof_lock_waits", "prof_lock_wait_ns"};
+    static const char *const pc[PC_COUNT] = {"prof_drains", "prof_cqes", "prof_answer_ns",
+                                             "prof_release_ns", "prof_send_samples", "prof_send_ns"};
+    for (int i = 0; i < PS_COUNT; i++)
+        put(env, &m, ps[i], load64(&d->prof.submit[i]));
+    for (int i = 0; i < PC_COUNT; i++)
+        put(env, &m, pc[i], load64(&d->prof.complete[i]));
     put(env, &m, "buffer_frees_queued", __atomic_load_n(&d->nfreeq, __ATOMIC_RELAXED));
     put(env, &m, "buffer_epoch", __atomic_load_n(&d->epoch, __ATOMIC_RELAXED));
     put(env, &m, "slots", d->nslots);

@@ -36,6 +36,7 @@
 
 #include "arena.h"
 #include "erlcuda_ring.h"
+#include "profile.h"
 #include "shm.h"
 
 enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
@@ -153,6 +154,7 @@ struct device {
     int stop;    /* __atomic */
     ErlNifEnv *msg_env; /* the completion thread's */
     struct counters c;  /* __atomic adds */
+    struct prof prof;   /* sampled timings: profile.h */
     /* Device buffers. epoch: gpud restarts so far (__atomic; changed under
      * lock by reset); next_buf_id under lock. Ids of freed buffers wait in
      * freeq (under freeq_lock, a leaf taken last) until a free descriptor
@@ -252,7 +254,21 @@ extern ErlNifResourceType *BUFFER_RT;
 
 /* -------------------------------------------------------- small helpers -- */
 
-static inline void dev_lock(struct device *d) { pthread_mutex_lock(&d->lock); }
+static inline void dev_lock(struct device *d)
+{
+    if (!prof_timing) {
+        pthread_mutex_lock(&d->lock);
+        return;
+    }
+    /* A timed submit (profile.h): did it wait for the lock, and how long? */
+    prof_add(&d->prof.submit[PS_LOCKS], 1);
+    if (pthread_mutex_trylock(&d->lock) == 0)
+        return;
+    int64_t t0 = prof_now();
+    pthread_mutex_lock(&d->lock);
+    prof_add(&d->prof.submit[PS_LOCK_WAITS], 1);
+    prof_add(&d->prof.submit[PS_LOCK_WAIT_NS], (uint64_t)(prof_now() - t0));
+}
 static inline void dev_unlock(struct device *d) { pthread_mutex_unlock(&d->lock); }
 
 static inline void count(uint64_t *c, uint64_t n) { __atomic_add_fetch(c, n, __ATOMIC_RELAXED); }

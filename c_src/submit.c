@@ -272,10 +272,39 @@ static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe
     copy_pieces(pipeline_part, &p, parts);
 }
 
+__thread int prof_timing;
+
+/* Stamps a phase of a timed submit (profile.h): t[i] once phase i is over. */
+#define STAMP(t, i) ((t)[0] ? (void)((t)[i] = prof_now()) : (void)0)
+
+static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+                           ERL_NIF_TERM *result, int64_t t[5]);
+
 /* submit(Handle, Kernel, Args, Flags) -> {ok, Ref} | {error, Reason}.
- * Flags: 0, or `fault` (only a gpud built for fault injection accepts it). */
+ * Flags: 0, or `fault` (only a gpud built for fault injection accepts it).
+ * One in PROF_SAMPLE accepted submits of a thread is timed by phase. */
 int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
                ERL_NIF_TERM *result)
+{
+    int64_t t[5] = {0, 0, 0, 0, 0};
+    if (prof_begin())
+        t[0] = prof_now();
+    int r = submit_job_body(env, d, argv, dirty, result, t);
+    prof_timing = 0;
+    if (t[4]) {
+        uint64_t *p = d->prof.submit;
+        prof_add(&p[PS_SAMPLES], 1);
+        prof_add(&p[PS_TOTAL_NS], (uint64_t)(t[4] - t[0]));
+        prof_add(&p[PS_PARSE_NS], (uint64_t)(t[1] - t[0]));
+        prof_add(&p[PS_RESERVE_NS], (uint64_t)(t[2] - t[1]));
+        prof_add(&p[PS_COPY_NS], (uint64_t)(t[3] - t[2]));
+        prof_add(&p[PS_PUBLISH_NS], (uint64_t)(t[4] - t[3]));
+    }
+    return r;
+}
+
+static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+                           ERL_NIF_TERM *result, int64_t t[5])
 {
     uint8_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
     /* `buffer`: the output stays on the device, a new buffer. */
@@ -310,6 +339,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         count(&d->c.dirty_submits, 1);
         return 1;
     }
+    STAMP(t, 1);
 
     /* Inputs not in the arena yet share one region; the output has its own,
      * which a large binary result keeps after the job. */
@@ -348,6 +378,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         *result = make_error(env, ATOM_busy);
         return 0;
     }
+    STAMP(t, 2);
     struct job *j = &d->jobs[idx];
     uint64_t addr[2] = {0, 0};
     for (unsigned i = 0; i < s.nin; i++) {
@@ -418,6 +449,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
         .out_len = (uint32_t)s.out_len,
     };
+    STAMP(t, 3);
     if (parts > 1) {
         const uint8_t *src[2] = {s.in[0].bin.data, s.in[1].bin.data};
         uint8_t *dst[2] = {region_ptr(d, &j->in) + in_off[0], region_ptr(d, &j->in) + in_off[1]};
@@ -453,6 +485,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     enif_rwlock_runlock(d->life);
     count(&d->c.submitted, 1);
     *result = enif_make_tuple2(env, ATOM_ok, ref);
+    STAMP(t, 4);
     return 0;
 }
 

@@ -1,0 +1,74 @@
+/*
+ * profile.h: where the VM side's time goes (issue 13's profile). There is no
+ * perf on the GPU machine, so the NIF times its own paths:
+ *
+ *   submit      one in PROF_SAMPLE submits of each scheduler is timed in
+ *               phases (parse, reserve, copy, publish) and the waits for the
+ *               device lock inside it;
+ *   completion  every drain of the CQ is timed (answering, releasing slots),
+ *               and one in PROF_SAMPLE answers' enif_send.
+ *
+ * erlcuda:stats/1 carries the sums as prof_* fields; bench/erlcuda_bench.erl
+ * (profile/0) turns them into nanoseconds per job beside msacc. Sampling
+ * keeps the cost to two clock reads per PROF_SAMPLE jobs on the submit path.
+ * The submit sums and the completion sums sit on their own cache lines: a
+ * counter written by every scheduler next to one the completion thread
+ * writes would itself be the contention this is meant to find.
+ */
+#ifndef ERLCUDA_PROFILE_H
+#define ERLCUDA_PROFILE_H
+
+#include <stdint.h>
+#include <time.h>
+
+#define PROF_SAMPLE 64u
+
+enum prof_submit {
+    PS_SAMPLES,   /* submits timed */
+    PS_TOTAL_NS,  /* the whole submit NIF call, from entry to {ok, Ref} */
+    PS_PARSE_NS,  /* parse_args */
+    PS_RESERVE_NS, /* reserve_job (slot and regions, under the lock) */
+    PS_COPY_NS,   /* inputs into the arena, the job's terms */
+    PS_PUBLISH_NS, /* the descriptor onto the SQ (under the lock) and the wake-up */
+    PS_LOCKS,     /* dev_lock calls of timed submits */
+    PS_LOCK_WAITS, /* of those, the ones that found it held */
+    PS_LOCK_WAIT_NS, /* and how long they waited */
+    PS_COUNT
+};
+
+enum prof_complete {
+    PC_DRAINS,     /* CQ drains with at least one entry */
+    PC_CQES,       /* entries drained */
+    PC_ANSWER_NS,  /* handling the entries: results as terms, enif_send */
+    PC_RELEASE_NS, /* freeing the slots (under the device lock) */
+    PC_SEND_SAMPLES, /* sampled enif_send calls */
+    PC_SEND_NS,    /* their time */
+    PC_COUNT
+};
+
+struct prof {
+    uint64_t submit[PS_COUNT] __attribute__((aligned(64)));
+    uint64_t complete[PC_COUNT] __attribute__((aligned(64)));
+};
+
+/* Set by a scheduler thread for the one submit it times (PROF_SAMPLE). */
+extern __thread int prof_timing;
+
+static inline int64_t prof_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Starts timing this submit when it is this thread's PROF_SAMPLE-th. */
+static inline int prof_begin(void)
+{
+    static __thread uint32_t n;
+    prof_timing = (++n % PROF_SAMPLE) == 0;
+    return prof_timing;
+}
+
+static inline void prof_add(uint64_t *c, uint64_t v) { __atomic_add_fetch(c, v, __ATOMIC_RELAXED); }
+
+#endif
