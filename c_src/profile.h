@@ -46,9 +46,18 @@ enum prof_complete {
     PC_COUNT
 };
 
+/* Padding, not __attribute__((aligned(64))): struct device lives in an
+ * enif_alloc_resource block, which is only 8-byte aligned, and an
+ * over-aligned struct lets the compiler use aligned vector stores on it (a
+ * crash in nif_open on the H200 run of 2026-12-03). 64 bytes of padding on
+ * each side keep the two groups off each other's cache lines and off their
+ * neighbours' whatever the block's alignment. */
 struct prof {
-    uint64_t submit[PS_COUNT] __attribute__((aligned(64)));
-    uint64_t complete[PC_COUNT] __attribute__((aligned(64)));
+    uint64_t pad0[8];
+    uint64_t submit[PS_COUNT];
+    uint64_t pad1[8];
+    uint64_t complete[PC_COUNT];
+    uint64_t pad2[8];
 };
 
 /* Set by a scheduler thread for the one submit it times (PROF_SAMPLE). */

@@ -109,10 +109,12 @@ buffers_oom() ->
     ok = wait_used(Base, 100),
     {ok, io_lib:format("~p GiB of buffers before oom (limit ~p GiB)", [length(Bufs), Lim bsr 30])}.
 
+%% Until `used' is back to Base or below (a buffer of an earlier check may
+%% be garbage-collected meanwhile).
 wait_used(Base, 0) -> {used, erlcuda:memory(0), Base};
 wait_used(Base, N) ->
     case erlcuda:memory(0) of
-        #{used := Base} -> ok;
+        #{used := U} when U =< Base -> ok;
         _ -> timer:sleep(50), wait_used(Base, N - 1)
     end.
 
