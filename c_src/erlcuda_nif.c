@@ -133,6 +133,12 @@ static void device_dtor(ErlNifEnv *env, void *obj)
         enif_free(d->freeq);
     if (d->freeq_lock)
         enif_mutex_destroy(d->freeq_lock);
+    if (d->work_mx)
+        enif_mutex_destroy(d->work_mx);
+    if (d->work_cv)
+        enif_cond_destroy(d->work_cv);
+    if (d->drain)
+        enif_rwlock_destroy(d->drain);
     for (uint32_t i = 0; i < EC_MAX_SEGMENTS; i++)
         arena_destroy(&d->alloc[i]);
     if (!d->unmapped)
@@ -175,12 +181,12 @@ static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNi
 }
 
 /* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
- *               pipeline_bytes,
+ *               pipeline_bytes, completion_threads,
  *               zero_copy_bytes, poison_outputs}) -> {ok, Handle} | {error, Reason} */
 static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     unsigned dev;
-    ErlNifUInt64 entries, arena_bytes, arena_max, spin, busy_spin, zero_copy, pipeline;
+    ErlNifUInt64 entries, arena_bytes, arena_max, spin, busy_spin, zero_copy, pipeline, threads;
     ERL_NIF_TERM poison;
     (void)argc;
     if (!enif_get_uint(env, argv[0], &dev) || !enif_is_map(env, argv[1]) ||
@@ -191,6 +197,8 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
         !get_opt_u64(env, argv[1], ATOM_busy_spin_us, &busy_spin) ||
         !get_opt_u64(env, argv[1], ATOM_zero_copy_bytes, &zero_copy) ||
         !get_opt_u64(env, argv[1], ATOM_pipeline_bytes, &pipeline) ||
+        !get_opt_u64(env, argv[1], enif_make_atom(env, "completion_threads"), &threads) ||
+        threads < 1 || threads > MAX_COMPLETION_HELPERS + 1 ||
         !enif_get_map_value(env, argv[1], ATOM_poison_outputs, &poison) ||
         entries < 2 || entries > (1u << 20) || (entries & (entries - 1)) != 0 ||
         arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT) ||
@@ -222,10 +230,13 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->lock_ok = dev_lock_init(d) == 0;
     d->msg_env = enif_alloc_env();
     d->freeq_lock = enif_mutex_create("erlcuda.freeq");
+    d->work_mx = enif_mutex_create("erlcuda.completion_work");
+    d->work_cv = enif_cond_create("erlcuda.completion_work");
+    d->drain = enif_rwlock_create("erlcuda.drain");
     d->jobs = enif_alloc(entries * sizeof *d->jobs);
     d->free_stack = enif_alloc(entries * sizeof *d->free_stack);
     if (!d->life || !d->pipe || !d->cq_lock || !d->lock_ok || !d->msg_env || !d->jobs ||
-        !d->free_stack || !d->freeq_lock)
+        !d->free_stack || !d->freeq_lock || !d->work_mx || !d->work_cv || !d->drain)
         return make_error(env, enif_make_atom(env, "enomem"));
     memset(d->jobs, 0, entries * sizeof *d->jobs);
     for (uint32_t i = 0; i < entries; i++) {
@@ -252,7 +263,7 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->ctl_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (d->ctl_efd < 0)
         return make_errno(env, -errno);
-    err = start_completion_thread(d);
+    err = start_completion_thread(d, (uint32_t)threads);
     if (err != 0)
         return make_errno(env, -err);
     return enif_make_tuple2(env, ATOM_ok, handle);
@@ -309,6 +320,9 @@ static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     if (!d->closed) {
         enif_rwlock_rwlock(d->pipe);
         enif_mutex_lock(d->cq_lock);
+        /* No completion thread holds entries it took off the CQ: each job
+         * is answered by its CQE or failed below, never both. */
+        enif_rwlock_rwlock(d->drain);
         drain_cq(d, env);
         /* One hold of the lock from failing the jobs in flight to zeroing the
          * rings: a descriptor published in between would be wiped out and its
@@ -325,6 +339,7 @@ static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         __atomic_store_n(&d->nfreeq, 0, __ATOMIC_RELEASE);
         enif_mutex_unlock(d->freeq_lock);
         dev_unlock(d);
+        enif_rwlock_rwunlock(d->drain);
         enif_mutex_unlock(d->cq_lock);
         enif_rwlock_rwunlock(d->pipe);
     }

@@ -16,7 +16,10 @@
  *   life (rwlock)  read by every user of the mapping, written by close;
  *   pipe (rwlock)  read by a pipelined submit while it publishes, written
  *                  by reset;
- *   cq_lock        held by whoever consumes the CQ (the thread, reset);
+ *   cq_lock        held by whoever takes entries off the CQ (a completion
+ *                  thread, for a chunk; reset);
+ *   drain (rwlock) read by a completion thread while it answers the chunk
+ *                  it took, written by reset;
  *   lock           slots, arena allocator, SQ tail.
  * (The copy pool's lock is a leaf: nothing else is taken under it.)
  *
@@ -40,6 +43,12 @@
 #include "shm.h"
 
 enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
+
+/* A completion thread takes at most this many CQEs at a time (then answers
+ * them outside cq_lock). */
+#define CQ_CHUNK 64u
+/* Completion threads beyond the first (open/2's completion_threads - 1). */
+#define MAX_COMPLETION_HELPERS 15u
 
 /* A pipelined job (see submit.c) is published as at most this many
  * descriptors. */
@@ -150,6 +159,16 @@ struct device {
     uint32_t in_flight, in_flight_peak; /* written under lock; wait_cq reads in_flight unlocked */
     ErlNifTid thread;
     int thread_started;
+    /* Completion helpers (complete.c): woken through work_cv when more than
+     * a chunk of CQEs waits; `work` and `helpers_idle` under work_mx
+     * (helpers_idle also read __atomic). drain: read by a thread answering
+     * grabbed CQEs, written by reset (lock order: cq_lock, drain, lock). */
+    ErlNifTid helper[MAX_COMPLETION_HELPERS];
+    uint32_t nhelpers;
+    ErlNifMutex *work_mx;
+    ErlNifCond *work_cv;
+    uint32_t work, helpers_idle;
+    ErlNifRWLock *drain;
     int ctl_efd; /* wakes the completion thread for shutdown */
     int stop;    /* __atomic */
     ErlNifEnv *msg_env; /* the completion thread's */
@@ -381,9 +400,10 @@ ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status);
 
 /* ----------------------------------------------- complete.c: completion -- */
 
-/* Starts the device's completion thread. Returns 0 or an errno value. */
-int start_completion_thread(struct device *d);
-/* Stops it and waits for it, if it runs. */
+/* Starts the device's completion thread and threads - 1 helpers. Returns 0
+ * or an errno value. */
+int start_completion_thread(struct device *d, uint32_t threads);
+/* Stops them and waits for them, if they run. */
 void stop_completion_thread(struct device *d);
 /* Consumes every CQE present and answers their jobs. Caller holds cq_lock
  * (or the completion thread is gone). Returns the CQEs consumed. */

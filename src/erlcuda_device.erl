@@ -111,6 +111,7 @@ init({Id, Backend, Probe}) ->
              spin_us => Env(completion_spin_us),
              busy_spin_us => Env(completion_busy_spin_us),
              pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
+             completion_threads => completion_threads(Env(completion_threads)),
              poison_outputs => Env(poison_outputs)},
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
@@ -433,3 +434,8 @@ info_map(#{id := Id, backend := B, name := Name, os_pid := OsPid, status := St,
            restarts := R, last_exit := LE, ready_us := RU}) ->
     #{id => Id, backend => B, name => Name, os_pid => OsPid, status => St,
       restarts => R, last_exit => LE, ready_us => RU}.
+
+%% One completion thread per four schedulers, 1 to 4, unless set.
+completion_threads(auto) ->
+    max(1, min(4, erlang:system_info(schedulers_online) div 4));
+completion_threads(N) when is_integer(N), N >= 1, N =< 16 -> N.
