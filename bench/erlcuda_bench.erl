@@ -11,7 +11,8 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, profile/0]).
+-export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, profile/0,
+         cold_start/1]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -128,6 +129,99 @@ cpu_ticks(OsPid) ->
     [_, After] = binary:split(Stat, <<") ">>),
     Fields = binary:split(After, <<" ">>, [global]),
     binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)).
+
+%% gpud's start, phase by phase (issue 13), for `N' cold starts (the
+%% application started afresh: a new arena, its pages never touched) and `N'
+%% restarts after kill -9 (the same arena), with the arena registered in the
+%% background (the default) and, for comparison, before ready
+%% (ERLCUDA_REGISTER=sync, inherited by gpud). After each ready: the first
+%% small job (checked), a 4M-element vector_add from binaries (checked:
+%% served by pageable copies while the arena is not registered yet), then
+%% the same after 1.5 s, when registration is long over. Prints one table
+%% row per start; gpud's own log lines (registration times) print too.
+%% `bash .gpu-bundle/run.sh eval 'erlcuda_bench:cold_start(5)''.
+cold_start(N) ->
+    logger:set_primary_config(level, info),
+    _ = logger:add_primary_filter(erlcuda_bench, {fun erlcuda_gpud_log:filter/2, error}),
+    Backend = case os:getenv("ERLCUDA_BACKEND") of false -> auto; B -> list_to_atom(B) end,
+    application:load(erlcuda),
+    application:set_env(erlcuda, backend, Backend),
+    {ok, Arena} = application:get_env(erlcuda, arena_bytes),
+    Big = 1 bsl 22,
+    BA = big_bin(Big), BB = big_bin(Big),
+    Floats = fun(Bin) -> [X || <<X:32/float-native>> <= binary:part(Bin, 0, 4096)] end,
+    Want = [X + Y || {X, Y} <- lists:zip(Floats(BA), Floats(BB))],
+    Check = fun() ->
+                    T0 = erlang:monotonic_time(microsecond),
+                    {ok, R} = erlcuda:launch_sync(vector_add, [BA, BB], [{timeout, 60000}]),
+                    T = erlang:monotonic_time(microsecond) - T0,
+                    Got = Floats(R),
+                    true = byte_size(R) =:= 4 * Big andalso close(Got, Want)
+                        andalso binary:part(R, 4 * Big - 4, 4) =:= last_sum(BA, BB),
+                    T / 1000
+            end,
+    Small = fun() ->
+                    T0 = erlang:monotonic_time(microsecond),
+                    {ok, 3.0} = erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{timeout, 60000}]),
+                    (erlang:monotonic_time(microsecond) - T0) / 1000
+            end,
+    Phases = [spawn_us, args_us, handshake_us, cuda_init_us, context_us, module_us, backend_us,
+              segments_us, modules_us, total_us],
+    io:format("gpud start, arena ~p MiB, backend ~p; ms; first = first small job after ready, "
+              "big = vector_add 4M from binaries right after ready, big_late = the same 1.5 s "
+              "later~n", [Arena bsr 20, Backend]),
+    io:format("~-10s ~-7s ~8s ~s ~7s ~8s ~8s~n",
+              ["register", "start", "ready",
+               lists:join(" ", [io_lib:format("~10s", [lists:sublist(atom_to_list(P), length(atom_to_list(P)) - 3)])
+                                || P <- Phases]),
+               "first", "big", "big_late"]),
+    Row = fun(Mode, Kind, #{ready_us := R, startup := SU}) ->
+                  F = Small(), G = Check(), timer:sleep(1500), L = Check(),
+                  io:format("~-10s ~-7s ~8.1f ~s ~7.2f ~8.1f ~8.1f~n",
+                            [Mode, Kind, R / 1000,
+                             lists:join(" ", [case maps:get(P, SU, undefined) of
+                                                  undefined -> io_lib:format("~10s", ["-"]);
+                                                  V -> io_lib:format("~10.1f", [V / 1000])
+                                              end || P <- Phases]),
+                             F, G, L]),
+                  R / 1000
+          end,
+    Results =
+        [begin
+             case Mode of
+                 sync -> os:putenv("ERLCUDA_REGISTER", "sync");
+                 background -> os:unsetenv("ERLCUDA_REGISTER")
+             end,
+             Cold = [begin
+                         [D] = start(),
+                         R = Row(Mode, cold, D),
+                         ok = application:stop(erlcuda),
+                         R
+                     end || _ <- lists:seq(1, N)],
+             [_] = start(),
+             Warm = [begin
+                         [#{os_pid := P}] = erlcuda:devices(),
+                         os:cmd("kill -9 " ++ integer_to_list(P)),
+                         [D] = wait_up(P),
+                         Row(Mode, restart, D)
+                     end || _ <- lists:seq(1, N)],
+             ok = application:stop(erlcuda),
+             {Mode, lists:sort(Cold), lists:sort(Warm)}
+         end || Mode <- [background, sync]],
+    os:unsetenv("ERLCUDA_REGISTER"),
+    [io:format("register ~p: cold start to ready median ~.1f ms (min ~.1f, max ~.1f); "
+               "restart to ready median ~.1f ms (min ~.1f, max ~.1f)~n",
+               [Mode, pct(C, 0.5), hd(C), lists:last(C), pct(W, 0.5), hd(W), lists:last(W)])
+     || {Mode, C, W} <- Results],
+    ok.
+
+close(Got, Want) ->
+    lists:all(fun({G, W}) -> abs(G - W) =< 1.0e-6 * (1 + abs(W)) end, lists:zip(Got, Want)).
+
+last_sum(BA, BB) ->
+    <<X:32/float-native>> = binary:part(BA, byte_size(BA) - 4, 4),
+    <<Y:32/float-native>> = binary:part(BB, byte_size(BB) - 4, 4),
+    <<(X + Y):32/float-native>>.
 
 %% kill -9 of gpud: time until a job is served again, and the new gpud's
 %% start to ready.

@@ -234,7 +234,13 @@ memory(N) ->
 
 %% @doc The devices this node runs, one map each: `id', `backend', `name',
 %% `os_pid' (of its gpud, `undefined' while it restarts), `status',
-%% `restarts', `ready_us' (start-to-ready of the last gpud start).
+%% `restarts', `ready_us' (start-to-ready of the last gpud start),
+%% `startup' (where that time went: a map of phase => microseconds,
+%% `spawn_us', then gpud's own `args_us', `handshake_us', `backend_us' (on
+%% CUDA split into `cuda_init_us', `context_us', `module_us' and the rest),
+%% `segments_us', `modules_us', with `total_us' their sum; `undefined'
+%% before the first ready). The arena's registration with the GPU is not in
+%% it: gpud does that after ready (its log says when it is done).
 -spec devices() -> [map()].
 devices() ->
     case whereis(erlcuda_sup) of

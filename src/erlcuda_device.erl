@@ -49,6 +49,11 @@
 %%   restarts        gpud exits seen so far
 %%   quick_fails     consecutive exits of a gpud that ran &lt; 1 s: drives backoff
 %%   up_since, last_exit, ready_us (start-to-ready of the last start)
+%%   startup         the last start's profile: gpud's `startup' line (phase
+%%                   => microseconds, from gpud's main to its ready, see
+%%                   gpud/src/startup.rs) plus `spawn_us', the rest of
+%%                   ready_us (spawning and exec, seen only from here);
+%%                   undefined until a gpud is ready
 %% </pre>
 -module(erlcuda_device).
 -behaviour(gen_server).
@@ -123,7 +128,8 @@ init({Id, Backend, Probe}) ->
                   probe_line => <<>>, partial => <<>>,
                   timer => undefined, started_at => undefined, name => <<>>,
                   restarts => 0, quick_fails => 0, up_since => undefined,
-                  last_exit => undefined, ready_us => undefined},
+                  last_exit => undefined, ready_us => undefined, startup => undefined,
+                  startup_line => undefined},
             {ok, S, {continue, start}};
         {error, Reason} ->
             {stop, {open, Reason}}
@@ -236,7 +242,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
             self() ! {accept, Port},
             step(accept, ?START_TIMEOUT_MS, S#{port := Port, os_pid := os_pid(Port),
                                                status := starting, started_at := T0,
-                                               partial := <<>>})
+                                               partial := <<>>, startup_line := undefined})
     catch error:Why ->
             logger:error("erlcuda device ~p: cannot run gpud: ~p", [Id, Why], meta(Id)),
             gpud_exited({spawn_failed, Why}, S#{status := starting})
@@ -264,10 +270,11 @@ accept_slice(#{handle := H, port := Port, os_pid := OsPid} = S) ->
         {error, Why} -> start_failed({handshake, Why}, S)
     end.
 
-ready(Name, #{started_at := T0} = S) ->
+ready(Name, #{started_at := T0, startup_line := Line} = S) ->
     Now = erlang:monotonic_time(microsecond),
     S1 = cancel_timer(S#{status := up, step := undefined, name := Name, up_since := Now,
-                         ready_us := Now - T0}),
+                         ready_us := Now - T0, startup := startup(Line, Now - T0),
+                         startup_line := undefined}),
     emit_memory(S1),
     S1.
 
@@ -362,6 +369,8 @@ port_line(Port, Partial, Part, Then, #{id := Id, os_pid := OsPid, probe_pid := P
 %% (not gpud's own: the dynamic loader's, a user's host code's) is logged.
 output(Port, Line, _Meta, #{probe_port := Port} = S) ->
     S#{probe_line := Line};
+output(_Port, <<"startup ", Phases/binary>>, _Meta, #{step := ready} = S) ->
+    S#{startup_line := Phases};
 output(_Port, <<"ready ", Name/binary>>, _Meta, #{step := ready} = S) ->
     ready(Name, S);
 output(_Port, <<"error ", _/binary>> = Line, _Meta, #{step := ready} = S) ->
@@ -431,9 +440,29 @@ emit_memory(#{id := Id, handle := H, os_pid := OsPid}) ->
     end.
 
 info_map(#{id := Id, backend := B, name := Name, os_pid := OsPid, status := St,
-           restarts := R, last_exit := LE, ready_us := RU}) ->
+           restarts := R, last_exit := LE, ready_us := RU, startup := SU}) ->
     #{id => Id, backend => B, name => Name, os_pid => OsPid, status => St,
-      restarts => R, last_exit => LE, ready_us => RU}.
+      restarts => R, last_exit => LE, ready_us => RU, startup => SU}.
+
+%% gpud's `startup a=12 b=340 ... total=352' (microseconds; see
+%% gpud/src/startup.rs) as #{a_us => 12, ..., total_us => 352}, plus
+%% spawn_us: what ready_us has beyond gpud's own total (spawn, exec, the
+%% line's way here). A gpud that sent no such line: only what is known here.
+%% Phase names are gpud's few fixed words, so the atoms are bounded.
+startup(undefined, ReadyUs) ->
+    #{spawn_us => ReadyUs};
+startup(Line, ReadyUs) ->
+    Phases = lists:foldl(
+               fun(Word, Acc) ->
+                       case binary:split(Word, <<"=">>) of
+                           [K, V] ->
+                               try Acc#{binary_to_atom(<<K/binary, "_us">>) => binary_to_integer(V)}
+                               catch error:badarg -> Acc
+                               end;
+                           _ -> Acc
+                       end
+               end, #{}, binary:split(Line, <<" ">>, [global, trim_all])),
+    Phases#{spawn_us => ReadyUs - maps:get(total_us, Phases, 0)}.
 
 %% One completion thread per four schedulers, 1 to 4, unless set.
 completion_threads(auto) ->

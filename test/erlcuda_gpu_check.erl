@@ -21,9 +21,11 @@ main(Opts) ->
     Env = [{backend, Backend}, {poison_outputs, true}, {arena_bytes, 1 bsl 30},
            {arena_max_bytes, 16 bsl 30}, {device_memory_limit, 8 bsl 30}],
     ok = erlcuda_ref:start_app(Env),
-    [#{backend := B, name := Name, ready_us := Ready}] = erlcuda:devices(),
-    io:format("erlcuda GPU check: backend ~p, ~ts, gpud ready in ~.1f ms~n~n",
-              [B, Name, Ready / 1000]),
+    [#{backend := B, name := Name, ready_us := Ready, startup := Startup}] = erlcuda:devices(),
+    io:format("erlcuda GPU check: backend ~p, ~ts, gpud ready in ~.1f ms (~ts)~n~n",
+              [B, Name, Ready / 1000,
+               lists:join(", ", [io_lib:format("~s ~.1f", [K, V / 1000])
+                                 || {K, V} <- lists:sort(maps:to_list(Startup))])]),
     Results = lists:flatten(
                 [kernel_checks(),
                  check("1000 concurrent callers, every kernel, f32 and f64", fun concurrent/0),

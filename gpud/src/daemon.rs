@@ -36,6 +36,7 @@ use crate::modules::Registry;
 use crate::ops::user::UserOp;
 use crate::ring::Ring;
 use crate::segment::{Segments, SockState};
+use crate::startup::Phases;
 
 /// How often a busy daemon (one that never sleeps) still looks at stdin and
 /// the socket, so that it notices the VM going away.
@@ -76,8 +77,13 @@ enum Wake {
 
 /// Runs the daemon until the VM goes away (Ok) or something fails (Err).
 pub fn run(opts: &DaemonOpts) -> Result<()> {
+    // The startup profile: each mark ends a phase (crate::startup).
+    let mut phases = Phases::default();
+    phases.mark("args");
     let session = handshake::handshake(&opts.socket, opts.device)?;
+    phases.mark("handshake");
     let mut backend = backend::open(opts.backend, opts.device)?;
+    phases.mark_split("backend", &backend.startup_phases());
     let ring = Ring::new(session.mapping, session.geometry, session.sq_efd, session.cq_efd);
     let (seg0, seg0_bytes) = ring.arena().segment(0).expect("segment 0");
     backend.add_segment(0, seg0, seg0_bytes)?;
@@ -102,6 +108,9 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     if d.await_segments(session.hello.segments)? == Wake::Quit {
         return Ok(());
     }
+    // Segment registration is queued here, not done (CUDA: crate::pinning),
+    // unless ERLCUDA_REGISTER=sync.
+    phases.mark("segments");
     // The modules the VM had loaded (a restart brings them back before any
     // job queued for them is drained). One that fails is left out, said
     // here: its jobs are then refused as BAD_KERNEL.
@@ -110,11 +119,14 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
             log!(Error, "gpud[{}]: module in slot {slot} ({}): {e}", opts.device, dir.display());
         }
     }
+    phases.mark("modules");
+    announce(&phases.protocol_line())?;
     announce(&format!("ready {kind} {name}"))?;
     log!(
         Info,
-        "gpud[{}]: ready: backend {kind} ({name}), sq {} cq {} entries, arena {} bytes, buffers up to {} bytes",
-        opts.device, geo.sq_entries, geo.cq_entries, geo.arena_bytes, d.buffers.limit()
+        "gpud[{}]: ready: backend {kind} ({name}), sq {} cq {} entries, arena {} bytes, buffers up to {} bytes; \
+         started in {}",
+        opts.device, geo.sq_entries, geo.cq_entries, geo.arena_bytes, d.buffers.limit(), phases.summary()
     );
     d.main_loop()
 }

@@ -3,7 +3,7 @@
 //! convention, which journald reads too).
 //!
 //! The VM opens gpud's port with `stderr_to_stdout`, so these lines and the
-//! protocol lines on stdout (`ready ...`, `backend ...`, `error ...`) share
+//! protocol lines on stdout (`startup ...`, `ready ...`, `backend ...`, `error ...`) share
 //! one pipe; `erlcuda_gpud_log` turns every `<N>` line into an OTP logger
 //! event at that level, with the device and gpud's OS pid as metadata, and
 //! reads the rest as the protocol.

@@ -8,6 +8,9 @@ fn main() -> ExitCode {
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers and touches no
     // memory of ours.
     let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    // The origin of the startup profile (gpud::startup); the prctl above
+    // costs microseconds.
+    gpud::startup::mark_process_start();
     if rc != 0 {
         gpud::log!(Warning, "gpud: prctl(PR_SET_PDEATHSIG): {}", std::io::Error::last_os_error());
     }

@@ -436,10 +436,28 @@ impl Gpud {
         self.lines.recv_timeout(timeout).ok()
     }
 
+    /// The startup profile line, then `ready`: returns the ready line.
     fn expect_ready(&self) -> String {
         let l = self.line(Duration::from_secs(10)).expect("no line from gpud");
+        assert!(l.starts_with("startup "), "unexpected first line {l:?}");
+        let phases: Vec<(&str, u64)> = l["startup ".len()..]
+            .split(' ')
+            .map(|w| {
+                let (k, v) = w.split_once('=').unwrap_or_else(|| panic!("bad startup word {w:?} in {l:?}"));
+                (k, v.parse().unwrap_or_else(|_| panic!("bad startup value {w:?} in {l:?}")))
+            })
+            .collect();
+        let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+        for want in ["handshake", "backend", "segments", "modules", "total"] {
+            assert!(names.contains(&want), "no {want} in {l:?}");
+        }
+        let (last, total) = phases[phases.len() - 1];
+        assert_eq!(last, "total");
+        let sum: u64 = phases[..phases.len() - 1].iter().map(|p| p.1).sum();
+        assert!(total >= sum && total - sum < phases.len() as u64, "phases do not add up to the total: {l:?}");
+        let l = self.line(Duration::from_secs(10)).expect("no ready line after the startup line");
         let want = format!("ready {} ", backend());
-        assert!(l.starts_with(&want), "unexpected first line {l:?}");
+        assert!(l.starts_with(&want), "unexpected line after startup {l:?}");
         l
     }
 
