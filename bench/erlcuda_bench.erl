@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0]).
+-export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, large/0, matmul/0]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
