@@ -12,7 +12,7 @@
 %% of blocks.
 -module(erlcuda_bench).
 -export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, profile/0,
-         cold_start/1]).
+         cold_start/1, large/0, matmul/0]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).

@@ -164,8 +164,9 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
     struct job *j = &d->jobs[idx];
     int32_t status = cqe->status;
     int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
+    uint32_t parts = __atomic_load_n(&j->parts, __ATOMIC_RELAXED);
     if ((st == JOB_INFLIGHT || st == JOB_CANCELLED) && __atomic_load_n(&j->gen, __ATOMIC_RELAXED) == gen &&
-        __atomic_load_n(&j->parts, __ATOMIC_RELAXED) > 1) {
+        parts > 1) {
         /* One part of a pipelined job: only the last one answers it. */
         if (status != EC_STATUS_OK) {
             int32_t ok = EC_STATUS_OK;
@@ -175,6 +176,8 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
         if (__atomic_sub_fetch(&j->parts_left, 1, __ATOMIC_ACQ_REL) > 0)
             return;
         status = __atomic_load_n(&j->part_status, __ATOMIC_RELAXED);
+        if (status == EC_STATUS_OK)
+            pipeline_finish(d, j, parts);
     }
     int claim = claim_job(d, idx, gen);
     if (claim < 0) {

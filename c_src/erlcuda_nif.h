@@ -6,8 +6,9 @@
  *                  open/close of a device, load/upgrade/unload;
  *   args.c         term conversion: a kernel's Args into vectors, vectors
  *                  into the arena, results into terms;
- *   submit.c       the submit path: slots, regions, publishing descriptors,
- *                  the pipelined submit;
+ *   submit.c       the submit path: slots, regions, publishing descriptors;
+ *   pipeline.c     the pipelined submit: a large job from binaries published
+ *                  in parts as its inputs are copied in;
  *   complete.c     slot state and completion: the completion thread, the
  *                  answers, failing the jobs in flight, cancel;
  *   copy.c         large copies over the pool of copy threads.
@@ -50,7 +51,7 @@ enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
 /* Completion threads beyond the first (open/2's completion_threads - 1). */
 #define MAX_COMPLETION_HELPERS 15u
 
-/* A pipelined job (see submit.c) is published as at most this many
+/* A pipelined job (see pipeline.c) is published as at most this many
  * descriptors. */
 #define PIPELINE_MAX_PARTS 32u
 
@@ -89,7 +90,7 @@ struct job {
     struct region in;  /* copied inputs */
     struct region out; /* the output */
     uint32_t out_len;
-    /* A pipelined job (see submit_pipelined) is published as `parts`
+    /* A pipelined job (see pipeline.c) is published as `parts`
      * descriptors over slices of its regions; it is answered once all of
      * them are back. Its extra slots hold no job: each is the ring credit of
      * one extra descriptor, so the SQ never holds more entries than slots. */
@@ -147,7 +148,7 @@ struct device {
     struct arena alloc[EC_MAX_SEGMENTS]; /* one allocator per arena segment */
     uint64_t arena_total, arena_max;     /* bytes in segments; the growth limit */
     uint64_t zero_copy_bytes;            /* vector results this large stay in the arena */
-    uint64_t pipeline_bytes;             /* vector_add inputs this large are pipelined */
+    uint64_t pipeline_bytes;             /* binary inputs this large are pipelined (pipeline.c) */
     uint64_t inline_off;                 /* slot i's inline area: inline_off + i * INLINE_BYTES */
     uint32_t inline_slots;               /* slots 0 .. inline_slots - 1 have one */
     int poison;                          /* fill outputs with NaN before submitting */
@@ -416,6 +417,32 @@ void release_job_locked(struct device *d, uint32_t idx);
 /* Cancels the job in flight whose ref is `ref`. Returns 1 when no answer
  * will be sent, 0 when it is in the mailbox or on its way. */
 int cancel_job(struct device *d, ERL_NIF_TERM ref);
+
+/* ------------------------------------- pipeline.c: the pipelined submit --
+ * A large job from binaries published as several descriptors (parts) as its
+ * inputs are copied in; see pipeline.c for how each shape is split. */
+
+/* How a job is split. parts == 1: not pipelined. */
+struct pipe_plan {
+    uint32_t parts;     /* descriptors (a matmul's put of B included) */
+    uint32_t pieces;    /* slices copied and published as kernel jobs */
+    uint64_t slice;     /* elements (a matmul: rows of A) per piece; the last may have fewer */
+    uint64_t out_elems; /* the output region's elements: out_len, or a reduction's partials */
+};
+/* The plan for checked job s (parts == 1 unless it is worth pipelining). */
+void pipeline_plan(const struct device *d, const struct job_spec *s, struct pipe_plan *p);
+/* Back to one descriptor (not enough free slots for the parts). */
+void pipeline_unplan(const struct job_spec *s, struct pipe_plan *p);
+/* Copies job idx's inputs into `dst` (per vector) and publishes its parts
+ * from `whole`, its descriptor over all of its regions; returns when all are
+ * published (the binaries are only valid during the NIF call). Caller holds
+ * d->life and d->pipe (read). Returns 0, or -1 with nothing published (the
+ * VM is out of memory). */
+int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                     const struct job_spec *s, uint8_t *dst[2], const struct pipe_plan *plan);
+/* Completes the answer of a pipelined job of `parts` descriptors once all
+ * are back and OK: a reduction's partials are added into its result. */
+void pipeline_finish(struct device *d, struct job *j, uint32_t parts);
 
 /* ---------------------------------------------------- copy.c: the copies -- */
 

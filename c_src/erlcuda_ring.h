@@ -181,10 +181,21 @@ enum ec_output {
  * Accumulation, the same on every backend: sums are accumulated in the
  * element type (f32 jobs in f32, f64 jobs in f64). A reduction of n terms
  * adds each term through at most EC_SUM_SERIAL serial additions, then a
- * pairwise tree of depth <= 16, then at most ceil(n / EC_SUM_CHUNK) partials
- * in sequence; a matmul output sums its k products in k order at most k + 1
+ * pairwise tree of depth <= 16 (one partial per chunk of EC_SUM_CHUNK
+ * terms), then at most ceil(n / EC_SUM_CHUNK) + 1 partials in sequence: the
+ * chunks' partials are summed in groups of G = ceil(chunks / EC_SUM_GROUPS)
+ * consecutive chunks, each group's partials in sequence from +0.0, then the
+ * groups' sums in sequence from +0.0 (G + groups <= chunks + 1). The CPU
+ * adds in index order, so its answer is one well-defined value
+ * (kernels/kit/src/sum_order.rs); the GPU adds a job's chunk partials
+ * atomically, in any order, within the same depth. A reduction from large
+ * binaries (the pipelined submit, c_src/pipeline.c) runs as one descriptor
+ * per group, and the NIF adds the groups' sums in index order: on the CPU
+ * the same bits as the same job unpipelined.
+ * A matmul output sums its k products in k order at most k + 1
  * roundings deep (the GPU: one fused multiply-add chain; the CPU: blocked
- * chains, each block's sum added to the output in turn).
+ * chains, each block's sum added to the output in turn); a pipelined matmul
+ * runs in bands of A's rows, each output element still one such sum.
  * Tests derive their tolerance from these depths (test/erlcuda_ref.erl).
  *
  * Adding a kernel: one row here, gpud/src/ops/<atom>.rs, kernels/src/<entry>.rs
@@ -251,6 +262,7 @@ enum ec_kernel {
 /* The accumulation depths stated above. */
 #define EC_SUM_SERIAL 256u
 #define EC_SUM_CHUNK 65536u
+#define EC_SUM_GROUPS 32u
 
 /* Completion status: 0 is success, everything else names why gpud refused or
  * failed a job. X(NAME, code, erlang_atom) */

@@ -2,21 +2,13 @@
  * submit.c: the submit path. A checked job (args.c) gets a slot and arena
  * regions, its inputs are copied in, and its descriptor is published on the
  * SQ (the caller's scheduler does the copy; large inputs move to a dirty
- * scheduler first). A large vector_add is published in slices as they are
- * copied (the pipelined submit).
+ * scheduler first). A large job from binaries is published in parts as
+ * its inputs are copied (pipeline.c).
  */
 #define _GNU_SOURCE
 #include "erlcuda_nif.h"
 
 #include <string.h>
-
-/* A vector_add whose binary inputs are at least pipeline_bytes each (option
- * of open/2) is
- * copied into the arena in slices of at least PIPELINE_SLICE_BYTES, each
- * published as soon as it is in (up to PIPELINE_MAX_PARTS descriptors), so
- * the GPU streams the first slices while the next are still being copied:
- * the end-to-end time becomes max(copy, GPU) instead of copy + GPU. */
-#define PIPELINE_SLICE_BYTES (8u << 20)
 
 /* Returns a finished job's region and slot. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r)
@@ -210,68 +202,6 @@ void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
     (void)publish_checked(d, idx, sqe, NULL);
 }
 
-/* How many descriptors a job is published as: more than 1 only for an
- * elementwise kernel of two binaries of at least pipeline_bytes not in the
- * arena (slices of such a job are jobs of the same kernel). */
-static uint32_t pipeline_parts(const struct device *d, const struct job_spec *s)
-{
-    uint64_t bytes = s->out_len * s->elem;
-    if (s->shape != EC_SHAPE_ELEMENTWISE || s->nin != 2 || bytes < d->pipeline_bytes || bytes == 0 ||
-        !s->in[0].is_binary || !s->in[1].is_binary || s->in[0].in_arena || s->in[1].in_arena)
-        return 1;
-    uint64_t parts = (bytes + PIPELINE_SLICE_BYTES - 1) / PIPELINE_SLICE_BYTES;
-    return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
-}
-
-struct pipeline {
-    struct device *d;
-    uint32_t idx;
-    struct ec_sqe whole;     /* the job's descriptor over all of its regions */
-    const uint8_t *src[2];   /* the binaries */
-    uint8_t *dst[2];         /* their places in the arena */
-    uint64_t slice;          /* elements per part (the last one may have fewer) */
-    unsigned elem;           /* bytes per element */
-};
-
-/* Copies part c of both inputs into the arena and publishes its descriptor
- * as soon as its slices are in; the copy pool runs several parts at once. */
-static void pipeline_part(void *arg, uint32_t c)
-{
-    struct pipeline *p = arg;
-    uint64_t len = p->whole.out_len;
-    uint64_t first = (uint64_t)c * p->slice;
-    uint64_t n = len - first < p->slice ? len - first : p->slice;
-    for (int i = 0; i < 2; i++)
-        memcpy(p->dst[i] + first * p->elem, p->src[i] + first * p->elem, n * p->elem);
-    struct ec_sqe sqe = p->whole;
-    sqe.in0 += first * p->elem;
-    sqe.in1 += first * p->elem;
-    sqe.out += first * p->elem;
-    sqe.in0_len = sqe.in1_len = sqe.out_len = (uint32_t)n;
-    publish(p->d, p->idx, &sqe);
-}
-
-/* Publishes job idx as `parts` descriptors over consecutive slices, copying
- * the inputs over the copy pool (copy.c); the GPU starts on the first slices
- * while the others are copied. Returns when all are published (the binaries
- * are only valid during the NIF call). */
-static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
-                             const uint8_t *src[2], uint8_t *dst[2], uint32_t parts)
-{
-    struct job *j = &d->jobs[idx];
-    /* Slices of whole pages: every part's addresses stay aligned. */
-    uint64_t slice = (whole->out_len + parts - 1) / parts;
-    slice = (slice + 1023) & ~(uint64_t)1023;
-    parts = (uint32_t)((whole->out_len + slice - 1) / slice);
-    __atomic_store_n(&j->part_status, EC_STATUS_OK, __ATOMIC_RELAXED);
-    __atomic_store_n(&j->parts_left, parts, __ATOMIC_RELAXED);
-    __atomic_store_n(&j->parts, parts, __ATOMIC_RELEASE);
-    struct pipeline p = {.d = d, .idx = idx, .whole = *whole, .src = {src[0], src[1]},
-                         .dst = {dst[0], dst[1]}, .slice = slice,
-                         .elem = type_bytes(whole->type)};
-    copy_pieces(pipeline_part, &p, parts);
-}
-
 __thread int prof_timing;
 
 /* Stamps a phase of a timed submit (profile.h): t[i] once phase i is over. */
@@ -350,7 +280,14 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         in_off[i] = in_bytes;
         in_bytes += arena_round(s.in[i].len * s.elem);
     }
-    uint64_t out_bytes = out_buf ? 0 : arena_round(s.out_len * s.elem);
+    /* A job with launch options, a fault or a buffer output is never
+     * pipelined; a pipelined reduction's output holds its partials. */
+    struct pipe_plan plan;
+    if (flags == 0 && !out_buf)
+        pipeline_plan(d, &s, &plan);
+    else
+        pipeline_unplan(&s, &plan);
+    uint64_t out_bytes = out_buf ? 0 : arena_round(plan.out_elems * s.elem);
     if (in_bytes > d->arena_max || out_bytes > d->arena_max || in_bytes + out_bytes > d->arena_max) {
         enif_rwlock_runlock(d->life);
         *result = make_badarg(env, ATOM_too_large);
@@ -359,12 +296,13 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     /* A binary vector result this large stays in the arena as the answer. */
     int zero_copy = !out_buf && s.in[0].is_binary && s.output == EC_OUTPUT_VECTOR &&
                     s.out_len * s.elem >= d->zero_copy_bytes;
-    uint32_t parts = flags == 0 && !out_buf ? pipeline_parts(d, &s) : 1;
     /* A job with launch options takes a second SQ entry: one credit slot. */
-    uint32_t credits = flags & EC_FLAG_OPTS ? 1 : parts - 1;
+    uint32_t credits = flags & EC_FLAG_OPTS ? 1 : plan.parts - 1;
     int64_t idx = reserve_job(d, in_bytes, out_bytes, credits, zero_copy);
-    if (idx < 0 && parts > 1) {
-        parts = 1; /* not enough free slots for the extra descriptors: one is fine */
+    if (idx < 0 && plan.parts > 1) {
+        /* not enough free slots for the extra descriptors: one is fine (a
+         * reduction's output region is then larger than it needs) */
+        pipeline_unplan(&s, &plan);
         idx = reserve_job(d, in_bytes, out_bytes, 0, zero_copy);
     }
     if (idx == -2) {
@@ -398,8 +336,8 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
             continue;
         }
         addr[i] = region_addr(&j->in) + in_off[i];
-        if (parts > 1)
-            continue; /* binaries, copied slice by slice by submit_pipelined */
+        if (plan.parts > 1)
+            continue; /* binaries, copied part by part by submit_pipelined */
         if (!copy_vec(env, &s.in[i], region_ptr(d, &j->in) + in_off[i])) {
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
@@ -409,7 +347,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         }
     }
     if (d->poison && !out_buf)
-        memset(region_ptr(d, &j->out), 0xff, s.out_len * s.elem); /* all NaN, f32 or f64 */
+        memset(region_ptr(d, &j->out), 0xff, plan.out_elems * s.elem); /* all NaN, f32 or f64 */
     j->out_buf = out_buf;
     if (out_buf) {
         ERL_NIF_TERM bt = new_buffer(j->env, d, s.type, (uint32_t)s.out_len);
@@ -450,12 +388,17 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         .out_len = (uint32_t)s.out_len,
     };
     STAMP(t, 3);
-    if (parts > 1) {
-        const uint8_t *src[2] = {s.in[0].bin.data, s.in[1].bin.data};
+    if (plan.parts > 1) {
         uint8_t *dst[2] = {region_ptr(d, &j->in) + in_off[0], region_ptr(d, &j->in) + in_off[1]};
         enif_rwlock_rlock(d->pipe);
-        submit_pipelined(d, (uint32_t)idx, &sqe, src, dst, parts);
+        int pr = submit_pipelined(d, (uint32_t)idx, &sqe, &s, dst, &plan);
         enif_rwlock_runlock(d->pipe);
+        if (pr != 0) {
+            unreserve_job(d, (uint32_t)idx);
+            enif_rwlock_runlock(d->life);
+            *result = make_error(env, enif_make_atom(env, "enomem"));
+            return 0;
+        }
         count(&d->c.pipelined, 1);
     } else {
         if (out_buf) {

@@ -8,7 +8,7 @@
 
 all() ->
     [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
-     {group, pipeline},
+     {group, pipeline}, {group, pipeline_split}, {group, pipeline_no_room},
      app_stop_leaves_nothing, start_does_not_wait_for_gpud, probe_does_not_block_either,
      probe_failure_is_a_failed_start, arena_growth, result_outlives_app, fault_isolation].
 
@@ -21,9 +21,15 @@ groups() ->
                           zero_copy_chain]},
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]},
-     {pipeline, [sequence], [pipelined_vector_add, pipelined_cancel, pipelined_gpud_kill]}].
+     {pipeline, [sequence], [pipelined_vector_add, pipelined_reductions_at_the_threshold,
+                             pipelined_cancel, pipelined_gpud_kill]},
+     {pipeline_split, [sequence], [pipelined_reductions, pipelined_matmul]},
+     {pipeline_no_room, [], [pipelined_matmul_error]}].
 
 -define(SIZES, [0, 1, 7, 1023, 4097, 1 bsl 20 + 7]).
+-define(SPLIT_BYTES, 16384).
+%% The kernels pipelined from binaries of 1 or 2 vectors.
+-define(PIPE_KERNELS, [vector_add, reduce, dot_product]).
 
 init_per_suite(Config) ->
     {ok, _} = application:ensure_all_started(common_test),
@@ -40,6 +46,15 @@ init_per_group(small_ring, Config) ->
     Config;
 init_per_group(pipeline, Config) ->
     ok = erlcuda_ref:start_app([{poison_outputs, true}]),
+    Config;
+%% A threshold of 16 KiB splits small jobs (slices of a quarter of it), so
+%% many odd sizes and shapes run pipelined in little time.
+init_per_group(pipeline_split, Config) ->
+    ok = erlcuda_ref:start_app([{poison_outputs, true}, {pipeline_min_bytes, ?SPLIT_BYTES}]),
+    Config;
+%% Device buffers limited to 4 KiB: a pipelined matmul's B does not fit.
+init_per_group(pipeline_no_room, Config) ->
+    ok = erlcuda_ref:start_app([{pipeline_min_bytes, ?SPLIT_BYTES}, {device_memory_limit, 4096}]),
     Config;
 init_per_group(_, Config) ->
     ok = erlcuda_ref:start_app([]),
@@ -366,11 +381,12 @@ pipelined_cancel(_) ->
     {A, B} = pipe_inputs(),
     %% The job may also finish within the submit (the CPU backend is quick
     %% on the first slices); either way exactly one outcome.
-    Outcomes = [case erlcuda:launch_sync(vector_add, [A, B], [{timeout, 0}]) of
+    Outcomes = [case erlcuda:launch_sync(K, pipe_args(K, A, B), [{timeout, 0}]) of
                     {error, timeout} -> timeout;
-                    {ok, R0} when byte_size(R0) =:= 4 * ?PIPE_N -> ok;
-                    Other -> ct:fail({unexpected, small(Other)})
-                end || _ <- lists:seq(1, 4)],
+                    {ok, R0} when K =:= vector_add, byte_size(R0) =:= 4 * ?PIPE_N -> ok;
+                    {ok, R0} when K =/= vector_add, is_float(R0) -> ok;
+                    Other -> ct:fail({unexpected, K, small(Other)})
+                end || K <- ?PIPE_KERNELS, _ <- lists:seq(1, 4)],
     ct:pal("launch_sync with timeout 0: ~p", [Outcomes]),
     wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end),
     receive Stray -> ct:fail({stray, small(Stray)}) after 200 -> ok end,
@@ -382,19 +398,20 @@ pipelined_cancel(_) ->
 %% answer, right or {gpud_exit, _}, and the device serves again afterwards.
 pipelined_gpud_kill(_) ->
     {A, B} = pipe_inputs(),
-    Answers = lists:append([kill_round(A, B, Delay) || Delay <- [1, 3, 10, 30]]),
+    Want = maps:from_list([{K, whole_answer(K, pipe_args(K, A, B))} || K <- [reduce, dot_product]]),
+    Answers = lists:append([kill_round(A, B, Want, Delay) || Delay <- [1, 3, 10, 30]]),
     ct:pal("answers around the kills: ~p", [Answers]),
     ?assert(lists:member(gpud_exit, Answers)),
     wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end),
     {ok, R} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
     ?assertEqual(ok, same_sums(A, B, R, 0)).
 
-kill_round(A, B, DelayMs) ->
+kill_round(A, B, Want, DelayMs) ->
     [#{os_pid := OsPid0}] = wait_up(0, 500),
     Self = self(),
     Pids = [spawn_link(fun() ->
                                Self ! {launching, self()},
-                               {ok, Ref} = erlcuda:launch(vector_add, [A, B]),
+                               {ok, Ref} = erlcuda:launch(K, pipe_args(K, A, B)),
                                Ans = receive {erlcuda, Ref, X} -> X
                                      after 60000 -> exit({lost, Ref})
                                      end,
@@ -402,11 +419,14 @@ kill_round(A, B, DelayMs) ->
                                after 100 -> ok
                                end,
                                Self ! {self(), case Ans of
-                                                   {ok, R} -> same_sums(A, B, R, 0);
+                                                   {ok, R} when K =:= vector_add ->
+                                                       same_sums(A, B, R, 0);
+                                                   {ok, R} ->
+                                                       same_answer(R, maps:get(K, Want));
                                                    {error, {gpud_exit, _}} -> gpud_exit;
-                                                   Other -> {unexpected, small(Other)}
+                                                   Other -> {unexpected, K, small(Other)}
                                                end}
-                       end) || _ <- lists:seq(1, 3)],
+                       end) || K <- ?PIPE_KERNELS, _ <- lists:seq(1, 2)],
     %% The kill comes DelayMs after every caller entered launch, so it hits
     %% jobs being copied, published or run.
     [receive {launching, P} -> ok end || P <- Pids],
@@ -416,6 +436,146 @@ kill_round(A, B, DelayMs) ->
     ?assertEqual([], [Ans || Ans <- Answers, Ans =/= ok, Ans =/= gpud_exit]),
     wait_new_gpud(0, OsPid0),
     Answers.
+
+pipe_args(reduce, A, _B) -> [A];
+pipe_args(_, A, B) -> [A, B].
+
+pipelined() ->
+    #{pipelined := P} = erlcuda:stats(0),
+    P.
+
+backend() ->
+    [#{backend := Be} | _] = erlcuda:devices(),
+    Be.
+
+%% A copy of vector V already in the arena (a zero-copy result: V + 0), so a
+%% job on it is not pipelined.
+in_arena({f64, B}) ->
+    {ok, R} = erlcuda:launch_sync(vector_add, [{f64, B}, {f64, binary:copy(<<0.0:64/float>>, byte_size(B) div 8)}],
+                                  [{timeout, 60000}]),
+    {f64, B} = R;
+in_arena(B) ->
+    {ok, R} = erlcuda:launch_sync(vector_add, [B, binary:copy(<<0.0:32/float>>, byte_size(B) div 4)],
+                                  [{timeout, 60000}]),
+    B = R.
+
+%% The answer of a reduction unpipelined (its inputs in the arena) and the
+%% bound on how far a correct answer may be from it: the stated depth
+%% (erlcuda_ref:depth/3) twice over, as both carry their own rounding.
+whole_answer(K, Args) ->
+    P0 = pipelined(),
+    Whole = [in_arena(V) || V <- Args],
+    P1 = pipelined(),
+    {ok, R} = erlcuda:launch_sync(K, Whole, [{timeout, 60000}]),
+    ?assertEqual(P1, pipelined()),
+    Terms = case Args of
+                [X] -> [abs(E) || E <- floats(X)];
+                [X, Y] -> [abs(E * F) || {E, F} <- lists:zip(floats(X), floats(Y))]
+            end,
+    N = length(Terms),
+    T = case hd(Args) of {f64, _} -> f64; _ -> f32 end,
+    {R, 2 * erlcuda_ref:depth(K, N, 0) * erlcuda_ref:unit(T) * lists:sum(Terms), P1 - P0}.
+
+floats({f64, B}) -> [X || <<X:64/float-native>> <= B];
+floats(B) -> [X || <<X:32/float-native>> <= B].
+
+%% A pipelined reduction's answer against the unpipelined one: the same bits
+%% on the CPU backend (both follow the header's sum order exactly, the
+%% pipelined one part per group), within the bound on the GPU (atomics).
+same_answer(R, {Whole, Bound, _}) ->
+    case backend() of
+        cpu when R =:= Whole -> ok;
+        cpu -> {not_the_same_bits, R, Whole};
+        _ when abs(R - Whole) =< Bound -> ok;
+        _ -> {too_far, R, Whole, Bound}
+    end.
+
+%% At the default threshold (32 MiB per input): just below (not pipelined),
+%% exactly at it, and above with a short last part.
+pipelined_reductions_at_the_threshold(_) ->
+    Block = erlcuda_ref:to_binary(erlcuda_ref:random_vector(65536)),
+    Block2 = erlcuda_ref:to_binary(erlcuda_ref:random_vector(65536)),
+    Vec = fun(Bl, N) -> binary:part(binary:copy(Bl, N div 65536 + 1), 0, 4 * N) end,
+    [begin
+         A = Vec(Block, N), B = Vec(Block2, N),
+         Args = pipe_args(K, A, B),
+         P0 = pipelined(),
+         {ok, R} = erlcuda:launch_sync(K, Args, [{timeout, 60000}]),
+         ?assertEqual({K, N, N >= 1 bsl 23}, {K, N, pipelined() =:= P0 + 1}),
+         ?assertEqual({K, N, ok}, {K, N, same_answer(R, whole_answer(K, Args))})
+     end || N <- [1 bsl 23 - 1, 1 bsl 23, 1 bsl 23 + 1031], K <- [reduce, dot_product]],
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end).
+
+pipe_vec(N, binary) -> erlcuda_ref:to_binary(erlcuda_ref:random_vector(N));
+pipe_vec(N, f64) -> {f64, << <<X:64/float-native>> || X <- erlcuda_ref:random_vector(N) >>}.
+
+%% Random vectors at sizes around the split (threshold 16 KiB: 4095 f32 is
+%% below it; one chunk of 65536 is never split; 65537 is two parts, the
+%% second of one element; 33 chunks + 1 makes groups of two chunks): the
+%% relative error against the f64 reference, the outputs poisoned first,
+%% and on the CPU the same bits as unpipelined.
+pipelined_reductions(_) ->
+    [begin
+         A = pipe_vec(N, Form), B = pipe_vec(N, Form),
+         Args = pipe_args(K, A, B),
+         P0 = pipelined(),
+         {ok, R} = erlcuda:launch_sync(K, Args, [{timeout, 60000}]),
+         ?assertEqual({K, N, Form, N > 65536}, {K, N, Form, pipelined() =:= P0 + 1}),
+         ?assertEqual({K, N, Form, ok}, {K, N, Form, erlcuda_ref:check(K, Args, R)}),
+         ?assertEqual({K, N, Form, ok}, {K, N, Form, same_answer(R, whole_answer(K, Args))})
+     end || {N, Forms} <- [{4095, [binary, f64]}, {65537, [binary, f64]},
+                           {1 bsl 20 + 7, [binary, f64]}, {33 * 65536 + 1, [binary]},
+                           {1 bsl 21 + 12345, [binary]}],
+            Form <- Forms, K <- [reduce, dot_product]],
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end).
+
+%% Odd shapes in bands of A's rows (bands are whole multiples of 128 rows,
+%% at least a quarter of the threshold of A each): against the f64
+%% reference, f32 and f64; fewer than 129 rows is one band, not split.
+pipelined_matmul(_) ->
+    [begin
+         Bytes = case Form of binary -> 4; f64 -> 8 end,
+         ?assert(M * K * Bytes >= ?SPLIT_BYTES),
+         Args = [pipe_vec(M * K, Form), pipe_vec(K * N, Form), M, N, K],
+         P0 = pipelined(),
+         {ok, C} = erlcuda:launch_sync(matmul, Args, [{timeout, 60000}]),
+         ?assertEqual({M, N, K, Form, M > 128}, {M, N, K, Form, pipelined() =:= P0 + 1}),
+         ?assertEqual({M, N, K, Form, ok}, {M, N, K, Form, erlcuda_ref:check(matmul, Args, C)})
+     end || {M, N, K} <- [{300, 29, 37}, {129, 7, 64}, {257, 1, 33}, {1000, 3, 5},
+                          {100, 50, 50}, {131, 33, 127}],
+            Form <- [binary, f64]],
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end),
+    %% The bands' buffers of B are freed with their jobs.
+    wait_memory(0, fun(#{buffers := Bufs}) -> Bufs =:= 0 end).
+
+%% A part that fails fails the job, with one answer: here the put of B,
+%% larger than the device's buffer limit. The device serves on.
+pipelined_matmul_error(_) ->
+    {M, N, K} = {300, 29, 37},
+    Args = [pipe_vec(M * K, binary), pipe_vec(K * N, binary), M, N, K],
+    P0 = pipelined(),
+    {ok, Ref} = erlcuda:launch(matmul, Args),
+    Ans = receive {erlcuda, Ref, X} -> X after 60000 -> ct:fail(no_answer) end,
+    ct:pal("pipelined matmul, B over the buffer limit: ~p", [Ans]),
+    ?assertMatch({error, _}, Ans),
+    ?assertEqual(P0 + 1, pipelined()),
+    receive {erlcuda, Ref, Dup} -> ct:fail({duplicate, Dup}) after 200 -> ok end,
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end),
+    %% Unpipelined (B in a list) it runs, and so does a pipelined reduction.
+    Small = [hd(Args), erlcuda_ref:from_binary(lists:nth(2, Args)), M, N, K],
+    {ok, C} = erlcuda:launch_sync(matmul, Small, [{timeout, 60000}]),
+    ok = erlcuda_ref:check(matmul, Small, C),
+    A = pipe_vec(1 bsl 17 + 3, binary),
+    {ok, R} = erlcuda:launch_sync(reduce, [A], [{timeout, 60000}]),
+    ok = erlcuda_ref:check(reduce, [A], R).
+
+wait_memory(Dev, Pred) -> wait_memory(Dev, Pred, 500).
+wait_memory(Dev, _Pred, 0) -> ct:fail({memory, erlcuda:memory(Dev)});
+wait_memory(Dev, Pred, N) ->
+    case Pred(erlcuda:memory(Dev)) of
+        true -> ok;
+        false -> timer:sleep(10), wait_memory(Dev, Pred, N - 1)
+    end.
 
 %%% two devices
 

@@ -57,6 +57,7 @@ pub const EC_MAX_VECTORS: u32 = 2;
 pub const EC_PARAM_BYTES: usize = 16;
 pub const EC_SUM_SERIAL: u32 = 256;
 pub const EC_SUM_CHUNK: u32 = 65536;
+pub const EC_SUM_GROUPS: u32 = 32;
 
 /// Puts `T` alone on its own 64-byte cache line, like `_Alignas(64)` in the
 /// header: the VM and gpud never write the same line, so neither side's
@@ -669,6 +670,7 @@ int main(void)
     C(EC_KERNEL_COUNT); C(EC_STATUS_COUNT); C(EC_MAX_SEGMENTS);
     C(EC_TYPE_COUNT); C(EC_SHAPE_COUNT); C(EC_OUTPUT_COUNT);
     C(EC_MAX_VECTORS); C(EC_PARAM_BYTES); C(EC_SUM_SERIAL); C(EC_SUM_CHUNK);
+    C(EC_SUM_GROUPS);
     P("const.EC_SEGMENT_MAGIC_HI", EC_SEGMENT_MAGIC >> 32);
     P("const.EC_SEGMENT_MAGIC_LO", EC_SEGMENT_MAGIC & 0xffffffffu);
     P("const.EC_FLAG_FAULT", (unsigned long long)EC_FLAG_FAULT);
@@ -833,6 +835,7 @@ int main(void)
         put("const.EC_PARAM_BYTES", EC_PARAM_BYTES.to_string());
         put("const.EC_SUM_SERIAL", EC_SUM_SERIAL.to_string());
         put("const.EC_SUM_CHUNK", EC_SUM_CHUNK.to_string());
+        put("const.EC_SUM_GROUPS", EC_SUM_GROUPS.to_string());
         put("const.EC_SEGMENT_MAGIC_HI", (EC_SEGMENT_MAGIC >> 32).to_string());
         put("const.EC_SEGMENT_MAGIC_LO", (EC_SEGMENT_MAGIC & 0xffff_ffff).to_string());
         put("const.EC_FLAG_FAULT", EC_FLAG_FAULT.to_string());

@@ -137,7 +137,7 @@ mod tests {
     use crate::ops;
     use crate::backend::run_to_completion;
     use crate::descriptor::validate;
-    use crate::layout::{ElemType, Kernel, Params, Sqe};
+    use crate::layout::{ElemType, Kernel, Params, Sqe, EC_SUM_CHUNK, EC_SUM_GROUPS};
 
     use crate::testvec::{depth, round_to as round, unit_roundoff as unit, Rng, TestArena};
 
@@ -225,6 +225,32 @@ mod tests {
         let sum = || ops::sum::<f32>(a.len(), |i| a[i]);
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
         assert_eq!(pool.install(sum).to_bits(), sum().to_bits());
+    }
+
+    /// The pipelined submit (c_src/pipeline.c) runs a reduction as one job
+    /// per group of the sum order and adds the groups' sums in index order
+    /// from +0.0: that must be the same bits as the whole sum, at sizes
+    /// around the group boundaries (1, 32 and 33 chunks, odd tails).
+    #[test]
+    fn a_sum_by_groups_is_the_whole_sum() {
+        let chunk = EC_SUM_CHUNK as usize;
+        let mut rng = Rng(5);
+        for len in [2 * chunk + 1, 32 * chunk, 32 * chunk + 7, 33 * chunk - 1, 70 * chunk + 12345, (1 << 20) + 7] {
+            let a: Vec<f32> = rng.vec_of(len, ElemType::F32).iter().map(|&x| x as f32).collect();
+            let whole = ops::sum::<f32>(len, |i| a[i]);
+            let slice = sum_order_group_chunks(len.div_ceil(chunk)) * chunk;
+            let mut total = 0f32;
+            for lo in (0..len).step_by(slice) {
+                let part = &a[lo..len.min(lo + slice)];
+                total += ops::sum::<f32>(part.len(), |i| part[i]);
+            }
+            assert_eq!(total.to_bits(), whole.to_bits(), "len {len}");
+        }
+    }
+
+    /// ceil(chunks / EC_SUM_GROUPS), as c_src/pipeline.c computes it.
+    fn sum_order_group_chunks(chunks: usize) -> usize {
+        chunks.div_ceil(EC_SUM_GROUPS as usize).max(1)
     }
 
     #[test]

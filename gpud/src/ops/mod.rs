@@ -13,7 +13,7 @@ use std::ops::{Add, AddAssign, Mul};
 
 use crate::backend::Arena;
 use crate::descriptor::Job;
-use crate::layout::{ElemType, Kernel, EC_PARAM_BYTES, EC_SUM_CHUNK, EC_SUM_SERIAL};
+use crate::layout::{ElemType, Kernel, EC_PARAM_BYTES, EC_SUM_CHUNK, EC_SUM_GROUPS, EC_SUM_SERIAL};
 
 // The kernels' ABI (job-table structs, grid rules), shared verbatim with the
 // device code.
@@ -32,7 +32,11 @@ pub mod kitjob;
 // code the kit's host sums run.
 #[path = "../../../kernels/kit/src/sum_order.rs"]
 mod sum_order;
-const _: () = assert!(sum_order::SERIAL == EC_SUM_SERIAL as usize && sum_order::CHUNK == EC_SUM_CHUNK as usize);
+const _: () = assert!(
+    sum_order::SERIAL == EC_SUM_SERIAL as usize
+        && sum_order::CHUNK == EC_SUM_CHUNK as usize
+        && sum_order::GROUPS == EC_SUM_GROUPS as usize
+);
 
 // Users' kernels: the same trait over a loaded module's declaration.
 pub mod user;
@@ -251,7 +255,8 @@ pub const PAR_CHUNK: usize = 1 << 16;
 /// A sum of `len` terms `term(i)` in the element type, in the order the
 /// header states for every backend: runs of at most `EC_SUM_SERIAL` terms
 /// added serially, their partials combined pairwise inside each
-/// `EC_SUM_CHUNK`-term chunk, and the chunks' partials added in index order.
+/// `EC_SUM_CHUNK`-term chunk, and the chunks' partials added in index order
+/// in at most `EC_SUM_GROUPS` groups (`sum_order::combine`).
 /// Chunks run in parallel when there are several; the result does not
 /// depend on the thread count.
 pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T + Sync) -> T {
@@ -261,11 +266,7 @@ pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T + Sync) -> T {
     let n = len.div_ceil(chunk);
     if n >= 2 {
         let parts: Vec<T> = (0..n).into_par_iter().map(one).collect();
-        let mut total = T::ZERO;
-        for p in parts {
-            total += p;
-        }
-        total
+        sum_order::combine(T::ZERO, n, |c| parts[c])
     } else if n == 1 {
         one(0)
     } else {

@@ -64,8 +64,9 @@ const _: () = assert!(SUM_CHUNK == (DEFAULT_THREADS as u64 * SERIAL) as usize);
 /// `Σ term(i)` for i < len in the element type, in the order every erlcuda
 /// CPU sum follows (gpud's `ops::sum`): runs of at most SERIAL (256) terms
 /// added serially, their partials combined pairwise within each chunk of
-/// [`SUM_CHUNK`] terms, the chunks' partials added in index order. The
-/// GPU's order differs, its error bound is the same.
+/// [`SUM_CHUNK`] terms, the chunks' partials added in index order in
+/// groups (`sum_order::combine`). The GPU's order differs, its error bound
+/// is the same.
 pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T) -> T {
     let chunks = len.div_ceil(SUM_CHUNK);
     let one = |c: usize| chunk_sum(c * SUM_CHUNK, len.min((c + 1) * SUM_CHUNK), &term);
@@ -73,11 +74,7 @@ pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T) -> T {
         return one(0);
     }
     // From +0.0 as gpud does (the sign of a zero total agrees too).
-    let mut total = T::ZERO;
-    for c in 0..chunks {
-        total += one(c);
-    }
-    total
+    crate::sum_order::combine(T::ZERO, chunks, one)
 }
 
 /// One chunk, in the order `sum_order.rs` defines (gpud's sums share it).

@@ -1,0 +1,259 @@
+/*
+ * pipeline.c: the pipelined submit. A large job whose vector inputs are
+ * plain binaries (not in the arena, not buffers) of at least pipeline_bytes
+ * (option of open/2) is copied into the arena in slices, each published as
+ * a descriptor of its own (a part) as soon as it is in: the GPU works on
+ * the first parts while the next are copied, so the end-to-end time becomes
+ * max(copy, GPU) instead of copy + GPU. Every part carries the job's
+ * user_data; complete.c answers the job once, when the last part is back,
+ * with the first failing part's status if any (then pipeline_finish has not
+ * run: an error answer never reads the output).
+ *
+ * How a job is split, by its kernel's shape:
+ *   ELEMENTWISE  slices of every vector and of the output (vector_add,
+ *                saxpy): each part is the same kernel on a slice.
+ *   REDUCTION    one part per group of chunks of the header's sum order
+ *                (erlcuda_ring.h, EC_SUM_GROUPS): each part writes its sum to
+ *                its own element of the output region, and pipeline_finish
+ *                adds them in index order from +0.0 in the element type,
+ *                which is the order the CPU's sum follows, so a pipelined
+ *                reduction gives the same bits there as an unpipelined one.
+ *   MATMUL       B is copied in whole and put into a device buffer by a PUT
+ *                descriptor (one more part, with the job's user_data), then
+ *                A is copied in bands of rows, each band a matmul part that
+ *                reads B from that buffer and writes its rows of C. B thus
+ *                reaches the device once: as an arena input, every band's
+ *                launch would copy it again. The buffer is the job's (a term
+ *                in its env): releasing the job frees it (buffers.c).
+ *
+ * A job needs one slot per part (the parts' ring credits: the SQ never holds
+ * more entries than slots); without enough free slots it runs unpipelined.
+ */
+#define _GNU_SOURCE
+#include "erlcuda_nif.h"
+
+#include <string.h>
+
+/* A job at the threshold (pipeline_bytes per input) is split into this
+ * many parts: slices of pipeline_bytes / PIPELINE_MIN_PARTS bytes of each
+ * input (8 MiB at the default 32 MiB), large enough to be worth a descriptor
+ * and a launch. Tests lower pipeline_bytes to split small jobs. */
+#define PIPELINE_MIN_PARTS 4u
+/* Elementwise slices are whole multiples of this many elements, so every
+ * part's addresses keep the arena's alignment. */
+#define PIPELINE_SLICE_ALIGN 1024u
+/* A matmul band is a multiple of this many rows: the GPU kernels' tile
+ * height (kernels/src/abi.rs MATMUL_BM, matmul_f64_abi.rs MATMUL_F64_BM),
+ * so no band but the last has a partial tile. */
+#define PIPELINE_MATMUL_ROWS 128u
+
+static uint64_t div_ceil(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+static uint64_t slice_bytes(const struct device *d)
+{
+    uint64_t b = d->pipeline_bytes / PIPELINE_MIN_PARTS;
+    return b > 0 ? b : 1;
+}
+
+static void single(const struct job_spec *s, struct pipe_plan *p)
+{
+    *p = (struct pipe_plan){.parts = 1, .pieces = 1, .slice = 0, .out_elems = s->out_len};
+}
+
+/* Are all of the job's vectors binaries still outside the arena, each at
+ * least `min` bytes? Only those are copied by this submit. */
+static int big_binaries(const struct device *d, const struct job_spec *s, uint64_t min)
+{
+    if (min < d->pipeline_bytes || min == 0)
+        return 0;
+    for (unsigned i = 0; i < s->nin; i++)
+        if (!s->in[i].is_binary || s->in[i].in_arena || s->in[i].buf)
+            return 0;
+    return 1;
+}
+
+void pipeline_plan(const struct device *d, const struct job_spec *s, struct pipe_plan *p)
+{
+    single(s, p);
+    if (s->ki->user || s->nin == 0)
+        return;
+    uint64_t n = s->in[0].len;
+    switch (s->shape) {
+    case EC_SHAPE_ELEMENTWISE: {
+        if (s->nin != 2 || !big_binaries(d, s, s->out_len * s->elem))
+            return;
+        uint64_t parts = div_ceil(s->out_len * s->elem, slice_bytes(d));
+        if (parts > PIPELINE_MAX_PARTS)
+            parts = PIPELINE_MAX_PARTS;
+        uint64_t slice = div_ceil(div_ceil(s->out_len, parts), PIPELINE_SLICE_ALIGN) * PIPELINE_SLICE_ALIGN;
+        p->slice = slice;
+        p->pieces = (uint32_t)div_ceil(s->out_len, slice);
+        break;
+    }
+    case EC_SHAPE_REDUCTION: {
+        if (!big_binaries(d, s, n * s->elem))
+            return;
+        /* One part per group of the sum order (erlcuda_ring.h). */
+        uint64_t chunks = div_ceil(n, EC_SUM_CHUNK);
+        uint64_t g = div_ceil(chunks, EC_SUM_GROUPS);
+        p->slice = g * EC_SUM_CHUNK;
+        p->pieces = (uint32_t)div_ceil(n, p->slice);
+        p->out_elems = p->pieces; /* one partial per part */
+        break;
+    }
+    case EC_SHAPE_MATMUL: {
+        uint64_t m = s->p.dim[0], nn = s->p.dim[1], k = s->p.dim[2];
+        if (m == 0 || nn == 0 || k == 0 || !big_binaries(d, s, m * k * s->elem))
+            return;
+        /* Bands of at least slice_bytes of A, at most
+         * PIPELINE_MAX_PARTS - 1 of them (one part is the put of B). */
+        uint64_t rows = div_ceil(slice_bytes(d), k * s->elem);
+        uint64_t fewest = div_ceil(m, PIPELINE_MAX_PARTS - 1);
+        if (rows < fewest)
+            rows = fewest;
+        rows = div_ceil(rows, PIPELINE_MATMUL_ROWS) * PIPELINE_MATMUL_ROWS;
+        p->slice = rows;
+        p->pieces = (uint32_t)div_ceil(m, rows);
+        if (p->pieces < 2)
+            break;
+        p->parts = p->pieces + 1;
+        return;
+    }
+    default:
+        return;
+    }
+    if (p->pieces < 2) {
+        single(s, p);
+        return;
+    }
+    p->parts = p->pieces;
+}
+
+void pipeline_unplan(const struct job_spec *s, struct pipe_plan *p) { single(s, p); }
+
+struct pipeline {
+    struct device *d;
+    uint32_t idx;
+    unsigned shape, nin, elem;
+    struct ec_sqe whole;   /* the job's descriptor over all of its regions */
+    const uint8_t *src[2]; /* the binaries */
+    uint8_t *dst[2];       /* their places in the arena */
+    uint64_t slice;        /* elements (a matmul: rows of A) per piece */
+    uint64_t buf_id;       /* a matmul: the buffer holding B */
+};
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* Copies piece c of the inputs into the arena and publishes its descriptor
+ * as soon as it is in; the copy pool runs several pieces at once. */
+static void pipeline_piece(void *arg, uint32_t c)
+{
+    struct pipeline *p = arg;
+    struct ec_sqe sqe = p->whole;
+    uint64_t first = (uint64_t)c * p->slice;
+    if (p->shape == EC_SHAPE_MATMUL) {
+        uint64_t m = p->whole.p.dim[0], n = p->whole.p.dim[1], k = p->whole.p.dim[2];
+        uint64_t rows = min_u64(m - first, p->slice);
+        uint64_t a_off = first * k * p->elem;
+        memcpy(p->dst[0] + a_off, p->src[0] + a_off, rows * k * p->elem);
+        sqe.in0 += a_off;
+        sqe.in0_len = (uint32_t)(rows * k);
+        sqe.in1 = p->buf_id;
+        sqe.flags |= EC_FLAG_IN1_BUF;
+        sqe.out += first * n * p->elem;
+        sqe.out_len = (uint32_t)(rows * n);
+        sqe.p.dim[0] = (uint32_t)rows;
+    } else {
+        uint64_t len = p->whole.in0_len;
+        uint64_t cnt = min_u64(len - first, p->slice);
+        uint64_t off = first * p->elem;
+        for (unsigned i = 0; i < p->nin; i++)
+            memcpy(p->dst[i] + off, p->src[i] + off, cnt * p->elem);
+        sqe.in0 += off;
+        sqe.in0_len = (uint32_t)cnt;
+        if (p->nin > 1) {
+            sqe.in1 += off;
+            sqe.in1_len = (uint32_t)cnt;
+        }
+        if (p->shape == EC_SHAPE_REDUCTION) {
+            sqe.out += (uint64_t)c * p->elem; /* its own partial */
+            sqe.out_len = 1;
+        } else {
+            sqe.out += off;
+            sqe.out_len = (uint32_t)cnt;
+        }
+    }
+    publish(p->d, p->idx, &sqe);
+}
+
+/* A matmul's B: copied in whole, then put into a new buffer that the bands
+ * name. The put is a part of the job (same user_data): its failure (out of
+ * device memory, say) is the job's answer. Returns the buffer id, or 0 when
+ * the VM is out of memory (nothing published). */
+static uint64_t put_b(struct device *d, uint32_t idx, const struct pipeline *p, uint64_t b_len)
+{
+    struct job *j = &d->jobs[idx];
+    ERL_NIF_TERM bt = new_buffer(j->env, d, p->whole.type, (uint32_t)b_len);
+    struct buffer_res *b;
+    if (!bt || !enif_get_resource(j->env, bt, BUFFER_RT, (void **)&b))
+        return 0;
+    copy_bytes(p->dst[1], p->src[1], b_len * p->elem);
+    struct ec_sqe put = {
+        .user_data = p->whole.user_data,
+        .kernel = EC_CONTROL_PUT,
+        .type = p->whole.type,
+        .flags = EC_FLAG_OUT_BUF,
+        .in0 = p->whole.in1,
+        .in0_len = (uint32_t)b_len,
+        .out = b->id,
+        .out_len = (uint32_t)b_len,
+    };
+    publish(d, idx, &put);
+    return b->id;
+}
+
+int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                     const struct job_spec *s, uint8_t *dst[2], const struct pipe_plan *plan)
+{
+    struct job *j = &d->jobs[idx];
+    struct pipeline p = {.d = d, .idx = idx, .shape = s->shape, .nin = s->nin,
+                         .elem = s->elem, .whole = *whole,
+                         .src = {s->in[0].bin.data, s->nin > 1 ? s->in[1].bin.data : NULL},
+                         .dst = {dst[0], dst[1]}, .slice = plan->slice};
+    /* Every part counted before the first is published: a part can only
+     * complete after it. */
+    __atomic_store_n(&j->part_status, EC_STATUS_OK, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts_left, plan->parts, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts, plan->parts, __ATOMIC_RELEASE);
+    if (s->shape == EC_SHAPE_MATMUL) {
+        p.buf_id = put_b(d, idx, &p, s->in[1].len);
+        if (p.buf_id == 0) {
+            __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
+            return -1;
+        }
+    }
+    copy_pieces(pipeline_piece, &p, plan->pieces);
+    return 0;
+}
+
+/* Adds n partials of type T from `at` in index order from +0.0, in T. */
+#define SUM_PARTIALS(T, at, n)                         \
+    do {                                               \
+        T total_ = 0, x_;                              \
+        for (uint32_t i_ = 0; i_ < (n); i_++) {        \
+            memcpy(&x_, (at) + i_ * sizeof x_, sizeof x_); \
+            total_ += x_;                              \
+        }                                              \
+        memcpy((at), &total_, sizeof total_);          \
+    } while (0)
+
+void pipeline_finish(struct device *d, struct job *j, uint32_t parts)
+{
+    if (j->output != EC_OUTPUT_SCALAR || parts < 2)
+        return;
+    uint8_t *at = region_ptr(d, &j->out);
+    if (j->type == EC_TYPE_F64)
+        SUM_PARTIALS(double, at, parts);
+    else
+        SUM_PARTIALS(float, at, parts);
+}
