@@ -331,8 +331,9 @@ other_latency() ->
 
 %% ---------------------------------------------------------------- throughput
 
-%% C callers, each keeping one 1000-element job of a kernel (round robin over
-%% the four) in flight for the duration; jobs/s and gpud's batch sizes. With
+%% C callers, each keeping one 1000-element vector_add in flight for the
+%% duration, every answer checked (until 2026-12-03 the callers took turns
+%% over the four built-in kernels); jobs/s and gpud's batch sizes. With
 %% ring_entries of ?THROUGHPUT_RING, so that every one of 10,000 callers can
 %% have its job in flight (with the default 4096 the rest spin on
 %% {error, busy}).
@@ -350,20 +351,31 @@ throughput(Callers) ->
 throughput_rows(Callers) ->
     io:format("~-10s ~12s ~10s ~12s ~12s  ~s~n",
               ["callers", "jobs/s", "busy", "batches", "jobs/batch", "batch-size histogram"]),
-    Jobs = [{vector_add, [bin(vec(1000)), bin(vec(1000))]},
-            {reduce, [bin(vec(1000))]},
-            {dot_product, [bin(vec(1000)), bin(vec(1000))]},
-            {matmul, [bin(vec(40 * 25)), bin(vec(25 * 40)), 40, 40, 25]}],
-    [throughput_row(C, Jobs, 3000) || C <- Callers],
+    [throughput_row(C, throughput_jobs(), 3000, true) || C <- Callers],
     io:format("~n").
 
-throughput_row(C, Jobs, Ms) ->
+%% Issue 13's job: a 1000-element vector_add of binaries, each answer
+%% checked against the f32 sums (a sum of two f32 is exact in f64, so
+%% rounding it to f32 gives the correctly rounded f32 add the kernel does).
+%% A few input pairs, spread over the callers.
+throughput_jobs() ->
+    [begin
+         X = vec(1000), Y = vec(1000),
+         Sum = << <<(A + B):32/float-native>> || {A, B} <- lists:zip(f32s(X), f32s(Y)) >>,
+         {vector_add, [bin(X), bin(Y)], Sum}
+     end || _ <- lists:seq(1, 4)].
+
+f32s(L) -> [F || <<F:32/float-native>> <= bin(L)].
+
+%% Record: write the throughput record (profile/0 runs the rows again
+%% without). Returns the jobs/s.
+throughput_row(C, Jobs, Ms, Record) ->
     Self = self(),
     Go = atomics:new(2, []),
     Pids = [spawn_link(fun() ->
-                               {K, A} = lists:nth(I rem 4 + 1, Jobs),
+                               {K, A, Want} = lists:nth(I rem length(Jobs) + 1, Jobs),
                                wait_go(Go),
-                               Self ! {self(), loop(K, A, Go, 0, 0)}
+                               Self ! {self(), loop(K, A, Want, Go, 0, 0)}
                        end) || I <- lists:seq(1, C)],
     %% Every caller exists before the clock starts.
     timer:sleep(100),
@@ -388,14 +400,16 @@ throughput_row(C, Jobs, Ms) ->
     GpudLoad = 100 * (maps:get(gpud_work_ns, S1) - maps:get(gpud_work_ns, S0)) / (Us * 1000),
     HistMap = maps:from_list([{integer_to_binary(1 bsl I), N}
                               || {I, N} <- lists:zip(lists:seq(0, length(Hist) - 1), Hist), N > 0]),
-    record(["throughput.callers_", integer_to_list(C)], erlcuda, Rate, <<"jobs/s">>, null, Done,
-           #{hist => HistMap, batches => Batches, busy => Busy, seconds => Us / 1.0e6,
-             ring_entries => ?THROUGHPUT_RING, gpud_work_pct => GpudLoad,
-             cpu_pct => maps:from_list([{list_to_binary(K), V} || {K, V} <- Cpu])}),
+    Record andalso
+        record(["throughput.callers_", integer_to_list(C)], erlcuda, Rate, <<"jobs/s">>, null, Done,
+               #{hist => HistMap, batches => Batches, busy => Busy, seconds => Us / 1.0e6,
+                 ring_entries => ?THROUGHPUT_RING, gpud_work_pct => GpudLoad,
+                 cpu_pct => maps:from_list([{list_to_binary(K), V} || {K, V} <- Cpu])}),
     io:format("~-10w ~12w ~10w ~12w ~12.1f  ~s~n~10s gpud working ~.1f% of the time; "
               "cpu % of a core: ~s~n",
               [C, round(Rate), Busy, Batches, Done / max(1, Batches), hist(Hist), "", GpudLoad,
-               string:join([io_lib:format("~s ~w", [K, round(V)]) || {K, V} <- Cpu, V >= 1], ", ")]).
+               string:join([io_lib:format("~s ~w", [K, round(V)]) || {K, V} <- Cpu, V >= 1], ", ")]),
+    Rate.
 
 %% CPU ticks per thread kind ("gpud", or the VM thread's name without its
 %% number: "scheduler", "erlcuda.completion", ...) of the VM and gpud, to see
@@ -433,18 +447,21 @@ cpu_use({Hz, M0}, {Hz, M1}, Ms) ->
 wait_go(Go) ->
     case atomics:get(Go, 1) of 1 -> ok; 0 -> timer:sleep(1), wait_go(Go) end.
 
-%% Jobs completed (answered {ok, _} after the start) and busy refusals.
-loop(K, A, Go, Done, Busy) ->
+%% Jobs completed (answered {ok, Want} after the start) and busy refusals.
+loop(K, A, Want, Go, Done, Busy) ->
     case atomics:get(Go, 2) of
         1 -> {Done, Busy};
         0 ->
             case erlcuda:launch(K, A) of
                 {ok, Ref} ->
-                    receive {erlcuda, Ref, {ok, _}} -> ok end,
-                    loop(K, A, Go, Done + 1, Busy);
+                    receive
+                        {erlcuda, Ref, {ok, Want}} -> ok;
+                        {erlcuda, Ref, Other} -> exit({wrong_answer, K, Other})
+                    end,
+                    loop(K, A, Want, Go, Done + 1, Busy);
                 {error, busy} ->
                     erlang:yield(),
-                    loop(K, A, Go, Done, Busy + 1)
+                    loop(K, A, Want, Go, Done, Busy + 1)
             end
     end.
 
@@ -467,14 +484,13 @@ profile() ->
     ok = application:stop(erlcuda),
     application:set_env(erlcuda, ring_entries, ?THROUGHPUT_RING),
     start(),
-    io:format("profile of the VM side (throughput rows again, ring_entries ~p)~n", [?THROUGHPUT_RING]),
-    Jobs = [{vector_add, [bin(vec(1000)), bin(vec(1000))]},
-            {reduce, [bin(vec(1000))]},
-            {dot_product, [bin(vec(1000)), bin(vec(1000))]},
-            {matmul, [bin(vec(40 * 25)), bin(vec(25 * 40)), 40, 40, 25]}],
+    io:format("profile of the VM side (throughput rows again, ring_entries ~p)~n",
+              [?THROUGHPUT_RING]),
+    Jobs = throughput_jobs(),
     Rows = [profile_row(C, Jobs) || C <- [100, 1000, 10000]],
-    Cols = [submit_ns, parse_ns, reserve_ns, copy_ns, publish_ns, lock_wait_pct, lock_wait_ns,
-            answer_ns, release_ns, send_ns, cqes_per_drain, cq_sleeps_per_1k, sq_wakeups_per_1k,
+    Cols = [jobs_per_s, submit_ns, parse_ns, reserve_ns, copy_ns, publish_ns, lock_wait_pct, lock_wait_ns,
+            answer_ns, release_ns, send_ns, cqes_per_drain, reaped_pct, cq_sleeps_per_1k,
+            sq_wakeups_per_1k,
             sched_busy_pct, sched_emulator_pct, sched_other_pct, sched_gc_pct],
     io:format("~-22s" ++ lists:flatten(["~12w" || _ <- Rows]) ++ "~n",
               ["callers" | [C || {C, _} <- Rows]]),
@@ -491,7 +507,7 @@ profile_row(C, Jobs) ->
     erlang:system_flag(microstate_accounting, reset),
     erlang:system_flag(microstate_accounting, true),
     S0 = erlcuda:stats(0),
-    throughput_row(C, Jobs, 3000),
+    Rate = throughput_row(C, Jobs, 3000, false),
     S1 = erlcuda:stats(0),
     Msacc = erlang:statistics(microstate_accounting),
     erlang:system_flag(microstate_accounting, false),
@@ -505,7 +521,8 @@ profile_row(C, Jobs) ->
                         end, #{}, Msacc),
     Total = max(1, lists:sum(maps:values(Sched))),
     Pct = fun(St) -> 100 * maps:get(St, Sched, 0) / Total end,
-    M = #{submit_ns => Per(prof_submit_ns, prof_submit_samples),
+    M = #{jobs_per_s => Rate,
+          submit_ns => Per(prof_submit_ns, prof_submit_samples),
           parse_ns => Per(prof_parse_ns, prof_submit_samples),
           reserve_ns => Per(prof_reserve_ns, prof_submit_samples),
           copy_ns => Per(prof_copy_ns, prof_submit_samples),
@@ -516,6 +533,7 @@ profile_row(C, Jobs) ->
           release_ns => Per(prof_release_ns, prof_cqes),
           send_ns => Per(prof_send_ns, prof_send_samples),
           cqes_per_drain => Per(prof_cqes, prof_drains),
+          reaped_pct => 100 * D(reaped) / Jobs1,
           cq_sleeps_per_1k => 1000 * D(cq_sleeps) / Jobs1,
           sq_wakeups_per_1k => 1000 * D(sq_wakeups) / Jobs1,
           sched_busy_pct => 100 - Pct(sleep),

@@ -131,9 +131,11 @@ void flush_frees(struct device *d)
             .in0_len = n,
         };
         __atomic_store_n(&j->state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+        sq_lock(d);
         uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
         d->shm.sq[tail & (d->nslots - 1)] = sqe;
         __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
+        sq_unlock(d);
         count(&d->c.buffer_frees, n);
         published = 1;
     }

@@ -21,13 +21,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-static int dev_lock_init(struct device *d)
+static int adaptive_mutex_init(pthread_mutex_t *m)
 {
     pthread_mutexattr_t a;
     if (pthread_mutexattr_init(&a) != 0)
         return -1;
     pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
-    int r = pthread_mutex_init(&d->lock, &a);
+    int r = pthread_mutex_init(m, &a);
     pthread_mutexattr_destroy(&a);
     return r;
 }
@@ -117,6 +117,8 @@ static void device_dtor(ErlNifEnv *env, void *obj)
         enif_mutex_destroy(d->cq_lock);
     if (d->lock_ok)
         pthread_mutex_destroy(&d->lock);
+    if (d->sq_lock_ok)
+        pthread_mutex_destroy(&d->sq_lock);
     if (d->msg_env)
         enif_free_env(d->msg_env);
     if (d->jobs) {
@@ -133,10 +135,6 @@ static void device_dtor(ErlNifEnv *env, void *obj)
         enif_free(d->freeq);
     if (d->freeq_lock)
         enif_mutex_destroy(d->freeq_lock);
-    if (d->work_mx)
-        enif_mutex_destroy(d->work_mx);
-    if (d->work_cv)
-        enif_cond_destroy(d->work_cv);
     if (d->drain)
         enif_rwlock_destroy(d->drain);
     for (uint32_t i = 0; i < EC_MAX_SEGMENTS; i++)
@@ -181,12 +179,12 @@ static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNi
 }
 
 /* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
- *               pipeline_bytes, completion_threads,
+ *               pipeline_bytes,
  *               zero_copy_bytes, poison_outputs}) -> {ok, Handle} | {error, Reason} */
 static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     unsigned dev;
-    ErlNifUInt64 entries, arena_bytes, arena_max, spin, busy_spin, zero_copy, pipeline, threads;
+    ErlNifUInt64 entries, arena_bytes, arena_max, spin, busy_spin, zero_copy, pipeline;
     ERL_NIF_TERM poison;
     (void)argc;
     if (!enif_get_uint(env, argv[0], &dev) || !enif_is_map(env, argv[1]) ||
@@ -197,8 +195,6 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
         !get_opt_u64(env, argv[1], ATOM_busy_spin_us, &busy_spin) ||
         !get_opt_u64(env, argv[1], ATOM_zero_copy_bytes, &zero_copy) ||
         !get_opt_u64(env, argv[1], ATOM_pipeline_bytes, &pipeline) ||
-        !get_opt_u64(env, argv[1], enif_make_atom(env, "completion_threads"), &threads) ||
-        threads < 1 || threads > MAX_COMPLETION_HELPERS + 1 ||
         !enif_get_map_value(env, argv[1], ATOM_poison_outputs, &poison) ||
         entries < 2 || entries > (1u << 20) || (entries & (entries - 1)) != 0 ||
         arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT) ||
@@ -227,16 +223,15 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->life = enif_rwlock_create("erlcuda.life");
     d->pipe = enif_rwlock_create("erlcuda.pipe");
     d->cq_lock = enif_mutex_create("erlcuda.cq");
-    d->lock_ok = dev_lock_init(d) == 0;
+    d->lock_ok = adaptive_mutex_init(&d->lock) == 0;
+    d->sq_lock_ok = adaptive_mutex_init(&d->sq_lock) == 0;
     d->msg_env = enif_alloc_env();
     d->freeq_lock = enif_mutex_create("erlcuda.freeq");
-    d->work_mx = enif_mutex_create("erlcuda.completion_work");
-    d->work_cv = enif_cond_create("erlcuda.completion_work");
     d->drain = enif_rwlock_create("erlcuda.drain");
     d->jobs = enif_alloc(entries * sizeof *d->jobs);
     d->free_stack = enif_alloc(entries * sizeof *d->free_stack);
     if (!d->life || !d->pipe || !d->cq_lock || !d->lock_ok || !d->msg_env || !d->jobs ||
-        !d->free_stack || !d->freeq_lock || !d->work_mx || !d->work_cv || !d->drain)
+        !d->free_stack || !d->freeq_lock || !d->drain || !d->sq_lock_ok)
         return make_error(env, enif_make_atom(env, "enomem"));
     memset(d->jobs, 0, entries * sizeof *d->jobs);
     for (uint32_t i = 0; i < entries; i++) {
@@ -263,7 +258,7 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->ctl_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (d->ctl_efd < 0)
         return make_errno(env, -errno);
-    err = start_completion_thread(d, (uint32_t)threads);
+    err = start_completion_thread(d);
     if (err != 0)
         return make_errno(env, -err);
     return enif_make_tuple2(env, ATOM_ok, handle);
@@ -324,10 +319,11 @@ static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
          * is answered by its CQE or failed below, never both. */
         enif_rwlock_rwlock(d->drain);
         drain_cq(d, env);
-        /* One hold of the lock from failing the jobs in flight to zeroing the
-         * rings: a descriptor published in between would be wiped out and its
-         * job never answered. */
+        /* One hold of both locks from failing the jobs in flight to zeroing
+         * the rings: a descriptor published in between would be wiped out
+         * and its job never answered. */
         dev_lock(d);
+        sq_lock(d);
         fail_in_flight_locked(d, env, argv[1]);
         shm_reset_rings(&d->shm);
         shm_disconnect(&d->shm);
@@ -338,6 +334,7 @@ static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         enif_mutex_lock(d->freeq_lock);
         __atomic_store_n(&d->nfreeq, 0, __ATOMIC_RELEASE);
         enif_mutex_unlock(d->freeq_lock);
+        sq_unlock(d);
         dev_unlock(d);
         enif_rwlock_rwunlock(d->drain);
         enif_mutex_unlock(d->cq_lock);
@@ -522,6 +519,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "arena_inputs", load64(&d->c.arena_inputs));
     put(env, &m, "pipelined", load64(&d->c.pipelined));
     put(env, &m, "buffer_frees", load64(&d->c.buffer_frees));
+    put(env, &m, "reaped", load64(&d->c.reaped));
     /* profile.h: sums of the sampled submit phases and of the drains */
     static const char *const ps[PS_COUNT] = {
         "prof_submit_samples", "prof_submit_ns", "prof_parse_ns", "prof_reserve_ns",

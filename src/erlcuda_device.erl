@@ -116,7 +116,6 @@ init({Id, Backend, Probe}) ->
              spin_us => Env(completion_spin_us),
              busy_spin_us => Env(completion_busy_spin_us),
              pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
-             completion_threads => completion_threads(Env(completion_threads)),
              poison_outputs => Env(poison_outputs)},
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
@@ -463,8 +462,3 @@ startup(Line, ReadyUs) ->
                        end
                end, #{}, binary:split(Line, <<" ">>, [global, trim_all])),
     Phases#{spawn_us => ReadyUs - maps:get(total_us, Phases, 0)}.
-
-%% One completion thread per four schedulers, 1 to 4, unless set.
-completion_threads(auto) ->
-    max(1, min(4, erlang:system_info(schedulers_online) div 4));
-completion_threads(N) when is_integer(N), N >= 1, N =< 16 -> N.

@@ -184,10 +184,6 @@ load_app(Env) ->
                   B -> list_to_atom(B)
               end,
     application:set_env(erlcuda, backend, Backend),
-    %% Three completion threads unless the test says: on a 2-core machine
-    %% `auto' is one, and the helpers' paths (chunks answered at once by
-    %% several threads, reset waiting for them) must be under test too.
-    application:set_env(erlcuda, completion_threads, 3),
     [application:set_env(erlcuda, K, V) || {K, V} <- Env],
     ok.
 
