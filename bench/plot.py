@@ -45,6 +45,22 @@ def _values(fig):
     return d
 
 
+def _targets(fig):
+    """The evaluated targets of a figure with a limit: "targets" (a list, report.py
+    now), or "target" (one, merged files written before several per record)."""
+    if not fig:
+        return []
+    ts = fig.get("targets")
+    if ts is None:
+        ts = [fig["target"]] if fig.get("target") else []
+    return [t for t in ts if t.get("value") is not None]
+
+
+def _plain(t):
+    """An absolute target on the figure's own value (no base, no derived field)."""
+    return not t.get("relative_to") and not t.get("field")
+
+
 def _title(plt_fig, merged, what):
     dev = ""
     for k in ("erlang", "peers"):
@@ -83,11 +99,11 @@ def plot_latency(plt, merged, figs, path):
         ax.bar(xs, ys, width * 0.95, label=LABEL.get(s, s), color=COLOR.get(s))
         for x, y in zip(xs, ys):
             ax.text(x, y * 1.04, "{:.3g}".format(y), ha="center", va="bottom", fontsize=6.5, rotation=90)
-    t = figs.get("latency.vector_add_1000.p50", {}).get("target")
-    if t and t.get("value") is not None:
-        j = pcts.index("p50") if "p50" in pcts else 0
-        ax.hlines(t["value"], j - 0.48, j + 0.48, color="k", ls=":", lw=1.2,
-                  label="target p50 ≤ {:g} µs".format(t["value"]))
+    for j, p in enumerate(pcts):
+        for t in _targets(figs.get("latency.vector_add_1000." + p)):
+            if _plain(t):
+                ax.hlines(t["value"], j - 0.48, j + 0.48, color="k", ls=":", lw=1.2,
+                          label="target {} ≤ {:g} µs".format(p, t["value"]))
     ax.set_yscale("log")
     ax.set_xticks(range(len(pcts)))
     ax.set_xticklabels(pcts)
@@ -138,10 +154,14 @@ def plot_throughput(plt, merged, figs, path):
         for x, y in zip(xs, ys):
             ax.annotate("{:,.0f}".format(y), (x, y), textcoords="offset points", xytext=(0, 7),
                         ha="center", fontsize=7)
-    t = figs.get("throughput.callers_10000", {}).get("target")
-    if t and t.get("value") is not None:
-        ax.axhline(t["value"], color="k", ls=":", lw=1,
-                   label="target ≥ {:,.0f} jobs/s at 10,000 callers".format(t["value"]))
+    at = {}   # absolute targets: value -> caller counts
+    for c, f in pts:
+        for t in _targets(f):
+            if _plain(t):
+                at.setdefault(t["value"], []).append(c)
+    for v, cs in sorted(at.items()):
+        ax.axhline(v, color="k", ls=":", lw=1, label="target ≥ {:,.0f} jobs/s at {} callers".format(
+            v, " and ".join("{:,}".format(c) for c in cs)))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("concurrent callers (Erlang processes, one job in flight each; log)")
@@ -227,12 +247,15 @@ def plot_matmul(plt, merged, figs, path):
                 lab = "erlcuda PTX kernel" if kind == "kernel" else "erlcuda, Erlang binaries to result"
             ax.plot([x for x, _ in p], [y for _, y in p], marker="o", label=lab, color=COLOR.get(s),
                     ls="--" if s.startswith("pytorch") else "-")
-        if kind == "kernel":
-            f = figs.get("matmul.kernel.n4096")
-            t = (f or {}).get("target")
-            if t and t.get("value") is not None:
-                ax.plot([4096], [t["value"]], marker="_", ms=22, mew=2, color="k", ls="none",
-                        label="target at 4096: {:.3g} TFLOP/s (70% of cuBLAS)".format(t["value"]))
+        for n, f in sorted(figs.items()):
+            m = re.fullmatch(r"matmul\.{}\.n(\d+)".format(kind), n)
+            for t in (_targets(f) if m else []):
+                rel = t.get("relative_to") or {}
+                how = ("{:g}× {}".format(t["limit"], LABEL.get(rel["system"], rel["system"]).split(" (")[0])
+                       if rel and t.get("limit") is not None else "")
+                ax.plot([int(m.group(1))], [t["value"]], marker="_", ms=22, mew=2, color="k", ls="none",
+                        label="target at {}: {:.3g} TFLOP/s{}".format(m.group(1), t["value"],
+                                                                     " ({})".format(how) if how else ""))
         xs = sorted({x for s in systems for x, _ in pts[s]})
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs)

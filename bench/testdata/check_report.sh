@@ -42,6 +42,12 @@ names += ["large.%s.%s.n%d" % (k, m, n) for k in ("vector_add", "reduce", "dot_p
 names += ["pcie.h2d", "pcie.d2h", "pcie.bidir"]
 names += ["matmul.%s.n%d" % (k, s) for k in ("kernel", "end_to_end") for s in (256, 512, 1024, 2048, 4096, 8192)]
 names += ["gpud.cold_start_ready", "gpud.restart_ready", "gpud.kill9_to_served", "gpud.idle_cpu"]
+names += ["profile.callers_%d" % c for c in (100, 1000, 10000)]
+names += ["buffers.put.256MiB", "buffers.get.256MiB", "buffers.vector_add.2^26",
+          "buffers.chain.put_add_saxpy_dot.2^26", "buffers.chain.binaries_add_saxpy_dot.2^26",
+          "buffers.matmul.n4096", "buffers.matmul.n8192"]
+names += ["device.vector_add.n67108864"] + ["device.chain_add_saxpy_dot.n67108864." + w
+                                           for w in ("from_pinned", "on_device")]
 for n in names:
     check(n in figs, "no figure for " + n)
 check(len(figs) == len(merged["figures"]), "duplicate figure names")
@@ -56,25 +62,93 @@ for r in recs:
         check(f["peers"].get(r["system"]) == r["value"], "peer %s of %s" % (r["system"], r["name"]))
         check(r["system"] in f["peer_spread"], "peer_spread %s of %s" % (r["system"], r["name"]))
 for n, f in figs.items():
-    if not n.startswith("pcie."):
-        check(f["system"] == "erlcuda", "%s: own system %s" % (n, f["system"]))
-    else:
+    if n.startswith("pcie."):
         check(f["system"] == "pcie_pinned" and f["peers"] == {}, "%s: pcie figure" % n)
+    elif n.startswith("device."):
+        check(f["system"] == "pytorch_cuda" and f["peers"] == {}, "%s: device figure" % n)
+    else:
+        check(f["system"] == "erlcuda", "%s: own system %s" % (n, f["system"]))
 lat = figs["latency.vector_add_1000.p50"]["peers"]
 check(set(lat) == {"erlcuda_lists", "in_process", "pytorch_pageable", "pytorch_pinned", "cupy"}, "latency peers %s" % lat)
 check(set(figs["matmul.kernel.n4096"]["peers"]) == {"cublas_sgemm"}, "matmul kernel peers")
 check(set(figs["matmul.end_to_end.n4096"]["peers"]) == {"pytorch_pinned", "pytorch_pageable"}, "matmul e2e peers")
 
-# targets: 8, evaluated, the fixtures make two of them miss
-t = {n: f["target"] for n, f in figs.items() if "target" in f}
-check(len(t) == 8, "expected 8 targets, got %d" % len(t))
+# targets: 22 on 18 records, all evaluated; the fixtures make 9 of them miss
+t = {n: f["targets"] for n, f in figs.items() if "targets" in f}
+flat = [(n, x) for n, xs in t.items() for x in xs]
+check(len(flat) == 22 and len(t) == 18, "expected 22 targets on 18 records, got %d on %d" % (len(flat), len(t)))
 check(all(isinstance(x["met"], bool) and x["op"] in ("<=", ">=", "<") and isinstance(x["value"], (int, float))
-          and x["text"] for x in t.values()), "target fields")
-missed = sorted(n for n, x in t.items() if not x["met"])
-check(missed == ["large.vector_add.binaries.n67108864", "matmul.kernel.n4096"], "missed targets %s" % missed)
+          and isinstance(x["reached"], (int, float)) and x["text"] and x["issue"] in ("12", "13", "earlier")
+          for _, x in flat), "target fields")
+check(sum(x["issue"] == "13" for _, x in flat) == 14 and sum(x["issue"] == "12" for _, x in flat) == 6,
+      "targets per issue")
+missed = sorted((n, x["desc"]) for n, x in flat if not x["met"])
+want_missed = sorted([
+    ("throughput.callers_10000", "average batch at 10,000 callers"),
+    ("large.vector_add.binaries.n67108864", "vector_add 2^26 from binaries"),
+    ("large.dot_product.binaries.n67108864", "dot_product 2^26 from binaries, vs vector_add"),
+    ("matmul.kernel.n4096", "PTX matmul kernel 4096 vs cuBLAS SGEMM"),
+    ("matmul.end_to_end.n8192", "matmul 8192 end to end from binaries vs PyTorch pinned"),
+    ("gpud.cold_start_ready", "gpud cold start to ready"),
+    ("buffers.vector_add.2^26", "vector_add 2^26 between device buffers, vs PyTorch CUDA"),
+    ("buffers.matmul.n8192", "matmul 8192 from device buffers vs cuBLAS SGEMM"),
+    ("buffers.put.256MiB", "put of 256 MiB vs pinned PCIe host to device")])
+check(missed == want_missed, "missed targets %s" % missed)
+def one(name, **kw):
+    xs = [x for x in t.get(name, []) if all(x.get(k) == v for k, v in kw.items())]
+    check(len(xs) == 1, "%s: one target with %s, got %d" % (name, kw, len(xs)))
+    return xs[0]
+def close(a, b):
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+# the old goals are gone
+check("gpud.restart_ready" not in t, "restart_ready still a target")
+# absolute limits, as issue 13 states them
+for name, op, lim in (("latency.vector_add_1000.p50", "<=", 15), ("latency.vector_add_1000.p99", "<=", 30),
+                      ("latency.vector_add_1000.ratio_full_stack_in_process", "<=", 1.2),
+                      ("large.vector_add.binaries.n67108864", "<=", 15), ("gpud.cold_start_ready", "<=", 150),
+                      ("large.vector_add.arena.n67108864", "<=", 12), ("gpud.idle_cpu", "<", 1)):
+    x = one(name)
+    check(x["op"] == op and x["value"] == lim and x["relative_to"] is None, "%s target %s" % (name, x))
+for c in (1000, 10000):
+    one("throughput.callers_%d" % c, relative_to=None, field=None, value=1_000_000, op=">=")
+# the same record, a peer system
 mk = figs["matmul.kernel.n4096"]
-check(abs(t["matmul.kernel.n4096"]["value"] - 0.70 * mk["peers"]["cublas_sgemm"]) < 1e-9, "matmul target is 70% of cuBLAS")
-check(t["gpud.idle_cpu"]["op"] == "<", "idle_cpu target op")
+x = one("matmul.kernel.n4096")
+check(x["relative_to"] == {"system": "cublas_sgemm", "record": "matmul.kernel.n4096"} and x["limit"] == 1.0
+      and close(x["value"], mk["peers"]["cublas_sgemm"]), "matmul kernel target is 1.0x cuBLAS")
+x = one("matmul.end_to_end.n8192")
+check(close(x["value"], figs["matmul.end_to_end.n8192"]["peers"]["pytorch_pinned"]), "e2e 8192 vs pytorch_pinned")
+# another record: erlcuda's own value of it, and a peer's value of it
+va = figs["large.vector_add.binaries.n67108864"]["value"]
+for k, met in (("reduce", True), ("dot_product", False)):
+    x = one("large.%s.binaries.n67108864" % k)
+    check(x["relative_to"] == {"system": "erlcuda", "record": "large.vector_add.binaries.n67108864"}
+          and x["base"] == va and close(x["value"], 1.1 * va) and x["met"] is met,
+          "%s vs vector_add binaries: %s" % (k, x))
+for b, rec, sys_ in (("put", "pcie.h2d", "pcie_pinned"), ("get", "pcie.d2h", "pcie_pinned")):
+    x = one("buffers.%s.256MiB" % b)
+    check(x["relative_to"] == {"system": sys_, "record": rec} and close(x["value"], 0.8 * figs[rec]["value"]),
+          "buffers.%s target" % b)
+for s in (4096, 8192):
+    x = one("buffers.matmul.n%d" % s)
+    check(close(x["value"], 0.85 * figs["matmul.kernel.n%d" % s]["peers"]["cublas_sgemm"]), "buffers matmul %d" % s)
+# no fall-off: another record of the same system
+x = one("throughput.callers_10000", relative_to={"system": "erlcuda", "record": "throughput.callers_1000"})
+check(x["value"] == figs["throughput.callers_1000"]["value"] and x["met"], "no fall-off 1000 -> 10000")
+one("throughput.callers_1000", relative_to={"system": "erlcuda", "record": "throughput.callers_100"}, met=True)
+# a derived field: the average batch
+x = one("throughput.callers_10000", field="avg_batch")
+tp = figs["throughput.callers_10000"]
+check(x["value"] == 64 and close(x["reached"], tp["n"] / tp["extra"]["batches"]) and not x["met"], "avg batch %s" % x)
+check(len(t["throughput.callers_10000"]) == 3, "three targets on throughput.callers_10000")
+# two targets on one record: one met (absolute), one missed (vs PyTorch's device.vector_add)
+bv = t["buffers.vector_add.2^26"]
+check(len(bv) == 2, "two targets on buffers.vector_add.2^26")
+check(bv[0]["relative_to"] is None and bv[0]["value"] == 0.5 and bv[0]["met"] is True, "buffers vector_add <= 0.5 ms")
+dv = figs["device.vector_add.n67108864"]["value"]
+check(bv[1]["relative_to"] == {"system": "pytorch_cuda", "record": "device.vector_add.n67108864"}
+      and close(bv[1]["value"], 1.2 * dv) and bv[1]["met"] is False, "buffers vector_add <= 1.2x pytorch_cuda")
+check("target" not in mk, "old single 'target' field written")
 
 # derived: GB/s, PCIe fraction, cuBLAS ratio
 for n, f in figs.items():
@@ -91,7 +165,21 @@ for n, f in figs.items():
 va = figs["large.vector_add.arena.n67108864"]["extra"]
 check(va["bytes"] == 12 * 67108864 and 60 < va["gbps"] < 80, "vector_add arena 64Mi GB/s %s" % va.get("gbps"))
 check(figs["throughput.callers_10000"]["extra"]["hist"], "throughput histogram kept")
-print("merged JSON: %d figures, %d targets (%d missed), derived GB/s and ratios ok" % (len(figs), len(t), len(missed)))
+print("merged JSON: %d figures, %d targets (%d missed), derived GB/s and ratios ok" % (len(figs), len(flat), len(missed)))
+EOF
+
+# FORMAT.md lists the targets of report.py's TARGETS (the one definition), line for line
+python3 -B - "$BENCH" <<'EOF' || fail "bench/FORMAT.md's target list differs from report.py's TARGETS"
+import sys
+sys.path.insert(0, sys.argv[1])
+import report
+doc = open(sys.argv[1] + "/FORMAT.md").read().split("\n")
+want = [report.target_line(t) for t in report.TARGETS]
+have = [l for l in doc[next(i for i, l in enumerate(doc) if l.startswith("Targets (H200)")):] if l.startswith("- ")]
+if have != want:
+    print("\n".join("FORMAT.md: " + l for l in have if l not in want) or "(order differs)", file=sys.stderr)
+    print("\n".join("TARGETS:   " + l for l in want if l not in have), file=sys.stderr)
+    sys.exit(1)
 EOF
 
 md="$T/RESULTS.md"
@@ -99,12 +187,49 @@ grep -q '^# erlcuda benchmark results' "$md" || fail "Markdown title"
 grep -q '^## fake-h200$' "$md" || fail "Markdown machine section"
 grep -q 'FAKE DATA' "$md" || fail "Markdown does not flag fake data"
 grep -q '^### Targets$' "$md" || fail "no Targets section"
-grep -q '^| target | record | wanted | reached | result | by |$' "$md" || fail "no Targets table header"
-[ "$(grep -c '\*\*met\*\*' "$md")" -eq 6 ] || fail "expected 6 met targets in the Markdown"
-[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 2 ] || fail "expected 2 missed targets in the Markdown"
-for h in '### Latency' '### Throughput' '### Large vectors' '### Matmul' '### gpud' '### PCIe'; do
-    grep -q "^$h" "$md" || fail "no section $h"
-done
+grep -q '^| target | issue | record | wanted | reached | result | by |$' "$md" || fail "no Targets table header"
+[ "$(grep -c '\*\*met\*\*' "$md")" -eq 13 ] || fail "expected 13 met targets in the Markdown"
+[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 9 ] || fail "expected 9 missed targets in the Markdown"
+grep -q '^22 targets: 13 met, 9 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
+grep -q '^targets: 13 met, 9 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
+secs=$(grep '^### ' "$md" | sed 's/ (.*//' | tr '\n' '|')
+[ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### gpud|### PCIe|### Plots|" ] \
+    || [ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### gpud|### PCIe|" ] \
+    || fail "sections: $secs"
+# the target rows: absolute, relative to another record (erlcuda's own, a peer's), two on one record
+grep -qF '| vector_add 1000 round trip, p99 | #13 | `latency.vector_add_1000.p99` | ≤ 30 us | 22.5 us | **met** | 25% under |' "$md" \
+    || fail "p99 target row"
+grep -qF '| dot_product 2^26 from binaries, vs vector_add | #13 | `large.dot_product.binaries.n67108864` | ≤ 1.1 × erlcuda `large.vector_add.binaries.n67108864` = 29.6 ms | 30.4 ms = 1.13× | **missed** | 3% over |' "$md" \
+    || fail "relative-to-another-record target row (erlcuda's own)"
+grep -qF '| put of 256 MiB vs pinned PCIe host to device | #12 | `buffers.put.256MiB` | ≥ 0.8 × pcie_pinned `pcie.h2d` = 44.2 GB/s | 20.2 GB/s = 0.367× | **missed** | 54% short |' "$md" \
+    || fail "relative-to-another-record target row (a peer's)"
+[ "$(grep -c '^| [^|]* | #12 | `buffers.vector_add.2^26` |' "$md")" -eq 2 ] || fail "two target rows for buffers.vector_add.2^26"
+grep -qF '| ≤ 0.5 ms | 0.251 ms | **met** |' "$md" || fail "buffers vector_add absolute target row"
+grep -qF '| ≤ 1.2 × pytorch_cuda `device.vector_add.n67108864` = 0.232 ms | 0.251 ms = 1.30× | **missed** | 8% over |' "$md" \
+    || fail "buffers vector_add vs PyTorch target row"
+grep -qF '| `throughput.callers_10000` avg_batch | ≥ 64 jobs/batch | 24.4 jobs/batch | **missed** |' "$md" || fail "avg batch row"
+grep -qF '| matmul 8192 end to end from binaries vs PyTorch pinned | #13 |' "$md" || fail "e2e 8192 row"
+grep -qF '| gpud idle CPU | earlier | `gpud.idle_cpu` | < 1 % |' "$md" || fail "idle cpu row"
+grep -q 'restart_ready` | ≤ 400' "$md" && fail "old restart target still shown"
+# the profile table: one column per caller count, the extra fields as rows, no raw map
+grep -qF '|  | extra | 100 callers | 1,000 callers | 10,000 callers | unit |' "$md" || fail "profile table header"
+grep -qF '| · reserve slot and regions (under the lock) | `reserve_ns` | 1,737 | 5,043 | 35,068 | ns per sampled submit |' "$md" \
+    || fail "profile reserve row"
+grep -qF '| device lock: calls that found it held | `lock_wait_pct` | 18.3 | 33.7 | 40.9 | % of lock calls |' "$md" || fail "profile lock row"
+grep -qF '| gpud: SQ wake-ups sent | `sq_wakeups_per_1k` | 1.30 | 3.80 | 23.6 | per 1000 jobs |' "$md" || fail "profile wake-up row"
+grep -qF '| schedulers: emulator | `sched_emulator_pct` | 8.50 | 20.3 | 42.7 |' "$md" || fail "profile msacc row"
+grep -q 'msacc_schedulers`\|"sleep"' "$md" && fail "profile dumps the raw microstate map"
+# buffers: the references beside them, the chain three ways, PyTorch's device section
+grep -qF '| `buffers.put.256MiB` | 20.2 | GB/s | 19.8–20.6 | 10 | 0.367× pcie_pinned `pcie.h2d` (55.2 GB/s) |' "$md" || fail "buffers put row"
+grep -qF '| `buffers.vector_add.2^26` | 0.251 | ms | 0.247–0.262 | 50 | 1.30× pytorch_cuda `device.vector_add.n67108864` (0.193 ms) |' "$md" \
+    || fail "buffers vector_add row"
+grep -qF '| erlcuda, device buffers (from `put` to the scalar) | `buffers.chain.put_add_saxpy_dot.2^26` | erlcuda | 14.3 | 2.62× |' "$md" \
+    || fail "chain row, device buffers"
+grep -qF '| erlcuda, binaries (every job crosses PCIe) | `buffers.chain.binaries_add_saxpy_dot.2^26` | erlcuda | 59.7 | 10.9× |' "$md" \
+    || fail "chain row, binaries"
+grep -qF '| `device.chain_add_saxpy_dot.n67108864.from_pinned` | pytorch_cuda | 5.45 | 1.00× |' "$md" || fail "chain row, PyTorch"
+grep -qF '| `device.vector_add.n67108864` | 0.193 | ms |' "$md" || fail "device section row"
+grep -qF '| `throughput.callers_10000` | 1,121,400 | jobs/s | 1,065,330–1,155,042 | 2242800 | 24.4 |' "$md" || fail "throughput jobs per batch"
 grep -q '| record | erlcuda | erlcuda_lists | in_process | pytorch_pinned | pytorch_pageable | cupy |' "$md" \
     || fail "latency table lacks peer columns"
 grep -q '| `throughput.callers_10000` | 1,121,400 | jobs/s' "$md" || fail "jobs/s not formatted with separators"
@@ -169,6 +294,13 @@ sed -n '/^## a-cpu-box/,$p' "$md" >"$T/cpu-section.md"
 sed -n '/^## fake-h200/,/^## a-cpu-box/p' "$md" >"$T/fake-h200-section.md"
 grep -q 'PTX matmul kernel 4096 vs cuBLAS SGEMM.*not measured' "$T/cpu-section.md" \
     || fail "target without a figure not reported as 'not measured'"
+# without peers the relative targets on erlcuda's records cannot be evaluated; the rest are
+grep -qF '| ≤ 1.2 × pytorch_cuda `device.vector_add.n67108864` | 0.251 ms | not evaluated | no pytorch_cuda `device.vector_add.n67108864` record |' "$T/cpu-section.md" \
+    || fail "relative target without its base not 'not evaluated'"
+grep -qF '| ≤ 0.5 ms | 0.251 ms | **met** |' "$T/cpu-section.md" || fail "the other target of the same record evaluated"
+grep -q '^22 targets: 11 met, 4 missed, 6 not evaluated, 1 not measured\.$' "$T/cpu-section.md" \
+    || fail "CPU targets summary: $(grep '^22 targets' "$T/cpu-section.md")"
+grep -q '^targets: 11 met, 4 missed, 6 not evaluated, 1 not measured$' "$T/out3.txt" || fail "CPU targets line on stdout"
 grep -q 'set for an H200; here they are for reference only' "$T/cpu-section.md" || fail "CPU targets note"
 grep -q '^- \*\*erlang: 1 error\*\* (meta.errors):$' "$T/cpu-section.md" || fail "meta.errors not shown"
 grep -q 'timeout after 5000 ms' "$T/cpu-section.md" || fail "meta.errors text not shown"
