@@ -345,91 +345,6 @@ static void wait_cq(struct device *d)
     __atomic_fetch_and(&h->cq_flags, ~EC_NEED_WAKEUP, __ATOMIC_RELAXED);
 }
 
-/* The completion thread's work: chunks of CQEs, until the CQ is empty.
- * Each chunk is answered outside cq_lock (schedulers reap at the same
- * time, reap_cq), under the read side of d->drain, which reset takes for
- * writing: it fails the jobs in flight only once no thread holds entries
- * it took. */
-static void serve_cq(struct device *d, ErlNifEnv *m, struct env_pool *pool)
-{
-    struct ec_cqe cqes[CQ_CHUNK];
-    for (;;) {
-        int more;
-        enif_mutex_lock(d->cq_lock);
-        uint32_t n = grab_cqes(d, cqes, CQ_CHUNK, &more);
-        if (n)
-            enif_rwlock_rlock(d->drain);
-        enif_mutex_unlock(d->cq_lock);
-        if (n == 0)
-            return;
-        answer_chunk(d, NULL, m, cqes, n, pool);
-        enif_rwlock_runlock(d->drain);
-    }
-}
-
-/* A scheduler thread's clear envs and message env for reap_cq. Answers
- * are built on scheduler threads because there they scale: on the H200,
- * one completion thread spent 3.1 us per answer, and four spent 7.8 to
- * 13.5 us each (enif_send 1.9 to 2.7 us) for hardly more jobs/s. The erts
- * allocators keep an instance per scheduler, while all other threads share
- * one behind a lock, which is the likely contention. Allocated on a
- * thread's first reap and kept for the thread's life (65 envs per
- * scheduler). */
-static __thread struct env_pool *reap_pool;
-static __thread ErlNifEnv *reap_msg_env;
-
-static int pool_init(struct env_pool *pool);
-
-void reap_cq(struct device *d, ErlNifEnv *caller_env)
-{
-    if (!cq_pending(d))
-        return;
-    if (!reap_msg_env) {
-        struct env_pool *pool = enif_alloc(sizeof *pool);
-        ErlNifEnv *m = enif_alloc_env();
-        if (!pool || !m || pool_init(pool) < 0) {
-            /* Nothing kept half made: the completion thread answers. */
-            if (pool) {
-                for (uint32_t i = 0; i < CQ_CHUNK; i++)
-                    if (pool->env[i])
-                        enif_free_env(pool->env[i]);
-                enif_free(pool);
-            }
-            if (m)
-                enif_free_env(m);
-            return;
-        }
-        reap_pool = pool;
-        reap_msg_env = m;
-    }
-    /* Never wait for the CQ: whoever holds it is answering. */
-    if (enif_mutex_trylock(d->cq_lock) != 0)
-        return;
-    struct ec_cqe cqes[REAP_MAX];
-    int more;
-    uint32_t n = grab_cqes(d, cqes, REAP_MAX, &more);
-    if (n)
-        enif_rwlock_rlock(d->drain);
-    enif_mutex_unlock(d->cq_lock);
-    if (n == 0)
-        return;
-    answer_chunk(d, caller_env, reap_msg_env, cqes, n, reap_pool);
-    enif_rwlock_runlock(d->drain);
-    count(&d->c.reaped, n);
-    enif_consume_timeslice(caller_env, (int)(n * 100 / REAP_MAX / 4 + 1));
-}
-
-/* Publishes queued buffer frees (garbage collection's, which wakes this
- * thread through ctl_efd) unless the device is closing: close holds life
- * (write) while it stops this thread, so only a try. */
-static void thread_flush_frees(struct device *d)
-{
-    if (__atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) == 0 || enif_rwlock_tryrlock(d->life) != 0)
-        return;
-    flush_frees(d);
-    enif_rwlock_runlock(d->life);
-}
-
 static int pool_init(struct env_pool *pool)
 {
     for (uint32_t i = 0; i < CQ_CHUNK; i++)
@@ -445,33 +360,110 @@ static void pool_free(struct env_pool *pool)
             enif_free_env(pool->env[i]);
 }
 
+/* Takes up to max entries off the CQ (waiting for cq_lock, or, with
+ * try_only, only if nobody holds it) and answers them outside cq_lock
+ * under the read side of d->drain, which reset takes for writing: it fails
+ * the jobs in flight only once no thread holds entries it took. Returns how
+ * many it answered. */
+static uint32_t take_and_answer(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
+                                struct env_pool *pool, uint32_t max, int try_only)
+{
+    struct ec_cqe cqes[CQ_CHUNK];
+    int more;
+    if (try_only) {
+        if (enif_mutex_trylock(d->cq_lock) != 0)
+            return 0;
+    } else {
+        enif_mutex_lock(d->cq_lock);
+    }
+    uint32_t n = grab_cqes(d, cqes, max, &more);
+    if (n)
+        enif_rwlock_rlock(d->drain);
+    enif_mutex_unlock(d->cq_lock);
+    if (n) {
+        answer_chunk(d, caller_env, m, cqes, n, pool);
+        enif_rwlock_runlock(d->drain);
+    }
+    return n;
+}
+
+/* The completion thread's work: chunks of CQEs until the CQ is empty
+ * (schedulers reap at the same time, reap_cq). */
+static void serve_cq(struct device *d, ErlNifEnv *m, struct env_pool *pool)
+{
+    while (take_and_answer(d, NULL, m, pool, CQ_CHUNK, 0) > 0)
+        ;
+}
+
+/* A scheduler thread's clear envs and message env for reap_cq. Answers
+ * are built on scheduler threads because there they scale: on the H200,
+ * one completion thread spent 3.1 us per answer, and four spent 7.8 to
+ * 13.5 us each (enif_send 1.9 to 2.7 us) for hardly more jobs/s. The erts
+ * allocators keep an instance per scheduler, while all other threads share
+ * one behind a lock, which is the likely contention. Allocated on a
+ * thread's first reap and kept for the thread's life (65 envs per
+ * scheduler). */
+static __thread struct env_pool *reap_pool;
+static __thread ErlNifEnv *reap_msg_env;
+
+void reap_cq(struct device *d, ErlNifEnv *caller_env)
+{
+    if (!cq_pending(d))
+        return;
+    if (!reap_msg_env) {
+        struct env_pool *pool = enif_alloc(sizeof *pool);
+        ErlNifEnv *m = enif_alloc_env();
+        if (pool)
+            memset(pool, 0, sizeof *pool);
+        if (!pool || !m || pool_init(pool) < 0) {
+            /* Nothing kept half made: the completion thread answers. */
+            if (pool) {
+                pool_free(pool);
+                enif_free(pool);
+            }
+            if (m)
+                enif_free_env(m);
+            return;
+        }
+        reap_pool = pool;
+        reap_msg_env = m;
+    }
+    /* Never wait for the CQ: whoever holds it is answering. */
+    uint32_t n = take_and_answer(d, caller_env, reap_msg_env, reap_pool, REAP_MAX, 1);
+    if (n) {
+        count(&d->c.reaped, n);
+        enif_consume_timeslice(caller_env, (int)(n * 100 / REAP_MAX / 4 + 1));
+    }
+}
+
+/* Publishes queued buffer frees (garbage collection's, which wakes this
+ * thread through ctl_efd) unless the device is closing: close holds life
+ * (write) while it stops this thread, so only a try. */
+static void thread_flush_frees(struct device *d)
+{
+    if (__atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) == 0 || enif_rwlock_tryrlock(d->life) != 0)
+        return;
+    flush_frees(d);
+    enif_rwlock_runlock(d->life);
+}
+
 /* Waits on the CQ (spinning, then its eventfd) and answers what the
  * schedulers' submits leave (reap_cq). */
 static void *completion_thread(void *arg)
 {
     struct device *d = arg;
-    struct env_pool pool = {{0}};
-    if (pool_init(&pool) < 0) {
-        /* No envs for swapping: release clears under the lock instead. */
-        pool_free(&pool);
-        while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
-            thread_flush_frees(d);
-            if (!cq_pending(d))
-                wait_cq(d);
-            else
-                serve_cq(d, d->msg_env, NULL);
-        }
-        return NULL;
-    }
+    struct env_pool envs = {{0}};
+    /* Without clear envs to swap in, release clears under the lock. */
+    struct env_pool *pool = pool_init(&envs) == 0 ? &envs : NULL;
     while (!__atomic_load_n(&d->stop, __ATOMIC_ACQUIRE)) {
         thread_flush_frees(d);
         if (!cq_pending(d)) {
             wait_cq(d);
             continue;
         }
-        serve_cq(d, d->msg_env, &pool);
+        serve_cq(d, d->msg_env, pool);
     }
-    pool_free(&pool);
+    pool_free(&envs);
     return NULL;
 }
 
