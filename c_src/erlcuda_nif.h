@@ -357,6 +357,20 @@ void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
  * since it was checked: then -2 and nothing published. */
 int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
                     const struct job_spec *s);
+/* How many slices a pipelined copy of `bytes` is published as: 1 below
+ * the device's pipeline_bytes, else one per PIPELINE_SLICE_BYTES, at most
+ * PIPELINE_MAX_PARTS. */
+uint32_t pipeline_slices(const struct device *d, uint64_t bytes);
+/* Publishes job idx (its slot holding parts - 1 credit slots) as `parts`
+ * descriptors over consecutive slices of `whole`, copying its nsrc inputs
+ * src[i] -> dst[i] (whole->in0_len elements each) over the copy pool; each
+ * slice is published as soon as it is in. A vector_add's parts are jobs
+ * over the slices; a put's are slices of its buffer (EC_CONTROL_PUT).
+ * Returns when all are published (the binaries are only valid during the
+ * NIF call); the job is answered once all are back (complete.c). */
+void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                      const uint8_t *const src[], uint8_t *const dst[], unsigned nsrc,
+                      uint32_t parts);
 /* Wakes gpud if it sleeps, after a publish. */
 void wake_gpud(struct device *d);
 /* put(Handle, Vector): a put descriptor; {ok, Ref}, then {erlcuda, Ref,

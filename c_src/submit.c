@@ -2,8 +2,8 @@
  * submit.c: the submit path. A checked job (args.c) gets a slot and arena
  * regions, its inputs are copied in, and its descriptor is published on the
  * SQ (the caller's scheduler does the copy; large inputs move to a dirty
- * scheduler first). A large vector_add is published in slices as they are
- * copied (the pipelined submit).
+ * scheduler first). A large vector_add, and a large put (buffers.c), is
+ * published in slices as they are copied (the pipelined submit).
  */
 #define _GNU_SOURCE
 #include "erlcuda_nif.h"
@@ -11,12 +11,15 @@
 #include <string.h>
 
 /* A vector_add whose binary inputs are at least pipeline_bytes each (option
- * of open/2) is
- * copied into the arena in slices of at least PIPELINE_SLICE_BYTES, each
- * published as soon as it is in (up to PIPELINE_MAX_PARTS descriptors), so
- * the GPU streams the first slices while the next are still being copied:
- * the end-to-end time becomes max(copy, GPU) instead of copy + GPU. */
+ * of open/2), and a put of a binary that large, is copied into the arena in
+ * slices of at least PIPELINE_SLICE_BYTES, each published as soon as it is
+ * in (up to PIPELINE_MAX_PARTS descriptors), so the GPU streams the first
+ * slices (kernel or host-to-device copy) while the next are still being
+ * copied: the end-to-end time becomes max(copy, GPU) instead of copy + GPU. */
 #define PIPELINE_SLICE_BYTES (8u << 20)
+/* Slices are whole pages: every part's addresses stay aligned, and each
+ * copy thread writes whole pages of the arena. */
+#define PIPELINE_SLICE_ALIGN 4096u
 
 /* Returns a finished job's region and slot. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r)
@@ -210,66 +213,86 @@ void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
     (void)publish_checked(d, idx, sqe, NULL);
 }
 
+uint32_t pipeline_slices(const struct device *d, uint64_t bytes)
+{
+    if (bytes < d->pipeline_bytes || bytes == 0)
+        return 1;
+    uint64_t parts = (bytes + PIPELINE_SLICE_BYTES - 1) / PIPELINE_SLICE_BYTES;
+    return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
+}
+
 /* How many descriptors a job is published as: more than 1 only for an
  * elementwise kernel of two binaries of at least pipeline_bytes not in the
  * arena (slices of such a job are jobs of the same kernel). */
 static uint32_t pipeline_parts(const struct device *d, const struct job_spec *s)
 {
-    uint64_t bytes = s->out_len * s->elem;
-    if (s->shape != EC_SHAPE_ELEMENTWISE || s->nin != 2 || bytes < d->pipeline_bytes || bytes == 0 ||
-        !s->in[0].is_binary || !s->in[1].is_binary || s->in[0].in_arena || s->in[1].in_arena)
+    if (s->shape != EC_SHAPE_ELEMENTWISE || s->nin != 2 || !s->in[0].is_binary ||
+        !s->in[1].is_binary || s->in[0].in_arena || s->in[1].in_arena)
         return 1;
-    uint64_t parts = (bytes + PIPELINE_SLICE_BYTES - 1) / PIPELINE_SLICE_BYTES;
-    return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
+    return pipeline_slices(d, s->out_len * s->elem);
 }
 
 struct pipeline {
     struct device *d;
     uint32_t idx;
     struct ec_sqe whole;     /* the job's descriptor over all of its regions */
+    unsigned nsrc;           /* inputs copied: 2 (vector_add) or 1 (put) */
     const uint8_t *src[2];   /* the binaries */
     uint8_t *dst[2];         /* their places in the arena */
+    uint64_t len;            /* elements of each input */
     uint64_t slice;          /* elements per part (the last one may have fewer) */
     unsigned elem;           /* bytes per element */
 };
 
-/* Copies part c of both inputs into the arena and publishes its descriptor
+/* Copies part c of the inputs into the arena and publishes its descriptor
  * as soon as its slices are in; the copy pool runs several parts at once. */
 static void pipeline_part(void *arg, uint32_t c)
 {
     struct pipeline *p = arg;
-    uint64_t len = p->whole.out_len;
     uint64_t first = (uint64_t)c * p->slice;
-    uint64_t n = len - first < p->slice ? len - first : p->slice;
-    for (int i = 0; i < 2; i++)
-        memcpy(p->dst[i] + first * p->elem, p->src[i] + first * p->elem, n * p->elem);
+    uint64_t n = p->len - first < p->slice ? p->len - first : p->slice;
+    uint64_t at = first * p->elem;
+    for (unsigned i = 0; i < p->nsrc; i++)
+        memcpy(p->dst[i] + at, p->src[i] + at, n * p->elem);
     struct ec_sqe sqe = p->whole;
-    sqe.in0 += first * p->elem;
-    sqe.in1 += first * p->elem;
-    sqe.out += first * p->elem;
-    sqe.in0_len = sqe.in1_len = sqe.out_len = (uint32_t)n;
+    sqe.in0 += at;
+    sqe.in0_len = (uint32_t)n;
+    if (sqe.kernel == EC_CONTROL_PUT) {
+        /* A slice of the buffer: out and out_len still name all of it. */
+        sqe.p.u64[0] = at;
+    } else {
+        /* A job of the same kernel over the slice. */
+        sqe.in1 += at;
+        sqe.out += at;
+        sqe.in1_len = sqe.out_len = (uint32_t)n;
+    }
     publish(p->d, p->idx, &sqe);
 }
 
-/* Publishes job idx as `parts` descriptors over consecutive slices, copying
- * the inputs over the copy pool (copy.c); the GPU starts on the first slices
- * while the others are copied. Returns when all are published (the binaries
- * are only valid during the NIF call). */
-static void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
-                             const uint8_t *src[2], uint8_t *dst[2], uint32_t parts)
+void submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                      const uint8_t *const src[], uint8_t *const dst[], unsigned nsrc,
+                      uint32_t parts)
 {
     struct job *j = &d->jobs[idx];
-    /* Slices of whole pages: every part's addresses stay aligned. */
-    uint64_t slice = (whole->out_len + parts - 1) / parts;
-    slice = (slice + 1023) & ~(uint64_t)1023;
-    parts = (uint32_t)((whole->out_len + slice - 1) / slice);
+    unsigned elem = type_bytes(whole->type);
+    uint64_t len = whole->in0_len;
+    uint64_t slice = (len + parts - 1) / parts;
+    uint64_t align = PIPELINE_SLICE_ALIGN / elem;
+    slice = (slice + align - 1) / align * align;
+    parts = (uint32_t)((len + slice - 1) / slice); /* rounding up may leave fewer */
     __atomic_store_n(&j->part_status, EC_STATUS_OK, __ATOMIC_RELAXED);
     __atomic_store_n(&j->parts_left, parts, __ATOMIC_RELAXED);
     __atomic_store_n(&j->parts, parts, __ATOMIC_RELEASE);
-    struct pipeline p = {.d = d, .idx = idx, .whole = *whole, .src = {src[0], src[1]},
-                         .dst = {dst[0], dst[1]}, .slice = slice,
-                         .elem = type_bytes(whole->type)};
+    struct pipeline p = {.d = d, .idx = idx, .whole = *whole, .nsrc = nsrc,
+                         .src = {src[0], nsrc > 1 ? src[1] : NULL},
+                         .dst = {dst[0], nsrc > 1 ? dst[1] : NULL},
+                         .len = len, .slice = slice, .elem = elem};
+    /* Reset (a gpud exit) waits for the last part: it never fails the job
+     * while parts are still to be published. */
+    enif_rwlock_rlock(d->pipe);
     copy_pieces(pipeline_part, &p, parts);
+    enif_rwlock_runlock(d->pipe);
+    count(&d->c.pipelined, 1);
 }
 
 __thread int prof_timing;
@@ -453,10 +476,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     if (parts > 1) {
         const uint8_t *src[2] = {s.in[0].bin.data, s.in[1].bin.data};
         uint8_t *dst[2] = {region_ptr(d, &j->in) + in_off[0], region_ptr(d, &j->in) + in_off[1]};
-        enif_rwlock_rlock(d->pipe);
-        submit_pipelined(d, (uint32_t)idx, &sqe, src, dst, parts);
-        enif_rwlock_runlock(d->pipe);
-        count(&d->c.pipelined, 1);
+        submit_pipelined(d, (uint32_t)idx, &sqe, src, dst, 2, parts);
     } else {
         if (out_buf) {
             struct buffer_res *ob;
