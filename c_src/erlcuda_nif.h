@@ -419,8 +419,11 @@ void copy_pool_hold(void);
 /* Drops a hold; the last one stops the threads and waits for them. Called
  * by unload, when no code of this library instance can run any more. */
 void copy_pool_release(void);
-/* memcpy, over the copy pool when large. */
+/* memcpy into the arena, over the copy pool when large (copy_streaming). */
 void copy_bytes(void *dst, const void *src, size_t n);
+/* memcpy into the arena; large copies with streaming stores, fenced before
+ * it returns (the caller may publish the bytes at once). */
+void copy_streaming(void *dst, const void *src, size_t n);
 /* Calls piece(arg, i) for every i in 0 .. pieces - 1, in that order of
  * start, on the caller and up to copy_threads() - 1 pool threads at once;
  * returns when all have returned. */

@@ -253,7 +253,7 @@ static void pipeline_part(void *arg, uint32_t c)
     uint64_t n = p->len - first < p->slice ? p->len - first : p->slice;
     uint64_t at = first * p->elem;
     for (unsigned i = 0; i < p->nsrc; i++)
-        memcpy(p->dst[i] + at, p->src[i] + at, n * p->elem);
+        copy_streaming(p->dst[i] + at, p->src[i] + at, n * p->elem);
     struct ec_sqe sqe = p->whole;
     sqe.in0 += at;
     sqe.in0_len = (uint32_t)n;
