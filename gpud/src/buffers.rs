@@ -238,8 +238,9 @@ impl Buffers {
     }
 
     /// Frees buffer `id` (unknown ids are skipped: a buffer whose put failed
-    /// is freed too). Its block is reused once no launch of a drain <=
-    /// `drain` is in flight.
+    /// is freed too), complete or still filling, and forgets a failed put
+    /// of the id. Its block is reused once no launch of a drain <= `drain`
+    /// is in flight.
     pub fn free(&mut self, id: u64, drain: u64) {
         self.failed.remove(&id);
         if let Some(b) = self.live.remove(&id) {
