@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, profile/0,
+-export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, put_get/0, profile/0,
          cold_start/1, large/0, matmul/0]).
 
 -define(WARMUP, 2000).
@@ -634,26 +634,10 @@ matmul([S | Rest]) ->
 %% PCIe bandwidth.
 buffers() ->
     io:format("~-44s ~12s ~12s ~6s~n", ["device buffers", "median", "", "reps"]),
-    Ms = fun(F) -> fun() -> T0 = erlang:monotonic_time(nanosecond), F(),
-                            (erlang:monotonic_time(nanosecond) - T0) / 1.0e6 end end,
-    Report = fun(Name, Ts0, Unit, Value) ->
-                     Ts = lists:sort(Ts0),
-                     V = Value(pct(Ts, 0.5)),
-                     record(["buffers.", Name], erlcuda, V, Unit,
-                            {Value(lists:last(Ts)), Value(hd(Ts))}, length(Ts),
-                            #{ms => pct(Ts, 0.5)}),
-                     io:format("~-44s ~12.3f ~12s ~6w~n", [Name, V, Unit, length(Ts)])
-             end,
+    Ms = fun buffers_ms/1,
+    Report = fun buffers_report/4,
     Opts = [{timeout, 600000}],
-    %% put and get of 256 MiB.
-    Big = big_bin(1 bsl 26),
-    GBs = fun(T) -> 256 * 1048576 / (T * 1.0e6) end,
-    Puts = timed_reps(Ms(fun() -> {ok, B} = erlcuda:put(Big, Opts), ok = erlcuda:free(B) end), 2, 10),
-    Report("put.256MiB", Puts, <<"GB/s">>, GBs),
-    {ok, A} = erlcuda:put(Big, Opts),
-    {ok, B} = erlcuda:put(big_bin(1 bsl 26), Opts),
-    Gets = timed_reps(Ms(fun() -> {ok, _} = erlcuda:get(A) end), 2, 10),
-    Report("get.256MiB", Gets, <<"GB/s">>, GBs),
+    {A, B} = put_get(),
     %% vector_add 2^26 between buffers, the result a buffer.
     Adds = timed_reps(Ms(fun() -> {ok, C} = erlcuda:launch_sync(vector_add, [A, B], [{output, buffer} | Opts]),
                                   ok = erlcuda:free(C) end), 5, 50),
@@ -690,6 +674,32 @@ buffers() ->
          ok = erlcuda:free(Ma), ok = erlcuda:free(Mb)
      end || N <- [4096, 8192]],
     io:format("memory after: ~p~n~n", [erlcuda:memory(0)]).
+
+%% put and get of 256 MiB (part of buffers/0; alone, the figure of a CPU
+%% machine, where the rest of buffers/0 takes long). Returns two live
+%% 256 MiB buffers for the caller to use and free.
+put_get() ->
+    Opts = [{timeout, 600000}],
+    Big = big_bin(1 bsl 26),
+    GBs = fun(T) -> 256 * 1048576 / (T * 1.0e6) end,
+    Puts = timed_reps(buffers_ms(fun() -> {ok, B} = erlcuda:put(Big, Opts), ok = erlcuda:free(B) end), 2, 10),
+    buffers_report("put.256MiB", Puts, <<"GB/s">>, GBs),
+    {ok, A} = erlcuda:put(Big, Opts),
+    {ok, B} = erlcuda:put(big_bin(1 bsl 26), Opts),
+    Gets = timed_reps(buffers_ms(fun() -> {ok, _} = erlcuda:get(A) end), 2, 10),
+    buffers_report("get.256MiB", Gets, <<"GB/s">>, GBs),
+    {A, B}.
+
+buffers_ms(F) ->
+    fun() -> T0 = erlang:monotonic_time(nanosecond), F(),
+             (erlang:monotonic_time(nanosecond) - T0) / 1.0e6 end.
+
+buffers_report(Name, Ts0, Unit, Value) ->
+    Ts = lists:sort(Ts0),
+    V = Value(pct(Ts, 0.5)),
+    record(["buffers.", Name], erlcuda, V, Unit, {Value(lists:last(Ts)), Value(hd(Ts))},
+           length(Ts), #{ms => pct(Ts, 0.5)}),
+    io:format("~-44s ~12.3f ~12s ~6w~n", [Name, V, Unit, length(Ts)]).
 
 %% ---------------------------------------------------------------- busy spin
 

@@ -4,6 +4,13 @@
  * launch with {output, buffer} needs no round trip to learn it. What gpud
  * does with ids: erlcuda_ring.h, EC_FLAG_*_BUF and EC_CONTROL_PUT/GET/FREE.
  *
+ * Puts. A put of a binary of at least pipeline_bytes is copied in slices
+ * over the copy pool and each slice published as soon as it is in
+ * (submit_put_pipelined), so gpud's copies to the device overlap this copy;
+ * gpud makes the buffer from whichever slice comes first. The put is
+ * answered once, when every slice is back (complete.c); a failed put's id
+ * is freed at once, whatever slices of it gpud holds.
+ *
  * Frees. free/1 and the destructor (garbage collection) both go through
  * queue_free, which marks the buffer freed once and queues its id under
  * freeq_lock, a leaf: the destructor may run anywhere, even inside
@@ -145,10 +152,12 @@ void flush_frees(struct device *d)
 }
 
 /* A descriptor of a buffer job (put or get) in slot idx: fills the job's
- * common fields, keeps `keep` (the buffer's term) in its env. */
+ * common fields, keeps `keep` (the buffer's term) in its env. A put of
+ * parts > 1 slices copies `src` into its input region as it publishes
+ * (submit_put_pipelined); otherwise the input is in already. */
 static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uint32_t kernel,
                               uint8_t type, uint32_t len, unsigned output, ERL_NIF_TERM keep,
-                              struct ec_sqe *sqe)
+                              struct ec_sqe *sqe, uint32_t parts, const uint8_t *src)
 {
     struct job *j = &d->jobs[idx];
     ERL_NIF_TERM ref = enif_make_ref(env);
@@ -164,7 +173,9 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
     sqe->user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx;
     sqe->kernel = (uint16_t)kernel;
     sqe->type = type;
-    if (output == OUTPUT_PUT) {
+    if (output == OUTPUT_PUT && parts > 1) {
+        submit_put_pipelined(d, (uint32_t)idx, sqe, src, region_ptr(d, &j->in), parts);
+    } else if (output == OUTPUT_PUT) {
         publish(d, (uint32_t)idx, sqe);
     } else {
         /* A get: its buffer checked again under d->lock (submit.c). */
@@ -202,7 +213,17 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         return r > 0;
     }
     uint64_t bytes = v.len * type_bytes(v.type);
-    int64_t idx = bytes > d->arena_max ? -2 : reserve_job(d, arena_round(bytes ? bytes : 1), 0, 0, 0);
+    /* A large binary is copied in slices over the copy pool, each published
+     * as soon as it is in, so gpud's copies to the device overlap the copy
+     * into the arena (the pipelined put: max(copy, DMA), not their sum).
+     * A list is converted element by element on this thread: one piece. */
+    uint32_t parts = v.is_binary ? pipeline_put_parts(d, bytes) : 1;
+    uint64_t in_bytes = arena_round(bytes ? bytes : 1);
+    int64_t idx = bytes > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, parts - 1, 0);
+    if (idx == -1 && parts > 1) {
+        parts = 1; /* not enough free slots for the extra descriptors: one is fine */
+        idx = reserve_job(d, in_bytes, 0, 0, 0);
+    }
     if (idx < 0) {
         enif_rwlock_runlock(d->life);
         if (idx == -1)
@@ -211,7 +232,7 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         return 0;
     }
     struct job *j = &d->jobs[idx];
-    if (!copy_vec(env, &v, region_ptr(d, &j->in))) {
+    if (parts == 1 && !copy_vec(env, &v, region_ptr(d, &j->in))) {
         unreserve_job(d, (uint32_t)idx);
         enif_rwlock_runlock(d->life);
         *result = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 1)));
@@ -225,6 +246,8 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         *result = make_error(env, enif_make_atom(env, "enomem"));
         return 0;
     }
+    /* The whole buffer as one slice at byte 0 (p.u64[0]);
+     * submit_put_pipelined cuts it into its parts. */
     struct ec_sqe sqe = {
         .flags = EC_FLAG_OUT_BUF,
         .in0 = region_addr(&j->in),
@@ -232,7 +255,8 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         .out = b->id,
         .out_len = (uint32_t)v.len,
     };
-    *result = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, &sqe);
+    *result = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, &sqe,
+                        parts, v.bin.data);
     flush_frees(d);
     enif_rwlock_runlock(d->life);
     return 0;
@@ -271,7 +295,8 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf)
         .out = region_addr(&j->out),
         .out_len = b->len,
     };
-    ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, EC_OUTPUT_VECTOR, buf, &sqe);
+    ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, EC_OUTPUT_VECTOR, buf,
+                                 &sqe, 1, NULL);
     flush_frees(d);
     enif_rwlock_runlock(d->life);
     return res;

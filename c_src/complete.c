@@ -184,6 +184,15 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
         count(&d->c.bogus_cqes, 1);
         return;
     }
+    if (j->output == OUTPUT_PUT && status != EC_STATUS_OK) {
+        /* A failed put: its buffer is nobody's. Freed now rather than when
+         * the caller's heap lets go of it, since some slices of a pipelined
+         * put may have made it in gpud (and a free also makes gpud forget
+         * the failure it keeps for the put's later slices). */
+        struct buffer_res *b;
+        if (enif_get_resource(j->env, j->buf_term, BUFFER_RT, (void **)&b))
+            queue_free(b);
+    }
     if (claim == 1) {
         ERL_NIF_TERM result;
         if (j->output == OUTPUT_CONTROL) {

@@ -449,6 +449,17 @@ void pipeline_unplan(const struct job_spec *s, struct pipe_plan *p);
  * VM is out of memory). */
 int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
                      const struct job_spec *s, uint8_t *dst[2], const struct pipe_plan *plan);
+/* How many parts a put of `bytes` from a binary is published as: 1 below
+ * the device's pipeline_bytes, else one per slice (as an elementwise job's),
+ * at most PIPELINE_MAX_PARTS. */
+uint32_t pipeline_put_parts(const struct device *d, uint64_t bytes);
+/* Copies a put's binary src -> dst (whole->in0_len elements) in `parts`
+ * slices over the copy pool, publishing each as a slice of the buffer
+ * (EC_CONTROL_PUT, byte offset in p.u64[0]) as soon as it is in, so gpud's
+ * copies to the device overlap this copy. Slot idx holds parts - 1 credit
+ * slots. Returns when all are published; caller holds d->life (read). */
+void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                          const uint8_t *src, uint8_t *dst, uint32_t parts);
 /* Completes the answer of a pipelined job of `parts` descriptors once all
  * are back and OK: a reduction's partials are added into its result. */
 void pipeline_finish(struct device *d, struct job *j, uint32_t parts);
@@ -461,8 +472,11 @@ void copy_pool_hold(void);
 /* Drops a hold; the last one stops the threads and waits for them. Called
  * by unload, when no code of this library instance can run any more. */
 void copy_pool_release(void);
-/* memcpy, over the copy pool when large. */
+/* memcpy into the arena, over the copy pool when large (copy_streaming). */
 void copy_bytes(void *dst, const void *src, size_t n);
+/* memcpy into the arena; large copies with streaming stores, fenced before
+ * it returns (the caller may publish the bytes at once). */
+void copy_streaming(void *dst, const void *src, size_t n);
 /* Calls piece(arg, i) for every i in 0 .. pieces - 1, in that order of
  * start, on the caller and up to copy_threads() - 1 pool threads at once;
  * returns when all have returned. */

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 5u
+#define EC_ABI_VERSION 6u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -242,15 +242,33 @@ enum ec_kernel {
  * them (a put is done before a later job that names its buffer is
  * validated; a free releases the memory only once every launch submitted
  * before it has finished):
- *   PUT   in0 = arena region of in0_len elements of `type`; out = the new
- *         buffer's id with EC_FLAG_OUT_BUF, out_len == in0_len. Copies the
- *         region into a new buffer. OK, OOM, TOO_LARGE, BAD_BUFFER.
+ *   PUT   one slice of a new buffer: in0 = arena region of in0_len elements
+ *         of `type`; out = the buffer's id with EC_FLAG_OUT_BUF, out_len =
+ *         the whole buffer's length; p.u64[0] = the slice's byte offset in
+ *         the buffer (a multiple of the element size; in0_len elements from
+ *         there must lie inside out_len). A whole put is one slice at 0
+ *         with in0_len == out_len; a large one is sent as several, each
+ *         published as soon as the VM has copied it in, in any order, so
+ *         the device copies overlap the VM's (the pipelined put).
+ *         The first slice of an id to arrive creates the buffer (memory
+ *         counted once, for out_len); the others write into it. The buffer
+ *         can be used (GET, launches) once slices covering out_len have
+ *         arrived; before that it is BAD_BUFFER. Once a slice of an id has
+ *         failed, its later slices answer the same status without
+ *         allocating, until a FREE of the id. OK, OOM, TOO_LARGE,
+ *         BAD_BUFFER (the id is a complete buffer, or a filling one of
+ *         another type or length), BAD_SHAPE (the slice is outside
+ *         out_len, misaligned, or more than is left to fill).
+ *         The VM answers a put once, after all of its slices, and frees
+ *         the id whenever any slice failed.
  *   GET   in0 = a buffer id with EC_FLAG_IN0_BUF, in0_len its length;
  *         out = arena region of out_len == in0_len elements. Copies the
  *         buffer out. OK, BAD_BUFFER.
  *   FREE  in0 = arena region of in0_len u64 buffer ids (type S64, at most
  *         EC_FREE_MAX_IDS); ids gpud does not know are skipped (a buffer
- *         whose put failed is freed too). Always OK once the region is. */
+ *         whose put failed is freed too), a buffer still filling is freed
+ *         as any other, and a failed put's id is forgotten. Always OK once
+ *         the region is. */
 #define EC_CONTROL_PUT 0xff02u
 #define EC_CONTROL_GET 0xff03u
 #define EC_CONTROL_FREE 0xff04u
@@ -305,6 +323,7 @@ union ec_params {
     uint8_t bytes[EC_PARAM_BYTES];
     double scalar[EC_PARAM_BYTES / 8];
     uint32_t dim[EC_PARAM_BYTES / 4];
+    uint64_t u64[EC_PARAM_BYTES / 8]; /* control descriptors: PUT's offset */
 };
 
 struct ec_sqe {

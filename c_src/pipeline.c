@@ -18,6 +18,9 @@
  *                adds them in index order from +0.0 in the element type,
  *                which is the order the CPU's sum follows, so a pipelined
  *                reduction gives the same bits there as an unpipelined one.
+ *   a put        slices of the binary, each published as a slice of the
+ *                buffer (EC_CONTROL_PUT at a byte offset): gpud's copies to
+ *                the device overlap the copy into the arena (buffers.c).
  *   MATMUL       B is copied in whole and put into a device buffer by a PUT
  *                descriptor (one more part, with the job's user_data), then
  *                A is copied in bands of rows, each band a matmul part that
@@ -42,6 +45,9 @@
 /* Elementwise slices are whole multiples of this many elements, so every
  * part's addresses keep the arena's alignment. */
 #define PIPELINE_SLICE_ALIGN 1024u
+/* A put's slices are whole multiples of this many bytes (pages), so each
+ * copy thread writes whole pages of the arena. */
+#define PIPELINE_PUT_ALIGN 4096u
 /* A matmul band is a multiple of this many rows: the GPU kernels' tile
  * height (kernels/src/abi.rs MATMUL_BM, matmul_f64_abi.rs MATMUL_F64_BM),
  * so no band but the last has a partial tile. */
@@ -135,6 +141,7 @@ struct pipeline {
     struct device *d;
     uint32_t idx;
     unsigned shape, nin, elem;
+    int put;               /* slices of a put: EC_CONTROL_PUT descriptors */
     struct ec_sqe whole;   /* the job's descriptor over all of its regions */
     const uint8_t *src[2]; /* the binaries */
     uint8_t *dst[2];       /* their places in the arena */
@@ -155,7 +162,7 @@ static void pipeline_piece(void *arg, uint32_t c)
         uint64_t m = p->whole.p.dim[0], n = p->whole.p.dim[1], k = p->whole.p.dim[2];
         uint64_t rows = min_u64(m - first, p->slice);
         uint64_t a_off = first * k * p->elem;
-        memcpy(p->dst[0] + a_off, p->src[0] + a_off, rows * k * p->elem);
+        copy_streaming(p->dst[0] + a_off, p->src[0] + a_off, rows * k * p->elem);
         sqe.in0 += a_off;
         sqe.in0_len = (uint32_t)(rows * k);
         sqe.in1 = p->buf_id;
@@ -168,9 +175,15 @@ static void pipeline_piece(void *arg, uint32_t c)
         uint64_t cnt = min_u64(len - first, p->slice);
         uint64_t off = first * p->elem;
         for (unsigned i = 0; i < p->nin; i++)
-            memcpy(p->dst[i] + off, p->src[i] + off, cnt * p->elem);
+            copy_streaming(p->dst[i] + off, p->src[i] + off, cnt * p->elem);
         sqe.in0 += off;
         sqe.in0_len = (uint32_t)cnt;
+        if (p->put) {
+            /* A slice of the buffer: out and out_len still name all of it. */
+            sqe.p.u64[0] = off;
+            publish(p->d, p->idx, &sqe);
+            return;
+        }
         if (p->nin > 1) {
             sqe.in1 += off;
             sqe.in1_len = (uint32_t)cnt;
@@ -234,6 +247,38 @@ int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
     }
     copy_pieces(pipeline_piece, &p, plan->pieces);
     return 0;
+}
+
+uint32_t pipeline_put_parts(const struct device *d, uint64_t bytes)
+{
+    if (bytes < d->pipeline_bytes || bytes == 0)
+        return 1;
+    uint64_t parts = div_ceil(bytes, slice_bytes(d));
+    return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
+}
+
+void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
+                          const uint8_t *src, uint8_t *dst, uint32_t parts)
+{
+    struct job *j = &d->jobs[idx];
+    unsigned elem = type_bytes(whole->type);
+    uint64_t len = whole->in0_len;
+    /* Slices of whole pages: each copy thread writes whole pages. */
+    uint64_t align = PIPELINE_PUT_ALIGN / elem;
+    uint64_t slice = div_ceil(div_ceil(len, parts), align) * align;
+    uint32_t pieces = (uint32_t)div_ceil(len, slice); /* rounding up may leave fewer */
+    struct pipeline p = {.d = d, .idx = idx, .shape = EC_SHAPE_ELEMENTWISE, .nin = 1,
+                         .elem = elem, .put = 1, .whole = *whole, .src = {src, NULL},
+                         .dst = {dst, NULL}, .slice = slice};
+    __atomic_store_n(&j->part_status, EC_STATUS_OK, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts_left, pieces, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts, pieces, __ATOMIC_RELEASE);
+    /* Reset (a gpud exit) waits for the last part: it never fails the job
+     * while parts are still to be published. */
+    enif_rwlock_rlock(d->pipe);
+    copy_pieces(pipeline_piece, &p, pieces);
+    enif_rwlock_runlock(d->pipe);
+    count(&d->c.pipelined, 1);
 }
 
 /* Adds n partials of type T from `at` in index order from +0.0, in T. */

@@ -2,8 +2,8 @@
  * submit.c: the submit path. A checked job (args.c) gets a slot and arena
  * regions, its inputs are copied in, and its descriptor is published on the
  * SQ (the caller's scheduler does the copy; large inputs move to a dirty
- * scheduler first). A large job from binaries is published in parts as
- * its inputs are copied (pipeline.c).
+ * scheduler first). A large job from binaries, and a large put
+ * (buffers.c), is published in parts as its inputs are copied (pipeline.c).
  */
 #define _GNU_SOURCE
 #include "erlcuda_nif.h"

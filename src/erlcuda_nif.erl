@@ -25,8 +25,9 @@ init() ->
 %% Options (all required): `ring_entries' (power of two), `arena_bytes' (the
 %% first segment), `arena_max_bytes' (growth limit), `spin_us' and
 %% `busy_spin_us' (completion thread spinning: always, and while jobs are in
-%% flight), `pipeline_bytes' (binary inputs this large are copied and
-%% published in slices, overlapping the copy with the GPU: c_src/pipeline.c), `zero_copy_bytes' (binary results at least this large stay in the
+%% flight), `pipeline_bytes' (binary inputs, and put binaries, this large
+%% are copied and published in slices, overlapping the copy with the GPU:
+%% c_src/pipeline.c), `zero_copy_bytes' (binary results at least this large stay in the
 %% arena), `poison_outputs' (fill outputs with NaN before each job).
 -spec open(non_neg_integer(), #{atom() => term()}) -> {ok, handle()} | {error, atom()}.
 open(_Device, _Opts) -> ?NOT_LOADED.

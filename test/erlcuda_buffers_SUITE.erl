@@ -11,12 +11,14 @@
 -export([roundtrip_every_type/1, mixing_buffers_and_vectors/1, output_buffer_chain/1,
          freed_and_bad/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
          gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
-         proper_interleavings_with_kills/1]).
+         proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
+         pipelined_put_racing_kill9/1]).
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
      oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
-     random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers, other_device].
+     random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
+     pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9, other_device].
 
 init_per_suite(Config) ->
     Config.
@@ -26,6 +28,10 @@ end_per_suite(_Config) ->
 
 init_per_testcase(oom_with_a_small_limit, Config) ->
     ok = erlcuda_ref:start_app([{device_memory_limit, 1 bsl 20}]),
+    Config;
+init_per_testcase(pipelined_put_oom, Config) ->
+    %% Room for one 40 MiB buffer (a 48 MiB size class), not two.
+    ok = erlcuda_ref:start_app([{device_memory_limit, 64 bsl 20}]),
     Config;
 init_per_testcase(other_device, Config) ->
     ok = erlcuda_ref:start_app([{devices, [0, 1]}]),
@@ -312,4 +318,133 @@ step(6, M) ->
     case pick(M) of
         none -> M;
         B -> maps:remove(B, M)
+    end.
+
+%% ------------------------------------------------------ the pipelined put
+
+%% No job left in flight (the last free's answer may still be on its way
+%% when used is already back), and gpud refused nothing it should not have.
+await_idle(Deadline) ->
+    case erlcuda:stats(0) of
+        #{bad_descriptors := 0, in_flight := 0} -> ok;
+        #{bad_descriptors := 0} when Deadline > 0 ->
+            timer:sleep(20),
+            await_idle(Deadline - 20);
+        S -> ct:fail({not_idle, maps:with([bad_descriptors, in_flight], S)})
+    end.
+
+%% Bytes, not position-independent: a block of 1 MiB + 4 random bytes
+%% repeated, so a slice (a multiple of 4 KiB long) put in the wrong place
+%% reads back different.
+pattern(Bytes) ->
+    rand:seed(exsss, {4, 5, 6}),
+    Block = rand:bytes((1 bsl 20) + 4),
+    binary:part(binary:copy(Block, Bytes div byte_size(Block) + 1), 0, Bytes).
+
+%% Equal, or the first byte where they differ (never a 32 MiB term in a
+%% failure report).
+same_bytes(Want, Want) -> ok;
+same_bytes(Want, Got) when byte_size(Want) =/= byte_size(Got) ->
+    {size, byte_size(Want), byte_size(Got)};
+same_bytes(Want, Got) ->
+    {differ_at, binary:longest_common_prefix([Want, Got])}.
+
+%% A put of a binary of at least pipeline_min_bytes is copied into the
+%% arena in slices over the copy threads, each sent to gpud as soon as it is
+%% in; every round trip gives back every byte in its place, at sizes just
+%% under, at and over the threshold and an odd one over twice it, in every
+%% element type. Below the threshold a put is one piece.
+pipelined_put_roundtrips(_) ->
+    {ok, P} = application:get_env(erlcuda, pipeline_min_bytes),
+    #{used := Base} = erlcuda:memory(0),
+    Pattern = pattern(2 * P + 13 * 8),
+    Types = [{f32, 4}, {f64, 8}, {s32, 4}, {u32, 4}, {s64, 8}, {u8, 1}],
+    Check =
+        fun(T, Bytes) ->
+                Bin = binary:part(Pattern, 0, Bytes),
+                #{pipelined := N0} = erlcuda:stats(0),
+                {ok, B} = erlcuda:put(case T of f32 -> Bin; _ -> {T, Bin} end),
+                #{pipelined := N1} = erlcuda:stats(0),
+                ?assertEqual({T, Bytes, Bytes >= P}, {T, Bytes, N1 - N0 =:= 1}),
+                {ok, Got} = erlcuda:get(B),
+                GotBin = case {T, Got} of {f32, G} -> G; {_, {T, G}} -> G end,
+                ?assertEqual({T, Bytes, ok}, {T, Bytes, same_bytes(Bin, GotBin)}),
+                ok = erlcuda:free(B)
+        end,
+    [Check(T, Bytes) || {T, E} <- Types, Bytes <- [P - E, P, P + E, 2 * P + 13 * E]],
+    await_used(Base, 5000),
+    await_idle(5000).
+
+%% A pipelined put that does not fit fails in gpud slice by slice; the put
+%% gets exactly one {error, oom} (one larger than the limit one {badarg,
+%% too_large}), nothing is left on the device, and the same put fits once
+%% the room is there.
+pipelined_put_oom(_) ->
+    {ok, P} = application:get_env(erlcuda, pipeline_min_bytes),
+    Bytes = 40 bsl 20,
+    ?assert(Bytes >= P),
+    #{limit := Lim, used := Base, buffers := Count} = erlcuda:memory(0),
+    ?assertEqual(64 bsl 20, Lim),
+    Bin = pattern(Bytes),
+    {ok, A} = erlcuda:put(Bin),
+    #{used := UsedA} = erlcuda:memory(0),
+    #{pipelined := N0} = erlcuda:stats(0),
+    ?assertEqual({error, oom}, erlcuda:put(Bin)),
+    ?assertEqual({error, oom}, erlcuda:put({u8, Bin})),
+    ?assertEqual({error, {badarg, too_large}}, erlcuda:put(binary:copy(Bin, 2))),
+    #{pipelined := N1} = erlcuda:stats(0),
+    ?assertEqual(N0 + 3, N1),
+    receive {erlcuda, _, _} = Extra -> ct:fail({second_answer, Extra}) after 200 -> ok end,
+    %% The failed puts' ids were freed: A alone is left.
+    await_used(UsedA, 5000),
+    #{buffers := Left} = erlcuda:memory(0),
+    ?assertEqual(Count + 1, Left),
+    ok = erlcuda:free(A),
+    {ok, B} = erlcuda:put(Bin),
+    {ok, Got} = erlcuda:get(B),
+    ?assertEqual(ok, same_bytes(Bin, Got)),
+    ok = erlcuda:free(B),
+    await_used(Base, 5000),
+    await_idle(5000).
+
+%% kill -9 of gpud while pipelined puts are being copied and sent: every
+%% put is answered exactly once, {ok, Buf} or {error, {gpud_exit, _}}, and
+%% the new gpud holds nothing of the old one's puts.
+pipelined_put_racing_kill9(_) ->
+    {ok, P} = application:get_env(erlcuda, pipeline_min_bytes),
+    Bin = pattern(2 * P),
+    Self = self(),
+    Putter = spawn_link(fun() -> put_loop(Self, Bin, []) end),
+    Kill = fun() ->
+                   wait_new_gpud(undefined, 100),
+                   timer:sleep(150),
+                   [#{os_pid := OsPid}] = erlcuda:devices(),
+                   os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+                   wait_new_gpud(OsPid, 200)
+           end,
+    [Kill() || _ <- lists:seq(1, 3)],
+    timer:sleep(150),
+    Putter ! stop,
+    Results = receive {put_results, R} -> R after 60000 -> ct:fail(putter_stuck) end,
+    Exits = [E || {error, {gpud_exit, _}} = E <- Results],
+    Oks = [ok || {ok, _} <- Results],
+    ct:pal("~p puts: ~p ok, ~p gpud_exit", [length(Results), length(Oks), length(Exits)]),
+    ?assertEqual([], Results -- (Exits ++ [R || {ok, _} = R <- Results])),
+    ?assert(length(Exits) >= 1),
+    ?assert(length(Oks) >= 1),
+    await_used(0, 5000),
+    #{buffers := 0} = erlcuda:memory(0),
+    await_idle(5000).
+
+%% Puts and frees until told to stop; then the results, newest first, or a
+%% failure when an answer came twice (a message left in the mailbox).
+put_loop(Parent, Bin, Acc) ->
+    receive
+        stop ->
+            receive {erlcuda, _, _} = M -> exit({second_answer, M}) after 200 -> ok end,
+            Parent ! {put_results, Acc}
+    after 0 ->
+            R = erlcuda:put(Bin, [{timeout, 60000}]),
+            case R of {ok, B} -> ok = erlcuda:free(B); _ -> ok end,
+            put_loop(Parent, Bin, [R | Acc])
     end.

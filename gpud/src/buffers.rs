@@ -10,6 +10,12 @@
 //! launches that may read them) stays within the limit: cached blocks are
 //! given back to the device before a fresh allocation would cross it.
 //!
+//! A put arrives in slices (the pipelined put, see `EC_CONTROL_PUT` in
+//! the header), in any order: the first slice of an id creates the buffer,
+//! the others write into it ([`Buffers::put_slice`]); it is usable once
+//! every element has arrived. A failed put is remembered until the VM
+//! frees its id, so its other slices fail alike and allocate nothing.
+//!
 //! A free is deferred: the id is gone at once (a later descriptor naming it
 //! is refused), but the block is only reused once every launch submitted
 //! before the free has finished ([`Buffers::release`]), so no kernel ever
@@ -28,6 +34,12 @@ pub const MIN_CLASS: u64 = 256;
 /// At most this many live buffers, whatever their size: bounds gpud's own
 /// tables against a VM that makes tiny buffers without end.
 pub const MAX_BUFFERS: usize = 1 << 22;
+
+/// At most this many failed puts are remembered (until the VM frees their
+/// ids): bounds gpud's tables against a VM that never frees. A failure not
+/// remembered is still handled right: its later slices try on their own
+/// and the VM's free drops whatever they made.
+pub const MAX_FAILED_PUTS: usize = 1 << 12;
 
 /// A backend's raw memory for buffers.
 pub trait BufferMemory {
@@ -58,6 +70,8 @@ struct Live {
     class: u64,
     ty: ElemType,
     len: u32,
+    /// Elements of a put not arrived yet; the buffer is usable at 0.
+    missing: u32,
 }
 
 /// gpud's buffers: id -> block, the cache, the accounting.
@@ -65,6 +79,8 @@ struct Live {
 pub struct Buffers {
     limit: u64,
     live: HashMap<u64, Live>,
+    /// Puts that failed, by id: the status their later slices get.
+    failed: HashMap<u64, Status>,
     /// Free blocks by class, ready for reuse.
     cache: BTreeMap<u64, Vec<u64>>,
     cached: u64,
@@ -99,11 +115,66 @@ impl Buffers {
     }
 
     /// The region of live buffer `id`, which must hold `len` elements of
-    /// `ty` (the VM states both; a mismatch is a VM bug or an attack).
+    /// `ty` (the VM states both; a mismatch is a VM bug or an attack) and
+    /// be complete (a put still filling it is not done).
     pub fn lookup(&self, id: u64, ty: ElemType, len: u32) -> Result<Region, Status> {
         match self.live.get(&id) {
-            Some(b) if b.ty == ty && b.len == len => Ok(Region::buffer(b.addr, len, ty)),
+            Some(b) if b.ty == ty && b.len == len && b.missing == 0 => Ok(Region::buffer(b.addr, len, ty)),
             _ => Err(Status::BadBuffer),
+        }
+    }
+
+    /// Where one slice of a put goes: `part` elements at byte `at` of buffer
+    /// `id`, `len` elements of `ty` in all. The first slice of an id to
+    /// arrive creates the buffer (as [`Buffers::create`]: TOO_LARGE, OOM,
+    /// BAD_BUFFER), whichever it is; a later one finds it filling, of the
+    /// same type and length (else BAD_BUFFER). BAD_SHAPE: the slice is
+    /// misaligned, outside `len`, or more than is left to fill. A put that
+    /// failed before ([`Buffers::put_failed`]) gets its status again.
+    pub fn put_slice(
+        &mut self,
+        mem: &mut dyn BufferMemory,
+        id: u64,
+        ty: ElemType,
+        len: u32,
+        at: u64,
+        part: u32,
+    ) -> Result<Region, Status> {
+        if let Some(&status) = self.failed.get(&id) {
+            return Err(status);
+        }
+        let first = at / ty.bytes();
+        if at % ty.bytes() != 0 || first + u64::from(part) > u64::from(len) {
+            return Err(Status::BadShape);
+        }
+        let addr = match self.live.get_mut(&id) {
+            Some(b) => {
+                if b.missing == 0 || b.ty != ty || b.len != len {
+                    return Err(Status::BadBuffer);
+                }
+                if part > b.missing {
+                    return Err(Status::BadShape);
+                }
+                b.missing -= part;
+                b.addr
+            }
+            None => {
+                let whole = self.create(mem, id, ty, len)?;
+                let b = self.live.get_mut(&id).expect("just created");
+                b.missing = len - part;
+                whole.offset()
+            }
+        };
+        Ok(Region::buffer(addr + at, part, ty))
+    }
+
+    /// Remembers that a slice of the put of `id` failed with `status`, so
+    /// that its later slices answer the same without allocating; the VM's
+    /// free of the id forgets it. A live id (a filling buffer, or a VM
+    /// naming a complete one) is left to that free.
+    pub fn put_failed(&mut self, id: u64, status: Status) {
+        if id != 0 && !self.live.contains_key(&id) && self.failed.len() < MAX_FAILED_PUTS {
+            self.failed.entry(id).or_insert(status);
         }
     }
 
@@ -128,7 +199,7 @@ impl Buffers {
             }
             None => self.fresh(mem, class)?,
         };
-        self.live.insert(id, Live { addr, class, ty, len });
+        self.live.insert(id, Live { addr, class, ty, len, missing: 0 });
         self.used += class;
         self.peak = self.peak.max(self.used);
         Ok(Region::buffer(addr, len, ty))
@@ -167,9 +238,11 @@ impl Buffers {
     }
 
     /// Frees buffer `id` (unknown ids are skipped: a buffer whose put failed
-    /// is freed too). Its block is reused once no launch of a drain <=
-    /// `drain` is in flight.
+    /// is freed too), complete or still filling, and forgets a failed put
+    /// of the id. Its block is reused once no launch of a drain <= `drain`
+    /// is in flight.
     pub fn free(&mut self, id: u64, drain: u64) {
+        self.failed.remove(&id);
         if let Some(b) = self.live.remove(&id) {
             self.used -= b.class;
             self.pending.push((drain, b.addr, b.class));
@@ -203,6 +276,7 @@ impl Buffers {
             mem.buf_free(a, c);
         }
         while self.evict_one(mem) {}
+        self.failed.clear();
         self.used = 0;
         self.pending_bytes = 0;
     }
@@ -344,6 +418,95 @@ mod tests {
         b.free(99, 0); // unknown: skipped
         b.clear(&mut mem);
         assert_eq!(mem.blocks, 0);
+    }
+
+    /// A pipelined put's slices, in any order: one allocation, memory
+    /// counted once, usable only once complete.
+    #[test]
+    fn put_slices_in_any_order_allocate_and_count_once() {
+        let mut mem = HostMemory::default();
+        let mut b = Buffers::new(1 << 20);
+        // 10_000 f32 in slices of 4096, 4096 and 1808, last one first.
+        let slices = [(8192u64, 1808u32), (0, 4096), (4096, 4096)];
+        let mut addrs = Vec::new();
+        for (i, &(first, n)) in slices.iter().enumerate() {
+            assert_eq!(b.lookup(7, ElemType::F32, 10_000), Err(Status::BadBuffer), "usable before slice {i}");
+            let r = b.put_slice(&mut mem, 7, ElemType::F32, 10_000, first * 4, n).unwrap();
+            assert_eq!((r.len(), r.bytes()), (n as usize, u64::from(n) * 4));
+            addrs.push(r.offset() - first * 4);
+            assert_eq!((b.used(), b.count(), mem.blocks), (size_class(40_000), 1, 1));
+        }
+        assert!(addrs.iter().all(|&a| a == addrs[0]), "every slice in one block: {addrs:?}");
+        assert_eq!(b.lookup(7, ElemType::F32, 10_000).unwrap().offset(), addrs[0]);
+        assert_eq!(b.device_allocs(), 1);
+        // A complete buffer takes no more slices.
+        assert_eq!(b.put_slice(&mut mem, 7, ElemType::F32, 10_000, 0, 1), Err(Status::BadBuffer));
+        // A whole put is one slice at 0.
+        b.put_slice(&mut mem, 8, ElemType::U8, 5, 0, 5).unwrap();
+        assert!(b.lookup(8, ElemType::U8, 5).is_ok());
+        b.put_slice(&mut mem, 9, ElemType::U8, 0, 0, 0).unwrap();
+        assert!(b.lookup(9, ElemType::U8, 0).is_ok(), "an empty put is complete at once");
+        b.clear(&mut mem);
+        assert_eq!(mem.blocks, 0);
+    }
+
+    #[test]
+    fn put_slices_that_do_not_fit_the_buffer_are_refused() {
+        let mut mem = HostMemory::default();
+        let mut b = Buffers::new(1 << 20);
+        let mut put = |b: &mut Buffers, id, ty, len, at, n| b.put_slice(&mut mem, id, ty, len, at, n).map(|_| ());
+        assert_eq!(put(&mut b, 1, ElemType::F64, 100, 4, 10), Err(Status::BadShape), "misaligned");
+        assert_eq!(put(&mut b, 1, ElemType::F64, 100, 8 * 95, 10), Err(Status::BadShape), "past the end");
+        assert_eq!(put(&mut b, 1, ElemType::F64, 100, u64::MAX - 7, 10), Err(Status::BadShape), "no overflow");
+        assert_eq!(b.count(), 0, "nothing allocated for refused slices");
+        put(&mut b, 1, ElemType::F64, 100, 0, 60).unwrap();
+        assert_eq!(put(&mut b, 1, ElemType::F64, 100, 8 * 50, 50), Err(Status::BadShape), "more than is missing");
+        assert_eq!(put(&mut b, 1, ElemType::F32, 100, 4 * 60, 40), Err(Status::BadBuffer), "another type");
+        assert_eq!(put(&mut b, 1, ElemType::F64, 101, 8 * 60, 40), Err(Status::BadBuffer), "another length");
+        put(&mut b, 1, ElemType::F64, 100, 8 * 60, 40).unwrap();
+        assert_eq!(put(&mut b, 0, ElemType::F64, 1, 0, 1), Err(Status::BadBuffer), "id 0");
+        assert_eq!(b.used(), size_class(800));
+        b.clear(&mut mem);
+    }
+
+    /// A put whose first slice fails (oom, too_large): its other slices get
+    /// the same status and allocate nothing, whatever memory frees up
+    /// meanwhile, until the VM frees the id.
+    #[test]
+    fn a_failed_put_fails_its_other_slices_without_allocating() {
+        let mut mem = HostMemory::default();
+        let mut b = Buffers::new(4096);
+        b.create(&mut mem, 1, ElemType::U8, 3000).unwrap();
+        assert_eq!(b.put_slice(&mut mem, 2, ElemType::U8, 2000, 1000, 1000), Err(Status::Oom));
+        b.put_failed(2, Status::Oom);
+        b.free(1, 0);
+        b.release(|_| false);
+        assert_eq!(b.put_slice(&mut mem, 2, ElemType::U8, 2000, 0, 1000), Err(Status::Oom), "remembered");
+        assert_eq!((b.count(), b.used()), (0, 0));
+        assert_eq!(b.put_slice(&mut mem, 3, ElemType::U8, 5000, 0, 100), Err(Status::TooLarge));
+        b.put_failed(3, Status::TooLarge);
+        b.put_failed(3, Status::Oom);
+        assert_eq!(b.put_slice(&mut mem, 3, ElemType::U8, 5000, 100, 100), Err(Status::TooLarge), "the first status");
+        // The VM's free forgets a failed id; a later put of it is judged anew.
+        b.free(2, 0);
+        b.put_slice(&mut mem, 2, ElemType::U8, 2000, 0, 2000).unwrap();
+        // A live id is not marked failed: the free takes the buffer.
+        b.put_slice(&mut mem, 4, ElemType::U8, 100, 0, 50).unwrap();
+        b.put_failed(4, Status::BadShape);
+        b.put_slice(&mut mem, 4, ElemType::U8, 100, 50, 50).unwrap();
+        // A filling buffer's free gives its memory back like any other.
+        b.put_slice(&mut mem, 5, ElemType::U8, 100, 0, 10).unwrap();
+        let used = b.used();
+        b.free(5, 0);
+        assert_eq!(b.used(), used - MIN_CLASS);
+        // The remembered failures are bounded.
+        for id in 100..100 + MAX_FAILED_PUTS as u64 + 10 {
+            b.put_failed(id, Status::Oom);
+        }
+        assert_eq!(b.failed.len(), MAX_FAILED_PUTS);
+        b.clear(&mut mem);
+        assert_eq!(mem.blocks, 0);
+        assert!(b.failed.is_empty());
     }
 
     #[test]

@@ -673,6 +673,11 @@ impl Daemon {
             }
             status = self.run_buffer_control(sqe)?;
         }
+        if sqe.kernel == EC_CONTROL_PUT && status != Status::Ok {
+            // The other slices of this put fail alike, allocating nothing
+            // (until the VM frees the id, which it does for a failed put).
+            self.buffers.put_failed(sqe.out, status);
+        }
         if !matches!(status, Status::Ok | Status::Oom | Status::TooLarge) {
             self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
         }
@@ -711,22 +716,25 @@ impl Daemon {
         }
         match sqe.kernel {
             EC_CONTROL_PUT => {
+                // One slice (the whole buffer, or a part of a pipelined
+                // put): in0_len elements at byte p.u64[0] of a buffer of
+                // out_len elements.
                 if sqe.flags != EC_FLAG_OUT_BUF {
                     return Ok(Status::BadFlags);
                 }
-                if sqe.out_len != sqe.in0_len {
-                    return Ok(Status::BadShape);
-                }
                 let src = region!(sqe.in0, sqe.in0_len, ty);
-                let buf = match self.buffers.create(self.backend.buffer_memory(), sqe.out, ty, sqe.out_len) {
-                    Ok(b) => b,
+                let mem = self.backend.buffer_memory();
+                let dst = match self.buffers.put_slice(mem, sqe.out, ty, sqe.out_len, sqe.p.u64_at(0), sqe.in0_len) {
+                    Ok(r) => r,
                     Err(s) => return Ok(s),
                 };
                 let arena = self.segments.arena();
                 // SAFETY: a validated arena region, the descriptor's own: the
                 // VM does not touch it while the put is in flight.
                 let bytes = unsafe { std::slice::from_raw_parts(arena.host_ptr(src), src.bytes() as usize) };
-                self.backend.buf_write(buf.offset(), bytes)?;
+                // dst lies inside the buffer's block (put_slice checked the
+                // slice against its length) and is src.bytes() long.
+                self.backend.buf_write(dst.offset(), bytes)?;
                 Ok(Status::Ok)
             }
             EC_CONTROL_GET => {
@@ -995,7 +1003,7 @@ mod tests {
     use std::os::fd::{FromRawFd, OwnedFd};
     use std::ptr::NonNull;
 
-    use crate::layout::Kernel;
+    use crate::layout::{Kernel, Params};
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
     use super::*;
@@ -1091,6 +1099,133 @@ mod tests {
                 (4, Status::Ok.code(), 2),
             ]
         );
+        // SAFETY: allocated above with this layout; the daemon is gone.
+        unsafe { dealloc(base.as_ptr(), layout) };
+    }
+
+    /// A pipelined put through the daemon over a heap ring (cpu backend):
+    /// slices published out of order make one buffer that a get reads back
+    /// whole; a put that does not fit answers OOM for each of its slices
+    /// and leaves nothing behind, and its free is harmless.
+    #[test]
+    fn put_slices_out_of_order_then_get_and_a_failing_put() {
+        const SQ: u32 = 16;
+        let (sq_off, cq_off) = (4096u64, 4096 + 64 * SQ as u64);
+        let arena_off = cq_off + 16 * SQ as u64;
+        let arena_bytes = 64u64 << 10;
+        let total = (arena_off + arena_bytes) as usize;
+        let layout = Layout::from_size_align(total, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+        let fields = HeaderFields::for_geometry(SQ, SQ, sq_off, cq_off, arena_off, arena_bytes);
+        let geo = validate_header(&fields, total as u64).unwrap();
+        let arena = |off: u64| (arena_off + off) as usize;
+        // 3000 f32 at arena 0, its get at 16384; a second put's input at
+        // 32768; free lists at 49152.
+        let n = 3000u32;
+        let want: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let put = |user_data, id: u64, at: u64, part: u32, src: u64| {
+            let mut p = Params::default();
+            p.set_u64(0, at);
+            Sqe {
+                user_data,
+                kernel: EC_CONTROL_PUT,
+                ty: ElemType::F32.id(),
+                flags: EC_FLAG_OUT_BUF,
+                in0: src + at,
+                in0_len: part,
+                out: id,
+                out_len: n,
+                p,
+                ..Sqe::default()
+            }
+        };
+        let get = |user_data, id| Sqe {
+            user_data,
+            kernel: EC_CONTROL_GET,
+            ty: ElemType::F32.id(),
+            flags: EC_FLAG_IN0_BUF,
+            in0: id,
+            in0_len: n,
+            out: 16384,
+            out_len: n,
+            ..Sqe::default()
+        };
+        let free = |user_data, at: u64, ids: u32| Sqe {
+            user_data,
+            kernel: EC_CONTROL_FREE,
+            ty: ElemType::S64.id(),
+            in0: at,
+            in0_len: ids,
+            ..Sqe::default()
+        };
+        let entries = [
+            // Buffer 5 in three slices, the last one first; a get before
+            // the put is complete is refused.
+            put(1, 5, 8192, n - 2048, 0),
+            put(2, 5, 0, 1024, 0),
+            get(3, 5),
+            put(4, 5, 4096, 1024, 0),
+            get(5, 5),
+            // Buffer 6 does not fit the limit: every slice answers OOM.
+            put(6, 6, 4096, 1024, 32768),
+            put(7, 6, 0, 1024, 32768),
+            put(8, 6, 8192, n - 2048, 32768),
+            // Its free (the VM frees a failed put), then a put of the same
+            // id is judged afresh: buffer 5 freed first, it fits.
+            free(9, 49152, 2),
+            put(10, 6, 0, n, 32768),
+        ];
+        // SAFETY: every write is in bounds of the buffer; no references kept.
+        unsafe {
+            let b = base.as_ptr();
+            for (i, x) in want.iter().enumerate() {
+                b.add(arena(0)).cast::<f32>().add(i).write(*x);
+                b.add(arena(32768)).cast::<f32>().add(i).write(-*x);
+            }
+            b.add(arena(49152)).cast::<u64>().write(6);
+            b.add(arena(49152)).cast::<u64>().add(1).write(5);
+            for (i, s) in entries.iter().enumerate() {
+                b.add(sq_off as usize).cast::<Sqe>().add(i).write(*s);
+            }
+            (*b.cast::<Header>()).sq_tail.0.store(entries.len() as u32, Ordering::Relaxed);
+        }
+        // SAFETY: the buffer outlives the daemon (dropped before dealloc).
+        let mapping = unsafe { Mapping::from_raw_parts(base, total) };
+        let ring = Ring::new(mapping, geo, eventfd(), eventfd());
+        let mut backend: Box<dyn Backend> = Box::new(CpuBackend::new(0));
+        let (seg0, bytes0) = ring.arena().segment(0).unwrap();
+        backend.add_segment(0, seg0, bytes0).unwrap();
+        // SAFETY: segment 0 lies in the ring's mapping.
+        let segments = unsafe { Segments::new(seg0, bytes0) };
+        let (sock, _vm) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
+        let mut d = Daemon::new(0, Duration::ZERO, backend, segments, ring, sock);
+        // Room for one 12 KB buffer (a 12 KiB size class), not two.
+        d.set_memory_limit(crate::cli::MemoryLimit::Bytes(20_000));
+        assert!(d.process_drain().unwrap());
+        assert_eq!(d.buffer_use(), (1, buffers::size_class(12_000)), "buffer 6 alone, counted once");
+        let stats = d.ring().stats();
+        // The get of a filling buffer is a VM bug: the only bad descriptor.
+        assert_eq!(stats.bad_descriptors.load(Ordering::Relaxed), 1);
+        // One block from the device: the failed put took none, and buffer 6
+        // reuses buffer 5's.
+        assert_eq!(stats.buf_device_allocs.load(Ordering::Relaxed), 1);
+        drop(d);
+        // SAFETY: as above.
+        let (cqes, got): (Vec<(u64, i32)>, Vec<f32>) = unsafe {
+            let b = base.as_ptr();
+            assert_eq!((*b.cast::<Header>()).cq_tail.0.load(Ordering::Relaxed), entries.len() as u32);
+            (
+                (0..entries.len()).map(|i| b.add(cq_off as usize).cast::<Cqe>().add(i).read()).map(|c| (c.user_data, c.status)).collect(),
+                (0..n as usize).map(|i| b.add(arena(16384)).cast::<f32>().add(i).read()).collect(),
+            )
+        };
+        let (ok, oom, bad) = (Status::Ok.code(), Status::Oom.code(), Status::BadBuffer.code());
+        assert_eq!(
+            cqes,
+            vec![(1, ok), (2, ok), (3, bad), (4, ok), (5, ok), (6, oom), (7, oom), (8, oom), (9, ok), (10, ok)]
+        );
+        assert_eq!(got, want, "the get reads back every slice in its place");
         // SAFETY: allocated above with this layout; the daemon is gone.
         unsafe { dealloc(base.as_ptr(), layout) };
     }

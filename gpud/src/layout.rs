@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 5;
+pub const EC_ABI_VERSION: u32 = 6;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -154,6 +154,16 @@ impl Params {
 
     pub fn set_u32(&mut self, off: usize, v: u32) {
         self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+
+    /// `p.u64[off / 8]`: a control descriptor's 64-bit field (a put's byte
+    /// offset into its buffer).
+    pub fn u64_at(&self, off: usize) -> u64 {
+        u64::from_ne_bytes(self.0[off..off + 8].try_into().unwrap())
+    }
+
+    pub fn set_u64(&mut self, off: usize, v: u64) {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
     }
 
     /// The area of a kernel with the given scalar and dimension arguments,
@@ -624,6 +634,8 @@ int main(void)
     OF(ec_sqe, kernel); OF(ec_sqe, type); OF(ec_sqe, flags);
     P("sizeof.ec_params", sizeof(union ec_params));
     P("alignof.ec_params", _Alignof(union ec_params));
+    P("sizeof.ec_params.u64", sizeof(((union ec_params *)0)->u64));
+    P("offsetof.ec_params.u64", offsetof(union ec_params, u64));
 
     SZ(ec_launch_opts); AL(ec_launch_opts);
     OF(ec_launch_opts, grid); OF(ec_launch_opts, block); OF(ec_launch_opts, shared_bytes);
@@ -726,6 +738,9 @@ int main(void)
         of!("ec_sqe", Sqe, flags, u8);
         put("sizeof.ec_params", size_of::<Params>().to_string());
         put("alignof.ec_params", std::mem::align_of::<Params>().to_string());
+        // A put's offset: Params::u64_at(0) reads the whole of p.u64[0].
+        put("sizeof.ec_params.u64", (EC_PARAM_BYTES / 8 * 8).to_string());
+        put("offsetof.ec_params.u64", "0".to_string());
 
         sz!("ec_launch_opts", LaunchOpts);
         of!("ec_launch_opts", LaunchOpts, grid, u32);
