@@ -240,7 +240,7 @@ memory(N) ->
 %% CUDA split into `cuda_init_us', `context_us', `module_us' and the rest),
 %% `segments_us', `modules_us', with `total_us' their sum; `undefined'
 %% before the first ready; `segments_us' is the arena's registration with
-%% the GPU).
+%% the GPU, which the NIF's pre-fault of the arena's pages shortens).
 -spec devices() -> [map()].
 devices() ->
     case whereis(erlcuda_sup) of
