@@ -42,7 +42,7 @@ ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_clo
     ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
     ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
     ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
-    ATOM_oom;
+    ATOM_oom, ATOM_prefault_arena;
 
 ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
 
@@ -87,6 +87,7 @@ static void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM r
         return;
     }
     d->closed = 1;
+    prefault_stop(&d->prefault); /* before anything is unmapped */
     stop_completion_thread(d);
     if (d->shm.hdr) {
         drain_cq(d, caller_env);
@@ -139,8 +140,10 @@ static void device_dtor(ErlNifEnv *env, void *obj)
         enif_rwlock_destroy(d->drain);
     for (uint32_t i = 0; i < EC_MAX_SEGMENTS; i++)
         arena_destroy(&d->alloc[i]);
-    if (!d->unmapped)
+    if (!d->unmapped) {
+        prefault_stop(&d->prefault); /* stopped by device_close already, if it ran */
         shm_unmap(&d->shm); /* exported regions hold the device: none are left */
+    }
 }
 
 /* A buffer garbage-collected: its free is queued (never blocking; see
@@ -180,12 +183,12 @@ static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNi
 
 /* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
  *               pipeline_bytes,
- *               zero_copy_bytes, poison_outputs}) -> {ok, Handle} | {error, Reason} */
+ *               zero_copy_bytes, poison_outputs, prefault_arena}) -> {ok, Handle} | {error, Reason} */
 static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     unsigned dev;
     ErlNifUInt64 entries, arena_bytes, arena_max, spin, busy_spin, zero_copy, pipeline;
-    ERL_NIF_TERM poison;
+    ERL_NIF_TERM poison, prefault;
     (void)argc;
     if (!enif_get_uint(env, argv[0], &dev) || !enif_is_map(env, argv[1]) ||
         !get_opt_u64(env, argv[1], ATOM_ring_entries, &entries) ||
@@ -196,6 +199,7 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
         !get_opt_u64(env, argv[1], ATOM_zero_copy_bytes, &zero_copy) ||
         !get_opt_u64(env, argv[1], ATOM_pipeline_bytes, &pipeline) ||
         !enif_get_map_value(env, argv[1], ATOM_poison_outputs, &poison) ||
+        !enif_get_map_value(env, argv[1], ATOM_prefault_arena, &prefault) ||
         entries < 2 || entries > (1u << 20) || (entries & (entries - 1)) != 0 ||
         arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT) ||
         arena_max < arena_bytes || spin > 1000000 || busy_spin > 1000000)
@@ -261,6 +265,10 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     err = start_completion_thread(d);
     if (err != 0)
         return make_errno(env, -err);
+    /* The arena's pages, faulted in while gpud starts (prefault.h). Only an
+     * optimization: a thread that cannot start changes nothing else. */
+    if (enif_is_identical(prefault, ATOM_true) && prefault_start(&d->prefault) == 0)
+        prefault_add(&d->prefault, d->shm.seg[0].base, d->shm.seg[0].bytes);
     return enif_make_tuple2(env, ATOM_ok, handle);
 }
 
@@ -550,6 +558,10 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "arena_segments", d->shm.nseg);
     put(env, &m, "result_binaries", __atomic_load_n(&d->exported, __ATOMIC_RELAXED));
     dev_unlock(d);
+    /* The pre-fault thread's progress: bytes faulted in (or found resident)
+     * and the time it took, every segment together. */
+    put(env, &m, "arena_prefaulted_bytes", __atomic_load_n(&d->prefault.done_bytes, __ATOMIC_RELAXED));
+    put(env, &m, "arena_prefault_us", __atomic_load_n(&d->prefault.busy_ns, __ATOMIC_RELAXED) / 1000);
     if (!d->closed) {
         const struct ec_stats *g = &d->shm.hdr->stats;
         put(env, &m, "jobs_ok", load64(&g->jobs_ok));
@@ -637,6 +649,7 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     A(pipeline_bytes);
     A(zero_copy_bytes);
     A(poison_outputs);
+    A(prefault_arena);
     A(buffer);
     A(freed);
     A(lost);

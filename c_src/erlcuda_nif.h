@@ -42,6 +42,7 @@
 
 #include "arena.h"
 #include "erlcuda_ring.h"
+#include "prefault.h"
 #include "profile.h"
 #include "shm.h"
 
@@ -161,6 +162,10 @@ struct device {
     uint64_t inline_off;                 /* slot i's inline area: inline_off + i * INLINE_BYTES */
     uint32_t inline_slots;               /* slots 0 .. inline_slots - 1 have one */
     int poison;                          /* fill outputs with NaN before submitting */
+    /* Faults the arena's segments in ahead of gpud's registration
+     * (prefault.h); started by open when asked, stopped by close before
+     * anything is unmapped. */
+    struct prefault prefault;
     uint64_t exported;                   /* live region_res, __atomic */
     uint32_t id, nslots, spin_us, busy_spin_us;
     struct job *jobs;
@@ -264,7 +269,7 @@ extern ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, A
     ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
     ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
     ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
-    ATOM_oom;
+    ATOM_oom, ATOM_prefault_arena;
 
 /* A gpud completion status as an atom, by its code (< EC_STATUS_COUNT). */
 extern ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];

@@ -239,8 +239,8 @@ memory(N) ->
 %% `spawn_us', then gpud's own `args_us', `handshake_us', `backend_us' (on
 %% CUDA split into `cuda_init_us', `context_us', `module_us' and the rest),
 %% `segments_us', `modules_us', with `total_us' their sum; `undefined'
-%% before the first ready). The arena's registration with the GPU is not in
-%% it: gpud does that after ready (its log says when it is done).
+%% before the first ready; `segments_us' is the arena's registration with
+%% the GPU, which the NIF's pre-fault of the arena's pages shortens).
 -spec devices() -> [map()].
 devices() ->
     case whereis(erlcuda_sup) of

@@ -116,7 +116,11 @@ init({Id, Backend, Probe}) ->
              spin_us => Env(completion_spin_us),
              busy_spin_us => Env(completion_busy_spin_us),
              pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
-             poison_outputs => Env(poison_outputs)},
+             poison_outputs => Env(poison_outputs),
+             %% CUDA registers (pins) the whole arena: its pages are faulted
+             %% in while gpud starts, off the path to ready. The CPU backend
+             %% touches only what jobs use, so it leaves them to come lazily.
+             prefault_arena => Backend =/= cpu},
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
             persistent_term:put({?MODULE, Id}, H),

@@ -28,7 +28,9 @@ init() ->
 %% flight), `pipeline_bytes' (binary inputs, and put binaries, this large
 %% are copied and published in slices, overlapping the copy with the GPU:
 %% c_src/pipeline.c), `zero_copy_bytes' (binary results at least this large stay in the
-%% arena), `poison_outputs' (fill outputs with NaN before each job).
+%% arena), `poison_outputs' (fill outputs with NaN before each job),
+%% `prefault_arena' (fault the arena's pages in on a thread of the NIF's
+%% own, ahead of gpud's registration of them with the GPU: c_src/prefault.h).
 -spec open(non_neg_integer(), #{atom() => term()}) -> {ok, handle()} | {error, atom()}.
 open(_Device, _Opts) -> ?NOT_LOADED.
 

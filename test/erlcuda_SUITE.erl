@@ -10,7 +10,8 @@ all() ->
     [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
      {group, pipeline}, {group, pipeline_split}, {group, pipeline_no_room},
      app_stop_leaves_nothing, start_does_not_wait_for_gpud, probe_does_not_block_either,
-     probe_failure_is_a_failed_start, arena_growth, result_outlives_app, fault_isolation].
+     probe_failure_is_a_failed_start, arena_growth, arena_prefault, result_outlives_app,
+     fault_isolation].
 
 groups() ->
     [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, saxpy, element_types,
@@ -789,10 +790,64 @@ arena_growth(_) ->
         erlcuda_ref:stop_app()
     end.
 
+%% The NIF's pre-fault of the arena (c_src/prefault.h), on handles of its
+%% own: every byte of segment 0 when asked and none when not; closed in the
+%% middle of a large arena, again and again, and a handle dropped without
+%% close (its destructor, on a normal scheduler), the thread stops before
+%% the unmap (a touch after it would crash the VM, or ASan would say).
+arena_prefault(_) ->
+    erlcuda_ref:stop_app(),
+    _ = application:load(erlcuda),
+    {module, _} = code:ensure_loaded(erlcuda_nif),
+    Mi = 1 bsl 20,
+    {ok, H} = erlcuda_nif:open(7, nif_opts(64 * Mi, true)),
+    ok = wait_prefaulted(H, 64 * Mi, 30000),
+    #{arena_prefault_us := Us} = erlcuda_nif:stats(H),
+    ct:pal("64 MiB pre-faulted in ~.1f ms", [Us / 1000]),
+    ok = erlcuda_nif:close(H),
+    {ok, H2} = erlcuda_nif:open(7, nif_opts(64 * Mi, false)),
+    timer:sleep(100),
+    ?assertMatch(#{arena_prefaulted_bytes := 0}, erlcuda_nif:stats(H2)),
+    ok = erlcuda_nif:close(H2),
+    Done = [begin
+                {ok, H3} = erlcuda_nif:open(7, nif_opts(512 * Mi, true)),
+                timer:sleep(Ms),
+                ok = erlcuda_nif:close(H3),
+                maps:get(arena_prefaulted_bytes, erlcuda_nif:stats(H3))
+            end || Ms <- [0, 1, 2, 5, 10, 20]],
+    ct:pal("closed after 0-20 ms: ~p MiB pre-faulted", [[B bsr 20 || B <- Done]]),
+    ?assert(lists:all(fun(B) -> B < 512 * Mi end, Done)),
+    {Pid, Ref} = spawn_monitor(fun() ->
+                                       {ok, _} = erlcuda_nif:open(7, nif_opts(512 * Mi, true)),
+                                       timer:sleep(5)
+                               end),
+    receive {'DOWN', Ref, process, Pid, normal} -> ok end,
+    erlang:garbage_collect(),
+    ok.
+
+nif_opts(Arena, Prefault) ->
+    #{ring_entries => 16, arena_bytes => Arena, arena_max_bytes => Arena, spin_us => 0,
+      busy_spin_us => 0, pipeline_bytes => 1 bsl 40, zero_copy_bytes => 4096,
+      poison_outputs => false, prefault_arena => Prefault}.
+
+wait_prefaulted(H, Bytes, Ms) ->
+    case erlcuda_nif:stats(H) of
+        #{arena_prefaulted_bytes := B} when B >= Bytes -> ok;
+        _ when Ms =< 0 -> {error, not_prefaulted};
+        _ -> timer:sleep(10), wait_prefaulted(H, Bytes, Ms - 10)
+    end.
+
+%% Until busy with no job in flight: an answer reaches its caller before
+%% the job's regions are released (complete.c), so a launch right after one
+%% may find the arena full for a moment.
 fill(Args, Held) ->
     case erlcuda:launch_sync(vector_add, Args) of
         {ok, R} -> fill(Args, [R | Held]);
-        {error, busy} -> Held
+        {error, busy} ->
+            case erlcuda:stats(0) of
+                #{in_flight := 0} -> Held;
+                _ -> timer:sleep(1), fill(Args, Held)
+            end
     end.
 
 %% A result binary held after application:stop stays readable; the mapping

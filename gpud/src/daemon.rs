@@ -108,8 +108,9 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     if d.await_segments(session.hello.segments)? == Wake::Quit {
         return Ok(());
     }
-    // Segment registration is queued here, not done (CUDA: crate::pinning),
-    // unless ERLCUDA_REGISTER=sync.
+    // Every segment is registered by now (CUDA: cuMemHostRegister; the VM
+    // pre-faults the arena's pages meanwhile, so this is pinning resident
+    // pages, not faulting them in).
     phases.mark("segments");
     // The modules the VM had loaded (a restart brings them back before any
     // job queued for them is drained). One that fails is left out, said

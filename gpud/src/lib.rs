@@ -13,7 +13,6 @@
 //! - [`buffers`]: device buffers, their caching allocator and accounting;
 //! - [`coalesce`]: grouping by kernel, batch statistics;
 //! - [`segment`]: arena segments sent after the handshake;
-//! - [`pinning`]: registering segments with the device in the background;
 //! - [`backend`]: the backends (`cpu`, `cuda`);
 //! - [`daemon`]: the main loop tying them together;
 //! - [`startup`]: where the time from `main` to `ready` goes;
@@ -41,7 +40,6 @@ pub mod handshake;
 pub mod layout;
 pub mod modules;
 pub mod ops;
-pub mod pinning;
 pub mod ring;
 pub mod segment;
 pub mod startup;

@@ -203,21 +203,8 @@ impl TestArena {
         s
     }
 
-    /// Registers every segment with `backend`, and waits until that is
-    /// done: tests and benchmarks measure the registered path, and the
-    /// mappings must not go while a registration is under way.
+    /// Registers every segment with `backend`.
     pub fn attach(&self, backend: &mut dyn Backend) -> Result<()> {
-        self.attach_lazily(backend)?;
-        if !backend.wait_registered() {
-            return Err(Error::Device("the backend refused to register the test arena".into()));
-        }
-        Ok(())
-    }
-
-    /// Adds every segment to `backend` without waiting for registration
-    /// (the CUDA backend's jobs then race it). The caller waits
-    /// (`Backend::wait_registered`) before dropping the arena.
-    pub fn attach_lazily(&self, backend: &mut dyn Backend) -> Result<()> {
         for (i, s) in self.segs.iter().enumerate() {
             backend.add_segment(i, s.1.base(), s.1.len() as u64)?;
         }
@@ -501,17 +488,11 @@ pub fn check_backend(backend: &mut dyn Backend) {
     let mut ta = TestArena::new(&ARENA_BYTES);
     ta.attach(backend).expect("register the test arena");
     let cases = build_cases(&mut ta, 0x5eed_cafe);
-    check_cases(backend, &mut ta, &cases);
-}
-
-/// Runs `cases` on `backend`: one launch per kernel, then many small
-/// launches in flight together. Panics on any failure.
-pub fn check_cases(backend: &mut dyn Backend, ta: &mut TestArena, cases: &[Case]) {
     for per_launch in [usize::MAX, 37] {
-        poison(ta, cases);
+        poison(&mut ta, &cases);
         let t = Instant::now();
-        let launches = run(backend, ta, cases, per_launch).unwrap_or_else(|e| panic!("{}: {e}", backend.kind()));
-        let bad = check(ta, cases);
+        let launches = run(backend, &ta, &cases, per_launch).unwrap_or_else(|e| panic!("{}: {e}", backend.kind()));
+        let bad = check(&ta, &cases);
         eprintln!(
             "testvec: {} backend: {} cases in {launches} launches, {:.1} ms, {} failures",
             backend.kind(),
@@ -659,44 +640,6 @@ mod tests {
             b.force_mode(mode);
             check_backend(&mut b);
         }
-    }
-
-    /// Registration off the path to ready (crate::pinning): every case
-    /// with the segments not registered (the pageable copy path), then
-    /// registered (the mapped path), then with registration racing the
-    /// launches of a fresh backend.
-    #[test]
-    fn cuda_cases_before_during_and_after_registration() {
-        use crate::backend::cuda::RegisterMode;
-        {
-            let Some(mut b) = gpu_for_tests() else { return };
-            b.set_register_mode(RegisterMode::Manual);
-            let mut ta = TestArena::new(&ARENA_BYTES);
-            ta.attach_lazily(&mut b).unwrap();
-            assert_eq!(b.unregistered_segments(), ARENA_BYTES.len());
-            let cases = build_cases(&mut ta, 0xc01d);
-            eprintln!("testvec: cuda, segments not registered");
-            check_cases(&mut b, &mut ta, &cases);
-            assert_eq!(b.unregistered_segments(), ARENA_BYTES.len(), "nothing asked for a registration");
-            b.register_pending().unwrap();
-            assert!(b.wait_registered());
-            assert_eq!(b.unregistered_segments(), 0);
-            eprintln!("testvec: cuda, segments registered");
-            check_cases(&mut b, &mut ta, &cases);
-            // b goes before ta: everything is unregistered before the unmap.
-            drop(b);
-        }
-        let Some(mut b) = gpu_for_tests() else { return };
-        b.set_register_mode(RegisterMode::Background);
-        let mut ta = TestArena::new(&ARENA_BYTES);
-        ta.attach_lazily(&mut b).unwrap();
-        let cases = build_cases(&mut ta, 0xc01e);
-        eprintln!("testvec: cuda, registration racing the launches ({} segments not registered yet)", b.unregistered_segments());
-        check_cases(&mut b, &mut ta, &cases);
-        assert!(b.wait_registered());
-        assert_eq!(b.unregistered_segments(), 0);
-        check_cases(&mut b, &mut ta, &cases);
-        drop(b);
     }
 
     #[test]

@@ -11,12 +11,7 @@
 //! - every arena segment is registered once (`cuMemHostRegister`,
 //!   DEVICEMAP | PORTABLE) and its device address taken with
 //!   `cuMemHostGetDevicePointer`: a region's device pointer is the segment's
-//!   device base + the region's offset. Registration runs on a thread of
-//!   its own after `ready` (`crate::pinning`: it was most of gpud's start);
-//!   until a segment's registration is collected, jobs naming it are copied
-//!   in and out of it like pageable memory ([`job_placement`]). The
-//!   environment variable `ERLCUDA_REGISTER=sync` registers before `ready`
-//!   instead, as gpud did before (for A/B measurements);
+//!   device base + the region's offset;
 //! - per launch a [`Slot`]: the kernel's descriptor table (built with the
 //!   host-side helpers of `kernels/src/abi.rs`) is written into pinned
 //!   staging memory, copied to a device buffer on the stream, the kernel is
@@ -55,7 +50,6 @@ use crate::error::{Error, Result};
 use crate::layout::{ElemType, Kernel, EC_MAX_SEGMENTS, EC_TYPE_COUNT, KERNEL_ROWS};
 use crate::modules::UserKernel;
 use crate::ops::{DevPtrs, DeviceLaunch, KernelOp, Placement};
-use crate::pinning::{PinRequest, Pinned, Pinner, Registrar};
 
 /// The kernels built for sm_70 (any GPU of compute capability >= 7.0 JITs
 /// them), and the same kernels built for sm_80 with the instructions only
@@ -199,31 +193,6 @@ pub fn policy(op: &dyn KernelOp, job: &Job, njobs: usize) -> Placement {
     op.placement(job, njobs)
 }
 
-/// Where one job's data goes: a job with a region in a segment that is not
-/// registered (yet) copies its inputs in and its output out (`CopyInOut`):
-/// the kernel cannot reach that memory through a mapping, while the driver
-/// copies pageable memory itself (host-to-device copies are staged before
-/// the call returns, device-to-host ones are complete when it returns, per
-/// the driver API's "API synchronization behavior"). Else the benchmarks'
-/// forced placement, else [`policy`]. Deliberately faulting jobs stay
-/// mapped (they point at an address that is never mapped anyway).
-pub fn job_placement(
-    op: &dyn KernelOp,
-    job: &Job,
-    njobs: usize,
-    forced: Option<Placement>,
-    registered: impl Fn(usize) -> bool,
-) -> Placement {
-    if job.fault() {
-        return Placement::Mapped;
-    }
-    let host_regions = [job.in0(), job.in1(), job.out()];
-    if host_regions.iter().any(|r| !r.is_buffer() && !r.is_empty() && !registered(r.segment())) {
-        return Placement::CopyInOut;
-    }
-    forced.unwrap_or_else(|| policy(op, job, njobs))
-}
-
 /// A user's module on the device: its PTX module and, per kernel id, the
 /// entry of each declared type.
 struct UserModule {
@@ -280,135 +249,11 @@ fn check_params(f: sys::CUfunction, entry: &str) -> std::result::Result<(), Stri
 }
 
 struct Segment {
-    /// The segment's first byte (host).
-    host: NonNull<u8>,
-    bytes: u64,
-    /// The registered range (page-aligned around the segment): what
-    /// `cuMemHostUnregister` is given. Null until registered.
+    /// Registered range (page-aligned around the segment).
     reg_base: *mut c_void,
-    pin: Pin,
-}
-
-impl Segment {
-    /// The device address of the first byte, once registered.
-    fn dev(&self) -> Option<u64> {
-        match self.pin {
-            Pin::Ready(d) => Some(d),
-            Pin::NotAsked | Pin::Pending | Pin::Failed => None,
-        }
-    }
-}
-
-/// A segment's registration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pin {
-    /// Not asked for yet ([`RegisterMode::Manual`]): jobs take the
-    /// pageable path.
-    NotAsked,
-    /// Asked of the registrar: jobs take the pageable path until the
-    /// result is collected.
-    Pending,
-    /// Registered; the device address of the segment's first byte.
-    Ready(u64),
-    /// The driver refused: the segment is served through pageable copies
-    /// for as long as gpud runs (slower, still correct).
-    Failed,
-}
-
-/// When segments are registered (`ERLCUDA_REGISTER`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RegisterMode {
-    /// On the registrar's thread, after `ready` (the default).
-    Background,
-    /// Inside `add_segment`, as before: ready waits for it.
-    Sync,
-    /// Only when [`CudaBackend::register_pending`] is called (tests: a
-    /// deterministic window in which jobs take the pageable path).
-    Manual,
-}
-
-impl RegisterMode {
-    /// `sync`, else the default. (Manual is for tests only: a gpud in
-    /// it would never register anything.)
-    fn from_env() -> RegisterMode {
-        match std::env::var("ERLCUDA_REGISTER").as_deref() {
-            Ok("sync") => RegisterMode::Sync,
-            _ => RegisterMode::Background,
-        }
-    }
-}
-
-/// The primary context, handed to the registrar's thread.
-#[derive(Clone, Copy)]
-struct SendCtx(sys::CUcontext);
-// SAFETY: a CUcontext is a process-wide handle; the driver lets any thread
-// make it current (cuCtxSetCurrent) and use it concurrently with others.
-unsafe impl Send for SendCtx {}
-
-/// Registers segments on the registrar's thread, in the backend's context.
-struct CudaPinner {
-    ctx: SendCtx,
-    device: u32,
-    current: bool,
-}
-
-impl Pinner for CudaPinner {
-    fn pin(&mut self, r: &PinRequest) -> std::result::Result<u64, String> {
-        // SAFETY: the context is the backend's primary context, retained
-        // until the backend drops, which joins this thread first
-        // (Registrar::shutdown). The range is mapped read-write for the
-        // backend's lifetime (the daemon drops the backend before the
-        // mappings), and no other registration covers it.
-        unsafe {
-            if !self.current {
-                let r = sys::cuCtxSetCurrent(self.ctx.0);
-                if r != CUresult::CUDA_SUCCESS {
-                    return Err(format!("cuCtxSetCurrent: {r:?}"));
-                }
-                self.current = true;
-            }
-            let reg = r.reg_base as *mut c_void;
-            let rc = sys::cuMemHostRegister_v2(
-                reg,
-                r.reg_len,
-                sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE,
-            );
-            if rc != CUresult::CUDA_SUCCESS {
-                return Err(format!("cuMemHostRegister: {rc:?}"));
-            }
-            let mut dev = 0u64;
-            let rc = sys::cuMemHostGetDevicePointer_v2(&mut dev, r.base as *mut c_void, 0);
-            if rc != CUresult::CUDA_SUCCESS {
-                sys::cuMemHostUnregister(reg);
-                return Err(format!("cuMemHostGetDevicePointer: {rc:?}"));
-            }
-            Ok(dev)
-        }
-    }
-
-    fn finished(&mut self, p: &Pinned) {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        match &p.result {
-            Ok(_) => log!(
-                Info,
-                "gpud[{}]: cuda: registered segment {} ({} bytes) in {:.1} ms, {:.1} ms after gpud started",
-                self.device,
-                p.req.seg,
-                p.req.reg_len,
-                ms(p.took),
-                ms(p.at)
-            ),
-            Err(e) => log!(
-                Error,
-                "gpud[{}]: cuda: registering segment {} ({} bytes) failed after {:.1} ms: {e}; \
-                 its jobs go through pageable copies",
-                self.device,
-                p.req.seg,
-                p.req.reg_len,
-                ms(p.took)
-            ),
-        }
-    }
+    /// Device address of the segment's first byte.
+    dev: u64,
+    bytes: u64,
 }
 
 /// Everything one in-flight launch needs until its event fires.
@@ -554,9 +399,6 @@ pub struct CudaBackend {
     user_mods: HashMap<u16, UserModule>,
     user_smem_max: HashMap<(u16, u8), u32>,
     segs: Vec<Option<Segment>>,
-    register_mode: RegisterMode,
-    /// The thread that registers segments (started with the first one).
-    registrar: Option<Registrar>,
     /// How long `open`'s steps took (the startup profile).
     open_phases: Vec<(&'static str, Duration)>,
     slots: Vec<Slot>,
@@ -714,8 +556,6 @@ impl CudaBackend {
                 user_mods: HashMap::new(),
                 user_smem_max: HashMap::new(),
                 segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
-                register_mode: RegisterMode::from_env(),
-                registrar: None,
                 // cuda_init: loading libcuda and cuInit; context: retaining
                 // (creating, in a fresh process) the primary context; module:
                 // loading the PTX (JIT, or the driver's cache) and looking up
@@ -745,117 +585,22 @@ impl CudaBackend {
         self.force_mode = mode;
     }
 
-    /// The device address of `r`. A region of a segment not registered yet
-    /// has none (0): [`job_placement`] copies such a job's data, and the
-    /// copy's scratch address replaces it.
     fn dev_ptr(&self, r: Region) -> Result<u64> {
         if r.is_buffer() {
             // A live device buffer: its block's device address.
             return Ok(r.offset());
         }
-        let s = self.segs[r.segment()].as_ref();
         if r.is_empty() {
             // Never dereferenced; any valid-looking address will do.
-            return Ok(s.and_then(|s| s.dev()).unwrap_or(0));
+            return Ok(self.segs[r.segment()].as_ref().map_or(0, |s| s.dev));
         }
-        let s = s.ok_or_else(|| Error::Device(format!("segment {} was never added", r.segment())))?;
+        let s = self.segs[r.segment()]
+            .as_ref()
+            .ok_or_else(|| Error::Device(format!("segment {} is not registered", r.segment())))?;
         if r.end() > s.bytes {
             return Err(Error::Device(format!("region {r:?} beyond segment of {} bytes", s.bytes)));
         }
-        Ok(s.dev().map_or(0, |d| d + r.offset()))
-    }
-
-    /// True when segment `seg` is registered (and collected): its jobs may
-    /// read and write it through the mapping.
-    fn registered(&self, seg: usize) -> bool {
-        self.segs.get(seg).and_then(|s| s.as_ref()).is_some_and(|s| s.dev().is_some())
-    }
-
-    /// Takes in what the registrar finished: from the next launch on, those
-    /// segments are on the registered path.
-    fn collect_registrations(&mut self) {
-        let Some(r) = self.registrar.as_mut() else { return };
-        if r.pending() == 0 {
-            return;
-        }
-        for p in r.collect() {
-            self.take_registration(p);
-        }
-    }
-
-    fn take_registration(&mut self, p: Pinned) {
-        let Some(s) = self.segs.get_mut(p.req.seg).and_then(|s| s.as_mut()) else { return };
-        match p.result {
-            Ok(dev) => {
-                s.reg_base = p.req.reg_base as *mut c_void;
-                s.pin = Pin::Ready(dev);
-            }
-            Err(_) => s.pin = Pin::Failed,
-        }
-    }
-
-    /// Asks the registrar for segment `seg` (starting it first).
-    fn request_registration(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()> {
-        if self.registrar.is_none() {
-            let pinner = CudaPinner { ctx: SendCtx(self.ctx), device: self.device, current: false };
-            let r = Registrar::spawn(format!("gpud{}-register", self.device), pinner)
-                .map_err(|e| Error::Device(format!("cannot start the registration thread: {e}")))?;
-            self.registrar = Some(r);
-        }
-        // Register whole pages: the mapping covers them (mmap maps whole
-        // pages; segment 0 sits inside the ring's mapping).
-        let page = 4096usize;
-        let start = base.as_ptr() as usize;
-        let reg_base = start & !(page - 1);
-        let reg_end = (start + bytes as usize).next_multiple_of(page);
-        let req = PinRequest { seg, reg_base, reg_len: reg_end - reg_base, base: start };
-        self.registrar.as_mut().expect("started above").request(req);
-        if let Some(s) = self.segs[seg].as_mut() {
-            s.pin = Pin::Pending;
-        }
-        Ok(())
-    }
-
-    /// [`RegisterMode::Manual`] (tests): asks for every segment added and
-    /// not registered yet.
-    pub fn register_pending(&mut self) -> Result<()> {
-        let todo: Vec<(usize, NonNull<u8>, u64)> = self
-            .segs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().filter(|s| s.pin == Pin::NotAsked).map(|s| (i, s.host, s.bytes)))
-            .collect();
-        for (seg, base, bytes) in todo {
-            self.request_registration(seg, base, bytes)?;
-        }
-        Ok(())
-    }
-
-    /// Waits until every registration asked for is done (see
-    /// [`Backend::wait_registered`]; and `ERLCUDA_REGISTER=sync`); true when
-    /// none failed.
-    fn wait_all_registered(&mut self) -> bool {
-        while let Some(r) = self.registrar.as_mut() {
-            if r.pending() == 0 {
-                break;
-            }
-            match r.wait(Duration::from_secs(3600)) {
-                Some(p) => self.take_registration(p),
-                None => break,
-            }
-        }
-        self.segs.iter().flatten().all(|s| s.pin != Pin::Failed)
-    }
-
-    /// Segments added and not (yet) registered.
-    pub fn unregistered_segments(&self) -> usize {
-        self.segs.iter().flatten().filter(|s| s.dev().is_none()).count()
-    }
-
-    /// How segments are registered from now on (tests; the default comes
-    /// from `ERLCUDA_REGISTER`).
-    pub fn set_register_mode(&mut self, mode: RegisterMode) {
-        self.register_mode = mode;
+        Ok(s.dev + r.offset())
     }
 
     fn free_slot(&mut self) -> Result<usize> {
@@ -895,7 +640,6 @@ impl CudaBackend {
         let kernel = launch.kernel;
         let op = launch.op;
         let jobs = launch.jobs;
-        self.collect_registrations();
         let slot_i = self.free_slot()?;
         let (f, stream, smem_max) = self.entry(kernel, launch.ty);
         if f.is_null() {
@@ -913,7 +657,11 @@ impl CudaBackend {
         let mut scratch_need = 0u64;
         let mut modes = Vec::with_capacity(jobs.len());
         for j in jobs {
-            let mode = job_placement(op, j, jobs.len(), self.force_mode, |seg| self.registered(seg));
+            let mode = if j.fault() {
+                Placement::Mapped
+            } else {
+                self.force_mode.unwrap_or_else(|| policy(op, j, jobs.len()))
+            };
             modes.push(mode);
             if mode != Placement::Mapped {
                 for r in j.inputs().into_iter().filter(|r| !r.is_buffer()) {
@@ -1101,32 +849,54 @@ impl Backend for CudaBackend {
             return Err(Error::Device(format!("segment {seg} registered twice")));
         }
         if bytes == 0 {
-            // Nothing to register; no region can name a byte of it.
-            self.segs[seg] = Some(Segment { host: base, bytes: 0, reg_base: ptr::null_mut(), pin: Pin::Ready(0) });
+            self.segs[seg] = Some(Segment {
+                reg_base: ptr::null_mut(),
+                dev: 0,
+                bytes: 0,
+            });
             return Ok(());
         }
-        self.segs[seg] = Some(Segment { host: base, bytes, reg_base: ptr::null_mut(), pin: Pin::NotAsked });
-        match self.register_mode {
-            RegisterMode::Manual => Ok(()),
-            RegisterMode::Background => self.request_registration(seg, base, bytes),
-            RegisterMode::Sync => {
-                // As before the registrar: ready waits, and a refusal is fatal.
-                self.request_registration(seg, base, bytes)?;
-                if self.wait_all_registered() {
-                    Ok(())
-                } else {
-                    Err(Error::Device(format!("registering segment {seg} ({bytes} bytes) failed")))
-                }
-            }
+        // Register whole pages: the mapping covers them (mmap maps whole
+        // pages; segment 0 sits inside the ring's mapping).
+        let page = 4096usize;
+        let start = base.as_ptr() as usize;
+        let reg_start = start & !(page - 1);
+        let reg_end = (start + bytes as usize).next_multiple_of(page);
+        let t = Instant::now();
+        // SAFETY: the range is mapped read-write for as long as the backend
+        // lives (the daemon drops the backend before the mappings).
+        unsafe {
+            ck(
+                sys::cuMemHostRegister_v2(
+                    reg_start as *mut c_void,
+                    reg_end - reg_start,
+                    sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE,
+                ),
+                "cuMemHostRegister",
+            )?;
+            let mut dev = 0u64;
+            ck(
+                sys::cuMemHostGetDevicePointer_v2(&mut dev, base.as_ptr().cast(), 0),
+                "cuMemHostGetDevicePointer",
+            )?;
+            self.segs[seg] = Some(Segment {
+                reg_base: reg_start as *mut c_void,
+                dev,
+                bytes,
+            });
         }
+        log!(
+            Info,
+            "gpud[{}]: cuda: registered segment {seg} ({bytes} bytes) in {:.1} ms, {:.1} ms after gpud started",
+            self.device,
+            t.elapsed().as_secs_f64() * 1e3,
+            crate::startup::since_start().as_secs_f64() * 1e3
+        );
+        Ok(())
     }
 
     fn startup_phases(&self) -> Vec<(&'static str, Duration)> {
         self.open_phases.clone()
-    }
-
-    fn wait_registered(&mut self) -> bool {
-        self.wait_all_registered()
     }
 
     fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
@@ -1216,10 +986,8 @@ impl Backend for CudaBackend {
 
     fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()> {
         // SAFETY: `addr` is a live device block of at least src.len() bytes;
-        // src is arena memory: registered (pinned), the copy runs at full
-        // PCIe speed; not registered yet (the first moments after ready),
-        // the driver stages it. Either way a synchronous copy is complete
-        // when the call returns.
+        // src is registered (pinned) arena memory, so the copy runs at full
+        // PCIe speed and is complete when the call returns.
         ck(unsafe { sys::cuMemcpyHtoD_v2(addr, src.as_ptr().cast(), src.len()) }, "cuMemcpyHtoD (put)")
     }
 
@@ -1232,15 +1000,6 @@ impl Backend for CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // First the registrar: it waits for a registration in progress and
-        // hands back what finished since the last collect, so that
-        // everything registered is unregistered below, before the daemon
-        // unmaps the segments.
-        if let Some(mut r) = self.registrar.take() {
-            for p in r.shutdown() {
-                self.take_registration(p);
-            }
-        }
         // SAFETY: tears down what `open` and `add_segment` made; errors (a
         // dead context after a fault) are ignored.
         unsafe {
@@ -1272,7 +1031,7 @@ mod tests {
     use super::*;
     use crate::ops;
     use crate::descriptor::validate;
-    use crate::layout::{Params, Sqe, EC_ADDR_SEGMENT_SHIFT};
+    use crate::layout::{Params, Sqe};
 
     fn job(kernel: Kernel, n: u32, dims: (u32, u32, u32)) -> Job {
         let (m, nn, k) = dims;
@@ -1319,40 +1078,5 @@ mod tests {
         assert_eq!(mm((4096, 64, 4096)), CopyIn);
         assert_eq!(mm((128, 128, 4096)), Mapped, "no tile reuse");
         assert_eq!(mm((32, 32, 32)), Mapped);
-    }
-
-    /// The unregistered -> registered switch (crate::pinning): a job with
-    /// any host region in a segment not registered yet copies in and out
-    /// whatever the policy or a benchmark's forced placement says; once its
-    /// segments are registered it gets the policy's placement again.
-    /// Device-buffer regions and empty ones never need a registration.
-    #[test]
-    fn unregistered_segments_take_the_copy_path_until_registered() {
-        use Placement::*;
-        let k = Kernel::VectorAdd;
-        let op = ops::op(k);
-        let mut sizes = crate::descriptor::SegmentSizes::single(1 << 20);
-        sizes.set(1, 1 << 20);
-        let sizes = &sizes;
-        let va = |in0: u64, in1: u64, out: u64| {
-            let s = Sqe { kernel: k.id(), in0, in1, out, in0_len: 64, in1_len: 64, out_len: 64, ..Sqe::default() };
-            validate(&s, sizes).unwrap()
-        };
-        let seg1 = 1u64 << EC_ADDR_SEGMENT_SHIFT;
-        let in_seg0 = va(0, 0x1000, 0x2000);
-        let out_in_seg1 = va(0, 0x1000, seg1);
-        let only0 = |s: usize| s == 0;
-        let none = |_: usize| false;
-        let all = |_: usize| true;
-        assert_eq!(job_placement(op, &in_seg0, 1, None, none), CopyInOut);
-        assert_eq!(job_placement(op, &in_seg0, 1, Some(Mapped), none), CopyInOut, "forced mapping of pageable memory");
-        assert_eq!(job_placement(op, &in_seg0, 1, None, only0), Mapped, "registered: the policy again");
-        assert_eq!(job_placement(op, &in_seg0, 1, Some(CopyIn), only0), CopyIn);
-        assert_eq!(job_placement(op, &out_in_seg1, 1, None, only0), CopyInOut, "output in an unregistered segment");
-        assert_eq!(job_placement(op, &out_in_seg1, 1, None, all), Mapped);
-        // reduce: in1 is empty, so its segment does not matter.
-        let r = Sqe { kernel: Kernel::Reduce.id(), in0: 0, in1: seg1, out: 0x1000, in0_len: 64, in1_len: 0, out_len: 1, ..Sqe::default() };
-        let r = validate(&r, sizes).unwrap();
-        assert_eq!(job_placement(ops::op(Kernel::Reduce), &r, 1, None, only0), Mapped);
     }
 }

@@ -199,20 +199,10 @@ pub trait Backend {
     /// Human-readable device name: the rest of the `ready` line.
     fn name(&self) -> &str;
 
-    /// Makes arena segment `seg` usable by later launches. Called once per
-    /// segment, segment 0 first, before any launch that names it. The CUDA
-    /// backend registers it with the driver in the background (see
-    /// `crate::pinning`): launches work at once, faster once it is done.
-    /// `Err` is fatal.
+    /// Makes arena segment `seg` usable by later launches (the CUDA backend
+    /// registers it with the driver). Called once per segment, segment 0
+    /// first, before any launch that names it. `Err` is fatal.
     fn add_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()>;
-
-    /// Waits until every segment added so far is registered with the
-    /// device (tests and benchmarks that measure the registered path, and
-    /// must keep the memory mapped until the registration is over); true
-    /// when none was refused. Backends without registration: at once.
-    fn wait_registered(&mut self) -> bool {
-        true
-    }
 
     /// How long the steps of opening this backend took, in order (the
     /// startup profile, `crate::startup`); none by default.
