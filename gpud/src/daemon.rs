@@ -1017,6 +1017,21 @@ mod tests {
         unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)) }
     }
 
+    /// A daemon on the CPU backend over a ring in a heap buffer (`base`,
+    /// `total` bytes, laid out as `geo`), and the VM's end of its socket.
+    fn heap_daemon(base: NonNull<u8>, total: usize, geo: crate::handshake::Geometry) -> (Daemon, OwnedFd) {
+        // SAFETY: the caller's buffer outlives the daemon (dropped before dealloc).
+        let mapping = unsafe { Mapping::from_raw_parts(base, total) };
+        let ring = Ring::new(mapping, geo, eventfd(), eventfd());
+        let mut backend: Box<dyn Backend> = Box::new(CpuBackend::new(0));
+        let (seg0, bytes0) = ring.arena().segment(0).unwrap();
+        backend.add_segment(0, seg0, bytes0).unwrap();
+        // SAFETY: segment 0 lies in the ring's mapping.
+        let segments = unsafe { Segments::new(seg0, bytes0) };
+        let (sock, vm) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
+        (Daemon::new(0, Duration::ZERO, backend, segments, ring, sock), vm)
+    }
+
     /// The ring path over a ring in ordinary memory (what gpud/fuzz's `ring`
     /// target does with hostile contents): good and bad entries, each gets
     /// exactly one CQE; bad ones are counted.
@@ -1062,16 +1077,7 @@ mod tests {
             (*h).cq_tail.0.store(u32::MAX, Ordering::Relaxed);
             (*h).cq_head.0.store(u32::MAX, Ordering::Relaxed);
         }
-        // SAFETY: the buffer outlives the daemon (dropped before dealloc).
-        let mapping = unsafe { Mapping::from_raw_parts(base, total) };
-        let ring = Ring::new(mapping, geo, eventfd(), eventfd());
-        let mut backend: Box<dyn Backend> = Box::new(CpuBackend::new(0));
-        let (seg0, bytes0) = ring.arena().segment(0).unwrap();
-        backend.add_segment(0, seg0, bytes0).unwrap();
-        // SAFETY: segment 0 lies in the ring's mapping.
-        let segments = unsafe { Segments::new(seg0, bytes0) };
-        let (sock, _vm) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
-        let mut d = Daemon::new(0, Duration::ZERO, backend, segments, ring, sock);
+        let (mut d, _vm) = heap_daemon(base, total, geo);
         assert!(d.process_drain().unwrap());
         while d.launches_in_flight() > 0 {
             assert!(d.reap().unwrap());
@@ -1191,16 +1197,7 @@ mod tests {
             }
             (*b.cast::<Header>()).sq_tail.0.store(entries.len() as u32, Ordering::Relaxed);
         }
-        // SAFETY: the buffer outlives the daemon (dropped before dealloc).
-        let mapping = unsafe { Mapping::from_raw_parts(base, total) };
-        let ring = Ring::new(mapping, geo, eventfd(), eventfd());
-        let mut backend: Box<dyn Backend> = Box::new(CpuBackend::new(0));
-        let (seg0, bytes0) = ring.arena().segment(0).unwrap();
-        backend.add_segment(0, seg0, bytes0).unwrap();
-        // SAFETY: segment 0 lies in the ring's mapping.
-        let segments = unsafe { Segments::new(seg0, bytes0) };
-        let (sock, _vm) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
-        let mut d = Daemon::new(0, Duration::ZERO, backend, segments, ring, sock);
+        let (mut d, _vm) = heap_daemon(base, total, geo);
         // Room for one 12 KB buffer (a 12 KiB size class), not two.
         d.set_memory_limit(crate::cli::MemoryLimit::Bytes(20_000));
         assert!(d.process_drain().unwrap());
