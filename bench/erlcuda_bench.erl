@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, put_get/0, profile/0,
+-export([main/0, main/1, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, put_get/0, profile/0,
          cold_start/1, large/0, matmul/0]).
 
 -define(WARMUP, 2000).
@@ -26,6 +26,14 @@
 -define(SIZE_BUDGET_MS, 4000).
 
 main() ->
+    main(all).
+
+%% Only the sections named in Which (all: every one), in their usual order,
+%% with the same JSON at the end: startup, idle_cpu, latency, other_latency,
+%% throughput, profile, large, matmul, buffers, restart. For a short run
+%% where the device time does not allow the whole benchmark.
+main(Which) ->
+    Run = fun(Section, F) -> (Which =:= all orelse lists:member(Section, Which)) andalso F() end,
     %% Errors only from the VM side, but every line of gpud's: its device,
     %% JIT and registration times belong in the run's log.
     logger:set_primary_config(level, info),
@@ -37,19 +45,19 @@ main() ->
     io:format("erlcuda benchmarks, ~s, ~p schedulers, ~p cores~n",
               [Date, erlang:system_info(schedulers_online), erlang:system_info(logical_processors)]),
     put(records, []),
-    startup(5),
+    Run(startup, fun() -> startup(5) end),
     start(),
     [#{backend := Be, name := Name}] = erlcuda:devices(),
     io:format("device 0: ~p (~ts)~n~n", [Be, Name]),
-    idle_cpu(5000),
-    latency(Be),
-    other_latency(),
-    throughput(?CALLERS),
-    profile(),
-    large(),
-    matmul(),
-    buffers(),
-    restart(5),
+    Run(idle_cpu, fun() -> idle_cpu(5000) end),
+    Run(latency, fun() -> latency(Be) end),
+    Run(other_latency, fun other_latency/0),
+    Run(throughput, fun() -> throughput(?CALLERS) end),
+    Run(profile, fun profile/0),
+    Run(large, fun large/0),
+    Run(matmul, fun matmul/0),
+    Run(buffers, fun buffers/0),
+    Run(restart, fun() -> restart(5) end),
     application:stop(erlcuda),
     {ok, Host} = inet:gethostname(),
     Meta = #{producer => <<"bench/erlcuda_bench.erl">>, date => list_to_binary(Date),
