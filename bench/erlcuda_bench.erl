@@ -322,12 +322,19 @@ other_latency() ->
 %% have its job in flight (with the default 4096 the rest spin on
 %% {error, busy}).
 throughput(Callers) ->
+    with_throughput_ring(fun() ->
+                                 io:format("throughput, ring_entries ~p~n", [?THROUGHPUT_RING]),
+                                 throughput_rows(Callers)
+                         end).
+
+%% Runs F with erlcuda restarted on ring_entries ?THROUGHPUT_RING, then
+%% restarts it on the ring it had.
+with_throughput_ring(F) ->
     {ok, Ring} = application:get_env(erlcuda, ring_entries),
     ok = application:stop(erlcuda),
     application:set_env(erlcuda, ring_entries, ?THROUGHPUT_RING),
     start(),
-    io:format("throughput, ring_entries ~p~n", [?THROUGHPUT_RING]),
-    throughput_rows(Callers),
+    F(),
     ok = application:stop(erlcuda),
     application:set_env(erlcuda, ring_entries, Ring),
     start().
@@ -464,10 +471,10 @@ hist(H) ->
 %% completion thread's cost per answer (terms and enif_send, slot release),
 %% entries per CQ drain, wake-ups per 1000 jobs, and what the schedulers did.
 profile() ->
-    {ok, Ring} = application:get_env(erlcuda, ring_entries),
-    ok = application:stop(erlcuda),
-    application:set_env(erlcuda, ring_entries, ?THROUGHPUT_RING),
-    start(),
+    with_throughput_ring(fun profile_rows/0),
+    ok.
+
+profile_rows() ->
     io:format("profile of the VM side (throughput rows again, ring_entries ~p)~n",
               [?THROUGHPUT_RING]),
     Jobs = throughput_jobs(),
@@ -481,11 +488,7 @@ profile() ->
     [io:format("~-22s" ++ lists:flatten(["~12.1f" || _ <- Rows]) ++ "~n",
                [K | [float(maps:get(K, M)) || {_, M} <- Rows]]) || K <- Cols],
     io:format("(submit phases in ns per sampled submit; answer, release, send in ns per job; "
-              "sched_*: % of the schedulers' time)~n~n"),
-    ok = application:stop(erlcuda),
-    application:set_env(erlcuda, ring_entries, Ring),
-    start(),
-    ok.
+              "sched_*: % of the schedulers' time)~n~n").
 
 profile_row(C, Jobs) ->
     erlang:system_flag(microstate_accounting, reset),

@@ -18,13 +18,6 @@
 #define cpu_relax() __asm__ __volatile__("" ::: "memory")
 #endif
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Frees the slot; its env must be clear already (or swapped for a clear
  * one: release_jobs). */
 static void free_slot_locked(struct device *d, uint32_t idx)
@@ -122,10 +115,10 @@ static void send_answer(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *msg_
     /* One in PROF_SAMPLE sends of this thread is timed (profile.h). */
     static __thread uint32_t sends;
     if (++sends % PROF_SAMPLE == 0) {
-        int64_t t0 = prof_now();
+        int64_t t0 = mono_ns();
         enif_send(caller_env, &j->pid, msg_env, msg);
         prof_add(&d->prof.complete[PC_SEND_SAMPLES], 1);
-        prof_add(&d->prof.complete[PC_SEND_NS], (uint64_t)(prof_now() - t0));
+        prof_add(&d->prof.complete[PC_SEND_NS], (uint64_t)(mono_ns() - t0));
     } else {
         enif_send(caller_env, &j->pid, msg_env, msg);
     }
@@ -229,7 +222,7 @@ static int64_t release_jobs(struct device *d, const uint32_t *idx, uint32_t n, s
 {
     if (n == 0)
         return 0;
-    int64_t t0 = prof_now();
+    int64_t t0 = mono_ns();
     dev_lock(d);
     for (uint32_t i = 0; i < n; i++) {
         struct job *j = &d->jobs[idx[i]];
@@ -247,7 +240,7 @@ static int64_t release_jobs(struct device *d, const uint32_t *idx, uint32_t n, s
     /* May run buffer and region destructors: region_dtor takes d->lock. */
     for (uint32_t i = 0; pool && i < n; i++)
         enif_clear_env(pool->env[i]);
-    return prof_now() - t0;
+    return mono_ns() - t0;
 }
 
 /* Takes up to CQ_CHUNK entries off the CQ into out (gpud gets their room at
@@ -276,7 +269,7 @@ static void answer_chunk(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
                          const struct ec_cqe *cqes, uint32_t n, struct env_pool *pool)
 {
     uint32_t done[CQ_CHUNK], ndone = 0;
-    int64_t t0 = prof_now();
+    int64_t t0 = mono_ns();
     for (uint32_t i = 0; i < n; i++) {
         int64_t idx = -1;
         handle_cqe(d, caller_env, m, &cqes[i], &idx);
@@ -287,7 +280,7 @@ static void answer_chunk(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
     uint64_t *p = d->prof.complete;
     prof_add(&p[PC_DRAINS], 1);
     prof_add(&p[PC_CQES], n);
-    prof_add(&p[PC_ANSWER_NS], (uint64_t)(prof_now() - t0 - released));
+    prof_add(&p[PC_ANSWER_NS], (uint64_t)(mono_ns() - t0 - released));
     prof_add(&p[PC_RELEASE_NS], (uint64_t)released);
 }
 
@@ -324,7 +317,7 @@ static int cq_pending(struct device *d)
 static void wait_cq(struct device *d)
 {
     struct ec_header *h = d->shm.hdr;
-    int64_t start = now_ns();
+    int64_t start = mono_ns();
     int64_t idle_until = start + (int64_t)d->spin_us * 1000;
     int64_t busy_until = start + (int64_t)d->busy_spin_us * 1000;
     for (;;) {
@@ -333,7 +326,7 @@ static void wait_cq(struct device *d)
                 return;
             cpu_relax();
         }
-        int64_t now = now_ns();
+        int64_t now = mono_ns();
         if (now >= idle_until &&
             (now >= busy_until || __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED) == 0))
             break;

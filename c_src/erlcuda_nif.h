@@ -291,10 +291,10 @@ static inline void timed_lock(struct device *d, pthread_mutex_t *m)
     prof_add(&d->prof.submit[PS_LOCKS], 1);
     if (pthread_mutex_trylock(m) == 0)
         return;
-    int64_t t0 = prof_now();
+    int64_t t0 = mono_ns();
     pthread_mutex_lock(m);
     prof_add(&d->prof.submit[PS_LOCK_WAITS], 1);
-    prof_add(&d->prof.submit[PS_LOCK_WAIT_NS], (uint64_t)(prof_now() - t0));
+    prof_add(&d->prof.submit[PS_LOCK_WAIT_NS], (uint64_t)(mono_ns() - t0));
 }
 
 static inline void dev_lock(struct device *d) { timed_lock(d, &d->lock); }

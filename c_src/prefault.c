@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "prefault.h"
+#include "profile.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -11,13 +12,6 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14; older headers lack it */
 #endif
-
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
 
 /* One chunk. Returns 0, or -1 when the kernel refuses (memory is short:
  * gpud's registration will then fail or succeed on its own, no worse). */
@@ -47,9 +41,9 @@ static void run_range(struct prefault *p, uint8_t *base, uint64_t bytes)
         if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
             break;
         uint64_t len = bytes - off < PREFAULT_CHUNK ? bytes - off : PREFAULT_CHUNK;
-        uint64_t t0 = now_ns();
+        int64_t t0 = mono_ns();
         int r = populate(p, base + off, len, page);
-        __atomic_add_fetch(&p->busy_ns, now_ns() - t0, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&p->busy_ns, (uint64_t)(mono_ns() - t0), __ATOMIC_RELAXED);
         if (r < 0)
             break;
         __atomic_add_fetch(&p->done_bytes, len, __ATOMIC_RELAXED);

@@ -63,7 +63,9 @@ struct prof {
 /* Set by a scheduler thread for the one submit it times (PROF_SAMPLE). */
 extern __thread int prof_timing;
 
-static inline int64_t prof_now(void)
+/* The monotonic clock in nanoseconds: the one clock of the NIF (the
+ * profile, the completion thread's spinning, the pre-fault's counter). */
+static inline int64_t mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

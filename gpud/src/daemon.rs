@@ -786,11 +786,7 @@ impl Daemon {
     /// swapped under a running kernel), then it is answered. Ok(false) when
     /// the VM went away.
     fn control(&mut self, sqe: &Sqe) -> Result<bool> {
-        let coalescer = std::mem::take(&mut self.coalescer);
-        let submitted = self.submit_all(&coalescer);
-        self.coalescer = coalescer;
-        self.coalescer.clear();
-        if !submitted? || !self.finish_in_flight()? {
+        if !self.make_room()? {
             return Ok(false);
         }
         let status = self.run_control(sqe);
