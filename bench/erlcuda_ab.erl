@@ -41,15 +41,23 @@ wait_up() ->
 throughput(C, Xb, Yb, Want, Ms) ->
     Self = self(),
     Go = atomics:new(2, []),
-    Pids = [spawn_link(fun() -> wait(Go), Self ! {self(), loop(Xb, Yb, Want, Go, 0)} end)
+    Pids = [spawn_monitor(fun() -> wait(Go), Self ! {self(), loop(Xb, Yb, Want, Go, 0)} end)
             || _ <- lists:seq(1, C)],
     timer:sleep(100),
     T0 = erlang:monotonic_time(microsecond),
     atomics:put(Go, 1, 1),
     timer:sleep(Ms),
     atomics:put(Go, 2, 1),
-    Done = lists:sum([receive {P, N} -> N end || P <- Pids]),
+    Done = lists:sum([collect(P, M) || {P, M} <- Pids]),
     Done * 1.0e6 / (erlang:monotonic_time(microsecond) - T0).
+
+%% A caller's result, then its 'DOWN' (monitored, not linked: see
+%% erlcuda_bench's collect/2 for why).
+collect(P, M) ->
+    receive
+        {P, R} -> receive {'DOWN', M, process, P, _} -> R end;
+        {'DOWN', M, process, P, Why} -> exit({caller, P, Why})
+    end.
 
 wait(Go) -> case atomics:get(Go, 1) of 1 -> ok; 0 -> timer:sleep(1), wait(Go) end.
 

@@ -122,16 +122,24 @@ run(C, CallerNodes, Opts, Job) ->
 run_callers(C, Opts, {K, Args}, Ms) ->
     Self = self(),
     Go = atomics:new(2, []),
-    Pids = [spawn_link(fun() -> wait_go(Go), Self ! {self(), loop(K, Args, Opts, Go, 0, 0)} end)
+    Pids = [spawn_monitor(fun() -> wait_go(Go), Self ! {self(), loop(K, Args, Opts, Go, 0, 0)} end)
             || _ <- lists:seq(1, C)],
     timer:sleep(100),
     T0 = erlang:monotonic_time(microsecond),
     atomics:put(Go, 1, 1),
     timer:sleep(Ms),
     atomics:put(Go, 2, 1),
-    Res = [receive {P, R} -> R end || P <- Pids],
+    Res = [collect(P, M) || {P, M} <- Pids],
     Us = erlang:monotonic_time(microsecond) - T0,
     {lists:sum([D || {D, _} <- Res]), lists:sum([E || {_, E} <- Res]), Us}.
+
+%% A caller's result, then its 'DOWN' (monitored, not linked: see
+%% erlcuda_bench's collect/2 for why).
+collect(P, M) ->
+    receive
+        {P, R} -> receive {'DOWN', M, process, P, _} -> R end;
+        {'DOWN', M, process, P, Why} -> exit({caller, P, Why})
+    end.
 
 wait_go(Go) ->
     case atomics:get(Go, 1) of
