@@ -503,7 +503,7 @@ profile_rows() ->
     Jobs = throughput_jobs(),
     Rows = [profile_row(C, Jobs) || C <- [100, 1000, 10000]],
     Cols = [jobs_per_s, submit_ns, parse_ns, reserve_ns, copy_ns, publish_ns, lock_wait_pct, lock_wait_ns,
-            answer_ns, release_ns, send_ns, cqes_per_drain, reaped_pct, cq_sleeps_per_1k,
+            answer_ns, release_ns, send_ns, cqes_per_drain, reaped_pct, cached_pct, cq_sleeps_per_1k,
             sq_wakeups_per_1k,
             sched_busy_pct, sched_emulator_pct, sched_other_pct, sched_gc_pct],
     io:format("~-22s" ++ lists:flatten(["~12w" || _ <- Rows]) ++ "~n",
@@ -544,6 +544,8 @@ profile_row(C, Jobs) ->
           send_ns => Per(prof_send_ns, prof_send_samples),
           cqes_per_drain => Per(prof_cqes, prof_drains),
           reaped_pct => 100 * D(reaped) / Jobs1,
+          %% Submits that took a slot from their scheduler's cache.
+          cached_pct => 100 * D(cached_reserves) / max(1, D(submitted)),
           cq_sleeps_per_1k => 1000 * D(cq_sleeps) / Jobs1,
           sq_wakeups_per_1k => 1000 * D(sq_wakeups) / Jobs1,
           sched_busy_pct => 100 - Pct(sleep),

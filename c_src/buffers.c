@@ -95,6 +95,8 @@ void flush_frees(struct device *d)
     struct ec_header *h = d->shm.hdr;
     dev_lock(d);
     for (;;) {
+        if (d->nfree == 0)
+            slot_caches_steal_locked(d);
         enif_mutex_lock(d->freeq_lock);
         uint32_t n = d->nfreeq < EC_FREE_MAX_IDS ? d->nfreeq : EC_FREE_MAX_IDS;
         if (n == 0 || d->nfree == 0) {
@@ -127,9 +129,7 @@ void flush_frees(struct device *d)
         j->zero_copy = 0;
         j->out_len = 0;
         j->ref = ATOM_false; /* no caller: cancel/2 never matches it */
-        __atomic_store_n(&d->in_flight, d->in_flight + 1, __ATOMIC_RELAXED);
-        if (d->in_flight > d->in_flight_peak)
-            d->in_flight_peak = d->in_flight;
+        in_flight_add(d, 1);
         struct ec_sqe sqe = {
             .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
             .kernel = EC_CONTROL_FREE,

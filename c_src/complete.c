@@ -18,6 +18,19 @@
 #define cpu_relax() __asm__ __volatile__("" ::: "memory")
 #endif
 
+/* A slot's job fields back to free; the caller puts the slot (and its
+ * credits) where free slots go. */
+static void clear_slot(struct device *d, struct job *j)
+{
+    j->out.bytes = 0;
+    j->out_buf = 0;
+    j->buf_term = 0;
+    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(&d->in_flight, 1 + j->ncredit, __ATOMIC_RELAXED); /* read by wait_cq */
+    j->ncredit = 0;
+    __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
+}
+
 /* Frees the slot; its env must be clear already (or swapped for a clear
  * one: release_jobs). */
 static void free_slot_locked(struct device *d, uint32_t idx)
@@ -26,17 +39,17 @@ static void free_slot_locked(struct device *d, uint32_t idx)
     free_region_locked(d, &j->in);
     if (!j->out_taken)
         free_region_locked(d, &j->out);
-    j->out.bytes = 0;
-    j->out_buf = 0;
-    j->buf_term = 0;
-    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
     d->free_stack[d->nfree++] = idx;
     for (uint32_t i = 0; i < j->ncredit; i++)
         d->free_stack[d->nfree++] = j->credit[i];
-    /* read by wait_cq */
-    __atomic_store_n(&d->in_flight, d->in_flight - 1 - j->ncredit, __ATOMIC_RELAXED);
-    j->ncredit = 0;
-    __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
+    clear_slot(d, j);
+}
+
+/* Can this slot go into a thread's cache: an inline job's, nothing else
+ * to free (slot_cache.h)? */
+static int cacheable(const struct device *d, uint32_t idx, const struct job *j)
+{
+    return idx < d->inline_slots && j->ncredit == 0 && j->in.inl && j->out.inl && !j->out_taken;
 }
 
 void release_job_locked(struct device *d, uint32_t idx)
@@ -76,6 +89,8 @@ int cancel_job(struct device *d, ERL_NIF_TERM ref)
 {
     int cancelled = 0;
     dev_lock(d);
+    /* No release swaps an env out from under the refs read here. */
+    slot_caches_lock_all(&d->caches);
     for (uint32_t i = 0; i < d->nslots; i++) {
         struct job *j = &d->jobs[i];
         int st = __atomic_load_n(&j->state, __ATOMIC_ACQUIRE);
@@ -87,6 +102,7 @@ int cancel_job(struct device *d, ERL_NIF_TERM ref)
             cancelled = 1;
         break;
     }
+    slot_caches_unlock_all(&d->caches);
     dev_unlock(d);
     return cancelled;
 }
@@ -217,28 +233,56 @@ struct env_pool {
  * per job of release under the lock, most of it enif_clear_env, with
  * submitters waiting 4 to 65 us for the lock). cancel_job reads a slot's
  * ref under the lock, so the old env may be cleared only once no slot
- * points to it. Returns the nanoseconds it took (profile.h). */
-static int64_t release_jobs(struct device *d, const uint32_t *idx, uint32_t n, struct env_pool *pool)
+ * points to it. A scheduler that reaps (to_cache) first gives small jobs'
+ * slots to its own cache, without the device lock (slot_cache.h); the
+ * completion thread never does, as it reserves none. Returns the
+ * nanoseconds it took (profile.h). */
+static int64_t release_jobs(struct device *d, const uint32_t *idx, uint32_t n, struct env_pool *pool,
+                            int to_cache)
 {
     if (n == 0)
         return 0;
     int64_t t0 = mono_ns();
-    dev_lock(d);
+    uint32_t swapped = 0, rest[CQ_CHUNK], nrest = 0;
+    struct slot_cache *c = pool && to_cache ? slot_cache_mine(&d->caches) : NULL;
+    if (c)
+        slot_cache_lock(c);
     for (uint32_t i = 0; i < n; i++) {
         struct job *j = &d->jobs[idx[i]];
-        if (pool) {
+        if (c && c->n < d->caches.cap && cacheable(d, idx[i], j)) {
             ErlNifEnv *used = j->env;
-            j->env = pool->env[i];
+            j->env = pool->env[swapped];
             j->ref = 0;
-            pool->env[i] = used;
+            pool->env[swapped++] = used;
+            j->in.bytes = 0;
+            j->in.inl = 0;
+            j->out.inl = 0;
+            clear_slot(d, j);
+            c->idx[c->n++] = idx[i];
         } else {
-            enif_clear_env(j->env);
+            rest[nrest++] = idx[i];
         }
-        free_slot_locked(d, idx[i]);
     }
-    dev_unlock(d);
+    if (c)
+        slot_cache_unlock(c);
+    if (nrest) {
+        dev_lock(d);
+        for (uint32_t i = 0; i < nrest; i++) {
+            struct job *j = &d->jobs[rest[i]];
+            if (pool) {
+                ErlNifEnv *used = j->env;
+                j->env = pool->env[swapped];
+                j->ref = 0;
+                pool->env[swapped++] = used;
+            } else {
+                enif_clear_env(j->env);
+            }
+            free_slot_locked(d, rest[i]);
+        }
+        dev_unlock(d);
+    }
     /* May run buffer and region destructors: region_dtor takes d->lock. */
-    for (uint32_t i = 0; pool && i < n; i++)
+    for (uint32_t i = 0; pool && i < swapped; i++)
         enif_clear_env(pool->env[i]);
     return mono_ns() - t0;
 }
@@ -276,7 +320,8 @@ static void answer_chunk(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
         if (idx >= 0)
             done[ndone++] = (uint32_t)idx;
     }
-    int64_t released = release_jobs(d, done, ndone, pool);
+    /* A scheduler's reap (caller_env) may keep slots in its cache. */
+    int64_t released = release_jobs(d, done, ndone, pool, caller_env != NULL);
     uint64_t *p = d->prof.complete;
     prof_add(&p[PC_DRAINS], 1);
     prof_add(&p[PC_CQES], n);

@@ -130,6 +130,7 @@ static void device_dtor(ErlNifEnv *env, void *obj)
     }
     if (d->free_stack)
         enif_free(d->free_stack);
+    slot_caches_free(&d->caches);
     if (d->ctl_efd >= 0)
         close(d->ctl_efd);
     if (d->freeq)
@@ -246,6 +247,8 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
         d->free_stack[i] = entries - 1 - i;
     }
     d->nfree = entries;
+    if (slot_caches_init(&d->caches, entries) < 0)
+        return make_error(env, enif_make_atom(env, "enomem"));
 
     int err = shm_create(&d->shm, dev, d->nslots, arena_bytes);
     if (err < 0)
@@ -528,6 +531,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "pipelined", load64(&d->c.pipelined));
     put(env, &m, "buffer_frees", load64(&d->c.buffer_frees));
     put(env, &m, "reaped", load64(&d->c.reaped));
+    put(env, &m, "cached_reserves", load64(&d->c.cached_reserves));
     /* profile.h: sums of the sampled submit phases and of the drains */
     static const char *const ps[PS_COUNT] = {
         "prof_submit_samples", "prof_submit_ns", "prof_parse_ns", "prof_reserve_ns",
@@ -544,8 +548,8 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
 
     enif_rwlock_rlock(d->life);
     dev_lock(d);
-    put(env, &m, "in_flight", d->in_flight);
-    put(env, &m, "in_flight_peak", d->in_flight_peak);
+    put(env, &m, "in_flight", __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED));
+    put(env, &m, "in_flight_peak", __atomic_load_n(&d->in_flight_peak, __ATOMIC_RELAXED));
     uint64_t used = 0;
     for (uint32_t i = 0; i < d->shm.nseg; i++)
         used += d->alloc[i].used;

@@ -45,6 +45,7 @@
 #include "prefault.h"
 #include "profile.h"
 #include "shm.h"
+#include "slot_cache.h"
 
 enum job_state { JOB_FREE = 0, JOB_INFLIGHT, JOB_CANCELLED, JOB_COMPLETING };
 
@@ -130,7 +131,7 @@ struct buffer_res {
 
 struct counters {
     uint64_t buffer_frees, submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
-        dirty_submits, arena_inputs, pipelined, reaped;
+        dirty_submits, arena_inputs, pipelined, reaped, cached_reserves;
 };
 
 struct device {
@@ -171,7 +172,8 @@ struct device {
     struct job *jobs;
     uint32_t *free_stack;
     uint32_t nfree;
-    uint32_t in_flight, in_flight_peak; /* written under lock; wait_cq reads in_flight unlocked */
+    struct slot_caches caches;          /* free inline slots per thread (slot_cache.h) */
+    uint32_t in_flight, in_flight_peak; /* __atomic adds (the caches skip the lock); read unlocked */
     ErlNifTid thread;
     int thread_started;
     /* Read by a thread answering CQEs it took off the CQ (the completion
@@ -303,6 +305,14 @@ static inline void sq_unlock(struct device *d) { pthread_mutex_unlock(&d->sq_loc
 static inline void dev_unlock(struct device *d) { pthread_mutex_unlock(&d->lock); }
 
 static inline void count(uint64_t *c, uint64_t n) { __atomic_add_fetch(c, n, __ATOMIC_RELAXED); }
+
+/* Jobs (ring entries) in flight: up by n, and the peak with it. */
+static inline void in_flight_add(struct device *d, uint32_t n)
+{
+    uint32_t f = __atomic_add_fetch(&d->in_flight, n, __ATOMIC_RELAXED);
+    if (f > __atomic_load_n(&d->in_flight_peak, __ATOMIC_RELAXED))
+        __atomic_store_n(&d->in_flight_peak, f, __ATOMIC_RELAXED); /* a peak, not a count: a lost race is harmless */
+}
 
 static inline ERL_NIF_TERM make_error(ErlNifEnv *env, ERL_NIF_TERM reason)
 {

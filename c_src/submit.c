@@ -75,10 +75,30 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
                            uint32_t credits, int keep_out)
 {
     struct region in = {0, 0, 0, 0}, out = {0, 0, 0, 0};
+    int small = !keep_out && credits == 0 && in_bytes + out_bytes <= INLINE_BYTES;
+    struct slot_cache *cache = small ? slot_cache_mine(&d->caches) : NULL;
+    if (cache) {
+        /* A slot of this thread's own: no device lock (slot_cache.h). */
+        int64_t idx = slot_cache_pop(cache);
+        if (idx >= 0) {
+            uint64_t base = d->inline_off + (uint64_t)idx * INLINE_BYTES;
+            struct job *j = &d->jobs[idx];
+            j->in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
+            j->out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
+            j->out_taken = 0;
+            j->ncredit = 0;
+            in_flight_add(d, 1);
+            count(&d->c.cached_reserves, 1);
+            return idx;
+        }
+    }
     dev_lock(d);
     if (d->nfree <= credits) {
-        dev_unlock(d);
-        return -1;
+        slot_caches_steal_locked(d);
+        if (d->nfree <= credits) {
+            dev_unlock(d);
+            return -1;
+        }
     }
     uint32_t top = d->free_stack[d->nfree - 1];
     if (!keep_out && in_bytes + out_bytes <= INLINE_BYTES && top < d->inline_slots) {
@@ -104,10 +124,9 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
     j->ncredit = credits;
     for (uint32_t i = 0; i < credits; i++)
         j->credit[i] = d->free_stack[--d->nfree];
-    /* read by wait_cq */
-    __atomic_store_n(&d->in_flight, d->in_flight + 1 + credits, __ATOMIC_RELAXED);
-    if (d->in_flight > d->in_flight_peak)
-        d->in_flight_peak = d->in_flight;
+    in_flight_add(d, 1 + credits);
+    if (cache)
+        slot_cache_refill_locked(d, cache);
     dev_unlock(d);
     return idx;
 }

@@ -22,6 +22,7 @@ groups() ->
                           zero_copy_chain]},
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]},
+     {cached_ring, [], [busy_when_full_with_slot_caches]},
      {pipeline, [sequence], [pipelined_vector_add, pipelined_reductions_at_the_threshold,
                              pipelined_cancel, pipelined_gpud_kill]},
      {pipeline_split, [sequence], [pipelined_reductions, pipelined_matmul]},
@@ -44,6 +45,11 @@ init_per_group(two_devices, Config) ->
     Config;
 init_per_group(small_ring, Config) ->
     ok = erlcuda_ref:start_app([{ring_entries, 4}]),
+    Config;
+%% 1024 entries: the smallest ring whose small jobs take slots from the
+%% schedulers' caches (c_src/slot_cache.h), 8 per cache.
+init_per_group(cached_ring, Config) ->
+    ok = erlcuda_ref:start_app([{ring_entries, 1024}]),
     Config;
 init_per_group(pipeline, Config) ->
     ok = erlcuda_ref:start_app([{poison_outputs, true}]),
@@ -617,6 +623,49 @@ busy_when_full(_) ->
     [receive {erlcuda, R, Res} -> ?assertEqual({ok, 2.0}, Res) after 5000 -> ct:fail(lost) end
      || R <- Refs],
     ?assertMatch(#{busy := B} when B >= 1, erlcuda:stats(0)).
+
+%% Slots cached by the schedulers are not lost to the ring: with gpud
+%% stopped, exactly ring_entries jobs are accepted (the caches are taken
+%% back when the free stack runs dry) and each is answered once, right.
+busy_when_full_with_slot_caches(_) ->
+    [#{os_pid := OsPid}] = wait_up(0, 100),
+    %% Callers on every scheduler fill their caches: reserves refill them,
+    %% reaps give slots back into them.
+    Self = self(),
+    Warm = [spawn_link(fun() ->
+                               [{ok, 2.0} = erlcuda:launch_sync(reduce, [[1.0, 1.0]]) || _ <- lists:seq(1, 200)],
+                               Self ! {warm, self()}
+                       end) || _ <- lists:seq(1, 4 * erlang:system_info(schedulers_online))],
+    [receive {warm, P} -> ok end || P <- Warm],
+    %% An answer reaches its caller before its slot is released.
+    ok = no_job_in_flight(1000),
+    #{cached_reserves := Cached} = erlcuda:stats(0),
+    ?assert(Cached > 0),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Refs = try
+               Rs = fill_ring(1, []),
+               ?assertEqual(1024, length(Rs)),
+               Rs
+           after
+               os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+           end,
+    [receive {erlcuda, R, Res} -> ?assertEqual({ok, float(I)}, Res) after 5000 -> ct:fail(lost) end
+     || {I, R} <- Refs],
+    ?assertMatch(#{in_flight := 0}, erlcuda:stats(0)).
+
+no_job_in_flight(Ms) ->
+    case erlcuda:stats(0) of
+        #{in_flight := 0} -> ok;
+        _ when Ms =< 0 -> {error, in_flight};
+        _ -> timer:sleep(1), no_job_in_flight(Ms - 1)
+    end.
+
+%% Launches reduce [I] for I = 1, 2, ... until busy; [{I, Ref}].
+fill_ring(I, Acc) ->
+    case erlcuda:launch(reduce, [[float(I)]]) of
+        {ok, R} -> fill_ring(I + 1, [{I, R} | Acc]);
+        {error, busy} -> lists:reverse(Acc)
+    end.
 
 %%% lifecycle
 
