@@ -48,16 +48,9 @@ throughput(C, Xb, Yb, Want, Ms) ->
     atomics:put(Go, 1, 1),
     timer:sleep(Ms),
     atomics:put(Go, 2, 1),
-    Done = lists:sum([collect(P, M) || {P, M} <- Pids]),
+    %% Monitored callers, results in any order: erlcuda_bench:collect/1.
+    Done = lists:sum(erlcuda_bench:collect(Pids)),
     Done * 1.0e6 / (erlang:monotonic_time(microsecond) - T0).
-
-%% A caller's result, then its 'DOWN' (monitored, not linked: see
-%% erlcuda_bench's collect/2 for why).
-collect(P, M) ->
-    receive
-        {P, R} -> receive {'DOWN', M, process, P, _} -> R end;
-        {'DOWN', M, process, P, Why} -> exit({caller, P, Why})
-    end.
 
 wait(Go) -> case atomics:get(Go, 1) of 1 -> ok; 0 -> timer:sleep(1), wait(Go) end.
 

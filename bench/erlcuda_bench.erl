@@ -13,6 +13,8 @@
 -module(erlcuda_bench).
 -export([main/0, main/1, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, put_get/0, profile/0,
          cold_start/1, large/0, matmul/0]).
+%% The callers' results (also for erlcuda_ab and erlcuda_cluster_bench).
+-export([collect/1]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -311,7 +313,38 @@ other_latency() ->
      end || {Name, F} <- [{"reduce_1000", fun() -> erlcuda:launch(reduce, [BA]) end},
                           {"dot_product_1000", fun() -> erlcuda:launch(dot_product, [BA, BB]) end},
                           {"matmul_32", fun() -> erlcuda:launch(matmul, [M, M, 32, 32, 32]) end}]],
+    mailbox_latency(BA, BB),
     io:format("~n").
+
+%% launch_sync from a process with 10,000 unrelated messages waiting in its
+%% mailbox, against one with none, A B A B: launch_sync's receive skips
+%% the messages that came before its job (a reference made right before
+%% the receive; before 2026-12-03 every answer scanned them all).
+mailbox_latency(BA, BB) ->
+    Run = fun(Junk) ->
+                  {P, M} = spawn_monitor(
+                             fun() ->
+                                     [self() ! {junk, I} || I <- lists:seq(1, Junk)],
+                                     F = fun() -> {ok, _} = erlcuda:launch_sync(vector_add, [BA, BB]) end,
+                                     [F() || _ <- lists:seq(1, 500)],
+                                     S = [begin T0 = erlang:monotonic_time(nanosecond), F(),
+                                                (erlang:monotonic_time(nanosecond) - T0) / 1000 end
+                                          || _ <- lists:seq(1, 3000)],
+                                     {message_queue_len, Junk} = process_info(self(), message_queue_len),
+                                     exit({done, S})
+                             end),
+                  receive {'DOWN', M, process, P, {done, S}} -> S end
+          end,
+    Rounds = [{Run(0), Run(10000)} || _ <- lists:seq(1, 2)],
+    Empty = lists:sort(lists:append([E || {E, _} <- Rounds])),
+    Full = lists:sort(lists:append([F || {_, F} <- Rounds])),
+    record("latency.vector_add_1000_sync.mailbox_10000.p50", erlcuda, pct(Full, 0.5), us,
+           {hd(Full), lists:last(Full)}, length(Full),
+           #{p99 => pct(Full, 0.99), empty_mailbox_p50 => pct(Empty, 0.5),
+             empty_mailbox_p99 => pct(Empty, 0.99)}),
+    io:format("~-44s ~9.1f ~9.1f~n~-44s ~9.1f ~9.1f~n",
+              ["launch_sync, empty mailbox", pct(Empty, 0.5), pct(Empty, 0.99),
+               "launch_sync, 10,000 messages waiting", pct(Full, 0.5), pct(Full, 0.99)]).
 
 %% ---------------------------------------------------------------- throughput
 

@@ -129,17 +129,10 @@ run_callers(C, Opts, {K, Args}, Ms) ->
     atomics:put(Go, 1, 1),
     timer:sleep(Ms),
     atomics:put(Go, 2, 1),
-    Res = [collect(P, M) || {P, M} <- Pids],
+    %% Monitored callers, results in any order: erlcuda_bench:collect/1.
+    Res = erlcuda_bench:collect(Pids),
     Us = erlang:monotonic_time(microsecond) - T0,
     {lists:sum([D || {D, _} <- Res]), lists:sum([E || {_, E} <- Res]), Us}.
-
-%% A caller's result, then its 'DOWN' (monitored, not linked: see
-%% erlcuda_bench's collect/2 for why).
-collect(P, M) ->
-    receive
-        {P, R} -> receive {'DOWN', M, process, P, _} -> R end;
-        {'DOWN', M, process, P, Why} -> exit({caller, P, Why})
-    end.
 
 wait_go(Go) ->
     case atomics:get(Go, 1) of

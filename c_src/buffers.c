@@ -157,10 +157,11 @@ void flush_frees(struct device *d)
  * (submit_put_pipelined); otherwise the input is in already. */
 static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uint32_t kernel,
                               uint8_t type, uint32_t len, unsigned output, ERL_NIF_TERM keep,
-                              struct ec_sqe *sqe, uint32_t parts, const uint8_t *src)
+                              struct ec_sqe *sqe, uint32_t parts, const uint8_t *src, ERL_NIF_TERM ref)
 {
     struct job *j = &d->jobs[idx];
-    ERL_NIF_TERM ref = enif_make_ref(env);
+    if (!ref)
+        ref = enif_make_ref(env);
     j->gen++;
     j->kernel = kernel;
     j->type = type;
@@ -196,7 +197,7 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
 }
 
 int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM *result)
+               ERL_NIF_TERM ref, ERL_NIF_TERM *result)
 {
     struct vec v;
     enif_rwlock_rlock(d->life);
@@ -256,13 +257,13 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         .out_len = (uint32_t)v.len,
     };
     *result = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, &sqe,
-                        parts, v.bin.data);
+                        parts, v.bin.data, ref);
     flush_frees(d);
     enif_rwlock_runlock(d->life);
     return 0;
 }
 
-ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf)
+ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, ERL_NIF_TERM ref)
 {
     struct device *d = b->d;
     enif_rwlock_rlock(d->life);
@@ -296,7 +297,7 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf)
         .out_len = b->len,
     };
     ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, EC_OUTPUT_VECTOR, buf,
-                                 &sqe, 1, NULL);
+                                 &sqe, 1, NULL, ref);
     flush_frees(d);
     enif_rwlock_runlock(d->life);
     return res;

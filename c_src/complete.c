@@ -12,12 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#else
-#define cpu_relax() __asm__ __volatile__("" ::: "memory")
-#endif
-
 /* A slot's job fields back to free; the caller puts the slot (and its
  * credits) where free slots go. */
 static void clear_slot(struct device *d, struct job *j)

@@ -27,17 +27,29 @@
 #endif
 
 #define PARALLEL_COPY_BYTES (16u << 20)
-#define PARALLEL_COPY_THREADS 8
+/* By default a copy is split over as many threads as there are cores, up
+ * to 16: on the H200 host (16 cores) a 256 MiB copy ran at 6.3 GB/s on one
+ * thread, 34.4 on 8 and 42.1 on 16 (torch, bench/results/
+ * h200-2026-12-03-session4/final/hostmem.log), and a put or a large job
+ * from binaries is bound by this copy, the DMA overlapping it. The app env
+ * copy_threads sets another number (erlcuda_nif:init/0). */
+#define PARALLEL_COPY_THREADS 16
+#define PARALLEL_COPY_THREADS_MAX 64
 /* Copies into the arena at least this large use streaming stores. */
 #define STREAM_MIN_BYTES (1u << 20)
 
-/* Threads a large copy is split over: PARALLEL_COPY_THREADS, or fewer on a
- * machine with fewer cores. */
-static uint32_t copy_threads(void)
+/* Threads a large copy is split over, fixed when the pool starts
+ * (copy_pool_hold). */
+static uint32_t THREADS = 1;
+
+static uint32_t copy_threads(void) { return THREADS; }
+
+/* wanted, or (0) the cores up to PARALLEL_COPY_THREADS. */
+static uint32_t pick_threads(uint32_t wanted)
 {
-    static long cpus;
-    if (cpus == 0)
-        cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (wanted > 0)
+        return wanted < PARALLEL_COPY_THREADS_MAX ? wanted : PARALLEL_COPY_THREADS_MAX;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     return cpus > PARALLEL_COPY_THREADS ? PARALLEL_COPY_THREADS : (uint32_t)(cpus > 1 ? cpus : 1);
 }
 
@@ -59,7 +71,7 @@ struct copy_pool {
     struct copy_task *queue;  /* tasks whose caller still takes pieces */
     int stop;
     uint32_t nthreads;
-    ErlNifTid tid[PARALLEL_COPY_THREADS];
+    ErlNifTid tid[PARALLEL_COPY_THREADS_MAX];
 };
 
 /* The pool, shared by every instance of this library that is loaded: an
@@ -157,10 +169,12 @@ static struct copy_pool *pool_start(void)
     return p;
 }
 
-void copy_pool_hold(void)
+void copy_pool_hold(uint32_t wanted)
 {
-    if (POOL_HOLDS++ == 0)
+    if (POOL_HOLDS++ == 0) {
+        THREADS = pick_threads(wanted);
         POOL = pool_start();
+    }
 }
 
 void copy_pool_release(void)

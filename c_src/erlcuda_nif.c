@@ -377,27 +377,43 @@ static ERL_NIF_TERM nif_cancel(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     return cancel_job(d, argv[1]) ? ATOM_cancelled : ATOM_sent;
 }
 
-/* submit(Handle, Kernel, Args, Flags) -> {ok, Ref} | {error, Reason}; see
- * submit_job. A job too large for a normal scheduler (~1 ms of copying or
- * list conversion) starts again on a dirty CPU scheduler. */
+/* The job's reference: the caller's, argv[pos] where the NIF's arity has
+ * it, else 0 (the submit makes one). A reference the caller made with
+ * make_ref/0 right before its receive lets the VM skip the messages that
+ * were in the mailbox before it (OTP's receive marker): launch_sync in a
+ * process with 10,000 unrelated messages waiting then costs what it costs
+ * with none. Returns 0 when argv[pos] is there but is no reference. */
+static int caller_ref(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], int pos, ERL_NIF_TERM *ref)
+{
+    *ref = 0;
+    if (argc <= pos)
+        return 1;
+    if (!enif_is_ref(env, argv[pos]))
+        return 0;
+    *ref = argv[pos];
+    return 1;
+}
+
+/* submit(Handle, Kernel, Args, Flags[, Ref]) -> {ok, Ref} | {error, Reason};
+ * see submit_job. A job too large for a normal scheduler (~1 ms of copying
+ * or list conversion) starts again on a dirty CPU scheduler. */
 static ERL_NIF_TERM submit_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
-    ERL_NIF_TERM result;
-    (void)argc;
-    if (!d)
+    ERL_NIF_TERM result, ref;
+    if (!d || !caller_ref(env, argc, argv, 4, &ref))
         return enif_make_badarg(env);
-    submit_job(env, d, argv, 1, &result);
+    submit_job(env, d, argv, 1, ref, &result);
     return result;
 }
 
 static ERL_NIF_TERM nif_submit(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
-    ERL_NIF_TERM result;
-    if (!d)
+    ERL_NIF_TERM result, ref;
+    if (!d || !caller_ref(env, argc, argv, 4, &ref))
         return enif_make_badarg(env);
-    if (submit_job(env, d, argv, 0, &result) == 0)
+    if (submit_job(env, d, argv, 0, ref, &result) == 0)
         return result;
     return enif_schedule_nif(env, "submit_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, submit_dirty, argc,
                              argv);
@@ -408,21 +424,20 @@ static ERL_NIF_TERM nif_submit(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
 static ERL_NIF_TERM put_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
-    ERL_NIF_TERM result;
-    (void)argc;
-    if (!d)
+    ERL_NIF_TERM result, ref;
+    if (!d || !caller_ref(env, argc, argv, 2, &ref))
         return enif_make_badarg(env);
-    submit_put(env, d, argv, 1, &result);
+    submit_put(env, d, argv, 1, ref, &result);
     return result;
 }
 
 static ERL_NIF_TERM nif_put(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
-    ERL_NIF_TERM result;
-    if (!d)
+    ERL_NIF_TERM result, ref;
+    if (!d || !caller_ref(env, argc, argv, 2, &ref))
         return enif_make_badarg(env);
-    if (submit_put(env, d, argv, 0, &result) == 0)
+    if (submit_put(env, d, argv, 0, ref, &result) == 0)
         return result;
     return enif_schedule_nif(env, "put_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, put_dirty, argc, argv);
 }
@@ -433,14 +448,14 @@ static struct buffer_res *get_buffer(ErlNifEnv *env, ERL_NIF_TERM t)
     return enif_get_resource(env, t, BUFFER_RT, &p) ? p : NULL;
 }
 
-/* get(Buf) -> {ok, Ref} | {error, _}; then {erlcuda, Ref, {ok, Vector}}. */
+/* get(Buf[, Ref]) -> {ok, Ref} | {error, _}; then {erlcuda, Ref, {ok, Vector}}. */
 static ERL_NIF_TERM nif_get(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct buffer_res *b = get_buffer(env, argv[0]);
-    (void)argc;
-    if (!b)
+    ERL_NIF_TERM ref;
+    if (!b || !caller_ref(env, argc, argv, 1, &ref))
         return enif_make_badarg(env);
-    return submit_get(env, b, argv[0]);
+    return submit_get(env, b, argv[0], ref);
 }
 
 /* free(Buf) -> ok: at once and idempotent; the free goes to gpud now. */
@@ -620,7 +635,6 @@ static ERL_NIF_TERM nif_kernels(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
 static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
 {
     (void)priv;
-    (void)info;
 #define A(name) ATOM_##name = enif_make_atom(env, #name)
     A(ok);
     A(error);
@@ -677,8 +691,12 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
                                         ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
     if (!DEVICE_RT || !REGION_RT || !BUFFER_RT)
         return -1;
-    /* Last: a failed load gets no unload, so it must hold nothing. */
-    copy_pool_hold();
+    /* Last: a failed load gets no unload, so it must hold nothing. info:
+     * the app env copy_threads, 0 for the default (erlcuda_nif:init/0). */
+    unsigned threads = 0;
+    if (!enif_get_uint(env, info, &threads))
+        threads = 0;
+    copy_pool_hold(threads);
     return 0;
 }
 
@@ -706,13 +724,16 @@ static ErlNifFunc nif_funcs[] = {
     {"close", 1, nif_close, ERL_NIF_DIRTY_JOB_IO_BOUND},
     {"cancel", 2, nif_cancel, 0},
     {"submit", 4, nif_submit, 0},
+    {"submit", 5, nif_submit, 0},
     {"stats", 1, nif_stats, 0},
     {"in_flight", 1, nif_in_flight, 0},
     {"kernels", 0, nif_kernels, 0},
     {"module_op", 4, nif_module_op, 0},
     {"module_gen", 2, nif_module_gen, 0},
     {"put", 2, nif_put, 0},
+    {"put", 3, nif_put, 0},
     {"get", 1, nif_get, 0},
+    {"get", 2, nif_get, 0},
     {"free", 1, nif_free, 0},
     {"buffer_info", 1, nif_buffer_info, 0},
 };

@@ -304,6 +304,13 @@ static inline void sq_lock(struct device *d) { timed_lock(d, &d->sq_lock); }
 static inline void sq_unlock(struct device *d) { pthread_mutex_unlock(&d->sq_lock); }
 static inline void dev_unlock(struct device *d) { pthread_mutex_unlock(&d->lock); }
 
+/* A spin-wait's pause. */
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() __asm__ __volatile__("" ::: "memory")
+#endif
+
 static inline void count(uint64_t *c, uint64_t n) { __atomic_add_fetch(c, n, __ATOMIC_RELAXED); }
 
 /* Jobs (ring entries) in flight: up by n, and the peak with it. */
@@ -378,7 +385,7 @@ ERL_NIF_TERM kernels_term(ErlNifEnv *env);
  * the answer, or 1 when the job must move to a dirty scheduler (only when
  * !dirty): the caller reschedules it. */
 int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM *result);
+               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
 /* module_op(Handle, load | unload, Slot, Path): a control descriptor, in
  * order with the jobs around it; {ok, Ref}, then {erlcuda, Ref, ok} or
  * {erlcuda, Ref, {error, {module, Why}}}. */
@@ -403,9 +410,9 @@ void wake_gpud(struct device *d);
 /* put(Handle, Vector): a put descriptor; {ok, Ref}, then {erlcuda, Ref,
  * {ok, Buf} | {error, Reason}}. Returns 1 to go dirty (when !dirty). */
 int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM *result);
+               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
 /* get(Buf): a get descriptor; {ok, Ref}, then {erlcuda, Ref, {ok, Vector}}. */
-ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf);
+ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, ERL_NIF_TERM ref);
 /* Makes a new buffer of device d (a fresh id, the current epoch): its
  * resource term in env, or 0 when out of memory. */
 ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len);
@@ -481,9 +488,10 @@ void pipeline_finish(struct device *d, struct job *j, uint32_t parts);
 
 /* ---------------------------------------------------- copy.c: the copies -- */
 
-/* Starts the copy pool (the first holder) or takes another hold of it; called
- * by load/upgrade. Never fails: without threads a copy runs on its caller. */
-void copy_pool_hold(void);
+/* Starts the copy pool of `threads` threads (0: the default; the first
+ * holder decides) or takes another hold of it; called by load/upgrade.
+ * Never fails: without threads a copy runs on its caller. */
+void copy_pool_hold(uint32_t threads);
 /* Drops a hold; the last one stops the threads and waits for them. Called
  * by unload, when no code of this library instance can run any more. */
 void copy_pool_release(void);

@@ -4,12 +4,6 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#else
-#define cpu_relax() __asm__ __volatile__("" ::: "memory")
-#endif
-
 _Static_assert(sizeof(struct slot_cache) % 64 == 0, "a cache fills whole cache lines");
 
 static uint32_t next_thread_no;

@@ -231,18 +231,18 @@ __thread int prof_timing;
 #define STAMP(t, i) ((t)[0] ? (void)((t)[i] = mono_ns()) : (void)0)
 
 static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-                           ERL_NIF_TERM *result, int64_t t[5]);
+                           ERL_NIF_TERM ref, ERL_NIF_TERM *result, int64_t t[5]);
 
 /* submit(Handle, Kernel, Args, Flags) -> {ok, Ref} | {error, Reason}.
  * Flags: 0, or `fault` (only a gpud built for fault injection accepts it).
  * One in PROF_SAMPLE accepted submits of a thread is timed by phase. */
 int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM *result)
+               ERL_NIF_TERM ref, ERL_NIF_TERM *result)
 {
     int64_t t[5] = {0, 0, 0, 0, 0};
     if (prof_begin())
         t[0] = mono_ns();
-    int r = submit_job_body(env, d, argv, dirty, result, t);
+    int r = submit_job_body(env, d, argv, dirty, ref, result, t);
     prof_timing = 0;
     if (t[4]) {
         uint64_t *p = d->prof.submit;
@@ -257,7 +257,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
 }
 
 static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-                           ERL_NIF_TERM *result, int64_t t[5])
+                           ERL_NIF_TERM ref, ERL_NIF_TERM *result, int64_t t[5])
 {
     uint8_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
     /* `buffer`: the output stays on the device, a new buffer. */
@@ -389,7 +389,8 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         flags |= EC_FLAG_OUT_BUF;
         j->out_len = (uint32_t)s.out_len;
     }
-    ERL_NIF_TERM ref = enif_make_ref(env);
+    if (!ref)
+        ref = enif_make_ref(env);
     j->gen++;
     j->kernel = s.kernel;
     j->type = s.type;

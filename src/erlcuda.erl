@@ -105,7 +105,7 @@ launch_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Target, _Timeout, Launch, Out} ->
             case route(Target, Args, Out) of
-                {local, Device} -> submit(Device, Kernel, Args, Launch, Out);
+                {local, Device} -> submit(Device, Kernel, Args, Launch, Out, make_ref());
                 remote -> erlcuda_cluster:launch(Target, Kernel, Args, Launch);
                 {error, _} = E -> E
             end;
@@ -136,7 +136,11 @@ launch_sync_untraced(Kernel, Args, Opts) ->
         {ok, Target, Timeout, Launch, Out} ->
             case route(Target, Args, Out) of
                 {local, Device} ->
-                    case submit(Device, Kernel, Args, Launch, Out) of
+                    %% Made here, before await/3's receive: the VM then
+                    %% skips the messages already in the caller's mailbox
+                    %% (OTP's receive marker), however many there are.
+                    Ref = make_ref(),
+                    case submit(Device, Kernel, Args, Launch, Out, Ref) of
                         {ok, Ref} -> await(Device, Ref, Timeout);
                         {error, _} = E -> E
                     end;
@@ -183,7 +187,8 @@ put(Vector, Opts) ->
             case handle(Device) of
                 undefined -> {error, {no_device, Device}};
                 H ->
-                    case erlcuda_nif:put(H, Vector) of
+                    Ref = make_ref(), % see launch_sync_untraced/3
+                    case erlcuda_nif:put(H, Vector, Ref) of
                         {ok, Ref} -> await(Device, Ref, Timeout);
                         {error, _} = E -> E
                     end
@@ -200,7 +205,8 @@ get(Buf) ->
     case erlcuda_nif:buffer_info(Buf) of
         false -> {error, {badarg, buffer}};
         {Device, _Type, _Len, _Status} ->
-            case erlcuda_nif:get(Buf) of
+            Ref = make_ref(), % see launch_sync_untraced/3
+            case erlcuda_nif:get(Buf, Ref) of
                 {ok, Ref} -> await(Device, Ref, ?DEFAULT_TIMEOUT);
                 {error, _} = E -> E
             end
@@ -303,13 +309,13 @@ unload_module(Name) ->
 
 %%% Internal
 
-submit(Device, Kernel, Args, Launch, Out) ->
+submit(Device, Kernel, Args, Launch, Out, Ref) ->
     Flags = case Out of buffer -> buffer; host -> 0 end,
     case handle(Device) of
         undefined -> {error, {no_device, Device}};
-        H when is_atom(Kernel), Launch =:= [] -> erlcuda_nif:submit(H, Kernel, Args, Flags);
+        H when is_atom(Kernel), Launch =:= [] -> erlcuda_nif:submit(H, Kernel, Args, Flags, Ref);
         _ when is_atom(Kernel) -> {error, {badarg, {opt, hd(Launch)}}};
-        H -> submit_user(H, Kernel, Args, Launch, Flags, 3)
+        H -> submit_user(H, Kernel, Args, Launch, {Flags, Ref}, 3)
     end.
 
 %% No {device, N}: the device of the first buffer in Args, else 0. (With
@@ -327,15 +333,15 @@ device(N, _) -> N.
 %% A user's kernel: its row from the module registry, with the launch
 %% options. `stale_kernel': the module was replaced between the lookup and
 %% the submit; the new one is published already, so look again.
-submit_user(H, {Mod, K} = Kernel, Args, Launch, Flags, Tries) ->
+submit_user(H, {Mod, K} = Kernel, Args, Launch, {Flags, Ref} = FR, Tries) ->
     case erlcuda_modules:lookup(Mod, K) of
         undefined ->
             {error, {unknown_kernel, Kernel}};
         {Row, Shape} ->
             case launch_opts(Launch, Shape) of
                 {ok, Opts} ->
-                    case erlcuda_nif:submit(H, erlang:append_element(Row, Opts), Args, Flags) of
-                        {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, Flags, Tries - 1);
+                    case erlcuda_nif:submit(H, erlang:append_element(Row, Opts), Args, Flags, Ref) of
+                        {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, FR, Tries - 1);
                         {error, stale_kernel} -> {error, {unknown_kernel, Kernel}};
                         Other -> Other
                     end;
@@ -343,7 +349,7 @@ submit_user(H, {Mod, K} = Kernel, Args, Launch, Flags, Tries) ->
                     E
             end
     end;
-submit_user(_H, Kernel, _Args, _Launch, _Flags, _Tries) ->
+submit_user(_H, Kernel, _Args, _Launch, _FR, _Tries) ->
     {error, {unknown_kernel, Kernel}}.
 
 %% {Given, Grid, Block, SharedBytes} (bits as the header's EC_OPT_*). A

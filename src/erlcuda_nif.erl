@@ -4,7 +4,8 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, stats/1, in_flight/1, kernels/0, put/2, get/1, free/1, buffer_info/1]).
+         submit/4, submit/5, stats/1, in_flight/1, kernels/0, put/2, put/3, get/1, get/2, free/1,
+         buffer_info/1]).
 
 -on_load(init/0).
 
@@ -19,7 +20,13 @@ init() ->
                    filename:join(filename:dirname(filename:dirname(code:which(?MODULE))), "priv");
                Dir -> Dir
            end,
-    erlang:load_nif(filename:join(Priv, "erlcuda_nif"), 0).
+    %% Threads of the copy pool (c_src/copy.c), fixed at load: 0 for as many
+    %% as there are cores, up to 16.
+    Threads = case application:get_env(erlcuda, copy_threads) of
+                  {ok, N} when is_integer(N), N >= 1 -> N;
+                  _ -> 0
+              end,
+    erlang:load_nif(filename:join(Priv, "erlcuda_nif"), Threads).
 
 %% @doc Creates a device's memfd (sealed), rings, arena and handshake socket.
 %% Options (all required): `ring_entries' (power of two), `arena_bytes' (the
@@ -67,6 +74,13 @@ cancel(_H, _Ref) -> ?NOT_LOADED.
 -spec submit(handle(), term(), term(), 0 | fault | buffer) -> {ok, reference()} | {error, term()}.
 submit(_H, _Kernel, _Args, _Flags) -> ?NOT_LOADED.
 
+%% @doc submit/4 with the caller's reference for the job (and its answer):
+%% one made by make_ref/0 just before the receive lets the VM skip the
+%% messages already in the mailbox while it waits.
+-spec submit(handle(), term(), term(), 0 | fault | buffer, reference()) ->
+          {ok, reference()} | {error, term()}.
+submit(_H, _Kernel, _Args, _Flags, _Ref) -> ?NOT_LOADED.
+
 %% @doc Counters of the VM side and of gpud.
 -spec stats(handle()) -> map().
 stats(_H) -> ?NOT_LOADED.
@@ -97,10 +111,18 @@ kernels() -> ?NOT_LOADED.
 -spec put(handle(), term()) -> {ok, reference()} | {error, term()}.
 put(_H, _Vector) -> ?NOT_LOADED.
 
+%% @doc put/2 with the caller's reference (see submit/5).
+-spec put(handle(), term(), reference()) -> {ok, reference()} | {error, term()}.
+put(_H, _Vector, _Ref) -> ?NOT_LOADED.
+
 %% @doc Queues a get of buffer `Buf'; the answer is `{erlcuda, Ref, {ok,
 %% Vector}}' (a binary for f32, else `{Type, Binary}').
 -spec get(reference()) -> {ok, reference()} | {error, term()}.
 get(_Buf) -> ?NOT_LOADED.
+
+%% @doc get/1 with the caller's reference (see submit/5).
+-spec get(reference(), reference()) -> {ok, reference()} | {error, term()}.
+get(_Buf, _Ref) -> ?NOT_LOADED.
 
 %% @doc Frees buffer `Buf' now (idempotent).
 -spec free(reference()) -> ok.

@@ -19,7 +19,7 @@ groups() ->
                             non_finite_values, prop_random_vectors]},
      {stack, [sequence], [concurrent_callers, kill_gpud_under_load, launch_sync_timeout,
                           timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty,
-                          zero_copy_chain]},
+                          zero_copy_chain, sync_calls_leave_the_mailbox]},
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]},
      {cached_ring, [], [busy_when_full_with_slot_caches]},
@@ -604,6 +604,25 @@ routed_by_device(_) ->
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{device, 1}])),
     wait_new_gpud(0, P0),
     ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{device, 0}])).
+
+%% launch_sync, put and get from a process with unrelated messages waiting
+%% take only their own answers and leave the rest, in order (their receive
+%% skips older messages: erlcuda:launch_sync_untraced/3).
+sync_calls_leave_the_mailbox(_) ->
+    [self() ! {junk, I} || I <- lists:seq(1, 10000)],
+    Args = erlcuda_ref:args(vector_add, 1023, binary),
+    [begin
+         {ok, R} = erlcuda:launch_sync(vector_add, Args),
+         ok = erlcuda_ref:check(vector_add, Args, R)
+     end || _ <- lists:seq(1, 20)],
+    X = << <<(float(I)):32/float-native>> || I <- lists:seq(1, 1023) >>,
+    {ok, B} = erlcuda:put(X),
+    ?assertEqual({ok, X}, erlcuda:get(B)),
+    ok = erlcuda:free(B),
+    {messages, Ms} = process_info(self(), messages),
+    ?assertEqual([{junk, I} || I <- lists:seq(1, 10000)], Ms),
+    [receive {junk, _} -> ok end || _ <- Ms],
+    ok.
 
 %%% small ring: in-flight cap
 
