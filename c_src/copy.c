@@ -28,12 +28,15 @@
 
 #define PARALLEL_COPY_BYTES (16u << 20)
 /* By default a copy is split over as many threads as there are cores, up
- * to 16: on the H200 host (16 cores) a 256 MiB copy ran at 6.3 GB/s on one
- * thread, 34.4 on 8 and 42.1 on 16 (torch, bench/results/
- * h200-2026-12-03-session4/final/hostmem.log), and a put or a large job
- * from binaries is bound by this copy, the DMA overlapping it. The app env
- * copy_threads sets another number (erlcuda_nif:init/0). */
-#define PARALLEL_COPY_THREADS 16
+ * to 8. On the H200 host (16 cores) a bare 256 MiB copy ran at 6.3 GB/s on
+ * one thread, 34.4 on 8 and 42.1 on 16 (torch, bench/results/
+ * h200-2026-12-03-session4/final/hostmem.log), but 16 threads gained
+ * nothing where it counts, interleaved 8 16 8 16 in one run: put of 256 MiB
+ * 32.9, 33.2, 33.8, 28.5 GB/s; vector_add 2^26 from binaries 18.3, 18.4,
+ * 17.0, 19.2 ms (bench/results/h200-2026-12-03-session4/final2/copyab.log):
+ * the copy competes with the DMA for the host's memory bandwidth. The app
+ * env copy_threads sets another number (erlcuda_nif:init/0). */
+#define PARALLEL_COPY_THREADS 8
 #define PARALLEL_COPY_THREADS_MAX 64
 /* Copies into the arena at least this large use streaming stores. */
 #define STREAM_MIN_BYTES (1u << 20)

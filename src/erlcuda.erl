@@ -105,7 +105,9 @@ launch_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Target, _Timeout, Launch, Out} ->
             case route(Target, Args, Out) of
-                {local, Device} -> submit(Device, Kernel, Args, Launch, Out, make_ref());
+                %% The NIF makes the reference: no receive follows here,
+                %% and a make_ref/0 would reserve a receive marker for none.
+                {local, Device} -> submit(Device, Kernel, Args, Launch, Out, none);
                 remote -> erlcuda_cluster:launch(Target, Kernel, Args, Launch);
                 {error, _} = E -> E
             end;
@@ -313,10 +315,14 @@ submit(Device, Kernel, Args, Launch, Out, Ref) ->
     Flags = case Out of buffer -> buffer; host -> 0 end,
     case handle(Device) of
         undefined -> {error, {no_device, Device}};
-        H when is_atom(Kernel), Launch =:= [] -> erlcuda_nif:submit(H, Kernel, Args, Flags, Ref);
+        H when is_atom(Kernel), Launch =:= [] -> nif_submit(H, Kernel, Args, Flags, Ref);
         _ when is_atom(Kernel) -> {error, {badarg, {opt, hd(Launch)}}};
         H -> submit_user(H, Kernel, Args, Launch, {Flags, Ref}, 3)
     end.
+
+%% Ref: the caller's reference for the job, or none (the NIF makes one).
+nif_submit(H, Kernel, Args, Flags, none) -> erlcuda_nif:submit(H, Kernel, Args, Flags);
+nif_submit(H, Kernel, Args, Flags, Ref) -> erlcuda_nif:submit(H, Kernel, Args, Flags, Ref).
 
 %% No {device, N}: the device of the first buffer in Args, else 0. (With
 %% one, a buffer of another device is refused by the NIF.)
@@ -340,7 +346,7 @@ submit_user(H, {Mod, K} = Kernel, Args, Launch, {Flags, Ref} = FR, Tries) ->
         {Row, Shape} ->
             case launch_opts(Launch, Shape) of
                 {ok, Opts} ->
-                    case erlcuda_nif:submit(H, erlang:append_element(Row, Opts), Args, Flags, Ref) of
+                    case nif_submit(H, erlang:append_element(Row, Opts), Args, Flags, Ref) of
                         {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, FR, Tries - 1);
                         {error, stale_kernel} -> {error, {unknown_kernel, Kernel}};
                         Other -> Other

@@ -21,7 +21,7 @@ init() ->
                Dir -> Dir
            end,
     %% Threads of the copy pool (c_src/copy.c), fixed at load: 0 for as many
-    %% as there are cores, up to 16.
+    %% as there are cores, up to 8.
     Threads = case application:get_env(erlcuda, copy_threads) of
                   {ok, N} when is_integer(N), N >= 1 -> N;
                   _ -> 0
