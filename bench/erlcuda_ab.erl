@@ -39,20 +39,8 @@ wait_up() ->
     end.
 
 throughput(C, Xb, Yb, Want, Ms) ->
-    Self = self(),
-    Go = atomics:new(2, []),
-    Pids = [spawn_monitor(fun() -> wait(Go), Self ! {self(), loop(Xb, Yb, Want, Go, 0)} end)
-            || _ <- lists:seq(1, C)],
-    timer:sleep(100),
-    T0 = erlang:monotonic_time(microsecond),
-    atomics:put(Go, 1, 1),
-    timer:sleep(Ms),
-    atomics:put(Go, 2, 1),
-    %% Monitored callers, results in any order: erlcuda_bench:collect/1.
-    Done = lists:sum(erlcuda_bench:collect(Pids)),
-    Done * 1.0e6 / (erlang:monotonic_time(microsecond) - T0).
-
-wait(Go) -> case atomics:get(Go, 1) of 1 -> ok; 0 -> timer:sleep(1), wait(Go) end.
+    {Done, Us} = erlcuda_bench:callers(C, fun(Go) -> loop(Xb, Yb, Want, Go, 0) end, Ms),
+    lists:sum(Done) * 1.0e6 / Us.
 
 loop(Xb, Yb, Want, Go, N) ->
     case atomics:get(Go, 2) of

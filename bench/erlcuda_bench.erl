@@ -13,8 +13,8 @@
 -module(erlcuda_bench).
 -export([main/0, main/1, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, put_get/0, profile/0,
          cold_start/1, large/0, matmul/0]).
-%% The callers' results (also for erlcuda_ab and erlcuda_cluster_bench).
--export([collect/1]).
+%% Concurrent callers, for erlcuda_ab and erlcuda_cluster_bench too.
+-export([callers/3, collect/1]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -394,30 +394,19 @@ f32s(L) -> [F || <<F:32/float-native>> <= bin(L)].
 %% Record: write the throughput record (profile/0 runs the rows again
 %% without). Returns the jobs/s.
 throughput_row(C, Jobs, Ms, Record) ->
-    Self = self(),
-    Go = atomics:new(2, []),
-    Pids = [spawn_monitor(fun() ->
-                               {K, A, Want} = lists:nth(I rem length(Jobs) + 1, Jobs),
-                               wait_go(Go),
-                               Self ! {self(), loop(K, A, Want, Go, 0, 0)}
-                       end) || I <- lists:seq(1, C)],
-    %% Every caller exists before the clock starts.
-    timer:sleep(100),
+    %% The callers take turns over Jobs.
+    Next = atomics:new(1, []),
+    Loop = fun(Go) ->
+                   I = atomics:add_get(Next, 1, 1),
+                   {K, A, Want} = lists:nth(I rem length(Jobs) + 1, Jobs),
+                   loop(K, A, Want, Go, 0, 0)
+           end,
     [#{os_pid := GpudPid}] = erlcuda:devices(),
-    Cpu0 = thread_ticks(GpudPid),
-    %% High priority: with 10,000 runnable callers the end of the window
-    %% would otherwise wait its turn in a run queue.
-    Prio = process_flag(priority, high),
-    S0 = erlcuda:stats(0),
-    T0 = erlang:monotonic_time(microsecond),
-    atomics:put(Go, 1, 1),
-    timer:sleep(Ms),
-    atomics:put(Go, 2, 1),
-    Us = erlang:monotonic_time(microsecond) - T0,
-    S1 = erlcuda:stats(0),
-    Cpu = cpu_use(Cpu0, thread_ticks(GpudPid), Ms),
-    process_flag(priority, Prio),
-    Res = collect(Pids),
+    Edge = fun(start) -> {erlcuda:stats(0), thread_ticks(GpudPid)};
+              (stop) -> {erlcuda:stats(0), thread_ticks(GpudPid)}
+           end,
+    {Res, Us, {S0, Cpu0}, {S1, Cpu1}} = callers(C, Loop, Ms, Edge),
+    Cpu = cpu_use(Cpu0, Cpu1, Ms),
     Done = lists:sum([D || {D, _} <- Res]),
     Busy = lists:sum([Bz || {_, Bz} <- Res]),
     Batches = maps:get(batches, S1) - maps:get(batches, S0),
@@ -438,6 +427,34 @@ throughput_row(C, Jobs, Ms, Record) ->
               [C, round(Rate), Busy, Batches, Done / max(1, Batches), hist(Hist), "", GpudLoad,
                string:join([io_lib:format("~s ~w", [K, round(V)]) || {K, V} <- Cpu, V >= 1], ", ")]),
     Rate.
+
+%% C callers, each running Loop(Go) once they all exist, for a window of
+%% Ms: Go's 1 starts them, its 2 tells them to stop (each checks it between
+%% jobs). Returns {their results, the window in us}. The window is timed by
+%% this process at high priority (with 10,000 runnable callers its stop
+%% would otherwise wait its turn in a run queue) and ends at the stop, not
+%% after the collection. callers/4: Edge(start) runs right before the
+%% start and Edge(stop) right after the stop; {Results, Us, Start, Stop}.
+callers(C, Loop, Ms) ->
+    {Res, Us, _, _} = callers(C, Loop, Ms, fun(_) -> none end),
+    {Res, Us}.
+
+callers(C, Loop, Ms, Edge) ->
+    Self = self(),
+    Go = atomics:new(2, []),
+    Pids = [spawn_monitor(fun() -> wait_go(Go), Self ! {self(), Loop(Go)} end)
+            || _ <- lists:seq(1, C)],
+    timer:sleep(100),
+    Prio = process_flag(priority, high),
+    Start = Edge(start),
+    T0 = erlang:monotonic_time(microsecond),
+    atomics:put(Go, 1, 1),
+    timer:sleep(Ms),
+    atomics:put(Go, 2, 1),
+    Us = erlang:monotonic_time(microsecond) - T0,
+    Stop = Edge(stop),
+    process_flag(priority, Prio),
+    {collect(Pids), Us, Start, Stop}.
 
 %% The callers' results, in whatever order they come: one receive that
 %% takes any of them (a receive per caller in spawn order scanned a mailbox

@@ -120,25 +120,8 @@ run(C, CallerNodes, Opts, Job) ->
 %% On each calling node: C processes, each a loop of launch_sync with Opts,
 %% started together; returns {JobsDone, Errors, Microseconds}.
 run_callers(C, Opts, {K, Args}, Ms) ->
-    Self = self(),
-    Go = atomics:new(2, []),
-    Pids = [spawn_monitor(fun() -> wait_go(Go), Self ! {self(), loop(K, Args, Opts, Go, 0, 0)} end)
-            || _ <- lists:seq(1, C)],
-    timer:sleep(100),
-    T0 = erlang:monotonic_time(microsecond),
-    atomics:put(Go, 1, 1),
-    timer:sleep(Ms),
-    atomics:put(Go, 2, 1),
-    %% Monitored callers, results in any order: erlcuda_bench:collect/1.
-    Res = erlcuda_bench:collect(Pids),
-    Us = erlang:monotonic_time(microsecond) - T0,
+    {Res, Us} = erlcuda_bench:callers(C, fun(Go) -> loop(K, Args, Opts, Go, 0, 0) end, Ms),
     {lists:sum([D || {D, _} <- Res]), lists:sum([E || {_, E} <- Res]), Us}.
-
-wait_go(Go) ->
-    case atomics:get(Go, 1) of
-        1 -> ok;
-        0 -> timer:sleep(1), wait_go(Go)
-    end.
 
 loop(K, Args, Opts, Go, Done, Err) ->
     case atomics:get(Go, 2) of

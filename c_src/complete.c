@@ -220,6 +220,16 @@ struct env_pool {
     ErlNifEnv *env[CQ_CHUNK];
 };
 
+/* Gives the slot the pool's clear env k and keeps its used one there, to
+ * be cleared once no slot points to it (release_jobs). */
+static void swap_env(struct job *j, struct env_pool *pool, uint32_t k)
+{
+    ErlNifEnv *used = j->env;
+    j->env = pool->env[k];
+    j->ref = 0;
+    pool->env[k] = used;
+}
+
 /* Frees the slots of answered jobs: one hold of the lock for many, which
  * submitters contend for. With a pool, the lock is held only to swap each
  * slot's env for a clear one and push the slot: the envs come out and are
@@ -244,10 +254,7 @@ static int64_t release_jobs(struct device *d, const uint32_t *idx, uint32_t n, s
     for (uint32_t i = 0; i < n; i++) {
         struct job *j = &d->jobs[idx[i]];
         if (c && c->n < d->caches.cap && cacheable(d, idx[i], j)) {
-            ErlNifEnv *used = j->env;
-            j->env = pool->env[swapped];
-            j->ref = 0;
-            pool->env[swapped++] = used;
+            swap_env(j, pool, swapped++);
             j->in.bytes = 0;
             j->in.inl = 0;
             j->out.inl = 0;
@@ -263,14 +270,10 @@ static int64_t release_jobs(struct device *d, const uint32_t *idx, uint32_t n, s
         dev_lock(d);
         for (uint32_t i = 0; i < nrest; i++) {
             struct job *j = &d->jobs[rest[i]];
-            if (pool) {
-                ErlNifEnv *used = j->env;
-                j->env = pool->env[swapped];
-                j->ref = 0;
-                pool->env[swapped++] = used;
-            } else {
+            if (pool)
+                swap_env(j, pool, swapped++);
+            else
                 enif_clear_env(j->env);
-            }
             free_slot_locked(d, rest[i]);
         }
         dev_unlock(d);

@@ -66,6 +66,16 @@ static int can_ever_fit_locked(const struct device *d, uint64_t bytes)
     return d->shm.nseg < EC_MAX_SEGMENTS && d->arena_max - d->arena_total >= bytes;
 }
 
+/* A small job's regions: its input, then its output, in slot idx's inline
+ * area. */
+static void inline_regions(const struct device *d, uint32_t idx, uint64_t in_bytes, uint64_t out_bytes,
+                           struct region *in, struct region *out)
+{
+    uint64_t base = d->inline_off + (uint64_t)idx * INLINE_BYTES;
+    *in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
+    *out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
+}
+
 /* Reserves a slot and the job's regions, plus `credits` extra slots for the
  * extra descriptors of a pipelined job. `keep_out`: the output will outlive
  * the job (a zero-copy result binary), so it cannot be in the slot's inline
@@ -81,10 +91,8 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
         /* A slot of this thread's own: no device lock (slot_cache.h). */
         int64_t idx = slot_cache_pop(cache);
         if (idx >= 0) {
-            uint64_t base = d->inline_off + (uint64_t)idx * INLINE_BYTES;
             struct job *j = &d->jobs[idx];
-            j->in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
-            j->out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
+            inline_regions(d, (uint32_t)idx, in_bytes, out_bytes, &j->in, &j->out);
             j->out_taken = 0;
             j->ncredit = 0;
             in_flight_add(d, 1);
@@ -102,9 +110,7 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
     }
     uint32_t top = d->free_stack[d->nfree - 1];
     if (!keep_out && in_bytes + out_bytes <= INLINE_BYTES && top < d->inline_slots) {
-        uint64_t base = d->inline_off + (uint64_t)top * INLINE_BYTES;
-        in = (struct region){.seg = 0, .inl = 1, .off = base, .bytes = in_bytes};
-        out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
+        inline_regions(d, top, in_bytes, out_bytes, &in, &out);
     } else if (region_alloc_locked(d, out_bytes, &out) != 0) {
         int never = in_bytes + out_bytes > d->arena_max || !can_ever_fit_locked(d, out_bytes) ||
                     !can_ever_fit_locked(d, in_bytes);
@@ -233,8 +239,9 @@ __thread int prof_timing;
 static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
                            ERL_NIF_TERM ref, ERL_NIF_TERM *result, int64_t t[5]);
 
-/* submit(Handle, Kernel, Args, Flags) -> {ok, Ref} | {error, Reason}.
- * Flags: 0, or `fault` (only a gpud built for fault injection accepts it).
+/* submit(Handle, Kernel, Args, Flags[, Ref]) -> {ok, Ref} | {error, Reason}.
+ * Flags: 0, `buffer`, or `fault` (only a gpud built for fault injection
+ * accepts it). ref: the caller's reference, or 0 to make one.
  * One in PROF_SAMPLE accepted submits of a thread is timed by phase. */
 int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
                ERL_NIF_TERM ref, ERL_NIF_TERM *result)
