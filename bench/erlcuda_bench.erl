@@ -272,7 +272,43 @@ latency(Backend) ->
      || {Label, S} <- [{"erlcuda, binaries", Full}, {"erlcuda, lists", L},
                        {"in-process baseline (gpud-bench --baseline)", Base}]],
     io:format("full stack / in-process, p50 per block pair: median ~.2f (~.2f .. ~.2f) over ~p pairs~n~n",
-              [pct(Ratios, 0.5), hd(Ratios), lists:last(Ratios), length(Ratios)]).
+              [pct(Ratios, 0.5), hd(Ratios), lists:last(Ratios), length(Ratios)]),
+    latency_split(BA, BB).
+
+%% Where a one-in-flight round trip goes: the caller's clock around launch
+%% (T0, T1) and around the receive (T1, T2), and the NIF's sampled stamps
+%% (c_src/profile.h, round trip): the submit NIF call, gpud's side (from
+%% the descriptor's publish to its CQE being taken: pick-up, launch, GPU,
+%% the CQE) and the answer (CQE taken to enif_send done). What is left of
+%% T2 - T1 is the caller's wake-up and its receive. Means, in us.
+latency_split(BA, BB) ->
+    Jobs = 12800,
+    One = fun() ->
+                  T0 = erlang:monotonic_time(nanosecond),
+                  {ok, Ref} = erlcuda:launch(vector_add, [BA, BB]),
+                  T1 = erlang:monotonic_time(nanosecond),
+                  receive {erlcuda, Ref, {ok, _}} -> ok end,
+                  {T1 - T0, erlang:monotonic_time(nanosecond) - T1}
+          end,
+    [One() || _ <- lists:seq(1, ?WARMUP)],
+    S0 = erlcuda:stats(0),
+    Ts = [One() || _ <- lists:seq(1, Jobs)],
+    S1 = erlcuda:stats(0),
+    D = fun(K) -> maps:get(K, S1) - maps:get(K, S0) end,
+    Per = fun(K, N) -> D(K) / max(1, D(N)) / 1000 end,
+    Launch = lists:sum([L || {L, _} <- Ts]) / Jobs / 1000,
+    Wait = lists:sum([W || {_, W} <- Ts]) / Jobs / 1000,
+    Gpud = Per(prof_trip_gpud_ns, prof_trip_samples),
+    Answer = Per(prof_trip_answer_ns, prof_trip_samples),
+    M = #{launch_us => Launch, submit_nif_us => Per(prof_submit_ns, prof_submit_samples),
+          gpud_us => Gpud, answer_us => Answer, wake_receive_us => Wait - Gpud - Answer,
+          reaped_pct => 100 * D(reaped) / max(1, D(completed)),
+          samples => D(prof_trip_samples)},
+    record("latency.vector_add_1000.split", erlcuda, Launch + Wait, us, null, Jobs, M),
+    io:format("one-in-flight round trip, mean ~.1f us: launch ~.1f (NIF submit ~.1f), gpud ~.1f, "
+              "answer ~.1f, wake-up and receive ~.1f (~p sampled jobs, ~.1f% answered by a scheduler)~n~n",
+              [Launch + Wait, Launch, maps:get(submit_nif_us, M), Gpud, Answer, Wait - Gpud - Answer,
+               D(prof_trip_samples), maps:get(reaped_pct, M)]).
 
 block(Launch) -> lists:sort([one(Launch) || _ <- lists:seq(1, ?BLOCK)]).
 
@@ -314,7 +350,41 @@ other_latency() ->
                           {"dot_product_1000", fun() -> erlcuda:launch(dot_product, [BA, BB]) end},
                           {"matmul_32", fun() -> erlcuda:launch(matmul, [M, M, 32, 32, 32]) end}]],
     mailbox_latency(BA, BB),
+    sync_latency(BA, BB),
     io:format("~n").
+
+%% launch_sync, one in flight, with the caller's scheduler spinning for its
+%% answer (app env sync_spin_us, erlcuda_nif:await_spin/1) and without,
+%% ON OFF ON OFF with the application restarted for each (the budget is
+%% read when a device opens). The round trip is launch_sync's whole call.
+sync_latency(BA, BB) ->
+    Spin0 = application:get_env(erlcuda, sync_spin_us, default),
+    F = fun() -> {ok, _} = erlcuda:launch_sync(vector_add, [BA, BB]) end,
+    Run = fun(Us) ->
+                  ok = application:stop(erlcuda),
+                  application:set_env(erlcuda, sync_spin_us, Us),
+                  start(),
+                  S0 = erlcuda:stats(0),
+                  [F() || _ <- lists:seq(1, ?WARMUP)],
+                  T = [begin T0 = erlang:monotonic_time(nanosecond), F(),
+                             (erlang:monotonic_time(nanosecond) - T0) / 1000 end
+                       || _ <- lists:seq(1, 3000)],
+                  S1 = erlcuda:stats(0),
+                  {T, maps:get(sync_spin_answers, S1) - maps:get(sync_spin_answers, S0)}
+          end,
+    Rounds = [{Run(default), Run(0)} || _ <- lists:seq(1, 2)],
+    ok = application:stop(erlcuda),
+    application:set_env(erlcuda, sync_spin_us, Spin0),
+    start(),
+    On = lists:sort(lists:append([T || {{T, _}, _} <- Rounds])),
+    Off = lists:sort(lists:append([T || {_, {T, _}} <- Rounds])),
+    Answered = lists:sum([A || {{_, A}, _} <- Rounds]),
+    record("latency.vector_add_1000_sync.p50", erlcuda, pct(On, 0.5), us, {hd(On), lists:last(On)},
+           length(On), #{p99 => pct(On, 0.99), answered_while_spinning => Answered,
+                         no_spin_p50 => pct(Off, 0.5), no_spin_p99 => pct(Off, 0.99)}),
+    io:format("~-44s ~9.1f ~9.1f~n~-44s ~9.1f ~9.1f~n",
+              ["launch_sync, sync spin (default)", pct(On, 0.5), pct(On, 0.99),
+               "launch_sync, no spin", pct(Off, 0.5), pct(Off, 0.99)]).
 
 %% launch_sync from a process with 10,000 unrelated messages waiting in its
 %% mailbox, against one with none, A B A B: launch_sync's receive skips

@@ -95,6 +95,8 @@ OP_SIGN = {"<=": "≤", ">=": "≥", "<": "<", ">": ">"}
 KNOWN = [
     (r"latency\.vector_add_1000\.ratio_full_stack_in_process", ("x",)),
     (r"latency\.[a-z_]+_\d+\.p\d+(\.\d+)?", ("us",)),
+    (r"latency\.vector_add_1000_sync(\.mailbox_10000)?\.p50", ("us",)),
+    (r"latency\.vector_add_1000\.split", ("us",)),
     (r"throughput\.callers_\d+", ("jobs/s",)),
     (r"large\.(vector_add|reduce|dot_product)\.(binaries|arena)\.n\d+", ("ms",)),
     (r"pcie\.(h2d|d2h|bidir)", ("GB/s",)),

@@ -22,6 +22,7 @@ static void clear_slot(struct device *d, struct job *j)
     __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
     __atomic_sub_fetch(&d->in_flight, 1 + j->ncredit, __ATOMIC_RELAXED); /* read by wait_cq */
     j->ncredit = 0;
+    j->t_pub = 0;
     __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
 }
 
@@ -156,7 +157,7 @@ static ERL_NIF_TERM control_result(ErlNifEnv *env, struct device *d, struct job 
 /* Answers the job of one CQE; sets *release to its slot once answered (or
  * cancelled), to be freed with release_jobs; leaves it alone otherwise. */
 static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
-                       const struct ec_cqe *cqe, int64_t *release)
+                       const struct ec_cqe *cqe, int64_t taken, int64_t *release)
 {
     uint32_t idx = (uint32_t)cqe->user_data;
     uint32_t gen = (uint32_t)(cqe->user_data >> 32);
@@ -209,6 +210,13 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
             result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         }
         send_answer(d, caller_env, m, j, result);
+        if (j->t_pub) {
+            /* A timed submit's job (profile.h, round trip). */
+            uint64_t *p = d->prof.complete;
+            prof_add(&p[PC_TRIP_SAMPLES], 1);
+            prof_add(&p[PC_TRIP_GPUD_NS], (uint64_t)(taken - j->t_pub));
+            prof_add(&p[PC_TRIP_ANSWER_NS], (uint64_t)(mono_ns() - taken));
+        }
     }
     count(&d->c.completed, 1);
     *release = idx;
@@ -313,7 +321,7 @@ static void answer_chunk(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
     int64_t t0 = mono_ns();
     for (uint32_t i = 0; i < n; i++) {
         int64_t idx = -1;
-        handle_cqe(d, caller_env, m, &cqes[i], &idx);
+        handle_cqe(d, caller_env, m, &cqes[i], t0, &idx);
         if (idx >= 0)
             done[ndone++] = (uint32_t)idx;
     }
@@ -478,6 +486,46 @@ void reap_cq(struct device *d, ErlNifEnv *caller_env)
         count(&d->c.reaped, n);
         enif_consume_timeslice(caller_env, (int)(n * 100 / REAP_MAX / 4 + 1));
     }
+}
+
+/* Has the job of slot j, generation gen, been answered? Its answer is sent
+ * before its slot is freed, and a slot is reused (gen changes) only after. */
+static int answered(struct job *j, uint32_t gen)
+{
+    return __atomic_load_n(&j->state, __ATOMIC_ACQUIRE) == JOB_FREE ||
+           __atomic_load_n(&j->gen, __ATOMIC_RELAXED) != gen;
+}
+
+ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d)
+{
+    struct last_submit ls = last_submit;
+    last_submit.d = NULL;
+    ErlNifPid self;
+    /* Not this process's job on this device (another process submitted on
+     * this thread since, or this one moved to another scheduler). */
+    if (ls.d != d || d->sync_spin_us == 0 || !enif_self(env, &self) || enif_compare_pids(&self, &ls.pid) != 0)
+        return ATOM_waiting;
+    enif_rwlock_rlock(d->life);
+    if (d->closed) {
+        enif_rwlock_runlock(d->life);
+        return ATOM_waiting;
+    }
+    count(&d->c.sync_spins, 1);
+    struct job *j = &d->jobs[ls.idx];
+    int64_t until = mono_ns() + (int64_t)d->sync_spin_us * 1000;
+    int done = 0;
+    for (;;) {
+        for (int i = 0; i < 32 && !(done = answered(j, ls.gen)); i++)
+            cpu_relax();
+        if (done || __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED) > SYNC_SPIN_MAX_IN_FLIGHT ||
+            mono_ns() >= until)
+            break;
+        reap_cq(d, env);
+    }
+    enif_rwlock_runlock(d->life);
+    if (done)
+        count(&d->c.sync_spin_answers, 1);
+    return done ? ATOM_answered : ATOM_waiting;
 }
 
 /* Publishes queued buffer frees (garbage collection's, which wakes this

@@ -27,16 +27,23 @@
 #endif
 
 #define PARALLEL_COPY_BYTES (16u << 20)
-/* By default a copy is split over as many threads as there are cores, up
- * to 8. On the H200 host (16 cores) a bare 256 MiB copy ran at 6.3 GB/s on
- * one thread, 34.4 on 8 and 42.1 on 16 (torch, bench/results/
- * h200-2026-12-03-session4/final/hostmem.log), but 16 threads gained
- * nothing where it counts, interleaved 8 16 8 16 in one run: put of 256 MiB
- * 32.9, 33.2, 33.8, 28.5 GB/s; vector_add 2^26 from binaries 18.3, 18.4,
- * 17.0, 19.2 ms (bench/results/h200-2026-12-03-session4/final2/copyab.log):
- * the copy competes with the DMA for the host's memory bandwidth. The app
- * env copy_threads sets another number (erlcuda_nif:init/0). */
-#define PARALLEL_COPY_THREADS 8
+/* By default the pool has as many threads as there are cores, up to 16;
+ * the app env copy_threads sets another number (erlcuda_nif:init/0). On the
+ * H200 host (16 cores) a bare 256 MiB copy ran at 6.3 GB/s on one thread,
+ * 34.4 on 8 and 42.1 on 16 (torch, bench/results/h200-2026-12-03-session4/
+ * final/hostmem.log). Who uses how many, as measured there:
+ *   - a copy split into pieces that finish together (copy_bytes, the
+ *     pipelined puts, elementwise jobs and reductions) runs at most
+ *     SPREAD_COPY_THREADS pieces at once: 16 gained nothing over 8,
+ *     interleaved 8 16 8 16 in one run (put of 256 MiB 32.9, 33.2, 33.8,
+ *     28.5 GB/s; vector_add 2^26 from binaries 18.3, 18.4, 17.0, 19.2 ms;
+ *     session4/final2/copyab.log): the copy competes with the DMA for the
+ *     host's memory bandwidth;
+ *   - a matmul's pipeline, whose pieces are copied one after another by
+ *     every thread (pipeline.c), runs on all of them: 16 against 8 took
+ *     8192^3 from binaries from 39.4 / 43.0 ms to 38.3 / 38.4, and 4096^3
+ *     from 8.4 / 8.6 to 7.4 / 7.4 (session5/p2). */
+#define PARALLEL_COPY_THREADS 16
 #define PARALLEL_COPY_THREADS_MAX 64
 /* Copies into the arena at least this large use streaming stores. */
 #define STREAM_MIN_BYTES (1u << 20)
@@ -45,7 +52,7 @@
  * (copy_pool_hold). */
 static uint32_t THREADS = 1;
 
-static uint32_t copy_threads(void) { return THREADS; }
+uint32_t copy_threads(void) { return THREADS; }
 
 /* wanted, or (0) the cores up to PARALLEL_COPY_THREADS. */
 static uint32_t pick_threads(uint32_t wanted)
@@ -189,10 +196,12 @@ void copy_pool_release(void)
     POOL = NULL;
 }
 
-void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces)
+void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces, uint32_t threads)
 {
     struct copy_pool *p = POOL;
-    uint32_t at_once = copy_threads() < pieces ? copy_threads() : pieces;
+    if (threads == 0 || threads > copy_threads())
+        threads = copy_threads();
+    uint32_t at_once = threads < pieces ? threads : pieces;
     struct copy_task t = {.piece = piece, .arg = arg, .pieces = pieces, .next = 0,
                           .helpers = 0, .max_helpers = at_once > 0 ? at_once - 1 : 0,
                           .link = NULL};
@@ -278,15 +287,15 @@ static void byte_copy_piece(void *arg, uint32_t i)
         copy_streaming(b->dst + off, b->src + off, b->n - off < b->chunk ? b->n - off : b->chunk);
 }
 
-/* memcpy, in up to copy_threads() pieces at once when large. */
+/* memcpy, in up to SPREAD_COPY_THREADS pieces at once when large. */
 void copy_bytes(void *dst, const void *src, size_t n)
 {
-    size_t t = copy_threads();
+    size_t t = copy_threads() < SPREAD_COPY_THREADS ? copy_threads() : SPREAD_COPY_THREADS;
     if (n < PARALLEL_COPY_BYTES || t < 2) {
         copy_streaming(dst, src, n);
         return;
     }
     struct byte_copy b = {.dst = dst, .src = src, .n = n,
                           .chunk = (n / t + 4095) & ~(size_t)4095};
-    copy_pieces(byte_copy_piece, &b, (uint32_t)t);
+    copy_pieces(byte_copy_piece, &b, (uint32_t)t, (uint32_t)t);
 }

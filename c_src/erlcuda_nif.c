@@ -42,7 +42,7 @@ ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_clo
     ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
     ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
     ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
-    ATOM_oom, ATOM_prefault_arena;
+    ATOM_oom, ATOM_prefault_arena, ATOM_sync_spin_us, ATOM_answered, ATOM_waiting;
 
 ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
 
@@ -183,8 +183,8 @@ static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNi
 }
 
 /* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
- *               pipeline_bytes,
- *               zero_copy_bytes, poison_outputs, prefault_arena}) -> {ok, Handle} | {error, Reason} */
+ *               pipeline_bytes, zero_copy_bytes, poison_outputs, prefault_arena
+ *               [, sync_spin_us]}) -> {ok, Handle} | {error, Reason} */
 static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     unsigned dev;
@@ -205,6 +205,12 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
         arena_bytes < 4096 || arena_bytes > (UINT64_C(1) << EC_ADDR_SEGMENT_SHIFT) ||
         arena_max < arena_bytes || spin > 1000000 || busy_spin > 1000000)
         return enif_make_badarg(env);
+    /* Optional (await_spin): absent is 0, never spin. */
+    ErlNifUInt64 sync_spin = 0;
+    ERL_NIF_TERM t;
+    if (enif_get_map_value(env, argv[1], ATOM_sync_spin_us, &t) &&
+        (!enif_get_uint64(env, t, &sync_spin) || sync_spin > 1000))
+        return enif_make_badarg(env);
 
     struct device *d = enif_alloc_resource(DEVICE_RT, sizeof *d);
     memset(d, 0, sizeof *d);
@@ -221,6 +227,7 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
      * (erlcuda_bench:busy_spin/0: 142 -> 271 us), so below 4 cores the
      * completion thread spins spin_us only. */
     d->busy_spin_us = sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? (uint32_t)busy_spin : 0;
+    d->sync_spin_us = (uint32_t)sync_spin;
     d->arena_max = arena_max;
     d->zero_copy_bytes = zero_copy;
     d->pipeline_bytes = pipeline;
@@ -425,6 +432,7 @@ static ERL_NIF_TERM put_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
 {
     struct device *d = get_device(env, argv[0]);
     ERL_NIF_TERM result, ref;
+    last_submit.d = NULL; /* its await is not for a launch before it */
     if (!d || !caller_ref(env, argc, argv, 2, &ref))
         return enif_make_badarg(env);
     submit_put(env, d, argv, 1, ref, &result);
@@ -435,6 +443,7 @@ static ERL_NIF_TERM nif_put(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
     ERL_NIF_TERM result, ref;
+    last_submit.d = NULL; /* its await is not for a launch before it */
     if (!d || !caller_ref(env, argc, argv, 2, &ref))
         return enif_make_badarg(env);
     if (submit_put(env, d, argv, 0, ref, &result) == 0)
@@ -453,6 +462,7 @@ static ERL_NIF_TERM nif_get(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct buffer_res *b = get_buffer(env, argv[0]);
     ERL_NIF_TERM ref;
+    last_submit.d = NULL; /* as for put */
     if (!b || !caller_ref(env, argc, argv, 1, &ref))
         return enif_make_badarg(env);
     return submit_get(env, b, argv[0], ref);
@@ -547,12 +557,16 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "buffer_frees", load64(&d->c.buffer_frees));
     put(env, &m, "reaped", load64(&d->c.reaped));
     put(env, &m, "cached_reserves", load64(&d->c.cached_reserves));
+    put(env, &m, "sync_spins", load64(&d->c.sync_spins));
+    put(env, &m, "sync_spin_answers", load64(&d->c.sync_spin_answers));
     /* profile.h: sums of the sampled submit phases and of the drains */
     static const char *const ps[PS_COUNT] = {
         "prof_submit_samples", "prof_submit_ns", "prof_parse_ns", "prof_reserve_ns",
         "prof_copy_ns", "prof_publish_ns", "prof_locks", "prof_lock_waits", "prof_lock_wait_ns"};
     static const char *const pc[PC_COUNT] = {"prof_drains", "prof_cqes", "prof_answer_ns",
-                                             "prof_release_ns", "prof_send_samples", "prof_send_ns"};
+                                             "prof_release_ns", "prof_send_samples", "prof_send_ns",
+                                             "prof_trip_samples", "prof_trip_gpud_ns",
+                                             "prof_trip_answer_ns"};
     for (int i = 0; i < PS_COUNT; i++)
         put(env, &m, ps[i], load64(&d->prof.submit[i]));
     for (int i = 0; i < PC_COUNT; i++)
@@ -624,6 +638,16 @@ static ERL_NIF_TERM nif_in_flight(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     return enif_make_uint(env, __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED));
 }
 
+/* await_spin(Handle) -> answered | waiting: see erlcuda_nif.h. */
+static ERL_NIF_TERM nif_await_spin(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    return await_spin(env, d);
+}
+
 /* kernels() -> [{Atom, Id, VectorInputs}]: the kernel table, for Erlang. */
 static ERL_NIF_TERM nif_kernels(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
@@ -668,6 +692,9 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     A(zero_copy_bytes);
     A(poison_outputs);
     A(prefault_arena);
+    A(sync_spin_us);
+    A(answered);
+    A(waiting);
     A(buffer);
     A(freed);
     A(lost);
@@ -727,6 +754,7 @@ static ErlNifFunc nif_funcs[] = {
     {"submit", 5, nif_submit, 0},
     {"stats", 1, nif_stats, 0},
     {"in_flight", 1, nif_in_flight, 0},
+    {"await_spin", 1, nif_await_spin, 0},
     {"kernels", 0, nif_kernels, 0},
     {"module_op", 4, nif_module_op, 0},
     {"module_gen", 2, nif_module_gen, 0},

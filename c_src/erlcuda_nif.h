@@ -104,6 +104,7 @@ struct job {
     int32_t part_status; /* __atomic: the first non-OK status of a part */
     uint32_t ncredit;
     uint32_t credit[PIPELINE_MAX_PARTS - 1];
+    int64_t t_pub; /* a timed submit's publish (mono_ns, profile.h), else 0 */
 };
 
 /* A result binary that stays in the arena: the region is freed when the last
@@ -131,7 +132,7 @@ struct buffer_res {
 
 struct counters {
     uint64_t buffer_frees, submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
-        dirty_submits, arena_inputs, pipelined, reaped, cached_reserves;
+        dirty_submits, arena_inputs, pipelined, reaped, cached_reserves, sync_spins, sync_spin_answers;
 };
 
 struct device {
@@ -169,6 +170,7 @@ struct device {
     struct prefault prefault;
     uint64_t exported;                   /* live region_res, __atomic */
     uint32_t id, nslots, spin_us, busy_spin_us;
+    uint32_t sync_spin_us; /* await_spin's budget; 0: never spin */
     struct job *jobs;
     uint32_t *free_stack;
     uint32_t nfree;
@@ -271,7 +273,7 @@ extern ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, A
     ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
     ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
     ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
-    ATOM_oom, ATOM_prefault_arena;
+    ATOM_oom, ATOM_prefault_arena, ATOM_sync_spin_us, ATOM_answered, ATOM_waiting;
 
 /* A gpud completion status as an atom, by its code (< EC_STATUS_COUNT). */
 extern ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
@@ -440,6 +442,24 @@ uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env);
  * (with its own erts allocator instance), if the CQ has some and nobody
  * else is taking them. Called by submits; the caller holds d->life (read). */
 void reap_cq(struct device *d, ErlNifEnv *caller_env);
+
+/* The last small job this scheduler thread submitted (await_spin): set by
+ * a submit that published one inline job, cleared by any other. */
+struct last_submit {
+    struct device *d;
+    uint32_t idx, gen;
+    ErlNifPid pid;
+};
+extern __thread struct last_submit last_submit;
+/* Jobs in flight on the device above which await_spin does not spin: the
+ * caller's scheduler is then better spent on other processes. */
+#define SYNC_SPIN_MAX_IN_FLIGHT 2u
+/* await_spin(Handle) -> answered | waiting. Spins on the calling scheduler,
+ * up to the device's sync_spin_us, until the job the calling process just
+ * submitted (last_submit) is answered, taking CQEs itself meanwhile: the
+ * answer is then in the caller's mailbox without a completion thread's
+ * enif_send waking a sleeping scheduler. */
+ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d);
 /* Answers every job still in flight with {error, Reason}. The caller holds
  * cq_lock (or the completion thread is gone), and d->lock. */
 void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
@@ -455,10 +475,12 @@ int cancel_job(struct device *d, ERL_NIF_TERM ref);
 
 /* How a job is split. parts == 1: not pipelined. */
 struct pipe_plan {
-    uint32_t parts;     /* descriptors (a matmul's put of B included) */
+    uint32_t parts;     /* descriptors (a matmul's slices of the put of B included) */
     uint32_t pieces;    /* slices copied and published as kernel jobs */
     uint64_t slice;     /* elements (a matmul: rows of A) per piece; the last may have fewer */
     uint64_t out_elems; /* the output region's elements: out_len, or a reduction's partials */
+    uint32_t b_pieces;  /* a matmul: slices of B, each put on its own */
+    uint64_t b_slice;   /* and their elements; the last may have fewer */
 };
 /* The plan for checked job s (parts == 1 unless it is worth pipelining). */
 void pipeline_plan(const struct device *d, const struct job_spec *s, struct pipe_plan *p);
@@ -501,8 +523,12 @@ void copy_bytes(void *dst, const void *src, size_t n);
  * it returns (the caller may publish the bytes at once). */
 void copy_streaming(void *dst, const void *src, size_t n);
 /* Calls piece(arg, i) for every i in 0 .. pieces - 1, in that order of
- * start, on the caller and up to copy_threads() - 1 pool threads at once;
- * returns when all have returned. */
-void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces);
+ * start, on the caller and pool threads, `threads` at once at most (0: as
+ * many as the pool has, copy_threads()); returns when all have returned. */
+void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces, uint32_t threads);
+/* The copy pool's threads, the caller's included. */
+uint32_t copy_threads(void);
+/* Pieces that finish together run at most this many at once (copy.c). */
+#define SPREAD_COPY_THREADS 8u
 
 #endif

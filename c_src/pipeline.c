@@ -21,13 +21,26 @@
  *   a put        slices of the binary, each published as a slice of the
  *                buffer (EC_CONTROL_PUT at a byte offset): gpud's copies to
  *                the device overlap the copy into the arena (buffers.c).
- *   MATMUL       B is copied in whole and put into a device buffer by a PUT
- *                descriptor (one more part, with the job's user_data), then
- *                A is copied in bands of rows, each band a matmul part that
+ *   MATMUL       B is put into a device buffer in slices, each a PUT
+ *                descriptor (more parts, with the job's user_data), then A
+ *                is copied in bands of rows, each band a matmul part that
  *                reads B from that buffer and writes its rows of C. B thus
  *                reaches the device once: as an arena input, every band's
  *                launch would copy it again. The buffer is the job's (a term
  *                in its env): releasing the job frees it (buffers.c).
+ *
+ * A matmul's pieces (B's slices, then the bands) are copied in order, each
+ * split over every copy thread, and each is published by whichever thread
+ * copies its last bytes: they come one after another at the pool's whole
+ * bandwidth, so B's put starts after its first slice and the GPU after the
+ * first band. Before, B was copied whole before its put, and each thread
+ * copied a band of its own, so the first 8 bands came together: 8192^3
+ * from binaries took 43.7-44.9 ms on the H200; ordered, 36.2 ms, and 35.5
+ * with bands of equal height (PyTorch from pinned tensors: 36.2; bench/
+ * results/h200-2026-12-03-session5). The other
+ * pipelines keep one piece per thread: ordered, vector_add 2^26 from
+ * binaries took 19.2-20.7 ms against 16.6-18.1 (its mapped launches, one
+ * per piece, then read PCIe less well than a few launches of 8 pieces).
  *
  * A job needs one slot per part (the parts' ring credits: the SQ never holds
  * more entries than slots); without enough free slots it runs unpipelined.
@@ -52,6 +65,11 @@
  * height (kernels/src/abi.rs MATMUL_BM, matmul_f64_abi.rs MATMUL_F64_BM),
  * so no band but the last has a partial tile. */
 #define PIPELINE_MATMUL_ROWS 128u
+/* and, when A has more rows than that takes, at least this many 128-wide
+ * tiles of C: two waves of the f32 kernel on an H200 (132 SMs, 2 blocks
+ * each), so a band alone keeps the GPU busy (8192^3: 8 bands of 1024 rows;
+ * a band of 192 tiles, as before, filled 73% of one wave). */
+#define PIPELINE_MATMUL_TILES 528u
 
 static uint64_t div_ceil(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
@@ -111,18 +129,33 @@ void pipeline_plan(const struct device *d, const struct job_spec *s, struct pipe
         uint64_t m = s->p.dim[0], nn = s->p.dim[1], k = s->p.dim[2];
         if (m == 0 || nn == 0 || k == 0 || !big_binaries(d, s, m * k * s->elem))
             return;
-        /* Bands of at least slice_bytes of A, at most
-         * PIPELINE_MAX_PARTS - 1 of them (one part is the put of B). */
+        /* Bands of at least slice_bytes of A, at most three quarters of
+         * PIPELINE_MAX_PARTS (the rest are slices of the put of B). */
         uint64_t rows = div_ceil(slice_bytes(d), k * s->elem);
-        uint64_t fewest = div_ceil(m, PIPELINE_MAX_PARTS - 1);
+        uint64_t fewest = div_ceil(m, PIPELINE_MAX_PARTS - PIPELINE_MAX_PARTS / 4);
+        uint64_t wide = div_ceil(PIPELINE_MATMUL_TILES, div_ceil(nn, PIPELINE_MATMUL_ROWS)) * PIPELINE_MATMUL_ROWS;
         if (rows < fewest)
             rows = fewest;
+        if (rows < wide && m > wide)
+            rows = wide;
         rows = div_ceil(rows, PIPELINE_MATMUL_ROWS) * PIPELINE_MATMUL_ROWS;
+        /* As many bands, of equal height: no runt band at the end, a wave
+         * of the GPU for a few tiles (8192: 8 bands of 1024 rows, not 7 of
+         * 1152 and one of 128). */
+        rows = div_ceil(div_ceil(m, div_ceil(m, rows)), PIPELINE_MATMUL_ROWS) * PIPELINE_MATMUL_ROWS;
         p->slice = rows;
         p->pieces = (uint32_t)div_ceil(m, rows);
         if (p->pieces < 2)
             break;
-        p->parts = p->pieces + 1;
+        /* B in slices of whole pages, at most a quarter of the parts. */
+        uint64_t b_len = k * nn;
+        uint64_t b_parts = div_ceil(b_len * s->elem, slice_bytes(d));
+        if (b_parts > PIPELINE_MAX_PARTS / 4)
+            b_parts = PIPELINE_MAX_PARTS / 4;
+        uint64_t align = PIPELINE_PUT_ALIGN / s->elem;
+        p->b_slice = div_ceil(div_ceil(b_len, b_parts), align) * align;
+        p->b_pieces = (uint32_t)div_ceil(b_len, p->b_slice);
+        p->parts = p->pieces + p->b_pieces;
         return;
     }
     default:
@@ -147,22 +180,38 @@ struct pipeline {
     uint8_t *dst[2];       /* their places in the arena */
     uint64_t slice;        /* elements (a matmul: rows of A) per piece */
     uint64_t buf_id;       /* a matmul: the buffer holding B */
+    uint32_t subs;         /* copies each piece is split into (1: a thread per piece) */
+    uint32_t left[PIPELINE_MAX_PARTS]; /* __atomic: a piece's copies not done */
 };
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
-/* Copies piece c of the inputs into the arena and publishes its descriptor
- * as soon as it is in; the copy pool runs several pieces at once. */
-static void pipeline_piece(void *arg, uint32_t c)
+/* Copy `sub` of p->subs of n bytes at off: whole pages, the last the rest. */
+static void copy_sub(const struct pipeline *p, unsigned in, uint64_t off, uint64_t n, uint32_t sub)
+{
+    uint64_t chunk = div_ceil(div_ceil(n, p->subs), 4096) * 4096;
+    uint64_t at = (uint64_t)sub * chunk;
+    if (at < n)
+        copy_streaming(p->dst[in] + off + at, p->src[in] + off + at, min_u64(chunk, n - at));
+}
+
+/* Copy i of the pipeline: part i % subs of piece i / subs of the inputs
+ * into the arena. The thread that copies a piece's last part publishes
+ * the piece's descriptor (each copy's stores are fenced before the count
+ * goes down: copy_streaming). */
+static void pipeline_piece(void *arg, uint32_t i)
 {
     struct pipeline *p = arg;
+    uint32_t c = i / p->subs, sub = i % p->subs;
     struct ec_sqe sqe = p->whole;
     uint64_t first = (uint64_t)c * p->slice;
     if (p->shape == EC_SHAPE_MATMUL) {
         uint64_t m = p->whole.p.dim[0], n = p->whole.p.dim[1], k = p->whole.p.dim[2];
         uint64_t rows = min_u64(m - first, p->slice);
         uint64_t a_off = first * k * p->elem;
-        copy_streaming(p->dst[0] + a_off, p->src[0] + a_off, rows * k * p->elem);
+        copy_sub(p, 0, a_off, rows * k * p->elem, sub);
+        if (__atomic_sub_fetch(&p->left[c], 1, __ATOMIC_ACQ_REL) > 0)
+            return;
         sqe.in0 += a_off;
         sqe.in0_len = (uint32_t)(rows * k);
         sqe.in1 = p->buf_id;
@@ -174,8 +223,10 @@ static void pipeline_piece(void *arg, uint32_t c)
         uint64_t len = p->whole.in0_len;
         uint64_t cnt = min_u64(len - first, p->slice);
         uint64_t off = first * p->elem;
-        for (unsigned i = 0; i < p->nin; i++)
-            copy_streaming(p->dst[i] + off, p->src[i] + off, cnt * p->elem);
+        for (unsigned in = 0; in < p->nin; in++)
+            copy_sub(p, in, off, cnt * p->elem, sub);
+        if (__atomic_sub_fetch(&p->left[c], 1, __ATOMIC_ACQ_REL) > 0)
+            return;
         sqe.in0 += off;
         sqe.in0_len = (uint32_t)cnt;
         if (p->put) {
@@ -199,29 +250,37 @@ static void pipeline_piece(void *arg, uint32_t c)
     publish(p->d, p->idx, &sqe);
 }
 
-/* A matmul's B: copied in whole, then put into a new buffer that the bands
- * name. The put is a part of the job (same user_data): its failure (out of
- * device memory, say) is the job's answer. Returns the buffer id, or 0 when
- * the VM is out of memory (nothing published). */
-static uint64_t put_b(struct device *d, uint32_t idx, const struct pipeline *p, uint64_t b_len)
+/* Runs the pipeline's pieces: in order, each split over every copy thread
+ * (a matmul's), or one per thread, SPREAD_COPY_THREADS at once. */
+static void run_pieces(struct pipeline *p, uint32_t pieces, int ordered)
+{
+    p->subs = ordered ? copy_threads() : 1;
+    for (uint32_t c = 0; c < pieces; c++)
+        p->left[c] = p->subs;
+    copy_pieces(pipeline_piece, p, pieces * p->subs, ordered ? 0 : SPREAD_COPY_THREADS);
+}
+
+/* A matmul's B: put into a new buffer that the bands name, in slices (each
+ * published as soon as it is in the arena, so the device's copy overlaps
+ * this one). The slices are parts of the job (same user_data): a failure
+ * (out of device memory, say) is the job's answer. Returns the buffer id,
+ * or 0 when the VM is out of memory (nothing published). */
+static uint64_t put_b(struct device *d, uint32_t idx, const struct pipeline *a, uint64_t b_len,
+                      const struct pipe_plan *plan)
 {
     struct job *j = &d->jobs[idx];
-    ERL_NIF_TERM bt = new_buffer(j->env, d, p->whole.type, (uint32_t)b_len);
+    ERL_NIF_TERM bt = new_buffer(j->env, d, a->whole.type, (uint32_t)b_len);
     struct buffer_res *b;
     if (!bt || !enif_get_resource(j->env, bt, BUFFER_RT, (void **)&b))
         return 0;
-    copy_bytes(p->dst[1], p->src[1], b_len * p->elem);
-    struct ec_sqe put = {
-        .user_data = p->whole.user_data,
-        .kernel = EC_CONTROL_PUT,
-        .type = p->whole.type,
-        .flags = EC_FLAG_OUT_BUF,
-        .in0 = p->whole.in1,
-        .in0_len = (uint32_t)b_len,
-        .out = b->id,
-        .out_len = (uint32_t)b_len,
-    };
-    publish(d, idx, &put);
+    struct pipeline p = {.d = d, .idx = idx, .shape = EC_SHAPE_ELEMENTWISE, .nin = 1,
+                         .elem = a->elem, .put = 1,
+                         .whole = {.user_data = a->whole.user_data, .kernel = EC_CONTROL_PUT,
+                                   .type = a->whole.type, .flags = EC_FLAG_OUT_BUF,
+                                   .in0 = a->whole.in1, .in0_len = (uint32_t)b_len, .out = b->id,
+                                   .out_len = (uint32_t)b_len},
+                         .src = {a->src[1], NULL}, .dst = {a->dst[1], NULL}, .slice = plan->b_slice};
+    run_pieces(&p, plan->b_pieces, 1);
     return b->id;
 }
 
@@ -239,13 +298,13 @@ int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
     __atomic_store_n(&j->parts_left, plan->parts, __ATOMIC_RELAXED);
     __atomic_store_n(&j->parts, plan->parts, __ATOMIC_RELEASE);
     if (s->shape == EC_SHAPE_MATMUL) {
-        p.buf_id = put_b(d, idx, &p, s->in[1].len);
+        p.buf_id = put_b(d, idx, &p, s->in[1].len, plan);
         if (p.buf_id == 0) {
             __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
             return -1;
         }
     }
-    copy_pieces(pipeline_piece, &p, plan->pieces);
+    run_pieces(&p, plan->pieces, s->shape == EC_SHAPE_MATMUL);
     return 0;
 }
 
@@ -276,7 +335,7 @@ void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *w
     /* Reset (a gpud exit) waits for the last part: it never fails the job
      * while parts are still to be published. */
     enif_rwlock_rlock(d->pipe);
-    copy_pieces(pipeline_piece, &p, pieces);
+    run_pieces(&p, pieces, 0);
     enif_rwlock_runlock(d->pipe);
     count(&d->c.pipelined, 1);
 }

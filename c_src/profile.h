@@ -6,7 +6,14 @@
  *               phases (parse, reserve, copy, publish) and the waits for the
  *               device lock inside it;
  *   completion  every drain of the CQ is timed (answering, releasing slots),
- *               and one in PROF_SAMPLE answers' enif_send.
+ *               and one in PROF_SAMPLE answers' enif_send;
+ *   round trip  a timed submit's job is stamped when its descriptor is
+ *               published; the thread that takes its CQE adds the time
+ *               since (gpud's side: pick-up, launch, GPU, CQE) and the
+ *               time until its answer is sent. With the caller's own clock
+ *               around launch and receive, that splits a one-in-flight
+ *               round trip into submit, gpud, answer and the rest (the
+ *               caller's wake-up and receive): erlcuda_bench:latency_split/0.
  *
  * erlcuda:stats/1 carries the sums as prof_* fields; bench/erlcuda_bench.erl
  * (profile/0) turns them into nanoseconds per job beside msacc. Sampling
@@ -43,6 +50,9 @@ enum prof_complete {
     PC_RELEASE_NS, /* freeing the slots (under the device lock) */
     PC_SEND_SAMPLES, /* sampled enif_send calls */
     PC_SEND_NS,    /* their time */
+    PC_TRIP_SAMPLES, /* answered jobs of timed submits */
+    PC_TRIP_GPUD_NS, /* their time from publish to their CQE being taken */
+    PC_TRIP_ANSWER_NS, /* and from their CQE being taken to the answer sent */
     PC_COUNT
 };
 

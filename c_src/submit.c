@@ -10,6 +10,9 @@
 
 #include <string.h>
 
+__thread int prof_timing;
+__thread struct last_submit last_submit;
+
 /* Returns a finished job's region and slot. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r)
 {
@@ -190,6 +193,7 @@ static int publish_user(struct device *d, uint32_t idx, const struct ec_sqe *sqe
         sq_unlock(d);
         return -2;
     }
+    d->jobs[idx].t_pub = prof_timing ? mono_ns() : 0;
     __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
     uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
     d->shm.sq[tail & (d->nslots - 1)] = *sqe;
@@ -216,6 +220,7 @@ int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
         sq_unlock(d);
         return -2;
     }
+    d->jobs[idx].t_pub = prof_timing ? mono_ns() : 0;
     /* INFLIGHT before the descriptor is visible: a completion can only follow. */
     __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
     uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
@@ -230,8 +235,6 @@ void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
 {
     (void)publish_checked(d, idx, sqe, NULL);
 }
-
-__thread int prof_timing;
 
 /* Stamps a phase of a timed submit (profile.h): t[i] once phase i is over. */
 #define STAMP(t, i) ((t)[0] ? (void)((t)[i] = mono_ns()) : (void)0)
@@ -249,6 +252,7 @@ int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     int64_t t[5] = {0, 0, 0, 0, 0};
     if (prof_begin())
         t[0] = mono_ns();
+    last_submit.d = NULL;
     int r = submit_job_body(env, d, argv, dirty, ref, result, t);
     prof_timing = 0;
     if (t[4]) {
@@ -461,6 +465,8 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     flush_frees(d);
     /* After the timed phases: answering others' jobs is not this submit's cost. */
     STAMP(t, 4);
+    if (!dirty && plan.parts == 1 && (uint32_t)idx < d->inline_slots)
+        last_submit = (struct last_submit){.d = d, .idx = (uint32_t)idx, .gen = j->gen, .pid = j->pid};
     if (!dirty)
         reap_cq(d, env);
     enif_rwlock_runlock(d->life);

@@ -386,6 +386,7 @@ handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
 
 await(Device, Ref, Timeout) ->
+    spin(handle(Device)),
     receive
         {erlcuda, Ref, Result} -> Result
     after Timeout ->
@@ -398,6 +399,12 @@ await(Device, Ref, Timeout) ->
                     end
             end
     end.
+
+%% A small job's answer usually comes within tens of microseconds: spin
+%% for it on this scheduler rather than sleep and be woken (the NIF judges
+%% whether it is worth it: erlcuda_nif:await_spin/1).
+spin(undefined) -> waiting;
+spin(H) -> erlcuda_nif:await_spin(H).
 
 %% The device went away while we waited: its close answered every job, so
 %% the answer is in the mailbox already.

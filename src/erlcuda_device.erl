@@ -104,6 +104,15 @@ stats(Id) ->
 registered_name(Id) ->
     list_to_atom("erlcuda_device_" ++ integer_to_list(Id)).
 
+%% The sync spin's budget (app env sync_spin_us): by default 50 us where
+%% there are cores to spare for it.
+sync_spin_us(default) ->
+    case erlang:system_info(logical_processors_online) of
+        N when is_integer(N), N >= 4 -> 50;
+        _ -> 0
+    end;
+sync_spin_us(Us) -> Us.
+
 %%% gen_server
 
 %% @private
@@ -115,6 +124,7 @@ init({Id, Backend, Probe}) ->
              arena_max_bytes => max(Arena, Env(arena_max_bytes)),
              spin_us => Env(completion_spin_us),
              busy_spin_us => Env(completion_busy_spin_us),
+             sync_spin_us => sync_spin_us(Env(sync_spin_us)),
              pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
              poison_outputs => Env(poison_outputs),
              %% CUDA registers (pins) the whole arena: its pages are faulted

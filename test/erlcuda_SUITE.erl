@@ -8,7 +8,7 @@
 
 all() ->
     [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
-     {group, pipeline}, {group, pipeline_split}, {group, pipeline_no_room},
+     {group, cached_ring}, {group, sync_spin}, {group, pipeline}, {group, pipeline_split}, {group, pipeline_no_room},
      app_stop_leaves_nothing, start_does_not_wait_for_gpud, probe_does_not_block_either,
      probe_failure_is_a_failed_start, arena_growth, arena_prefault, result_outlives_app,
      fault_isolation].
@@ -23,6 +23,7 @@ groups() ->
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]},
      {cached_ring, [], [busy_when_full_with_slot_caches]},
+     {sync_spin, [], [sync_spin_answers_once]},
      {pipeline, [sequence], [pipelined_vector_add, pipelined_reductions_at_the_threshold,
                              pipelined_cancel, pipelined_gpud_kill]},
      {pipeline_split, [sequence], [pipelined_reductions, pipelined_matmul]},
@@ -50,6 +51,10 @@ init_per_group(small_ring, Config) ->
 %% schedulers' caches (c_src/slot_cache.h), 8 per cache.
 init_per_group(cached_ring, Config) ->
     ok = erlcuda_ref:start_app([{ring_entries, 1024}]),
+    Config;
+%% The sync spin is off by default below 4 cores: on here.
+init_per_group(sync_spin, Config) ->
+    ok = erlcuda_ref:start_app([{sync_spin_us, 200}]),
     Config;
 init_per_group(pipeline, Config) ->
     ok = erlcuda_ref:start_app([{poison_outputs, true}]),
@@ -623,6 +628,37 @@ sync_calls_leave_the_mailbox(_) ->
     ?assertEqual([{junk, I} || I <- lists:seq(1, 10000)], Ms),
     [receive {junk, _} -> ok end || _ <- Ms],
     ok.
+
+%%% sync spin
+
+%% launch_sync with the caller's scheduler spinning for its answer
+%% (erlcuda_nif:await_spin/1): each small job spins once and gets one right
+%% answer, whoever sends it; a large job does not spin; an async launch's
+%% job is not what a later put's await spins for; nothing is left over.
+sync_spin_answers_once(_) ->
+    Stat = fun(K) -> maps:get(K, erlcuda:stats(0)) end,
+    Args = erlcuda_ref:args(vector_add, 1000, binary),
+    {S0, A0} = {Stat(sync_spins), Stat(sync_spin_answers)},
+    [begin
+         {ok, R} = erlcuda:launch_sync(vector_add, Args),
+         ok = erlcuda_ref:check(vector_add, Args, R)
+     end || _ <- lists:seq(1, 300)],
+    {S1, A1} = {Stat(sync_spins), Stat(sync_spin_answers)},
+    ?assertEqual(300, S1 - S0),
+    ?assert(A1 - A0 =< 300),
+    ct:pal("answered while spinning: ~p of 300", [A1 - A0]),
+    Big = erlcuda_ref:args(vector_add, 1 bsl 20 + 7, binary),
+    {ok, RB} = erlcuda:launch_sync(vector_add, Big, [{timeout, 30000}]),
+    ok = erlcuda_ref:check(vector_add, Big, RB),
+    ?assertEqual(S1, Stat(sync_spins)),
+    {ok, Ref} = erlcuda:launch(vector_add, Args),
+    {ok, Buf} = erlcuda:put(hd(Args)),
+    ?assertEqual(S1, Stat(sync_spins)),
+    receive {erlcuda, Ref, {ok, R2}} -> ok = erlcuda_ref:check(vector_add, Args, R2)
+    after 10000 -> ct:fail(no_answer)
+    end,
+    ok = erlcuda:free(Buf),
+    ?assertEqual({messages, []}, process_info(self(), messages)).
 
 %%% small ring: in-flight cap
 

@@ -5,9 +5,10 @@
 //!
 //! Shape:
 //! - the device's primary context, current on the daemon thread; one module
-//!   from the embedded PTX; one non-blocking stream per kernel, so launches
-//!   of different kernels overlap and complete in any order, while launches
-//!   of one kernel stay ordered;
+//!   from the embedded PTX; [`STREAMS_PER_KERNEL`] non-blocking streams per
+//!   kernel, taken in turn, so launches overlap and complete in any order
+//!   (no launch depends on another in flight: a job that reads a buffer
+//!   is sent only once the job that made it was answered);
 //! - every arena segment is registered once (`cuMemHostRegister`,
 //!   DEVICEMAP | PORTABLE) and its device address taken with
 //!   `cuMemHostGetDevicePointer`: a region's device pointer is the segment's
@@ -66,6 +67,14 @@ const PTX_SM80: Option<&str> = None;
 
 /// Dynamic shared memory a launch may use without opting in per function.
 const SMEM_DEFAULT_MAX: u32 = 48 * 1024;
+
+/// Streams per built-in kernel. On one stream a launch's input copies wait
+/// for the launch before it, so a pipelined matmul (pipeline.c: bands of A,
+/// each copied in, multiplied, written out) left the copy engine idle while
+/// the kernel ran and the kernel idle while the band copied. Two streams
+/// in turn overlap one drain's copies with the other's kernel: as many as
+/// the drains gpud keeps in flight.
+const STREAMS_PER_KERNEL: usize = crate::daemon::MAX_DRAINS_IN_FLIGHT;
 
 /// Where a deliberately faulting job points (fault-injection builds only):
 /// nothing is ever mapped at device address 8.
@@ -391,8 +400,10 @@ pub struct CudaBackend {
     funcs: Vec<[sys::CUfunction; EC_TYPE_COUNT as usize]>,
     /// Dynamic shared memory each function was opened up to (beyond 48 KiB).
     smem_max: Vec<[u32; EC_TYPE_COUNT as usize]>,
-    /// One stream per kernel: launches of different kernels overlap.
-    streams: Vec<sys::CUstream>,
+    /// [`STREAMS_PER_KERNEL`] streams per kernel, taken in turn by its
+    /// launches (`turn`).
+    streams: Vec<[sys::CUstream; STREAMS_PER_KERNEL]>,
+    turn: Vec<usize>,
     /// Users' kernels: one stream for all of them, their modules by slot,
     /// and the dynamic shared memory each entry was opened up to.
     user_stream: sys::CUstream,
@@ -522,8 +533,8 @@ impl CudaBackend {
             }
             // The PTX load (t started above it) and the entry lookups.
             let t_module = t.elapsed();
-            let mut streams = vec![ptr::null_mut(); KERNEL_ROWS.len()];
-            for s in &mut streams {
+            let mut streams = vec![[ptr::null_mut(); STREAMS_PER_KERNEL]; KERNEL_ROWS.len()];
+            for s in streams.iter_mut().flatten() {
                 setup(
                     "cuStreamCreate",
                     sys::cuStreamCreate(s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
@@ -551,6 +562,7 @@ impl CudaBackend {
                 module,
                 smem_max: vec![[SMEM_DEFAULT_MAX; EC_TYPE_COUNT as usize]; funcs.len()],
                 funcs,
+                turn: vec![0; streams.len()],
                 streams,
                 user_stream,
                 user_mods: HashMap::new(),
@@ -611,10 +623,16 @@ impl CudaBackend {
         Ok(self.slots.len() - 1)
     }
 
-    /// The entry, stream and opened-up shared memory of a launch's kernel.
-    fn entry(&self, kernel: KernelRef, ty: ElemType) -> (sys::CUfunction, sys::CUstream, u32) {
+    /// The entry, stream and opened-up shared memory of a launch's kernel;
+    /// a built-in kernel's launches take its streams in turn.
+    fn entry(&mut self, kernel: KernelRef, ty: ElemType) -> (sys::CUfunction, sys::CUstream, u32) {
         match kernel {
-            KernelRef::Builtin(k) => (self.funcs[kidx(k)][ty as usize], self.streams[kidx(k)], self.smem_max[kidx(k)][ty as usize]),
+            KernelRef::Builtin(k) => {
+                let i = kidx(k);
+                let t = self.turn[i];
+                self.turn[i] = (t + 1) % STREAMS_PER_KERNEL;
+                (self.funcs[i][ty as usize], self.streams[i][t], self.smem_max[i][ty as usize])
+            }
             KernelRef::User(id) => {
                 let f = self
                     .user_mods
@@ -1012,7 +1030,7 @@ impl Drop for CudaBackend {
                     sys::cuMemHostUnregister(s.reg_base);
                 }
             }
-            for &s in &self.streams {
+            for &s in self.streams.iter().flatten() {
                 sys::cuStreamDestroy_v2(s);
             }
             sys::cuStreamDestroy_v2(self.user_stream);
