@@ -280,7 +280,11 @@ latency(Backend) ->
 %% (c_src/profile.h, round trip): the submit NIF call, gpud's side (from
 %% the descriptor's publish to its CQE being taken: pick-up, launch, GPU,
 %% the CQE) and the answer (CQE taken to enif_send done). What is left of
-%% T2 - T1 is the caller's wake-up and its receive. Means, in us.
+%% T2 - T1 is the caller's wake-up and its receive. gpud's side is split
+%% again by gpud's own launch timings (erlcuda_ring.h, ec_stats): its
+%% drain up to the launch, the launch until gpud saw it done, and the CQE;
+%% the rest of it is the hand-offs (the descriptor to gpud, the CQE to the
+%% NIF). Means, in us.
 latency_split(BA, BB) ->
     Jobs = 12800,
     One = fun() ->
@@ -300,14 +304,20 @@ latency_split(BA, BB) ->
     Wait = lists:sum([W || {_, W} <- Ts]) / Jobs / 1000,
     Gpud = Per(prof_trip_gpud_ns, prof_trip_samples),
     Answer = Per(prof_trip_answer_ns, prof_trip_samples),
+    [Drain, Run, Cqe] = [Per(K, gpud_launches_timed)
+                         || K <- [gpud_launch_drain_ns, gpud_launch_run_ns, gpud_launch_answer_ns]],
     M = #{launch_us => Launch, submit_nif_us => Per(prof_submit_ns, prof_submit_samples),
           gpud_us => Gpud, answer_us => Answer, wake_receive_us => Wait - Gpud - Answer,
+          gpud_drain_us => Drain, gpud_run_us => Run, gpud_cqe_us => Cqe,
+          gpud_handoffs_us => Gpud - Drain - Run - Cqe,
           reaped_pct => 100 * D(reaped) / max(1, D(completed)),
           samples => D(prof_trip_samples)},
     record("latency.vector_add_1000.split", erlcuda, Launch + Wait, us, null, Jobs, M),
-    io:format("one-in-flight round trip, mean ~.1f us: launch ~.1f (NIF submit ~.1f), gpud ~.1f, "
+    io:format("one-in-flight round trip, mean ~.1f us: launch ~.1f (NIF submit ~.1f), gpud ~.1f "
+              "(drain ~.1f, launch to seen done ~.1f, CQE ~.1f, hand-offs ~.1f), "
               "answer ~.1f, wake-up and receive ~.1f (~p sampled jobs, ~.1f% answered by a scheduler)~n~n",
-              [Launch + Wait, Launch, maps:get(submit_nif_us, M), Gpud, Answer, Wait - Gpud - Answer,
+              [Launch + Wait, Launch, maps:get(submit_nif_us, M), Gpud, Drain, Run, Cqe,
+               Gpud - Drain - Run - Cqe, Answer, Wait - Gpud - Answer,
                D(prof_trip_samples), maps:get(reaped_pct, M)]).
 
 block(Launch) -> lists:sort([one(Launch) || _ <- lists:seq(1, ?BLOCK)]).

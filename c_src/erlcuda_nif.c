@@ -605,6 +605,10 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
         put(env, &m, "max_batch", load64(&g->max_batch));
         put(env, &m, "gpud_sleeps", load64(&g->sleeps));
         put(env, &m, "gpud_work_ns", load64(&g->work_ns));
+        put(env, &m, "gpud_launches_timed", load64(&g->launches_timed));
+        put(env, &m, "gpud_launch_drain_ns", load64(&g->launch_drain_ns));
+        put(env, &m, "gpud_launch_run_ns", load64(&g->launch_run_ns));
+        put(env, &m, "gpud_launch_answer_ns", load64(&g->launch_answer_ns));
         /* Device buffers, as gpud accounts them (memory/1). */
         put(env, &m, "buffers_used", load64(&g->buf_used));
         put(env, &m, "buffers_peak", load64(&g->buf_peak));

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 6u
+#define EC_ABI_VERSION 7u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -384,6 +384,14 @@ struct ec_stats {
     uint64_t buf_count;  /* live buffers */
     uint64_t buf_cached; /* bytes of freed buffers kept for reuse */
     uint64_t buf_device_allocs; /* allocations from the device (cuMemAlloc) */
+    /* Where gpud's side of a launch goes (issue 13's profile), summed over
+     * the launches answered: from the start of its drain to the backend's
+     * submit returning, from there to the poll that saw it done, and from
+     * that poll to its CQEs published. */
+    uint64_t launches_timed;
+    uint64_t launch_drain_ns;
+    uint64_t launch_run_ns;
+    uint64_t launch_answer_ns;
 };
 
 struct ec_header {

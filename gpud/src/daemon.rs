@@ -65,6 +65,10 @@ const NAP_MAX: Duration = Duration::from_micros(50);
 /// once instead of at the end of a nap.
 const BUSY_SPIN: Duration = Duration::from_micros(500);
 
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Why the loop stopped without an error.
 #[derive(Debug, PartialEq, Eq)]
 enum Wake {
@@ -151,6 +155,10 @@ struct InFlight {
     kernel: KernelRef,
     jobs: Vec<Job>,
     drain: u64,
+    /// When its drain began, and when the backend took it (the stats'
+    /// launch_* timings).
+    drained: Instant,
+    submitted: Instant,
 }
 
 /// The daemon's state once the handshake is done. Public so that tests and
@@ -174,6 +182,8 @@ pub struct Daemon {
     /// Tickets the backend reported done and gpud has not answered yet.
     done: Vec<Ticket>,
     next_drain: u64,
+    /// When the drain being processed began (InFlight::drained).
+    drain_started: Instant,
     /// Device buffers (ids the VM assigned -> blocks of the backend's).
     buffers: Buffers,
 }
@@ -221,6 +231,7 @@ impl Daemon {
             in_flight: Vec::new(),
             done: Vec::new(),
             next_drain: 0,
+            drain_started: Instant::now(),
             buffers: Buffers::new(limit),
         }
     }
@@ -408,6 +419,11 @@ impl Daemon {
                 return Ok(false);
             }
             self.ring.cq_publish();
+            let s = self.ring.stats();
+            s.launches_timed.fetch_add(1, Ordering::Relaxed);
+            s.launch_drain_ns.fetch_add(nanos(f.submitted - f.drained), Ordering::Relaxed);
+            s.launch_run_ns.fetch_add(nanos(started.saturating_duration_since(f.submitted)), Ordering::Relaxed);
+            s.launch_answer_ns.fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
         }
         self.done = done;
         self.done.clear();
@@ -418,8 +434,7 @@ impl Daemon {
 
     /// Adds the time since `t` to the `work_ns` statistic.
     fn count_work(&self, t: Instant) {
-        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.ring.stats().work_ns.fetch_add(ns, Ordering::Relaxed);
+        self.ring.stats().work_ns.fetch_add(nanos(t.elapsed()), Ordering::Relaxed);
     }
 
     /// Writes one completion per job with `status`; batch = the launch size.
@@ -549,6 +564,7 @@ impl Daemon {
     /// One drain: copy, validate, coalesce, submit. Ok(false) when the VM
     /// went away (while gpud waited for CQ room, or on the socket).
     pub fn process_drain(&mut self) -> Result<bool> {
+        self.drain_started = Instant::now();
         self.sqes.clear();
         let drain = self.ring.drain_sq(&mut self.sqes);
         if let Some(pending) = drain.overrun {
@@ -855,6 +871,7 @@ impl Daemon {
     }
 
     fn submit_all(&mut self, coalescer: &Coalescer) -> Result<bool> {
+        let drained = self.drain_started;
         let drain = self.next_drain;
         self.next_drain += 1;
         let users: Vec<_> = coalescer
@@ -889,6 +906,8 @@ impl Daemon {
                     kernel,
                     jobs: jobs.to_vec(),
                     drain,
+                    drained,
+                    submitted: Instant::now(),
                 }),
                 Err(e) => {
                     log!(Error, "gpud[{}]: {kernel:?} launch failed: {e}", self.device);
@@ -898,7 +917,14 @@ impl Daemon {
                     // are answered as done; everything else DEVICE_ERROR.
                     if matches!(kernel, KernelRef::User(_)) {
                         // A user's launch failed: the VM answers (fail_all).
-                        self.in_flight.push(InFlight { ticket: 0, kernel, jobs: Vec::new(), drain });
+                        self.in_flight.push(InFlight {
+                            ticket: 0,
+                            kernel,
+                            jobs: Vec::new(),
+                            drain,
+                            drained,
+                            submitted: Instant::now(),
+                        });
                         self.fail_all();
                         return Err(e);
                     }

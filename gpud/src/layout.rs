@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 6;
+pub const EC_ABI_VERSION: u32 = 7;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -211,6 +211,10 @@ pub struct Stats {
     pub buf_count: AtomicU64,
     pub buf_cached: AtomicU64,
     pub buf_device_allocs: AtomicU64,
+    pub launches_timed: AtomicU64,
+    pub launch_drain_ns: AtomicU64,
+    pub launch_run_ns: AtomicU64,
+    pub launch_answer_ns: AtomicU64,
 }
 
 /// `struct ec_header`, at offset 0 of the memfd.
@@ -655,6 +659,8 @@ int main(void)
     OF(ec_stats, sleeps); OF(ec_stats, batch_hist); OF(ec_stats, work_ns);
     OF(ec_stats, buf_used); OF(ec_stats, buf_peak); OF(ec_stats, buf_limit);
     OF(ec_stats, buf_count); OF(ec_stats, buf_cached); OF(ec_stats, buf_device_allocs);
+    OF(ec_stats, launches_timed); OF(ec_stats, launch_drain_ns); OF(ec_stats, launch_run_ns);
+    OF(ec_stats, launch_answer_ns);
 
     SZ(ec_header); AL(ec_header);
     OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);
@@ -786,6 +792,10 @@ int main(void)
         of!("ec_stats", Stats, buf_count, u64);
         of!("ec_stats", Stats, buf_cached, u64);
         of!("ec_stats", Stats, buf_device_allocs, u64);
+        of!("ec_stats", Stats, launches_timed, u64);
+        of!("ec_stats", Stats, launch_drain_ns, u64);
+        of!("ec_stats", Stats, launch_run_ns, u64);
+        of!("ec_stats", Stats, launch_answer_ns, u64);
 
         sz!("ec_header", Header);
         of!("ec_header", Header, magic, u64);
