@@ -706,7 +706,10 @@ busy_when_full_with_slot_caches(_) ->
            end,
     [receive {erlcuda, R, Res} -> ?assertEqual({ok, float(I)}, Res) after 5000 -> ct:fail(lost) end
      || {I, R} <- Refs],
-    ?assertMatch(#{in_flight := 0}, erlcuda:stats(0)).
+    %% The last answers may still be releasing their slots (an answer is
+    %% sent before its slot is freed): this failed once under ASan when it
+    %% read in_flight only once.
+    ok = no_job_in_flight(5000).
 
 no_job_in_flight(Ms) ->
     case erlcuda:stats(0) of
