@@ -364,7 +364,7 @@ other_latency() ->
     io:format("~n").
 
 %% launch_sync, one in flight, with the caller's scheduler spinning for its
-%% answer (app env sync_spin_us, erlcuda_nif:await_spin/1) and without,
+%% answer (app env sync_spin_us, erlcuda_nif:await_spin/2) and without,
 %% ON OFF ON OFF with the application restarted for each (the budget is
 %% read when a device opens). The round trip is launch_sync's whole call.
 sync_latency(BA, BB) ->

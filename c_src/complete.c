@@ -496,14 +496,16 @@ static int answered(struct job *j, uint32_t gen)
            __atomic_load_n(&j->gen, __ATOMIC_RELAXED) != gen;
 }
 
-ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d)
+ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d, ERL_NIF_TERM ref)
 {
     struct last_submit ls = last_submit;
     last_submit.d = NULL;
     ErlNifPid self;
-    /* Not this process's job on this device (another process submitted on
-     * this thread since, or this one moved to another scheduler). */
-    if (ls.d != d || d->sync_spin_us == 0 || !enif_self(env, &self) || enif_compare_pids(&self, &ls.pid) != 0)
+    /* Not the awaited job of this process on this device (another process
+     * submitted on this thread since, or this one moved to another
+     * scheduler between its submit and here). */
+    if (ls.d != d || d->sync_spin_us == 0 || !enif_self(env, &self) ||
+        enif_compare_pids(&self, &ls.pid) != 0 || enif_hash(ERL_NIF_INTERNAL_HASH, ref, 0) != ls.ref_hash)
         return ATOM_waiting;
     enif_rwlock_rlock(d->life);
     if (d->closed) {

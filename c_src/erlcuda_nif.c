@@ -432,7 +432,6 @@ static ERL_NIF_TERM put_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
 {
     struct device *d = get_device(env, argv[0]);
     ERL_NIF_TERM result, ref;
-    last_submit.d = NULL; /* its await is not for a launch before it */
     if (!d || !caller_ref(env, argc, argv, 2, &ref))
         return enif_make_badarg(env);
     submit_put(env, d, argv, 1, ref, &result);
@@ -443,7 +442,6 @@ static ERL_NIF_TERM nif_put(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
     ERL_NIF_TERM result, ref;
-    last_submit.d = NULL; /* its await is not for a launch before it */
     if (!d || !caller_ref(env, argc, argv, 2, &ref))
         return enif_make_badarg(env);
     if (submit_put(env, d, argv, 0, ref, &result) == 0)
@@ -462,7 +460,6 @@ static ERL_NIF_TERM nif_get(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct buffer_res *b = get_buffer(env, argv[0]);
     ERL_NIF_TERM ref;
-    last_submit.d = NULL; /* as for put */
     if (!b || !caller_ref(env, argc, argv, 1, &ref))
         return enif_make_badarg(env);
     return submit_get(env, b, argv[0], ref);
@@ -642,14 +639,14 @@ static ERL_NIF_TERM nif_in_flight(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     return enif_make_uint(env, __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED));
 }
 
-/* await_spin(Handle) -> answered | waiting: see erlcuda_nif.h. */
+/* await_spin(Handle, Ref) -> answered | waiting: see erlcuda_nif.h. */
 static ERL_NIF_TERM nif_await_spin(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
     (void)argc;
-    if (!d)
+    if (!d || !enif_is_ref(env, argv[1]))
         return enif_make_badarg(env);
-    return await_spin(env, d);
+    return await_spin(env, d, argv[1]);
 }
 
 /* kernels() -> [{Atom, Id, VectorInputs}]: the kernel table, for Erlang. */
@@ -758,7 +755,7 @@ static ErlNifFunc nif_funcs[] = {
     {"submit", 5, nif_submit, 0},
     {"stats", 1, nif_stats, 0},
     {"in_flight", 1, nif_in_flight, 0},
-    {"await_spin", 1, nif_await_spin, 0},
+    {"await_spin", 2, nif_await_spin, 0},
     {"kernels", 0, nif_kernels, 0},
     {"module_op", 4, nif_module_op, 0},
     {"module_gen", 2, nif_module_gen, 0},

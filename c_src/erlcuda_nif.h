@@ -443,23 +443,27 @@ uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env);
  * else is taking them. Called by submits; the caller holds d->life (read). */
 void reap_cq(struct device *d, ErlNifEnv *caller_env);
 
-/* The last small job this scheduler thread submitted (await_spin): set by
- * a submit that published one inline job, cleared by any other. */
+/* The last small job this scheduler thread submitted with the caller's
+ * reference (launch_sync's): set by a submit that published one inline job,
+ * cleared by any other submit. ref_hash tells await_spin it is the job
+ * awaited: an entry left by a job whose await ran on another thread (its
+ * process moved) must not be spun for. */
 struct last_submit {
     struct device *d;
     uint32_t idx, gen;
     ErlNifPid pid;
+    ErlNifUInt64 ref_hash;
 };
 extern __thread struct last_submit last_submit;
 /* Jobs in flight on the device above which await_spin does not spin: the
  * caller's scheduler is then better spent on other processes. */
 #define SYNC_SPIN_MAX_IN_FLIGHT 2u
-/* await_spin(Handle) -> answered | waiting. Spins on the calling scheduler,
- * up to the device's sync_spin_us, until the job the calling process just
- * submitted (last_submit) is answered, taking CQEs itself meanwhile: the
- * answer is then in the caller's mailbox without a completion thread's
- * enif_send waking a sleeping scheduler. */
-ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d);
+/* await_spin(Handle, Ref) -> answered | waiting. Spins on the calling
+ * scheduler, up to the device's sync_spin_us, until the job the calling
+ * process just submitted with reference Ref (last_submit) is answered,
+ * taking CQEs itself meanwhile: the answer is then in the caller's mailbox
+ * without a completion thread's enif_send waking a sleeping scheduler. */
+ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d, ERL_NIF_TERM ref);
 /* Answers every job still in flight with {error, Reason}. The caller holds
  * cq_lock (or the completion thread is gone), and d->lock. */
 void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);

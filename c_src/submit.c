@@ -400,6 +400,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         flags |= EC_FLAG_OUT_BUF;
         j->out_len = (uint32_t)s.out_len;
     }
+    int given_ref = ref != 0; /* launch_sync's: await_spin may follow */
     if (!ref)
         ref = enif_make_ref(env);
     j->gen++;
@@ -465,8 +466,9 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     flush_frees(d);
     /* After the timed phases: answering others' jobs is not this submit's cost. */
     STAMP(t, 4);
-    if (!dirty && plan.parts == 1 && (uint32_t)idx < d->inline_slots)
-        last_submit = (struct last_submit){.d = d, .idx = (uint32_t)idx, .gen = j->gen, .pid = j->pid};
+    if (given_ref && !dirty && plan.parts == 1 && (uint32_t)idx < d->inline_slots)
+        last_submit = (struct last_submit){.d = d, .idx = (uint32_t)idx, .gen = j->gen, .pid = j->pid,
+                                           .ref_hash = enif_hash(ERL_NIF_INTERNAL_HASH, ref, 0)};
     if (!dirty)
         reap_cq(d, env);
     enif_rwlock_runlock(d->life);

@@ -386,7 +386,7 @@ handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
 
 await(Device, Ref, Timeout) ->
-    spin(handle(Device)),
+    spin(handle(Device), Ref),
     receive
         {erlcuda, Ref, Result} -> Result
     after Timeout ->
@@ -402,9 +402,9 @@ await(Device, Ref, Timeout) ->
 
 %% A small job's answer usually comes within tens of microseconds: spin
 %% for it on this scheduler rather than sleep and be woken (the NIF judges
-%% whether it is worth it: erlcuda_nif:await_spin/1).
-spin(undefined) -> waiting;
-spin(H) -> erlcuda_nif:await_spin(H).
+%% whether it is worth it: erlcuda_nif:await_spin/2).
+spin(undefined, _Ref) -> waiting;
+spin(H, Ref) -> erlcuda_nif:await_spin(H, Ref).
 
 %% The device went away while we waited: its close answered every job, so
 %% the answer is in the mailbox already.

@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/1, kernels/0, put/2, put/3, get/1, get/2, free/1,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, put/2, put/3, get/1, get/2, free/1,
          buffer_info/1]).
 
 -on_load(init/0).
@@ -38,7 +38,7 @@ init() ->
 %% arena), `poison_outputs' (fill outputs with NaN before each job),
 %% `prefault_arena' (fault the arena's pages in on a thread of the NIF's
 %% own, ahead of gpud's registration of them with the GPU: c_src/prefault.h).
-%% Optional: `sync_spin_us' (await_spin/1's budget, at most 1000; absent: 0).
+%% Optional: `sync_spin_us' (await_spin/2's budget, at most 1000; absent: 0).
 -spec open(non_neg_integer(), #{atom() => term()}) -> {ok, handle()} | {error, atom()}.
 open(_Device, _Opts) -> ?NOT_LOADED.
 
@@ -91,13 +91,14 @@ stats(_H) -> ?NOT_LOADED.
 -spec in_flight(handle()) -> non_neg_integer().
 in_flight(_H) -> ?NOT_LOADED.
 
-%% @doc Right after the calling process submitted a small job: spins on its
-%% scheduler, taking completions itself, until that job is answered
-%% (`answered': the answer is in the mailbox) or the device's
-%% `sync_spin_us' is spent, more than two jobs are in flight, or the job is
-%% not this process's last small one (`waiting').
--spec await_spin(handle()) -> answered | waiting.
-await_spin(_H) -> ?NOT_LOADED.
+%% @doc Right after the calling process submitted a small job with its own
+%% reference Ref (submit/5): spins on its scheduler, taking completions
+%% itself, until that job is answered (`answered': the answer is in the
+%% mailbox) or the device's `sync_spin_us' is spent, more than two jobs are
+%% in flight, or the job is not the last small one submitted on this
+%% scheduler thread (`waiting').
+-spec await_spin(handle(), reference()) -> answered | waiting.
+await_spin(_H, _Ref) -> ?NOT_LOADED.
 
 %% @doc Queues a control descriptor: load (or unload) users' module slot
 %% `Slot' from directory `Path' on this device; the answer is the message

@@ -632,9 +632,11 @@ sync_calls_leave_the_mailbox(_) ->
 %%% sync spin
 
 %% launch_sync with the caller's scheduler spinning for its answer
-%% (erlcuda_nif:await_spin/1): each small job spins once and gets one right
-%% answer, whoever sends it; a large job does not spin; an async launch's
-%% job is not what a later put's await spins for; nothing is left over.
+%% (erlcuda_nif:await_spin/2): small jobs spin (not every one need: a
+%% caller that moves to another scheduler between its submit and its await
+%% does not) and each gets one right answer, whoever sends it; a large job
+%% does not spin, nor an async launch, nor a put after one; nothing is left
+%% over.
 sync_spin_answers_once(_) ->
     Stat = fun(K) -> maps:get(K, erlcuda:stats(0)) end,
     Args = erlcuda_ref:args(vector_add, 1000, binary),
@@ -644,9 +646,9 @@ sync_spin_answers_once(_) ->
          ok = erlcuda_ref:check(vector_add, Args, R)
      end || _ <- lists:seq(1, 300)],
     {S1, A1} = {Stat(sync_spins), Stat(sync_spin_answers)},
-    ?assertEqual(300, S1 - S0),
-    ?assert(A1 - A0 =< 300),
-    ct:pal("answered while spinning: ~p of 300", [A1 - A0]),
+    ?assert(S1 - S0 >= 250 andalso S1 - S0 =< 300),
+    ?assert(A1 - A0 =< S1 - S0),
+    ct:pal("spun for ~p of 300, answered while spinning: ~p", [S1 - S0, A1 - A0]),
     Big = erlcuda_ref:args(vector_add, 1 bsl 20 + 7, binary),
     {ok, RB} = erlcuda:launch_sync(vector_add, Big, [{timeout, 30000}]),
     ok = erlcuda_ref:check(vector_add, Big, RB),
