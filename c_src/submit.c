@@ -466,7 +466,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     flush_frees(d);
     /* After the timed phases: answering others' jobs is not this submit's cost. */
     STAMP(t, 4);
-    if (given_ref && !dirty && plan.parts == 1 && (uint32_t)idx < d->inline_slots)
+    if (given_ref && d->sync_spin_us && !dirty && plan.parts == 1 && (uint32_t)idx < d->inline_slots)
         last_submit = (struct last_submit){.d = d, .idx = (uint32_t)idx, .gen = j->gen, .pid = j->pid,
                                            .ref_hash = enif_hash(ERL_NIF_INTERNAL_HASH, ref, 0)};
     if (!dirty)
