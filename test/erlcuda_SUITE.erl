@@ -949,13 +949,18 @@ wait_prefaulted(H, Bytes, Ms) ->
 %% Until busy with no job in flight: an answer reaches its caller before
 %% the job's regions are released (complete.c), so a launch right after one
 %% may find the arena full for a moment.
+%% An answer comes before its job's slot and input region are freed, so a
+%% busy right after it may be that job's input, gone a moment later (this
+%% failed once in CI: the next launch was accepted). Full is busy again once
+%% nothing is in flight.
 fill(Args, Held) ->
     case erlcuda:launch_sync(vector_add, Args) of
         {ok, R} -> fill(Args, [R | Held]);
         {error, busy} ->
-            case erlcuda:stats(0) of
-                #{in_flight := 0} -> Held;
-                _ -> timer:sleep(1), fill(Args, Held)
+            ok = no_job_in_flight(5000),
+            case erlcuda:launch_sync(vector_add, Args) of
+                {ok, R} -> fill(Args, [R | Held]);
+                {error, busy} -> Held
             end
     end.
 
