@@ -117,7 +117,26 @@ startup(N) ->
     record("gpud.cold_start_ready", erlcuda, pct(S, 0.5), ms, {hd(S), lists:last(S)}, N,
            #{first => hd(Ready)}),
     io:format("start to ready of gpud (~p starts): median ~.2f ms, first ~.2f, max ~.2f ms~n",
-              [N, pct(S, 0.5), hd(Ready), lists:last(S)]).
+              [N, pct(S, 0.5), hd(Ready), lists:last(S)]),
+    %% A start with the driver's JIT cache off: what a fresh container or a
+    %% new driver sees. gpud loads its cubin where it has one for the GPU;
+    %% ERLCUDA_FORCE_PTX=1 makes it JIT the PTX instead, for comparison.
+    %% gpud inherits the VM's environment at its spawn.
+    Once = fun(Env) ->
+                   [os:putenv(K, V) || {K, V} <- Env],
+                   start(),
+                   [#{ready_us := R, startup := SU}] = erlcuda:devices(),
+                   ok = application:stop(erlcuda),
+                   [os:unsetenv(K) || {K, _} <- Env],
+                   {R / 1000, maps:get(module_us, SU, 0) / 1000}
+           end,
+    NoCache = {"CUDA_CACHE_DISABLE", "1"},
+    {C, CM} = Once([NoCache]),
+    {P, PM} = Once([NoCache, {"ERLCUDA_FORCE_PTX", "1"}]),
+    record("gpud.cold_start_no_jit_cache", erlcuda, C, ms, null, 1,
+           #{module_ms => CM, ptx_jit_ms => P, ptx_jit_module_ms => PM}),
+    io:format("start to ready with the JIT cache off: ~.1f ms (module ~.1f); "
+              "JIT-compiling the PTX: ~.1f ms (module ~.1f)~n", [C, CM, P, PM]).
 
 %% CPU time gpud uses while nothing is submitted (it spins gpud_spin_us after
 %% the last job, then sleeps on its eventfd).

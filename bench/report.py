@@ -101,7 +101,7 @@ KNOWN = [
     (r"large\.(vector_add|reduce|dot_product)\.(binaries|arena)\.n\d+", ("ms",)),
     (r"pcie\.(h2d|d2h|bidir)", ("GB/s",)),
     (r"matmul\.(kernel|end_to_end)\.n\d+", ("TFLOP/s",)),
-    (r"gpud\.(cold_start_ready|restart_ready|kill9_to_served)", ("ms",)),
+    (r"gpud\.(cold_start_ready|cold_start_no_jit_cache|restart_ready|kill9_to_served)", ("ms",)),
     (r"gpud\.idle_cpu", ("%", "% of a core")),
     (r"profile\.callers_\d+", ("ns",)),
     (r"buffers\.(put|get)\.\d+MiB", ("GB/s",)),
@@ -114,7 +114,7 @@ KNOWN = [
 LARGE_RE = re.compile(r"^large\.([a-z_]+)\.([a-z_]+)\.n(\d+)$")
 KERNEL_ORDER = ["vector_add", "reduce", "dot_product", "matmul"]
 # Row order of the other known name parts (exact tokens).
-TOKEN_ORDER = ["kernel", "end_to_end", "cold_start_ready", "restart_ready", "kill9_to_served", "idle_cpu",
+TOKEN_ORDER = ["kernel", "end_to_end", "cold_start_ready", "cold_start_no_jit_cache", "restart_ready", "kill9_to_served", "idle_cpu",
                "h2d", "d2h", "bidir"]
 MODE_ORDER = ["binaries", "arena"]
 

@@ -66,9 +66,10 @@
  * so no band but the last has a partial tile. */
 #define PIPELINE_MATMUL_ROWS 128u
 /* and, when A has more rows than that takes, at least this many 128-wide
- * tiles of C: two waves of the f32 kernel on an H200 (132 SMs, 2 blocks
- * each), so a band alone keeps the GPU busy (8192^3: 8 bands of 1024 rows;
- * a band of 192 tiles, as before, filled 73% of one wave). */
+ * tiles of C: 4 x 132, so a band alone keeps an H200's 132 SMs busy for
+ * several waves of the f32 kernel (one block per SM; 2 when this was
+ * measured) (8192^3: 8 bands of 1024 rows; a band of 192 tiles, as before,
+ * filled 73% of one wave). */
 #define PIPELINE_MATMUL_TILES 528u
 
 static uint64_t div_ceil(uint64_t a, uint64_t b) { return (a + b - 1) / b; }

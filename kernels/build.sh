@@ -2,7 +2,9 @@
 # Builds the erlcuda kernels to PTX.
 #
 #   kernels/build.sh OUT_DIR     writes OUT_DIR/erlcuda_kernels.ptx and
-#                                OUT_DIR/erlcuda_kernels_sm80.ptx
+#                                OUT_DIR/erlcuda_kernels_sm80.ptx, and where
+#                                ptxas is found (tools/find-ptxas) their
+#                                cubins (CUBINS below)
 #   kernels/build.sh             prints the path of the built PTX (the first)
 #
 # Two modules: erlcuda_kernels.ptx (ERLCUDA_PTX_CPU, no cargo features) loads
@@ -19,7 +21,8 @@
 # sm_80), ERLCUDA_KERNELS_TARGET_DIR
 # (default kernels/target; deliberately NOT $CARGO_TARGET_DIR: gpud's build.rs
 # runs this inside a cargo build that holds that directory's lock), and
-# ERLCUDA_VERBOSE=1 for cargo's output. Incremental: cargo rebuilds only when
+# ERLCUDA_VERBOSE=1 for cargo's output, ERLCUDA_NO_CUBIN=1 for no cubins.
+# Incremental: cargo rebuilds only when
 # kernels/ changes (~1 s no-op, ~30 s from scratch incl. core).
 # Safe to call from a build script: the parent's RUSTC/RUSTFLAGS/... are
 # dropped and `cargo +nightly` overrides RUSTUP_TOOLCHAIN.
@@ -70,11 +73,34 @@ build_ptx() {
 ptx="$(build_ptx "$cpu" "$target_dir")"
 ptx_sm80="$(build_ptx sm_80 "$target_dir/sm80" --features sm80)"
 
+# CUBINS: "PTX ARCH" pairs assembled ahead of time where ptxas is at hand,
+# so that gpud loads machine code on these GPUs instead of JIT-compiling the
+# PTX at its first start on a machine (the H200: 834 ms of a 1,110 ms first
+# start; the driver caches the result, but a fresh container or a driver
+# update starts cold again). A cubin of sm_X.y runs on X.z for z >= y: sm_75
+# covers Turing, sm_80 Ampere and Ada, sm_90 Hopper; other GPUs JIT the PTX.
+CUBINS=("erlcuda_kernels sm_75" "erlcuda_kernels_sm80 sm_80" "erlcuda_kernels_sm80 sm_90")
+
 if (($#)); then
   mkdir -p "$1"
   # copy only when changed, so dependents' mtimes stay put
   cmp -s "$ptx" "$1/erlcuda_kernels.ptx" || cp "$ptx" "$1/erlcuda_kernels.ptx"
   cmp -s "$ptx_sm80" "$1/erlcuda_kernels_sm80.ptx" || cp "$ptx_sm80" "$1/erlcuda_kernels_sm80.ptx"
+  ptxas=""
+  [[ "${ERLCUDA_NO_CUBIN:-}" == 1 ]] || ptxas="$("$here/tools/find-ptxas" || true)"
+  [[ -n "$ptxas" || "${ERLCUDA_NO_CUBIN:-}" == 1 ]] \
+    || echo "kernels/build.sh: no ptxas (pip install nvidia-cuda-nvcc==13.0.88): no cubins; gpud JIT-compiles the PTX at its first start" >&2
+  for c in "${CUBINS[@]}"; do
+    read -r base arch <<<"$c"
+    out="$1/$base.$arch.cubin"
+    if [[ -z "$ptxas" ]]; then rm -f "$out"; continue; fi
+    # reassemble only when the PTX is newer (an unchanged PTX leaves the
+    # cubin, and gpud's build, alone)
+    if [[ ! -s "$out" || "$1/$base.ptx" -nt "$out" ]]; then
+      "$ptxas" -arch="$arch" -O3 -o "$out.tmp" "$1/$base.ptx" >&2 || die "ptxas -arch=$arch failed on $base.ptx"
+      mv "$out.tmp" "$out"
+    fi
+  done
 else
   echo "$ptx"
 fi

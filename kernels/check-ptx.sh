@@ -9,9 +9,8 @@
 #                                            first; SM80_PTX defaults to
 #                                            erlcuda_kernels_sm80.ptx beside PTX)
 #
-# ptxas: $PTXAS, else `ptxas` on PATH, else the one in PyPI's
-# nvidia-cuda-nvcc wheel (pip install nvidia-cuda-nvcc==13.0.88), found
-# through python3.
+# ptxas: as tools/find-ptxas finds it ($PTXAS, PATH, or PyPI's
+# nvidia-cuda-nvcc wheel).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 die() { echo "kernels/check-ptx.sh: $*" >&2; exit 1; }
@@ -23,19 +22,7 @@ ptx_sm80="${2:-$(dirname "$ptx")/erlcuda_kernels_sm80.ptx}"
 [[ -s "$ptx" ]] || die "no PTX at '$ptx'"
 [[ -s "$ptx_sm80" ]] || die "no sm80 PTX at '$ptx_sm80'"
 
-ptxas="${PTXAS:-}"
-if [[ -z "$ptxas" ]] && command -v ptxas >/dev/null 2>&1; then ptxas="$(command -v ptxas)"; fi
-if [[ -z "$ptxas" ]]; then
-  ptxas="$(python3 - <<'PY' 2>/dev/null || true
-import os, nvidia
-for d in nvidia.__path__:
-    for sub in ("cu13/bin/ptxas", "cuda_nvcc/bin/ptxas", "cu12/bin/ptxas"):
-        p = os.path.join(d, sub)
-        if os.access(p, os.X_OK):
-            print(p); raise SystemExit
-PY
-)"
-fi
+ptxas="$("$here/tools/find-ptxas" || true)"
 [[ -n "$ptxas" && -x "$ptxas" ]] || die "ptxas not found: pip install nvidia-cuda-nvcc==13.0.88 (or set PTXAS)"
 echo "ptxas: $ptxas ($("$ptxas" --version | tail -1))"
 

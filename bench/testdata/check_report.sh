@@ -41,7 +41,7 @@ names += ["large.%s.%s.n%d" % (k, m, n) for k in ("vector_add", "reduce", "dot_p
           for m in ("binaries", "arena") for n in (65536, 1048576, 16777216, 67108864)]
 names += ["pcie.h2d", "pcie.d2h", "pcie.bidir"]
 names += ["matmul.%s.n%d" % (k, s) for k in ("kernel", "end_to_end") for s in (256, 512, 1024, 2048, 4096, 8192)]
-names += ["gpud.cold_start_ready", "gpud.restart_ready", "gpud.kill9_to_served", "gpud.idle_cpu"]
+names += ["gpud.cold_start_ready", "gpud.cold_start_no_jit_cache", "gpud.restart_ready", "gpud.kill9_to_served", "gpud.idle_cpu"]
 names += ["profile.callers_%d" % c for c in (100, 1000, 10000)]
 names += ["buffers.put.256MiB", "buffers.get.256MiB", "buffers.vector_add.2^26",
           "buffers.chain.put_add_saxpy_dot.2^26", "buffers.chain.binaries_add_saxpy_dot.2^26",

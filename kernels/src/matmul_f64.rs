@@ -10,7 +10,7 @@
 //!   neither `mma.*.f64` nor `cp.async` exist): SIMT f64 FMAs, each thread
 //!   8×4 outputs.
 //!
-//! Both run 2 blocks per SM (ptx-link's `.minnctapersm 2` for `matmul_*`:
+//! Both run 2 blocks per SM (ptx-link's `.minnctapersm 2` for `matmul_f64`:
 //! 128 registers; the tensor-core body needs no more and does not spill).
 //! On an H200 the tensor-core body reaches ~30.7 TFLOP/s at 4096³, about
 //! half of cuBLAS DGEMM; 64×128 and 64×64 (3 stages, 3 blocks per SM) tiles

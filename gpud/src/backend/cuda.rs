@@ -1,11 +1,12 @@
 //! The CUDA backend: cudarc's driver API, loaded at run time (`libcuda` is
 //! opened on first use; nothing of the toolkit is needed to build), the
-//! batched kernels of `kernels/` embedded as PTX and JIT-compiled by the
-//! driver for the GPU at hand.
+//! batched kernels of `kernels/` embedded as PTX, and as cubins for the
+//! architectures `kernels/build.sh` assembles ([`Cubin`]); a GPU without
+//! one JIT-compiles the PTX.
 //!
 //! Shape:
 //! - the device's primary context, current on the daemon thread; one module
-//!   from the embedded PTX; [`STREAMS_PER_KERNEL`] non-blocking streams per
+//!   from the embedded cubin or PTX; [`STREAMS_PER_KERNEL`] non-blocking streams per
 //!   kernel, taken in turn, so launches overlap and complete in any order
 //!   (no launch depends on another in flight: a job that reads a buffer
 //!   is sent only once the job that made it was answered);
@@ -62,6 +63,61 @@ const PTX: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/erlcuda_k
 const PTX_SM80: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/erlcuda_kernels_sm80.ptx")));
 #[cfg(erlcuda_no_ptx)]
 const PTX: Option<&str> = None;
+
+/// Machine code of one of the two modules above for one GPU architecture,
+/// assembled by `kernels/build.sh` where ptxas was at hand (none otherwise).
+/// Loading it skips the driver's JIT, which on the H200 took 834 ms of a
+/// 1,110 ms first start (later starts hit the driver's cache; a fresh
+/// container or a new driver does not).
+pub struct Cubin {
+    /// Runs on compute capability `major`.`minor` up to `major`.9.
+    pub major: i32,
+    pub minor: i32,
+    /// Assembled from the sm_80 module (else from the sm_70 one).
+    pub sm80: bool,
+    pub image: &'static [u8],
+}
+
+include!(concat!(env!("OUT_DIR"), "/cubins.rs"));
+
+/// The cubin gpud loads on a GPU of CC `major`.`minor` in place of the PTX
+/// of the module it chose (`sm80`): the newest one of that major version
+/// the GPU can run. None: JIT the PTX.
+pub fn cubin_for(cubins: &'static [Cubin], major: i32, minor: i32, sm80: bool) -> Option<&'static Cubin> {
+    cubins
+        .iter()
+        .filter(|c| c.sm80 == sm80 && c.major == major && c.minor <= minor)
+        .max_by_key(|c| c.minor)
+}
+
+/// Loads the built-in module: its cubin for this GPU where there is one
+/// (unless `ERLCUDA_FORCE_PTX=1`), else, or if the driver refuses the cubin
+/// (one from a newer toolkit than the driver, say), the PTX. Returns the
+/// module and what was loaded, for the log.
+///
+/// # Safety
+/// A current context.
+unsafe fn load_builtin_module(major: i32, minor: i32, sm80: bool, ptx: &CString) -> Result<(sys::CUmodule, String)> {
+    let mut module = ptr::null_mut();
+    let forced = std::env::var("ERLCUDA_FORCE_PTX").is_ok_and(|v| v == "1");
+    let mut why = if forced { "ERLCUDA_FORCE_PTX=1" } else { "no cubin for this GPU" }.to_string();
+    if let Some(c) = cubin_for(CUBINS, major, minor, sm80).filter(|_| !forced) {
+        // An 8-byte aligned copy: include_bytes! promises no alignment.
+        let mut img = vec![0u64; c.image.len().div_ceil(8)];
+        ptr::copy_nonoverlapping(c.image.as_ptr(), img.as_mut_ptr().cast::<u8>(), c.image.len());
+        let r = sys::cuModuleLoadData(&mut module, img.as_ptr().cast());
+        if r == CUresult::CUDA_SUCCESS {
+            return Ok((module, format!("cubin sm_{}{}", c.major, c.minor)));
+        }
+        why = format!("the driver refused the sm_{}{} cubin ({r:?})", c.major, c.minor);
+        log!(Warning, "gpud: {why}; JIT-compiling the PTX instead");
+    }
+    let r = sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast());
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(no_cuda("cuda_setup_failed", format!("cuModuleLoadData: {r:?}")));
+    }
+    Ok((module, format!("PTX ({}) JIT: {why}", if sm80 { "sm_80" } else { "sm_70" })))
+}
 #[cfg(any(erlcuda_no_ptx, erlcuda_no_sm80))]
 const PTX_SM80: Option<&str> = None;
 
@@ -517,9 +573,8 @@ impl CudaBackend {
             let src = if sm80 { PTX_SM80 } else { PTX };
             let ptx = CString::new(src.unwrap_or_default()).map_err(|_| no_cuda("no_cuda_backend", "PTX holds a NUL"))?;
             let t = Instant::now();
-            let mut module = ptr::null_mut();
-            setup("cuModuleLoadData", sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()))?;
-            let jit_ms = t.elapsed().as_secs_f64() * 1e3;
+            let (module, loaded) = load_builtin_module(major, minor, sm80, &ptx)?;
+            let load_ms = t.elapsed().as_secs_f64() * 1e3;
             let mut funcs = vec![[ptr::null_mut(); EC_TYPE_COUNT as usize]; KERNEL_ROWS.len()];
             for (row, fs) in KERNEL_ROWS.iter().zip(&mut funcs) {
                 for ty in ElemType::ALL.into_iter().filter(|t| row.kernel.runs_on(*t)) {
@@ -549,10 +604,9 @@ impl CudaBackend {
             )?;
             log!(
                 Info,
-                "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, PTX ({}) JIT {jit_ms:.0} ms",
+                "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, kernels: {loaded}, loaded in {load_ms:.1} ms",
                 drv / 1000,
                 drv % 1000 / 10,
-                if sm80 { "sm_80" } else { "sm_70" }
             );
             Ok(CudaBackend {
                 device,
@@ -570,8 +624,8 @@ impl CudaBackend {
                 segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
                 // cuda_init: loading libcuda and cuInit; context: retaining
                 // (creating, in a fresh process) the primary context; module:
-                // loading the PTX (JIT, or the driver's cache) and looking up
-                // the entries. The rest of open (device queries, streams) is
+                // loading the cubin, or the PTX (JIT, or the driver's cache),
+                // and looking up the entries. The rest of open (device queries, streams) is
                 // the daemon's "backend" remainder.
                 open_phases: vec![("cuda_init", t_init), ("context", t_ctx), ("module", t_module)],
                 slots: Vec::new(),
@@ -1075,6 +1129,43 @@ mod tests {
             },
         };
         validate(&s, 1u64 << 44).unwrap()
+    }
+
+    #[test]
+    fn the_cubin_chosen_is_the_newest_of_the_gpus_major_version() {
+        static T: [Cubin; 3] = [
+            Cubin { major: 7, minor: 5, sm80: false, image: b"a" },
+            Cubin { major: 8, minor: 0, sm80: true, image: b"b" },
+            Cubin { major: 9, minor: 0, sm80: true, image: b"c" },
+        ];
+        let pick = |ma, mi, sm80| cubin_for(&T, ma, mi, sm80).map(|c| c.image);
+        assert_eq!(pick(9, 0, true), Some(&b"c"[..]));
+        assert_eq!(pick(8, 0, true), Some(&b"b"[..]));
+        assert_eq!(pick(8, 9, true), Some(&b"b"[..]), "sm_80 code runs on Ada (8.9)");
+        assert_eq!(pick(7, 5, false), Some(&b"a"[..]));
+        assert_eq!(pick(7, 0, false), None, "sm_75 code does not run on Volta");
+        assert_eq!(pick(10, 0, true), None, "Blackwell JITs the PTX");
+        assert_eq!(pick(9, 0, false), None, "a cubin of the other module never stands in");
+    }
+
+    /// Where ptxas was at hand, the three cubins build.sh promises are
+    /// embedded, so a Turing, Ampere/Ada or Hopper GPU loads machine code.
+    #[test]
+    fn the_built_cubins_cover_turing_ampere_and_hopper() {
+        if CUBINS.is_empty() {
+            // Legitimate only where build.sh found no ptxas, or was told not to.
+            let ptxas = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/tools/find-ptxas"))
+                .output()
+                .is_ok_and(|o| o.status.success());
+            let off = cfg!(erlcuda_no_ptx) || std::env::var("ERLCUDA_NO_CUBIN").is_ok_and(|v| v == "1");
+            assert!(!ptxas || off, "ptxas is here, but gpud was built without cubins");
+            eprintln!("built without ptxas: no cubins (gpud JITs the PTX)");
+            return;
+        }
+        for (ma, mi, sm80) in [(7, 5, false), (8, 0, true), (8, 9, true), (9, 0, true)] {
+            let c = cubin_for(CUBINS, ma, mi, sm80).unwrap_or_else(|| panic!("no cubin for {ma}.{mi}"));
+            assert_eq!(&c.image[..4], b"\x7fELF", "a cubin is an ELF image");
+        }
     }
 
     #[test]
