@@ -35,7 +35,7 @@ use crate::layout::{
 use crate::modules::Registry;
 use crate::ops::user::UserOp;
 use crate::ring::Ring;
-use crate::segment::{Segments, SockState};
+use crate::segment::{self, Segments, SockState};
 use crate::startup::Phases;
 
 /// How often a busy daemon (one that never sleeps) still looks at stdin and
@@ -86,10 +86,24 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     phases.mark("args");
     let session = handshake::handshake(&opts.socket, opts.device)?;
     phases.mark("handshake");
-    let mut backend = backend::open(opts.backend, opts.device)?;
-    phases.mark_split("backend", &backend.startup_phases());
     let ring = Ring::new(session.mapping, session.geometry, session.sq_efd, session.cq_efd);
     let (seg0, seg0_bytes) = ring.arena().segment(0).expect("segment 0");
+    let populating = segment::populate_in_background(seg0, seg0_bytes);
+    let mut backend = match backend::open(opts.backend, opts.device) {
+        Ok(b) => b,
+        Err(e) => {
+            if let Some(t) = populating {
+                let _ = t.join();
+            }
+            return Err(e);
+        }
+    };
+    phases.mark_split("backend", &backend.startup_phases());
+    // A backend that registers the arena (cuda) waits for the page tables
+    // (counted in `segments`); the cpu backend lets the thread run on.
+    if let Some(t) = populating.filter(|_| backend.kind() == "cuda") {
+        let _ = t.join();
+    }
     backend.add_segment(0, seg0, seg0_bytes)?;
     // SAFETY: segment 0 lies in the ring's mapping, which the daemon owns
     // and drops after `segments` (field order below).
@@ -113,8 +127,9 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
         return Ok(());
     }
     // Every segment is registered by now (CUDA: cuMemHostRegister; the VM
-    // pre-faults the arena's pages meanwhile, so this is pinning resident
-    // pages, not faulting them in).
+    // pre-faults the arena's pages meanwhile and gpud has populated its page
+    // tables for segment 0, so this is pinning resident pages, not faulting
+    // them in).
     phases.mark("segments");
     // The modules the VM had loaded (a restart brings them back before any
     // job queued for them is drained). One that fails is left out, said
