@@ -521,8 +521,8 @@ def load_erlcuda_matmul(c):
         raise FileNotFoundError(f"PTX not found ({c.ptx}); pass --ptx PATH/{PTX_NAME}")
     mod = c.cp.RawModule(path=c.ptx)
     kern = mod.get_function(entry)
-    info = {"pl": pl, "entry": entry, "bm": abi["MATMUL_BM"], "bn": abi["MATMUL_BN"],
-            "threads": abi.get("MATMUL_THREADS", 256), "smem": pl.matmul_smem(abi), "mod": mod}
+    info = {"pl": pl, "entry": entry, "abi": abi, "bn": abi["MATMUL_BN"],
+            "threads": abi.get("MATMUL_THREADS", 256), "mod": mod}
     STATE["meta"]["erlcuda_matmul_entry"] = entry
     STATE["meta"]["ptx"] = os.path.abspath(c.ptx)
     return kern, info
@@ -635,15 +635,18 @@ def sec_matmul_kernel(c):
             try:
                 cp, pl = c.cp, info["pl"]
                 Ce = torch.full((s, s), float("nan"), device="cuda", dtype=torch.float32)
-                table, total = pl.matmul_table([(A.data_ptr(), B.data_ptr(), Ce.data_ptr(), s, s, s)],
-                                               info["bm"], info["bn"])
+                # the tile height gpud would choose for this job
+                jobs = [(A.data_ptr(), B.data_ptr(), Ce.data_ptr(), s, s, s)]
+                rows = pl.matmul_rows(jobs, info["abi"])
+                smem = pl.matmul_smem(info["abi"], rows)
+                table, total = pl.matmul_table(jobs, rows, info["bn"])
                 dt = cp.asarray(table.view(np.uint8))
-                args = (dt, pl.u32(1), pl.u32(total))
+                args = (dt, pl.u32(1), pl.u32(total), pl.u32(rows))
                 torch.cuda.synchronize()
                 cp.cuda.Device().synchronize()
 
                 def launch():
-                    kern((total,), (info["threads"],), args, shared_mem=info["smem"])
+                    kern((total,), (info["threads"],), args, shared_mem=smem)
 
                 launch()
                 cp.cuda.Device().synchronize()
@@ -653,7 +656,7 @@ def sec_matmul_kernel(c):
                 add(f"matmul.kernel.n{s}", "erlcuda", flops / med / 1e12, "TFLOP/s",
                     (flops / hi / 1e12, flops / lo / 1e12), reps,
                     {"ms": med * 1e3, "timing": "cuda_events", "entry": info["entry"], "grid": total,
-                     "block": info["threads"], "smem": info["smem"], "checked": ok, "max_rel_err": rel,
+                     "block": info["threads"], "smem": smem, "tile_rows": rows, "checked": ok, "max_rel_err": rel,
                      "max_rel_err_f64_rows": rel64, "tolerance": MATMUL_TOL,
                      "reference": "torch.matmul f32 (TF32 off), all elements; f64, 16 sampled rows"})
                 del Ce, dt

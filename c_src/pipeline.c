@@ -63,7 +63,10 @@
 #define PIPELINE_PUT_ALIGN 4096u
 /* A matmul band is a multiple of this many rows: the GPU kernels' tile
  * height (kernels/src/abi.rs MATMUL_BM, matmul_f64_abi.rs MATMUL_F64_BM),
- * so no band but the last has a partial tile. */
+ * so no band but the last has a partial tile. A band large enough for the
+ * f32 kernel's wide tiles (MATMUL_WIDE_BM, 256 rows) may end in half a row
+ * of them; the benchmarked sizes make bands of whole ones (8192^3: 1024
+ * rows, 4096^3: 2048). */
 #define PIPELINE_MATMUL_ROWS 128u
 /* and, when A has more rows than that takes, at least this many 128-wide
  * tiles of C: 4 x 132, so a band alone keeps an H200's 132 SMs busy for

@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 import ptx_launch  # noqa: E402
-from ptx_launch import MM_DT, cdiv, matmul_smem, matmul_table, read_abi, u32  # noqa: E402
+from ptx_launch import MM_DT, cdiv, matmul_rows, matmul_smem, matmul_table, read_abi, u32  # noqa: E402
 
 
 def opt(name):
@@ -68,8 +68,9 @@ SMALL_MAX, MEDIUM_MAX, CHUNK = ABI["REDUCE_SMALL_MAX"], ABI["REDUCE_MEDIUM_MAX"]
 SUM_SERIAL, SUM_DEPTH, SUM_CHUNK = ABI["SUM_SERIAL"], ABI["SUM_TREE_DEPTH"], ABI["SUM_CHUNK"]
 WARPS = 256 // 32
 REDUCE_SMEM = ABI["REDUCE_SMEM_BYTES"]
-BM, BN = ABI["MATMUL_BM"], ABI["MATMUL_BN"]
-MATMUL_SMEM = matmul_smem(ABI)
+BN = ABI["MATMUL_BN"]
+# matmul_f32's two tile heights: the batch cases run under both
+MM_ROWS = (ABI["MATMUL_BM"], ABI["MATMUL_WIDE_BM"])
 
 TYPES = {"f32": (np.float32, 2.0 ** -24), "f64": (np.float64, 2.0 ** -53)}
 # kit Job (64 bytes): vec[2], out, n, out_len, block_start, params[16] (saxpy, "svv": alpha at 0)
@@ -309,7 +310,9 @@ def reduce_case(t, dot, lens, misalign, grid=None, label="", check=True, kern=No
 
 
 # ------------------------------------------------------------------ matmul
-def mm_jobs(shapes, misalign):
+def mm_jobs(shapes, misalign, rows=None):
+    """Jobs of these shapes and their table, for tiles `rows` high (None:
+    as gpud chooses, matmul_rows). Returns (jobs, keep, table, total, rows)."""
     jobs, keep = [], []
     for (m, n, k), mis in zip(shapes, misalign):
         da, pa, ha = alloc_vec(m * k, mis, np.float32)
@@ -319,9 +322,11 @@ def mm_jobs(shapes, misalign):
         keep += [da, db, dc]
         jobs.append(dict(m=m, n=n, k=k, pa=pa, pb=pb, pc=pc, ha=ha.reshape(m, k), hb=hb.reshape(k, n),
                          dc=dc, off=1 if mis else 0))
-    table, acc = matmul_table([(j["pa"], j["pb"], j["pc"], j["m"], j["n"], j["k"]) for j in jobs], BM, BN)
+    t = [(j["pa"], j["pb"], j["pc"], j["m"], j["n"], j["k"]) for j in jobs]
+    rows = rows or matmul_rows(t, ABI)
+    table, acc = matmul_table(t, rows, BN)
     assert table.dtype == MM_DT
-    return jobs, keep, cp.asarray(table.view(np.uint8)), acc
+    return jobs, keep, cp.asarray(table.view(np.uint8)), acc, rows
 
 
 def mm_check(j, sample=None):
@@ -344,10 +349,10 @@ def mm_check(j, sample=None):
     return ok, rel
 
 
-def matmul_batch_case(name, kern, shapes, misalign, grid=None, label=""):
-    jobs, keep, dt_dev, total = mm_jobs(shapes, misalign)
+def matmul_batch_case(name, kern, shapes, misalign, grid=None, label="", rows=None):
+    jobs, keep, dt_dev, total, rows = mm_jobs(shapes, misalign, rows)
     g = grid or total
-    kern((g,), (256,), (dt_dev, u32(len(jobs)), u32(total)), shared_mem=MATMUL_SMEM)
+    kern((g,), (256,), (dt_dev, u32(len(jobs)), u32(total), u32(rows)), shared_mem=matmul_smem(ABI, rows))
     cp.cuda.Device().synchronize()
     for j in jobs:
         ok, rel = mm_check(j)
@@ -416,18 +421,21 @@ def main():
               (128, 128, 128), (130, 4, 9), (64, 200, 33), (300, 1, 700), (1, 517, 64)]
     mis = [False, False, False, False, False, False, False, False, True, False, True]
     for name, kern in K_MM.items():
-        matmul_batch_case(name, kern, shapes, mis, label="(batch)")
-        matmul_batch_case(name, kern, shapes[:3] + shapes[4:], mis[:3] + mis[4:], grid=3, label="(grid=3)")
+        for r in MM_ROWS:
+            matmul_batch_case(name, kern, shapes, mis, label=f"(batch, {r}-row tiles)", rows=r)
+            matmul_batch_case(name, kern, shapes[:3] + shapes[4:], mis[:3] + mis[4:], grid=3,
+                              label=f"(grid=3, {r}-row tiles)", rows=r)
     # ---- timings
     timing(cp.RawModule(path=BEFORE) if BEFORE else None)
     N = 4096
-    jobs, keep, dt_dev, total = mm_jobs([(N, N, N)], [False])
+    jobs, keep, dt_dev, total, tile_rows = mm_jobs([(N, N, N)], [False])
     flops = 2.0 * N ** 3
     results = {}
     for name, kern in K_MM.items():
         j = jobs[0]
         j["dc"].fill(np.nan)
-        f = lambda: kern((total,), (256,), (dt_dev, u32(1), u32(total)), shared_mem=MATMUL_SMEM)  # noqa: E731
+        f = lambda: kern((total,), (256,), (dt_dev, u32(1), u32(total), u32(tile_rows)),  # noqa: E731
+                         shared_mem=matmul_smem(ABI, tile_rows))
         f()
         cp.cuda.Device().synchronize()
         ok, rel = mm_check(j, sample=4096)

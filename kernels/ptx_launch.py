@@ -7,9 +7,12 @@ single source of truth):
 
     abi = read_abi("kernels/src/abi.rs")      # {"MATMUL_BM": 128, ..., "ENTRY_MATMUL": "matmul"}
     entry = abi["ENTRY_MATMUL"] + "_f32"      # entries are <prefix>_<type>: matmul_f32
-    table, total = matmul_table([(pa, pb, pc, m, n, k)], abi["MATMUL_BM"], abi["MATMUL_BN"])
+    jobs = [(pa, pb, pc, m, n, k)]
+    rows = matmul_rows(jobs, abi)             # the tile height, as gpud chooses it
+    table, total = matmul_table(jobs, rows, abi["MATMUL_BN"])
     # upload table.view(np.uint8); launch grid (total,), block (256,),
-    # params (table_ptr, u32(njobs), u32(total)), shared_mem=matmul_smem(abi)
+    # params (table_ptr, u32(njobs), u32(total), u32(rows)),
+    # shared_mem=matmul_smem(abi, rows)
 """
 import os
 import re
@@ -59,10 +62,22 @@ def read_abi(path=None):
     return abi
 
 
-def matmul_smem(abi):
-    """Dynamic shared memory of matmul_f32 (MATMUL_SMEM_BYTES: two stages
-    of A^T[BK][BM+4] and B[BK][BN] f32)."""
-    return 2 * abi["MATMUL_BK"] * (abi["MATMUL_BM"] + 4 + abi["MATMUL_BN"]) * 4
+def matmul_smem(abi, rows=None):
+    """Dynamic shared memory of a matmul_f32 launch of `rows`-high tiles
+    (abi::matmul_smem: two stages of A^T[BK][rows+4] and B[BK][BN] f32;
+    MATMUL_BK for MATMUL_BM rows, MATMUL_WIDE_BK for MATMUL_WIDE_BM)."""
+    rows = rows or abi["MATMUL_BM"]
+    bk = abi["MATMUL_WIDE_BK"] if rows == abi["MATMUL_WIDE_BM"] else abi["MATMUL_BK"]
+    return 2 * bk * (rows + 4 + abi["MATMUL_BN"]) * 4
+
+
+def matmul_rows(jobs, abi):
+    """The tile height abi::matmul_prepare chooses for a launch of `jobs`
+    ((a, b, c, m, n, k) tuples): MATMUL_WIDE_BM where that makes at least
+    MATMUL_WIDE_MIN_TILES tiles, else MATMUL_BM. It is matmul_f32's 4th
+    parameter, and the `bm` of matmul_table."""
+    wide = sum(cdiv(j[3], abi["MATMUL_WIDE_BM"]) * cdiv(j[4], abi["MATMUL_BN"]) for j in jobs)
+    return abi["MATMUL_WIDE_BM"] if wide >= abi["MATMUL_WIDE_MIN_TILES"] else abi["MATMUL_BM"]
 
 
 def cdiv(a, b):
@@ -74,7 +89,8 @@ def u32(x):
 
 
 def matmul_table(jobs, bm, bn):
-    """Descriptor table for matmul_f32, as abi::matmul_prepare.
+    """Descriptor table for matmul_f32 (bm: its tile rows, matmul_rows), or
+    matmul_f64 (bm: MATMUL_F64_BM), as abi::matmul_prepare.
 
     jobs: sequence of (a_ptr, b_ptr, c_ptr, m, n, k) with device pointers as ints
     (C(m x n) = A(m x k) . B(k x n), row-major f32). Returns (table, total_tiles):

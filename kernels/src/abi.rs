@@ -87,12 +87,15 @@
 //! * `b` is ignored by `reduce_*` (set it to 0).
 //!
 //! # `matmul_f32` — `C(m×n) = A(m×k) · B(k×n)`, row-major f32
-//! * params: `(jobs: u64 -> [MatmulJob; njobs], njobs: u32, total_tiles: u32)`
+//! * params: `(jobs: u64 -> [MatmulJob; njobs], njobs: u32, total_tiles: u32,
+//!   tile_rows: u32)`
 //! * block `(MATMUL_THREADS,1,1)`, grid `(grid_for(total_tiles, MATMUL_MAX_GRID),1,1)`,
-//!   dynamic shared memory [`MATMUL_SMEM_BYTES`] (below the 48 KiB default, so
-//!   no `cuFuncSetAttribute` needed).
-//! * host prep: [`matmul_prepare`] fills `tiles_n` and `tile_start` (exclusive
-//!   prefix of `ceil(m/128)·ceil(n/128)`) and returns `total_tiles`.
+//!   dynamic shared memory [`matmul_smem`]`(tile_rows)` (below the 48 KiB
+//!   default, so no `cuFuncSetAttribute` needed).
+//! * host prep: [`matmul_prepare`] chooses `tile_rows` (128, or 256 for a
+//!   launch of at least [`MATMUL_WIDE_MIN_TILES`] such tiles), fills
+//!   `tiles_n` and `tile_start` (exclusive prefix of
+//!   `ceil(m/tile_rows)·ceil(n/128)`) and returns `(total_tiles, tile_rows)`.
 //! * any `m, n, k` (`k == 0` writes zeros; `m == 0` or `n == 0` does nothing).
 //! * a 128×128×16 tile (`MATMUL_BK`); measured on an H200 at 4096^3 (2 Dec,
 //!   driver JIT from sm_70 PTX): 43.9 TFLOP/s, 88 % of cuBLAS SGEMM with TF32
@@ -305,6 +308,16 @@ pub const MATMUL_BK: u32 = 16;
 /// Dynamic shared memory of `matmul_f32`: two stages of A^T[BK][BM+4] and
 /// B[BK][BN] f32 (33,280 bytes).
 pub const MATMUL_SMEM_BYTES: u32 = 2 * MATMUL_BK * (MATMUL_LDA_S + MATMUL_LDB_S) * 4;
+/// The wide tile: 256×128×8, 16×8 outputs per thread (two stages, 24,832
+/// bytes of shared memory). 0.949-0.960 × cuBLAS SGEMM at 2048-8192 on an
+/// H200 against 0.904-0.920 for 128×128×16, but 0.38 × at 1024, where its
+/// 32 tiles leave most SMs idle (bench/results/h200-2026-12-03-session6).
+pub const MATMUL_WIDE_BM: u32 = 256;
+pub const MATMUL_WIDE_BK: u32 = 8;
+pub const MATMUL_WIDE_SMEM_BYTES: u32 = 2 * MATMUL_WIDE_BK * (MATMUL_WIDE_BM + 4 + MATMUL_LDB_S) * 4;
+/// A launch takes the wide tile when it makes at least this many of them
+/// (half an H200's SMs: 2048^2 makes 128 and gains, 1024^2 32 and loses).
+pub const MATMUL_WIDE_MIN_TILES: u32 = 64;
 /// Tile rows grouped together in the launch order (L2 reuse).
 pub const MATMUL_GROUP_M: u32 = 8;
 pub const MATMUL_MAX_GRID: u32 = i32::MAX as u32;
@@ -336,10 +349,20 @@ pub const fn tiles_of(m: u32, n: u32, bm: u32, bn: u32) -> u64 {
     div_ceil_u64(m as u64, bm as u64) * div_ceil_u64(n as u64, bn as u64)
 }
 
-/// Fills `tiles_n` / `tile_start` and returns `total_tiles`, or `None` if it
-/// does not fit `u32`.
-pub fn matmul_prepare(jobs: &mut [MatmulJob]) -> Option<u32> {
-    prepare_tiles(jobs, MATMUL_BM, MATMUL_BN)
+/// Chooses the tile height of a launch ([`MATMUL_WIDE_BM`] where it makes at
+/// least [`MATMUL_WIDE_MIN_TILES`] tiles, else [`MATMUL_BM`]), fills
+/// `tiles_n` / `tile_start` for it and returns `(total_tiles, tile_rows)`
+/// (`tile_rows` is the kernel's 4th parameter; [`matmul_smem`] its shared
+/// memory), or `None` if the tiles do not fit `u32`.
+pub fn matmul_prepare(jobs: &mut [MatmulJob]) -> Option<(u32, u32)> {
+    let wide: u64 = jobs.iter().map(|j| tiles_of(j.m, j.n, MATMUL_WIDE_BM, MATMUL_BN)).sum();
+    let rows = if wide >= MATMUL_WIDE_MIN_TILES as u64 { MATMUL_WIDE_BM } else { MATMUL_BM };
+    Some((prepare_tiles(jobs, rows, MATMUL_BN)?, rows))
+}
+
+/// Dynamic shared memory of a `matmul_f32` launch of `tile_rows`-high tiles.
+pub const fn matmul_smem(tile_rows: u32) -> u32 {
+    if tile_rows == MATMUL_WIDE_BM { MATMUL_WIDE_SMEM_BYTES } else { MATMUL_SMEM_BYTES }
 }
 
 /// `matmul_prepare` for a kernel of `bm`×`bn` tiles: fills `tiles_n`
@@ -360,6 +383,7 @@ const _: () = assert!(core::mem::size_of::<VecAddJob>() == 40);
 const _: () = assert!(core::mem::size_of::<ReduceJob>() == 40);
 const _: () = assert!(core::mem::size_of::<MatmulJob>() == 48);
 const _: () = assert!(MATMUL_SMEM_BYTES == 33_280);
+const _: () = assert!(MATMUL_WIDE_SMEM_BYTES == 24_832);
 const _: () = assert!(REDUCE_LARGE_CHUNK % 4 == 0 && REDUCE_SMEM_BYTES >= 8 * REDUCE_WARPS);
 const _: () = assert!(SUM_CHUNK == REDUCE_LARGE_CHUNK && REDUCE_LARGE_CHUNK / REDUCE_THREADS as u64 <= SUM_SERIAL);
 const _: () = assert!(REDUCE_MEDIUM_MAX <= REDUCE_LARGE_CHUNK);

@@ -1,19 +1,18 @@
 //! `matmul_f32`: `C(m×n) = A(m×k) · B(k×n)`, row-major f32, batched (ABI:
-//! `abi.rs`, [`MatmulJob`]). 128×128×16 tiles (BK = MATMUL_BK), 256 threads
-//! each computing 8×8 outputs, double-buffered shared memory
-//! (MATMUL_SMEM_BYTES), grouped tile order for L2 reuse. Assembled with
-//! `.minnctapersm 1` (tools/ptx-link): one block per SM, 166 registers, no
-//! spills (at 2 blocks per SM, capped at 128 registers, it spilled and ran
-//! 5% slower).
+//! `abi.rs`, [`MatmulJob`]). Two tile shapes, chosen per launch by
+//! `abi::matmul_prepare` (the 4th parameter): 128×128×16 (256 threads each
+//! computing 8×8 outputs) and, for launches of at least
+//! MATMUL_WIDE_MIN_TILES such tiles, 256×128×8 (16×8 outputs per thread).
+//! Double-buffered shared memory (`abi::matmul_smem`), grouped tile order for
+//! L2 reuse. Assembled with `.minnctapersm 1` (tools/ptx-link): one block per
+//! SM, 239 registers, no spills (at 2 blocks per SM, capped at 128
+//! registers, the 128-row body spilled and ran 5% slower).
 
 use crate::abi::*;
 use crate::common::*;
 
-const BM: u32 = MATMUL_BM;
 const BN: u32 = MATMUL_BN;
-const LDA_S: u32 = MATMUL_LDA_S;
 const LDB_S: u32 = MATMUL_LDB_S;
-const BK: u32 = MATMUL_BK;
 
 /// 4 consecutive elements of row `gm` of A (m×k), columns `gk..gk+4`, zero
 /// outside the matrix.
@@ -59,14 +58,21 @@ unsafe fn load_b4(b: *const f32, k: u32, n: u32, gk: u32, gn: u32, vec: bool) ->
 /// {tx*4..+4, 64+tx*4..+4}. Shared memory: 2 stages of A^T[BK][132] and
 /// B[BK][128]; global loads of the next k-tile go to registers while the
 /// current one is computed.
+///
+/// `BM` = 256 (the wide tile): 16×8 outputs per thread, rows {ty*4..+4,
+/// 64+ty*4.., 128+.., 192+..}; the same code with 4 row groups instead of 2.
 #[inline(always)]
-unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
+unsafe fn matmul_impl<const BM: u32, const BK: u32>(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
+    let lda_s = BM + 4; // MATMUL_LDA_S for BM = 128
+    // groups of 4 rows per thread (2 or 4), and rows per thread
+    let rg = BM / 64;
+    let tr = rg * 4;
     // loads per thread per k-tile
     const fn kv(bk: u32) -> u32 { bk / 4 } // float4 per A row
     let a_rows_per_pass = 256 / kv(BK);
-    let a_passes = BM / a_rows_per_pass; // 2
-    let b_passes = BK / 8; // 32 float4 per B row, 8 rows per pass
-    let stage_bytes = BK * (LDA_S + LDB_S) * 4;
+    let a_passes = BM / a_rows_per_pass; // 2 (128×16 and 256×8)
+    let b_passes = BK / 8; // 32 float4 per B row, 8 rows per pass: 2 or 1
+    let stage_bytes = BK * (lda_s + LDB_S) * 4;
 
     let smem = smem_base();
     let t = thread_idx();
@@ -110,42 +116,42 @@ unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
         let a_pass_stride = a_rows_per_pass as usize * k as usize;
         let b_kt_stride = BK as usize * n as usize;
 
-        let mut acc = [[0.0f32; 8]; 8];
+        let mut acc = [[0.0f32; 8]; 16]; // rows past `tr` unused (and optimised away)
         let ktiles = (k + BK - 1) / BK;
 
         if ktiles > 0 {
-            let mut ra = [[0.0f32; 4]; 2];
-            let mut rb = [[0.0f32; 4]; 2];
+            let mut ra = [[0.0f32; 4]; 4];
+            let mut rb = [[0.0f32; 4]; 4];
             // global k-tile `kt` -> registers
-            let load = |kt: u32, ra: &mut [[f32; 4]; 2], rb: &mut [[f32; 4]; 2]| {
+            let load = |kt: u32, ra: &mut [[f32; 4]; 4], rb: &mut [[f32; 4]; 4]| {
                 if kt < full_k {
                     let ap = a_ptr.add((kt * BK) as usize);
                     let bp = b_ptr.add(kt as usize * b_kt_stride);
-                    unroll!(p, 2, if p < a_passes {
+                    unroll!(p, 4, if p < a_passes {
                         ra[p as usize] = f32::ldg4_nc(ap.add(p as usize * a_pass_stride));
                     });
-                    unroll!(p, 2, if p < b_passes {
+                    unroll!(p, 4, if p < b_passes {
                         rb[p as usize] = f32::ldg4_nc(bp.add(8 * p as usize * n as usize));
                     });
                 } else {
                     let k0 = kt * BK;
-                    unroll!(p, 2, if p < a_passes {
+                    unroll!(p, 4, if p < a_passes {
                         ra[p as usize] = load_a4(pa, m, k, m0 + a_r + p * a_rows_per_pass, k0 + a_c, vec_a);
                     });
-                    unroll!(p, 2, if p < b_passes {
+                    unroll!(p, 4, if p < b_passes {
                         rb[p as usize] = load_b4(pb, k, n, k0 + b_r + 8 * p, n0 + b_c, vec_b);
                     });
                 }
             };
             // registers -> shared stage at `st`
-            let store = |st: u32, ra: &[[f32; 4]; 2], rb: &[[f32; 4]; 2]| {
-                unroll!(p, 2, if p < a_passes {
+            let store = |st: u32, ra: &[[f32; 4]; 4], rb: &[[f32; 4]; 4]| {
+                unroll!(p, 4, if p < a_passes {
                     unroll!(q, 4, {
-                        f32::sts(st + ((a_c + q) * LDA_S + a_r + p * a_rows_per_pass) * 4, ra[p as usize][q as usize]);
+                        f32::sts(st + ((a_c + q) * lda_s + a_r + p * a_rows_per_pass) * 4, ra[p as usize][q as usize]);
                     });
                 });
-                unroll!(p, 2, if p < b_passes {
-                    sts4_f32(st + BK * LDA_S * 4 + ((b_r + 8 * p) * LDB_S + b_c) * 4, rb[p as usize]);
+                unroll!(p, 4, if p < b_passes {
+                    sts4_f32(st + BK * lda_s * 4 + ((b_r + 8 * p) * LDB_S + b_c) * 4, rb[p as usize]);
                 });
             };
 
@@ -162,15 +168,17 @@ unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
                     load(kt + 1, &mut ra, &mut rb);
                 }
                 let as_ = cur + ty * 16;
-                let bs_ = cur + BK * LDA_S * 4 + tx * 16;
+                let bs_ = cur + BK * lda_s * 4 + tx * 16;
                 unroll!(kk, 16, if kk < BK {
-                    let a0 = lds4_f32(as_ + kk * LDA_S * 4);
-                    let a1 = lds4_f32(as_ + kk * LDA_S * 4 + 64 * 4);
+                    let mut av = [0.0f32; 16];
+                    unroll!(r, 4, if r < rg {
+                        let a = lds4_f32(as_ + kk * lda_s * 4 + r * 64 * 4);
+                        unroll!(q, 4, { av[(r * 4 + q) as usize] = a[q as usize]; });
+                    });
                     let b0 = lds4_f32(bs_ + kk * LDB_S * 4);
                     let b1 = lds4_f32(bs_ + kk * LDB_S * 4 + 64 * 4);
-                    let av = [a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]];
                     let bv = [b0[0], b0[1], b0[2], b0[3], b1[0], b1[1], b1[2], b1[3]];
-                    unroll!(i, 8, {
+                    unroll!(i, 16, if i < tr {
                         unroll!(jj, 8, {
                             acc[i as usize][jj as usize] += av[i as usize] * bv[jj as usize];
                         });
@@ -186,7 +194,7 @@ unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
 
         // epilogue
         let vec_c = (n & 3) == 0 && (job.c & 15) == 0;
-        for i in 0..8u32 {
+        for i in 0..tr {
             let gm = m0 + (i / 4) * 64 + ty * 4 + (i % 4);
             if gm < m {
                 let row = pc.add(gm as usize * n as usize);
@@ -214,7 +222,14 @@ unsafe fn matmul_impl(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
     }
 }
 
+/// `tile_rows`: the height of the tiles `abi::matmul_prepare` chose and
+/// laid the table out for (MATMUL_BM or MATMUL_WIDE_BM); uniform over the
+/// launch, so the branch costs nothing.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn matmul_f32(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
-    matmul_impl(jobs, njobs, total_tiles)
+pub unsafe extern "ptx-kernel" fn matmul_f32(jobs: *const MatmulJob, njobs: u32, total_tiles: u32, tile_rows: u32) {
+    if tile_rows == MATMUL_WIDE_BM {
+        matmul_impl::<MATMUL_WIDE_BM, MATMUL_WIDE_BK>(jobs, njobs, total_tiles)
+    } else {
+        matmul_impl::<MATMUL_BM, MATMUL_BK>(jobs, njobs, total_tiles)
+    }
 }

@@ -10,12 +10,16 @@ abi = pl.read_abi(os.path.join(os.path.dirname(os.path.abspath(__file__)), "kern
 ncu = sys.argv[1] == "--ncu"
 paths = sys.argv[2:] if ncu else sys.argv[1:]
 # a path may carry @BK: a build with another MATMUL_BK (shared memory follows)
-specs = [(p.split("@")[0], int(p.split("@")[1]) if "@" in p else abi["MATMUL_BK"]) for p in paths]
-paths = [p for p, _ in specs]
+# and @BM: a build with another MATMUL_BM (its tiles follow)
+def spec(p):
+    f = p.split("@")
+    return (f[0], int(f[1]) if len(f) > 1 else abi["MATMUL_BK"], int(f[2]) if len(f) > 2 else abi["MATMUL_BM"])
+specs = [spec(p) for p in paths]
+paths = [p for p, _, _ in specs]
 kerns, smems = [], []
-for p, bk in specs:
+for p, bk, bm in specs:
     k = cp.RawModule(path=p).get_function("matmul_f32")
-    sm = 2 * bk * (abi["MATMUL_BM"] + 4 + abi["MATMUL_BN"]) * 4
+    sm = 2 * bk * (bm + 4 + abi["MATMUL_BN"]) * 4
     if sm > 48 * 1024:
         k.max_dynamic_shared_size_bytes = sm
     kerns.append(k); smems.append(sm)
@@ -29,11 +33,15 @@ for s in sizes:
     ref = torch.matmul(A, B)
     bound = torch.matmul(A.abs(), B.abs())
     Ce = torch.full((s, s), float("nan"), device="cuda")
-    table, total = pl.matmul_table([(A.data_ptr(), B.data_ptr(), Ce.data_ptr(), s, s, s)], abi["MATMUL_BM"], abi["MATMUL_BN"])
-    dt = cp.asarray(table.view(np.uint8))
-    args = (dt, pl.u32(1), pl.u32(total))
+    launch = {}
+    for bm in sorted({bm for _, _, bm in specs}):
+        table, total = pl.matmul_table([(A.data_ptr(), B.data_ptr(), Ce.data_ptr(), s, s, s)], bm, abi["MATMUL_BN"])
+        dt = cp.asarray(table.view(np.uint8))
+        launch[bm] = (total, (dt, pl.u32(1), pl.u32(total)))
     fns = [("cublas", lambda: torch.matmul(A, B, out=C))] + \
-          [(os.path.basename(p), (lambda k, sm: (lambda: k((total,), (threads,), args, shared_mem=sm)))(k, sm)) for p, k, sm in zip(paths, kerns, smems)]
+          [(os.path.basename(p) + ("" if sp[1:] == (abi["MATMUL_BK"], abi["MATMUL_BM"]) else "@%d@%d" % sp[1:]),
+            (lambda k, sm, tl: (lambda: k((tl[0],), (threads,), tl[1], shared_mem=sm)))(k, sm, launch[sp[2]]))
+           for p, k, sm, sp in zip(paths, kerns, smems, specs)]
     for name, f in fns[1:]:
         Ce.fill_(float("nan")); torch.cuda.synchronize(); f(); cp.cuda.Device().synchronize()
         err = ((Ce - ref).abs() / bound.clamp_min(1e-30)).max().item()

@@ -39,12 +39,25 @@ impl KernelOp for Op {
                 abi::MatmulJob { a: p.in0, b: p.in1, c: p.out, m: m as u32, n: n as u32, k: k as u32, tiles_n: 0, tile_start: 0 }
             })
             .collect();
-        let (total, smem) = match jobs.first().map(Job::ty) {
-            Some(ElemType::F64) => (abi::matmul_f64_abi::matmul_f64_prepare(&mut t)?, abi::matmul_f64_abi::MATMUL_F64_SMEM_BYTES),
-            _ => (abi::matmul_prepare(&mut t)?, abi::MATMUL_SMEM_BYTES),
+        let launch = match jobs.first().map(Job::ty) {
+            Some(ElemType::F64) => DeviceLaunch::counted(
+                jobs.len(),
+                abi::matmul_f64_abi::matmul_f64_prepare(&mut t)?,
+                abi::MATMUL_MAX_GRID,
+                abi::matmul_f64_abi::MATMUL_F64_SMEM_BYTES,
+            ),
+            _ => {
+                // The f32 kernel's tile height is chosen per launch (its 4th
+                // parameter): wide tiles where there are enough of them.
+                let (total, rows) = abi::matmul_prepare(&mut t)?;
+                let mut l = DeviceLaunch::counted(jobs.len(), total, abi::MATMUL_MAX_GRID, abi::matmul_smem(rows));
+                l.params[2] = rows;
+                l.nparams = 3;
+                l
+            }
         };
         push_pod(table, &t);
-        Some(DeviceLaunch::counted(jobs.len(), total, abi::MATMUL_MAX_GRID, smem))
+        Some(launch)
     }
 
     fn reference(&self, _ty: ElemType, ins: &[&[f64]], _scalars: &[f64], dims: &[u32]) -> Vec<(f64, f64)> {

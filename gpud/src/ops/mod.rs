@@ -305,6 +305,37 @@ pub unsafe fn elementwise<T: Float>(arena: &Arena<'_>, job: &Job, f: impl Fn(T, 
 mod tests {
     use super::*;
 
+    /// matmul_f32 launches take the wide tile (256 rows) where that makes
+    /// at least MATMUL_WIDE_MIN_TILES tiles, counted over the whole launch,
+    /// and pass the height as the kernel's 4th parameter with its shared
+    /// memory.
+    #[test]
+    fn matmul_launches_choose_their_tile_height_by_size() {
+        use crate::descriptor::validate;
+        let launch = |dims: &[[u32; 3]]| {
+            let jobs: Vec<_> = dims
+                .iter()
+                .map(|&d| {
+                    let mut sqe = crate::testvec::shaped_sqe(Kernel::Matmul, ElemType::F32, 0, d, &[]);
+                    (sqe.in1, sqe.out) = (1 << 40, 1 << 41);
+                    validate(&sqe, 1u64 << 44).unwrap()
+                })
+                .collect();
+            let ptrs = vec![DevPtrs::default(); jobs.len()];
+            let mut table = Vec::new();
+            let l = op(Kernel::Matmul).device_table(&jobs, &ptrs, &mut table).unwrap();
+            (l.params[1], l.params[2], l.nparams, l.smem)
+        };
+        // 1024^2: 32 wide tiles, too few: 64 square ones
+        assert_eq!(launch(&[[1024, 1024, 1024]]), (64, 128, 3, abi::MATMUL_SMEM_BYTES));
+        // 2048^2: 128 wide tiles
+        assert_eq!(launch(&[[2048, 2048, 2048]]), (128, 256, 3, abi::MATMUL_WIDE_SMEM_BYTES));
+        // two 1024^2 jobs make 64 wide tiles together
+        assert_eq!(launch(&[[1024, 1024, 8], [1024, 1024, 8]]), (64, 256, 3, abi::MATMUL_WIDE_SMEM_BYTES));
+        // 32 + 24 = 56 wide tiles: square ones
+        assert_eq!(launch(&[[1024, 1024, 8], [768, 1024, 8]]).1, 128);
+    }
+
     #[test]
     fn every_row_has_its_op() {
         for k in Kernel::ALL {
