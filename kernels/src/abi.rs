@@ -97,9 +97,9 @@
 //!   `tiles_n` and `tile_start` (exclusive prefix of
 //!   `ceil(m/tile_rows)·ceil(n/128)`) and returns `(total_tiles, tile_rows)`.
 //! * any `m, n, k` (`k == 0` writes zeros; `m == 0` or `n == 0` does nothing).
-//! * a 128×128×16 tile (`MATMUL_BK`); measured on an H200 at 4096^3 (2 Dec,
-//!   driver JIT from sm_70 PTX): 43.9 TFLOP/s, 88 % of cuBLAS SGEMM with TF32
-//!   off (49.8); a BK = 8 variant (41.8) was dropped.
+//! * tiles 128×128×16 (`MATMUL_BK`) or 256×128×8 (`MATMUL_WIDE_BK`); on an
+//!   H200 at 4096^3 (3 Dec, session 6) the launch runs on the wide tiles at
+//!   48.7 TFLOP/s, 0.956 × cuBLAS SGEMM with TF32 off (128×128 alone: 0.912).
 //! * every kernel is assembled with `.maxntid 256,1,1`: a launch with more
 //!   than 256 threads per block fails (`CUDA_ERROR_INVALID_VALUE`).
 
