@@ -69,8 +69,8 @@ SUM_SERIAL, SUM_DEPTH, SUM_CHUNK = ABI["SUM_SERIAL"], ABI["SUM_TREE_DEPTH"], ABI
 WARPS = 256 // 32
 REDUCE_SMEM = ABI["REDUCE_SMEM_BYTES"]
 BN = ABI["MATMUL_BN"]
-# matmul_f32's two tile heights: the batch cases run under both
-MM_ROWS = (ABI["MATMUL_BM"], ABI["MATMUL_WIDE_BM"])
+# matmul_f32's tile heights: the batch cases run under each
+MM_ROWS = (ABI["MATMUL_NARROW_BM"], ABI["MATMUL_BM"], ABI["MATMUL_WIDE_BM"])
 
 TYPES = {"f32": (np.float32, 2.0 ** -24), "f64": (np.float64, 2.0 ** -53)}
 # kit Job (64 bytes): vec[2], out, n, out_len, block_start, params[16] (saxpy, "svv": alpha at 0)

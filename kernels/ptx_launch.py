@@ -65,7 +65,7 @@ def read_abi(path=None):
 def matmul_smem(abi, rows=None):
     """Dynamic shared memory of a matmul_f32 launch of `rows`-high tiles
     (abi::matmul_smem: two stages of A^T[BK][rows+4] and B[BK][BN] f32;
-    MATMUL_BK for MATMUL_BM rows, MATMUL_WIDE_BK for MATMUL_WIDE_BM)."""
+    MATMUL_WIDE_BK for MATMUL_WIDE_BM rows, MATMUL_BK for the others)."""
     rows = rows or abi["MATMUL_BM"]
     bk = abi["MATMUL_WIDE_BK"] if rows == abi["MATMUL_WIDE_BM"] else abi["MATMUL_BK"]
     return 2 * bk * (rows + 4 + abi["MATMUL_BN"]) * 4
@@ -74,10 +74,16 @@ def matmul_smem(abi, rows=None):
 def matmul_rows(jobs, abi):
     """The tile height abi::matmul_prepare chooses for a launch of `jobs`
     ((a, b, c, m, n, k) tuples): MATMUL_WIDE_BM where that makes at least
-    MATMUL_WIDE_MIN_TILES tiles, else MATMUL_BM. It is matmul_f32's 4th
+    MATMUL_WIDE_MIN_TILES tiles, MATMUL_NARROW_BM where MATMUL_BM would make
+    at most MATMUL_NARROW_MAX_TILES, else MATMUL_BM. It is matmul_f32's 4th
     parameter, and the `bm` of matmul_table."""
-    wide = sum(cdiv(j[3], abi["MATMUL_WIDE_BM"]) * cdiv(j[4], abi["MATMUL_BN"]) for j in jobs)
-    return abi["MATMUL_WIDE_BM"] if wide >= abi["MATMUL_WIDE_MIN_TILES"] else abi["MATMUL_BM"]
+    def tiles(bm):
+        return sum(cdiv(j[3], bm) * cdiv(j[4], abi["MATMUL_BN"]) for j in jobs)
+    if tiles(abi["MATMUL_WIDE_BM"]) >= abi["MATMUL_WIDE_MIN_TILES"]:
+        return abi["MATMUL_WIDE_BM"]
+    if "MATMUL_NARROW_BM" in abi and tiles(abi["MATMUL_BM"]) <= abi["MATMUL_NARROW_MAX_TILES"]:
+        return abi["MATMUL_NARROW_BM"]
+    return abi["MATMUL_BM"]
 
 
 def cdiv(a, b):

@@ -92,14 +92,17 @@
 //! * block `(MATMUL_THREADS,1,1)`, grid `(grid_for(total_tiles, MATMUL_MAX_GRID),1,1)`,
 //!   dynamic shared memory [`matmul_smem`]`(tile_rows)` (below the 48 KiB
 //!   default, so no `cuFuncSetAttribute` needed).
-//! * host prep: [`matmul_prepare`] chooses `tile_rows` (128, or 256 for a
-//!   launch of at least [`MATMUL_WIDE_MIN_TILES`] such tiles), fills
+//! * host prep: [`matmul_prepare`] chooses `tile_rows` (256 for a launch
+//!   of at least [`MATMUL_WIDE_MIN_TILES`] such tiles, 64 for one of at
+//!   most [`MATMUL_NARROW_MAX_TILES`] 128-row tiles, else 128), fills
 //!   `tiles_n` and `tile_start` (exclusive prefix of
 //!   `ceil(m/tile_rows)·ceil(n/128)`) and returns `(total_tiles, tile_rows)`.
 //! * any `m, n, k` (`k == 0` writes zeros; `m == 0` or `n == 0` does nothing).
-//! * tiles 128×128×16 (`MATMUL_BK`) or 256×128×8 (`MATMUL_WIDE_BK`); on an
-//!   H200 at 4096^3 (3 Dec, session 6) the launch runs on the wide tiles at
-//!   48.7 TFLOP/s, 0.956 × cuBLAS SGEMM with TF32 off (128×128 alone: 0.912).
+//! * tiles 64×128×16 or 128×128×16 (`MATMUL_BK`), or 256×128×8
+//!   (`MATMUL_WIDE_BK`); on an H200 at 4096^3 (3 Dec, session 6) the launch
+//!   runs on the wide tiles at 48.7 TFLOP/s, 0.956 × cuBLAS SGEMM with TF32
+//!   off (128×128 alone: 0.912); at 1024^3 on the narrow ones (4 Dec,
+//!   session 7) at 1.03 × (128×128: 0.72).
 //! * every kernel is assembled with `.maxntid 256,1,1`: a launch with more
 //!   than 256 threads per block fails (`CUDA_ERROR_INVALID_VALUE`).
 
@@ -318,6 +321,15 @@ pub const MATMUL_WIDE_SMEM_BYTES: u32 = 2 * MATMUL_WIDE_BK * (MATMUL_WIDE_BM + 4
 /// A launch takes the wide tile when it makes at least this many of them
 /// (half an H200's SMs: 2048^2 makes 128 and gains, 1024^2 32 and loses).
 pub const MATMUL_WIDE_MIN_TILES: u32 = 64;
+/// The narrow tile: 64×128×16 (4×8 outputs per thread), for launches too
+/// small to fill the GPU with 128×128 tiles: at 1024^2 those are 64 tiles,
+/// one block each on an H200's 132 SMs, half of them idle; 64-row tiles
+/// make 128.
+pub const MATMUL_NARROW_BM: u32 = 64;
+pub const MATMUL_NARROW_SMEM_BYTES: u32 = 2 * MATMUL_BK * (MATMUL_NARROW_BM + 4 + MATMUL_LDB_S) * 4;
+/// A launch of at most this many 128×128 tiles (half an H200's SMs) takes
+/// the narrow tile: twice as many then still run at once.
+pub const MATMUL_NARROW_MAX_TILES: u32 = 66;
 /// Tile rows grouped together in the launch order (L2 reuse).
 pub const MATMUL_GROUP_M: u32 = 8;
 pub const MATMUL_MAX_GRID: u32 = i32::MAX as u32;
@@ -350,19 +362,32 @@ pub const fn tiles_of(m: u32, n: u32, bm: u32, bn: u32) -> u64 {
 }
 
 /// Chooses the tile height of a launch ([`MATMUL_WIDE_BM`] where it makes at
-/// least [`MATMUL_WIDE_MIN_TILES`] tiles, else [`MATMUL_BM`]), fills
+/// least [`MATMUL_WIDE_MIN_TILES`] tiles, [`MATMUL_NARROW_BM`] where
+/// [`MATMUL_BM`] would make at most [`MATMUL_NARROW_MAX_TILES`], else
+/// [`MATMUL_BM`]), fills
 /// `tiles_n` / `tile_start` for it and returns `(total_tiles, tile_rows)`
 /// (`tile_rows` is the kernel's 4th parameter; [`matmul_smem`] its shared
 /// memory), or `None` if the tiles do not fit `u32`.
 pub fn matmul_prepare(jobs: &mut [MatmulJob]) -> Option<(u32, u32)> {
     let wide: u64 = jobs.iter().map(|j| tiles_of(j.m, j.n, MATMUL_WIDE_BM, MATMUL_BN)).sum();
-    let rows = if wide >= MATMUL_WIDE_MIN_TILES as u64 { MATMUL_WIDE_BM } else { MATMUL_BM };
+    let square: u64 = jobs.iter().map(|j| tiles_of(j.m, j.n, MATMUL_BM, MATMUL_BN)).sum();
+    let rows = if wide >= MATMUL_WIDE_MIN_TILES as u64 {
+        MATMUL_WIDE_BM
+    } else if square <= MATMUL_NARROW_MAX_TILES as u64 {
+        MATMUL_NARROW_BM
+    } else {
+        MATMUL_BM
+    };
     Some((prepare_tiles(jobs, rows, MATMUL_BN)?, rows))
 }
 
 /// Dynamic shared memory of a `matmul_f32` launch of `tile_rows`-high tiles.
 pub const fn matmul_smem(tile_rows: u32) -> u32 {
-    if tile_rows == MATMUL_WIDE_BM { MATMUL_WIDE_SMEM_BYTES } else { MATMUL_SMEM_BYTES }
+    match tile_rows {
+        MATMUL_WIDE_BM => MATMUL_WIDE_SMEM_BYTES,
+        MATMUL_NARROW_BM => MATMUL_NARROW_SMEM_BYTES,
+        _ => MATMUL_SMEM_BYTES,
+    }
 }
 
 /// `matmul_prepare` for a kernel of `bm`×`bn` tiles: fills `tiles_n`
@@ -384,6 +409,7 @@ const _: () = assert!(core::mem::size_of::<ReduceJob>() == 40);
 const _: () = assert!(core::mem::size_of::<MatmulJob>() == 48);
 const _: () = assert!(MATMUL_SMEM_BYTES == 33_280);
 const _: () = assert!(MATMUL_WIDE_SMEM_BYTES == 24_832);
+const _: () = assert!(MATMUL_NARROW_SMEM_BYTES == 25_088);
 const _: () = assert!(REDUCE_LARGE_CHUNK % 4 == 0 && REDUCE_SMEM_BYTES >= 8 * REDUCE_WARPS);
 const _: () = assert!(SUM_CHUNK == REDUCE_LARGE_CHUNK && REDUCE_LARGE_CHUNK / REDUCE_THREADS as u64 <= SUM_SERIAL);
 const _: () = assert!(REDUCE_MEDIUM_MAX <= REDUCE_LARGE_CHUNK);

@@ -1,8 +1,9 @@
 //! `matmul_f32`: `C(m×n) = A(m×k) · B(k×n)`, row-major f32, batched (ABI:
-//! `abi.rs`, [`MatmulJob`]). Two tile shapes, chosen per launch by
+//! `abi.rs`, [`MatmulJob`]). Three tile shapes, chosen per launch by
 //! `abi::matmul_prepare` (the 4th parameter): 128×128×16 (256 threads each
-//! computing 8×8 outputs) and, for launches of at least
-//! MATMUL_WIDE_MIN_TILES such tiles, 256×128×8 (16×8 outputs per thread).
+//! computing 8×8 outputs); for launches of at least MATMUL_WIDE_MIN_TILES
+//! such tiles, 256×128×8 (16×8 outputs per thread); and for launches too
+//! small to give every SM a 128-row tile, 64×128×16 (4×8 per thread).
 //! Double-buffered shared memory (`abi::matmul_smem`), grouped tile order for
 //! L2 reuse. Assembled with `.minnctapersm 1` (tools/ptx-link): one block per
 //! SM, 239 registers, no spills (at 2 blocks per SM, capped at 128
@@ -61,6 +62,7 @@ unsafe fn load_b4(b: *const f32, k: u32, n: u32, gk: u32, gn: u32, vec: bool) ->
 ///
 /// `BM` = 256 (the wide tile): 16×8 outputs per thread, rows {ty*4..+4,
 /// 64+ty*4.., 128+.., 192+..}; the same code with 4 row groups instead of 2.
+/// `BM` = 64 (the narrow tile): one row group, 4×8 outputs per thread.
 #[inline(always)]
 unsafe fn matmul_impl<const BM: u32, const BK: u32>(jobs: *const MatmulJob, njobs: u32, total_tiles: u32) {
     let lda_s = BM + 4; // MATMUL_LDA_S for BM = 128
@@ -223,13 +225,13 @@ unsafe fn matmul_impl<const BM: u32, const BK: u32>(jobs: *const MatmulJob, njob
 }
 
 /// `tile_rows`: the height of the tiles `abi::matmul_prepare` chose and
-/// laid the table out for (MATMUL_BM or MATMUL_WIDE_BM); uniform over the
-/// launch, so the branch costs nothing.
+/// laid the table out for (MATMUL_NARROW_BM, MATMUL_BM or MATMUL_WIDE_BM);
+/// uniform over the launch, so the branch costs nothing.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn matmul_f32(jobs: *const MatmulJob, njobs: u32, total_tiles: u32, tile_rows: u32) {
-    if tile_rows == MATMUL_WIDE_BM {
-        matmul_impl::<MATMUL_WIDE_BM, MATMUL_WIDE_BK>(jobs, njobs, total_tiles)
-    } else {
-        matmul_impl::<MATMUL_BM, MATMUL_BK>(jobs, njobs, total_tiles)
+    match tile_rows {
+        MATMUL_WIDE_BM => matmul_impl::<MATMUL_WIDE_BM, MATMUL_WIDE_BK>(jobs, njobs, total_tiles),
+        MATMUL_NARROW_BM => matmul_impl::<MATMUL_NARROW_BM, MATMUL_BK>(jobs, njobs, total_tiles),
+        _ => matmul_impl::<MATMUL_BM, MATMUL_BK>(jobs, njobs, total_tiles),
     }
 }

@@ -307,8 +307,9 @@ mod tests {
 
     /// matmul_f32 launches take the wide tile (256 rows) where that makes
     /// at least MATMUL_WIDE_MIN_TILES tiles, counted over the whole launch,
-    /// and pass the height as the kernel's 4th parameter with its shared
-    /// memory.
+    /// the narrow one (64 rows) where 128-row tiles would be at most
+    /// MATMUL_NARROW_MAX_TILES, and pass the height as the kernel's 4th
+    /// parameter with its shared memory.
     #[test]
     fn matmul_launches_choose_their_tile_height_by_size() {
         use crate::descriptor::validate;
@@ -326,13 +327,18 @@ mod tests {
             let l = op(Kernel::Matmul).device_table(&jobs, &ptrs, &mut table).unwrap();
             (l.params[1], l.params[2], l.nparams, l.smem)
         };
-        // 1024^2: 32 wide tiles, too few: 64 square ones
-        assert_eq!(launch(&[[1024, 1024, 1024]]), (64, 128, 3, abi::MATMUL_SMEM_BYTES));
+        // 1024^2: 32 wide tiles, too few; 64 square ones would leave half
+        // the SMs idle: 128 narrow ones
+        assert_eq!(launch(&[[1024, 1024, 1024]]), (128, 64, 3, abi::MATMUL_NARROW_SMEM_BYTES));
+        // 1280^2: 50 wide tiles, 100 square ones
+        assert_eq!(launch(&[[1280, 1280, 64]]), (100, 128, 3, abi::MATMUL_SMEM_BYTES));
+        // 32^2: one tile of any height, the narrow one wastes least
+        assert_eq!(launch(&[[32, 32, 32]]), (1, 64, 3, abi::MATMUL_NARROW_SMEM_BYTES));
         // 2048^2: 128 wide tiles
         assert_eq!(launch(&[[2048, 2048, 2048]]), (128, 256, 3, abi::MATMUL_WIDE_SMEM_BYTES));
         // two 1024^2 jobs make 64 wide tiles together
         assert_eq!(launch(&[[1024, 1024, 8], [1024, 1024, 8]]), (64, 256, 3, abi::MATMUL_WIDE_SMEM_BYTES));
-        // 32 + 24 = 56 wide tiles: square ones
+        // 32 + 24 = 56 wide tiles, 64 + 48 = 112 square ones
         assert_eq!(launch(&[[1024, 1024, 8], [768, 1024, 8]]).1, 128);
     }
 
