@@ -127,3 +127,17 @@ def cupy_event_times(cp, fn, reps, warm):
         e.synchronize()
         ts.append(cp.cuda.get_elapsed_time(s, e) * 1e-3)
     return ts
+
+
+def interleaved_times(cp, fns, rounds, reps, before=None):
+    """{name: [seconds]} of `fns` ((name, fn) pairs) timed in `rounds`
+    rounds, each running every fn `reps` times (cupy_event_times, 2 warm
+    calls) in turn, so that drifts of the GPU's clock fall on all alike.
+    `before` (if any) is called ahead of each block (a synchronisation)."""
+    times = {n: [] for n, _ in fns}
+    for _ in range(rounds):
+        for name, f in fns:
+            if before:
+                before()
+            times[name] += cupy_event_times(cp, f, reps, 2)
+    return times

@@ -1,4 +1,6 @@
 """matmul_f32 builds against cuBLAS SGEMM (TF32 off), interleaved rounds.
+   (Calls 1-6 ran it with this timing loop written out; it is now
+   ptx_launch.interleaved_times, the same steps.)
    python3 mm_probe.py [--ncu] [--sizes 1024,4096] name=dir ...
    dir holds erlcuda_kernels_sm80.ptx and the abi.rs it was built with
    (tile height, k depth and stages follow that abi). Run from .gpu-bundle."""
@@ -34,6 +36,29 @@ def smem(abi, rows):
     return st * bk * (rows + 4 + abi["MATMUL_BN"]) * 4  # (stages: the cp.async builds)
 
 rounds = 1 if ncu else 5
+
+
+def report(s, times):
+    """One line per build: median time, TFLOP/s, and cuBLAS's median over it."""
+    base = statistics.median(times["cublas"])
+    for name, ts in times.items():
+        m = statistics.median(ts)
+        tflops = 2.0 * s ** 3 / m / 1e12
+        print(f"n{s} {name:14s} {m*1e3:8.3f} ms {tflops:6.2f} TFLOP/s  {base/m:.3f}x cublas  (min {min(ts)*1e3:.3f})",
+              flush=True)
+
+
+def check(label, f, out, ref, bound):
+    """Runs f once into the NaN-poisoned `out`; prints its largest error
+    relative to |A||B| against the f64 reference."""
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    f()
+    cp.cuda.Device().synchronize()
+    err = ((out - ref).abs() / bound.clamp_min(1e-30)).max().item()
+    print(f"{label}: max rel err {err:.2e} {'OK' if err < 1e-4 else 'WRONG'}", flush=True)
+
+
 for s in sizes:
     g = torch.Generator(device="cuda"); g.manual_seed(1234 + s)
     A = torch.randn(s, s, device="cuda", generator=g); B = torch.randn(s, s, device="cuda", generator=g)
@@ -54,19 +79,9 @@ for s in sizes:
         params = (dt, pl.u32(1), pl.u32(total), pl.u32(rows))
         fns.append((f"{name}/{rows}", (lambda k, total, params, sm: lambda: k((total,), (256,), params, shared_mem=sm))(k, total, params, sm)))
     for name, f in fns[1:]:
-        Ce.fill_(float("nan")); torch.cuda.synchronize(); f(); cp.cuda.Device().synchronize()
-        err = ((Ce - ref).abs() / bound.clamp_min(1e-30)).max().item()
-        print(f"n{s} {name}: max rel err {err:.2e} {'OK' if err < 1e-4 else 'WRONG'}", flush=True)
+        check(f"n{s} {name}", f, Ce, ref, bound)
     reps = 3 if ncu else (40 if s <= 1024 else (20 if s <= 2048 else (10 if s <= 4096 else 4)))
-    times = {n: [] for n, _ in fns}
-    for r in range(rounds):
-        for name, f in fns:
-            torch.cuda.synchronize()
-            times[name] += pl.cupy_event_times(cp, f, reps, 2)
-    fl = 2.0 * s ** 3
-    base = statistics.median(times["cublas"])
-    for name, _ in fns:
-        m = statistics.median(times[name])
-        print(f"n{s} {name:14s} {m*1e3:8.3f} ms {fl/m/1e12:6.2f} TFLOP/s  {base/m:.3f}x cublas  (min {min(times[name])*1e3:.3f})", flush=True)
+    times = pl.interleaved_times(cp, fns, rounds, reps, before=torch.cuda.synchronize)
+    report(s, times)
     del A, B, C, ref, bound, Ce
     torch.cuda.empty_cache()
