@@ -64,8 +64,8 @@ def read_abi(path=None):
 
 def matmul_smem(abi, rows=None):
     """Dynamic shared memory of a matmul_f32 launch of `rows`-high tiles
-    (abi::matmul_smem: two stages of A^T[BK][rows+4] and B[BK][BN] f32;
-    MATMUL_WIDE_BK for MATMUL_WIDE_BM rows, MATMUL_BK for the others)."""
+    (abi::matmul_tile_smem: two stages of A^T[BK][rows+4] and B[BK][BN]
+    f32; MATMUL_WIDE_BK for MATMUL_WIDE_BM rows, MATMUL_BK for the others)."""
     rows = rows or abi["MATMUL_BM"]
     bk = abi["MATMUL_WIDE_BK"] if rows == abi["MATMUL_WIDE_BM"] else abi["MATMUL_BK"]
     return 2 * bk * (rows + 4 + abi["MATMUL_BN"]) * 4
@@ -81,7 +81,7 @@ def matmul_rows(jobs, abi):
         return sum(cdiv(j[3], bm) * cdiv(j[4], abi["MATMUL_BN"]) for j in jobs)
     if tiles(abi["MATMUL_WIDE_BM"]) >= abi["MATMUL_WIDE_MIN_TILES"]:
         return abi["MATMUL_WIDE_BM"]
-    if "MATMUL_NARROW_BM" in abi and tiles(abi["MATMUL_BM"]) <= abi["MATMUL_NARROW_MAX_TILES"]:
+    if tiles(abi["MATMUL_BM"]) <= abi["MATMUL_NARROW_MAX_TILES"]:
         return abi["MATMUL_NARROW_BM"]
     return abi["MATMUL_BM"]
 

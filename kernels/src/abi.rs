@@ -308,16 +308,20 @@ pub const MATMUL_LDA_S: u32 = MATMUL_BM + 4;
 pub const MATMUL_LDB_S: u32 = MATMUL_BN;
 /// K depth of a tile.
 pub const MATMUL_BK: u32 = 16;
-/// Dynamic shared memory of `matmul_f32`: two stages of A^T[BK][BM+4] and
-/// B[BK][BN] f32 (33,280 bytes).
-pub const MATMUL_SMEM_BYTES: u32 = 2 * MATMUL_BK * (MATMUL_LDA_S + MATMUL_LDB_S) * 4;
+/// Dynamic shared memory of `matmul_f32` on `bm`-row tiles of depth `bk`:
+/// two stages of A^T[bk][bm+4] and B[bk][BN] f32.
+pub const fn matmul_tile_smem(bm: u32, bk: u32) -> u32 {
+    2 * bk * (bm + 4 + MATMUL_LDB_S) * 4
+}
+/// ... on 128-row tiles (33,280 bytes).
+pub const MATMUL_SMEM_BYTES: u32 = matmul_tile_smem(MATMUL_BM, MATMUL_BK);
 /// The wide tile: 256×128×8, 16×8 outputs per thread (two stages, 24,832
 /// bytes of shared memory). 0.949-0.960 × cuBLAS SGEMM at 2048-8192 on an
 /// H200 against 0.904-0.920 for 128×128×16, but 0.38 × at 1024, where its
 /// 32 tiles leave most SMs idle (bench/results/h200-2026-12-03-session6).
 pub const MATMUL_WIDE_BM: u32 = 256;
 pub const MATMUL_WIDE_BK: u32 = 8;
-pub const MATMUL_WIDE_SMEM_BYTES: u32 = 2 * MATMUL_WIDE_BK * (MATMUL_WIDE_BM + 4 + MATMUL_LDB_S) * 4;
+pub const MATMUL_WIDE_SMEM_BYTES: u32 = matmul_tile_smem(MATMUL_WIDE_BM, MATMUL_WIDE_BK);
 /// A launch takes the wide tile when it makes at least this many of them
 /// (half an H200's SMs: 2048^2 makes 128 and gains, 1024^2 32 and loses).
 pub const MATMUL_WIDE_MIN_TILES: u32 = 64;
@@ -326,7 +330,7 @@ pub const MATMUL_WIDE_MIN_TILES: u32 = 64;
 /// one block each on an H200's 132 SMs, half of them idle; 64-row tiles
 /// make 128.
 pub const MATMUL_NARROW_BM: u32 = 64;
-pub const MATMUL_NARROW_SMEM_BYTES: u32 = 2 * MATMUL_BK * (MATMUL_NARROW_BM + 4 + MATMUL_LDB_S) * 4;
+pub const MATMUL_NARROW_SMEM_BYTES: u32 = matmul_tile_smem(MATMUL_NARROW_BM, MATMUL_BK);
 /// A launch of at most this many 128×128 tiles (half an H200's SMs) takes
 /// the narrow tile: twice as many then still run at once.
 pub const MATMUL_NARROW_MAX_TILES: u32 = 66;
