@@ -180,7 +180,7 @@ cold_start(N) ->
                     {ok, 3.0} = erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{timeout, 60000}]),
                     (erlang:monotonic_time(microsecond) - T0) / 1000
             end,
-    Phases = [spawn_us, args_us, handshake_us, cuda_init_us, context_us, module_us, backend_us,
+    Phases = [spawn_us, args_us, handshake_us, driver_load_us, cuda_init_us, context_us, module_us, backend_us,
               segments_us, modules_us, total_us],
     io:format("gpud start, arena ~p MiB, backend ~p; ms; prefault = MiB of the arena the NIF "
               "had faulted in at ready / the ms it took; first = first small job after ready~n",

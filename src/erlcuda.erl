@@ -245,7 +245,7 @@ memory(N) ->
 %% `restarts', `ready_us' (start-to-ready of the last gpud start),
 %% `startup' (where that time went: a map of phase => microseconds,
 %% `spawn_us', then gpud's own `args_us', `handshake_us', `backend_us' (on
-%% CUDA split into `cuda_init_us', `context_us', `module_us' and the rest),
+%% CUDA split into `driver_load_us', `cuda_init_us', `context_us', `module_us' and the rest),
 %% `segments_us', `modules_us', with `total_us' their sum; `undefined'
 %% before the first ready; `segments_us' is the arena's registration with
 %% the GPU, which the NIF's pre-fault of the arena's pages shortens).

@@ -44,6 +44,10 @@ const QUIT_CHECK_EVERY: Duration = Duration::from_millis(10);
 
 /// How long the segment messages announced in the hello may take to come.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long gpud's start waits for the hello's segments before the driver
+/// starts (the VM sends them right behind the hello; any later is
+/// registered after the driver's start, only without populated page tables).
+const EARLY_SEGMENTS_WAIT: Duration = Duration::from_millis(20);
 
 /// Drains whose launches may be on the backend at once. Two keeps the GPU
 /// fed (the next batch is queued behind the running one) without splitting
@@ -89,6 +93,12 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     let ring = Ring::new(session.mapping, session.geometry, session.sq_efd, session.cq_efd);
     let (seg0, seg0_bytes) = ring.arena().segment(0).expect("segment 0");
     let populating = segment::populate_in_background(seg0, seg0_bytes);
+    // SAFETY: segment 0 lies in the ring's mapping, which the daemon owns
+    // and drops after `segments` (field order below).
+    let mut segments = unsafe { Segments::new(seg0, seg0_bytes) };
+    // The segments the hello announced come right behind it: mapped now,
+    // their page tables populated while the driver starts.
+    segments.map_queued(&session.sock, opts.device, session.hello.segments, EARLY_SEGMENTS_WAIT);
     let mut backend = match backend::open(opts.backend, opts.device) {
         Ok(b) => b,
         Err(e) => {
@@ -105,9 +115,6 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
         let _ = t.join();
     }
     backend.add_segment(0, seg0, seg0_bytes)?;
-    // SAFETY: segment 0 lies in the ring's mapping, which the daemon owns
-    // and drops after `segments` (field order below).
-    let segments = unsafe { Segments::new(seg0, seg0_bytes) };
     let name = backend.name().replace(['\n', '\r'], " ");
     let kind = backend.kind();
     let geo = ring.geometry().clone();
@@ -128,8 +135,8 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     }
     // Every segment is registered by now (CUDA: cuMemHostRegister; the VM
     // pre-faults the arena's pages meanwhile and gpud has populated its page
-    // tables for segment 0, so this is pinning resident pages, not faulting
-    // them in).
+    // tables for the segments the hello announced, so this is pinning
+    // resident pages, not faulting them in).
     phases.mark("segments");
     // The modules the VM had loaded (a restart brings them back before any
     // job queued for them is drained). One that fails is left out, said

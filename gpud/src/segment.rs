@@ -9,12 +9,24 @@
 //! backend (the CUDA backend registers it). A bad message is logged and
 //! dropped with its fds: descriptors naming that segment are then answered
 //! OUT_OF_BOUNDS, which is what the VM would see from any bad address.
+//!
+//! At gpud's start the VM sends every segment right after the hello, so they
+//! are queued before the driver starts: [`Segments::map_queued`] maps them
+//! then and populates their page tables on threads of their own, as for
+//! segment 0 ([`populate_in_background`]), and the first
+//! [`Segments::receive`] after the backend opened registers them. A restart
+//! after the arena grew (256 MiB + 256 + 512) registered segments 1 and 2 in
+//! 40-47 and 76-79 ms, faulting their pages in, against 8-15 ms for
+//! segment 0, populated meanwhile (`bench/results/h200-2026-12-04-session8`).
 
 use std::io::IoSliceMut;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
+use std::time::{Duration, Instant};
 
+use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use nix::sys::time::TimeSpec;
 
 use crate::backend::{Arena, Backend};
 use crate::descriptor::SegmentSizes;
@@ -29,22 +41,53 @@ use crate::layout::{SegmentMsg, EC_MAX_SEGMENTS, EC_SEGMENT_MAGIC};
 /// faulted every page of its mapping in itself: the `segments` phase took
 /// 21-38 ms for 256 MiB on the H200, against 9-14 ms for a mapping already
 /// populated (`bench/results/h200-2026-12-03-session6/call1/reg.txt`).
-/// Started before the driver's start (~210 ms), it is done by then. No byte
-/// of the range is read or written: a range unmapped meanwhile only makes
-/// madvise fail. None if no thread could be started.
+/// Started before the driver's start (~210 ms), it is done by then. The
+/// range goes in pieces of [`POPULATE_PIECE`] bytes, one madvise each: one
+/// madvise holds the process's mmap lock for its whole range, and the
+/// driver's start maps memory (it waits for that lock). No byte of the
+/// range is read or written: a range unmapped meanwhile only makes madvise
+/// fail. None if no thread could be started.
 pub fn populate_in_background(base: NonNull<u8>, bytes: u64) -> Option<std::thread::JoinHandle<()>> {
     let (addr, len) = (base.as_ptr() as usize, bytes as usize);
     std::thread::Builder::new()
         .name("populate".into())
         .spawn(move || {
-            // SAFETY: madvise touches page tables only, never the memory.
-            unsafe {
-                if libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) != 0 {
-                    libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_READ);
+            let mut advice = libc::MADV_POPULATE_WRITE;
+            for at in (0..len).step_by(POPULATE_PIECE) {
+                let piece = POPULATE_PIECE.min(len - at);
+                // SAFETY: madvise touches page tables only, never the memory.
+                unsafe {
+                    let p = (addr + at) as *mut libc::c_void;
+                    if libc::madvise(p, piece, advice) != 0 && advice == libc::MADV_POPULATE_WRITE {
+                        advice = libc::MADV_POPULATE_READ;
+                        libc::madvise(p, piece, advice);
+                    }
                 }
             }
         })
         .ok()
+}
+
+/// The piece of a range one madvise populates (a multiple of 2 MiB, so a
+/// huge page is never split between two calls).
+pub const POPULATE_PIECE: usize = 4 << 20;
+
+/// A segment mapped by [`Segments::map_queued`] and not yet registered,
+/// with the thread populating its page tables. Dropped unregistered (gpud's
+/// start failed), it waits for the thread before the mapping goes.
+struct Early {
+    seg: usize,
+    populating: Option<std::thread::JoinHandle<()>>,
+    /// Taken when the segment is registered.
+    map: Option<Mapping>,
+}
+
+impl Drop for Early {
+    fn drop(&mut self) {
+        if let Some(t) = self.populating.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// What reading the socket found.
@@ -63,6 +106,11 @@ pub struct Segments {
     seg0: (NonNull<u8>, u64),
     maps: Vec<Option<Mapping>>,
     sizes: SegmentSizes,
+    /// Mapped before the backend opened; registered by the next `receive`.
+    early: Vec<Early>,
+    /// The socket said EOF (or an empty message, which reads the same):
+    /// nothing after it is read, whichever call saw it.
+    closed: bool,
 }
 
 impl Segments {
@@ -74,6 +122,8 @@ impl Segments {
             seg0: (base, bytes),
             maps: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
             sizes: SegmentSizes::single(bytes),
+            early: Vec::new(),
+            closed: false,
         }
     }
 
@@ -106,9 +156,67 @@ impl Segments {
     }
 
     /// Reads every segment message queued on `sock` (never blocks), maps
-    /// and registers the good ones. `Err` only when the backend fails.
+    /// and registers the good ones, after those [`map_queued`] mapped. `Err`
+    /// only when the backend fails.
+    ///
+    /// [`map_queued`]: Segments::map_queued
     pub fn receive(&mut self, sock: &OwnedFd, backend: &mut dyn Backend, device: u32) -> Result<SockState> {
+        // Only CUDA pins the pages (cuMemHostRegister) and so waits for the
+        // page tables; the cpu backend leaves the threads running.
+        let wait = backend.kind() == "cuda";
+        for mut e in std::mem::take(&mut self.early) {
+            if let Some(t) = e.populating.take() {
+                if wait {
+                    let _ = t.join();
+                }
+            }
+            if let Some(map) = e.map.take() {
+                self.install(e.seg, map, backend, device)?;
+            }
+        }
+        self.read_queued(sock, device, |me, seg, m| me.install(seg, m, backend, device))
+    }
+
+    /// At gpud's start, before the backend opens: maps the segment messages
+    /// on `sock`, waiting up to `wait` for `want` of them (the hello's
+    /// count), and starts populating each one's page tables; the next
+    /// [`receive`](Segments::receive) registers them, and reads any that
+    /// came later.
+    pub fn map_queued(&mut self, sock: &OwnedFd, device: u32, want: u32, wait: Duration) {
+        let deadline = Instant::now() + wait;
         loop {
+            let r = self.read_queued(sock, device, |me, seg, map| {
+                let populating = populate_in_background(map.base(), map.len() as u64);
+                me.early.push(Early { seg, populating, map: Some(map) });
+                Ok(())
+            });
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !matches!(r, Ok(SockState::Open)) || self.early.len() >= want as usize || left.is_zero() {
+                return;
+            }
+            let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+            let _ = ppoll(&mut fds, Some(TimeSpec::from_duration(left)), None);
+        }
+    }
+
+    /// Hands a mapped segment to the backend; then descriptors may name it.
+    fn install(&mut self, seg: usize, m: Mapping, backend: &mut dyn Backend, device: u32) -> Result<()> {
+        let (base, len) = (m.base(), m.len() as u64);
+        backend.add_segment(seg, base, len)?;
+        self.maps[seg] = Some(m);
+        self.sizes.set(seg, len);
+        log!(Info, "gpud[{device}]: arena segment {seg}: {len} bytes");
+        Ok(())
+    }
+
+    /// Reads the queued messages; `take` gets each good one, mapped.
+    fn read_queued(
+        &mut self,
+        sock: &OwnedFd,
+        device: u32,
+        mut take: impl FnMut(&mut Self, usize, Mapping) -> Result<()>,
+    ) -> Result<SockState> {
+        while !self.closed {
             let mut buf = [0u8; 64];
             let mut cmsg = nix::cmsg_space!([RawFd; 8]);
             let mut iov = [IoSliceMut::new(&mut buf)];
@@ -121,7 +229,10 @@ impl Segments {
                 Ok(m) => m,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(nix::errno::Errno::EAGAIN) => return Ok(SockState::Open),
-                Err(_) => return Ok(SockState::Closed),
+                Err(_) => {
+                    self.closed = true;
+                    break;
+                }
             };
             let mut fds = Vec::new();
             if let Ok(cmsgs) = msg.cmsgs() {
@@ -137,20 +248,16 @@ impl Segments {
             let fds: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
             let (bytes, flags) = (msg.bytes, msg.flags);
             if bytes == 0 && fds.is_empty() {
-                return Ok(SockState::Closed);
+                self.closed = true;
+                break;
             }
             let truncated = flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
             match self.accept(&buf[..bytes], truncated, fds) {
-                Ok((seg, m)) => {
-                    let (base, len) = (m.base(), m.len() as u64);
-                    backend.add_segment(seg, base, len)?;
-                    self.maps[seg] = Some(m);
-                    self.sizes.set(seg, len);
-                    log!(Info, "gpud[{device}]: arena segment {seg}: {len} bytes");
-                }
+                Ok((seg, m)) => take(self, seg, m)?,
                 Err(e) => log!(Error, "gpud[{device}]: refused a segment message: {e}"),
             }
         }
+        Ok(SockState::Closed)
     }
 
     /// Validates one message and maps its memfd.
@@ -176,7 +283,7 @@ impl Segments {
         if !(1..EC_MAX_SEGMENTS as usize).contains(&seg) {
             return Err(bad(format!("segment index {seg} outside 1..{EC_MAX_SEGMENTS}")));
         }
-        if self.sizes.is_known(seg) {
+        if self.sizes.is_known(seg) || self.early.iter().any(|e| e.seg == seg) {
             return Err(bad(format!("segment {seg} is already mapped")));
         }
         if msg.bytes == 0 || !msg.bytes.is_multiple_of(4) {

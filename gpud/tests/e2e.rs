@@ -1041,6 +1041,22 @@ fn ready_waits_for_the_segments_the_hello_announces() {
     assert_eq!((c[0].user_data, c[0].status), (1, 0));
     assert_eq!(vm.read(po, 1000), want);
 
+    // Announced and sent right behind the hello, as the VM does: mapped
+    // (and populated) before the backend opens, registered by the first
+    // receive after it; a job in either segment runs.
+    let mut vm = Vm::new(64, 1 << 16);
+    let gpud = vm.spawn(0, &[]);
+    vm.accept_and_hello(0, Some(announce(2)));
+    vm.send_segment(1, 1 << 20, seals, None, 1, true);
+    vm.send_segment(2, 3 << 20, seals, None, 1, true);
+    gpud.expect_ready();
+    let (pa, pb) = (vm.write_in(2, &a), vm.write_in(1, &b));
+    let po = vm.alloc_in(2, 1000);
+    vm.submit(&[vadd_sqe(2, pa, pb, po, 1000)]);
+    let c = vm.wait_cqes(1, Duration::from_secs(10));
+    assert_eq!((c[0].user_data, c[0].status), (2, 0));
+    assert_eq!(vm.read(po, 1000), want);
+
     // Announced and never sent: a broken handshake, gpud exits 1.
     let mut vm = Vm::new(64, 1 << 16);
     let mut gpud = vm.spawn(0, &[]);

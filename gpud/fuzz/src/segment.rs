@@ -1,7 +1,8 @@
 //! Target `segment`: up to four messages on the handshake socket, each
 //! with arbitrary bytes (or a nearly right `ec_segment`) and 0..2 fds of
 //! several kinds (sealed memfd, unsealed memfd, pipe), optionally followed
-//! by the VM hanging up; then `Segments::receive`.
+//! by the VM hanging up; then `Segments::receive`, or (as at gpud's start)
+//! `Segments::map_queued` first and `receive` after it.
 //!
 //! Checks: it returns (never blocks, never errors on the CPU backend); it
 //! maps exactly the segments a model of the contract accepts, with their
@@ -99,7 +100,9 @@ pub fn run(data: &[u8]) {
             want[seg] = Some(m.bytes);
         }
     }
-    if c.u8() & 1 != 0 {
+    let mode = c.u8();
+    let early = mode & 2 != 0;
+    if mode & 1 != 0 {
         drop(vm);
         want_closed = true;
     } else {
@@ -113,6 +116,10 @@ pub fn run(data: &[u8]) {
     // after it) and is not touched meanwhile.
     let mut segs = unsafe { Segments::new(base0, bytes0) };
     let mut backend = CpuBackend::new(0);
+    if early {
+        // No wait: the messages are all queued already.
+        segs.map_queued(&sock, 0, u32::from(nmsgs), std::time::Duration::ZERO);
+    }
     let state = segs.receive(&sock, &mut backend, 0).expect("receive failed on the CPU backend");
     assert_eq!(state == SockState::Closed, want_closed, "socket state");
     // A second look finds nothing new (and must not block).

@@ -163,19 +163,47 @@ fn ck(r: CUresult, what: &'static str) -> Result<()> {
     r.result().map_err(|err| Error::Driver { what, err })
 }
 
-/// Loads the driver and counts devices. The reasons are the `error <reason>`
-/// tokens of `--probe --backend cuda`.
-fn driver_devices() -> Result<u32> {
+/// Opens libcuda once for the life of the process. True when it loaded.
+///
+/// cudarc's `is_culib_present` opens the library and closes it again, and
+/// its loader (`culib`, on the first driver call) then opens it anew. Here
+/// the first handle is kept, so cudarc's open finds the library loaded (the
+/// same candidate names, in cudarc's order), and gpud's start times the
+/// load on its own (`driver_load`). Each open measured 1.3-2 ms on the
+/// H200 (`bench/results/h200-2026-12-04-session8/call2/driver.log`): the
+/// start's cost is cuInit and the context, not the library.
+fn load_driver() -> bool {
+    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| {
+        for name in ["cuda", "nvcuda"].into_iter().flat_map(cudarc::get_lib_name_candidates) {
+            let Ok(c) = CString::new(name) else { continue };
+            // SAFETY: dlopen of a NUL-terminated name, the flags libloading
+            // uses; the handle is never closed.
+            if !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) }.is_null() {
+                // SAFETY: cudarc's loader, which now finds the library open.
+                let _ = unsafe { sys::culib() };
+                return true;
+            }
+        }
+        false
+    })
+}
+
+/// Loads the driver and counts devices: the time loading libcuda took, and
+/// the count. The reasons are the `error <reason>` tokens of `--probe
+/// --backend cuda`.
+fn driver_devices() -> Result<(Duration, u32)> {
     if PTX.is_none() {
         return Err(no_cuda(
             "no_cuda_backend",
             "gpud was built with ERLCUDA_NO_PTX=1 (no GPU kernels)",
         ));
     }
-    // SAFETY: only tries to dlopen libcuda.
-    if !unsafe { sys::is_culib_present() } {
+    let t = Instant::now();
+    if !load_driver() {
         return Err(no_cuda("no_cuda_driver", "libcuda.so could not be loaded"));
     }
+    let t_load = t.elapsed();
     // SAFETY: plain driver calls with valid out-pointers.
     unsafe {
         let r = sys::cuInit(0);
@@ -193,13 +221,13 @@ fn driver_devices() -> Result<u32> {
         if n <= 0 {
             return Err(no_cuda("no_cuda_device", "the driver sees no device"));
         }
-        Ok(n as u32)
+        Ok((t_load, n as u32))
     }
 }
 
 /// `--probe`: the number of CUDA devices, or why there is no CUDA backend.
 pub fn probe() -> Result<u32> {
-    driver_devices()
+    driver_devices().map(|(_, n)| n)
 }
 
 /// Input placement per kernel, size and batch: each kernel's
@@ -520,8 +548,8 @@ fn kidx(k: Kernel) -> usize {
 impl CudaBackend {
     pub fn open(device: u32) -> Result<CudaBackend> {
         let t_open = Instant::now();
-        let n = driver_devices()?;
-        let t_init = t_open.elapsed();
+        let (t_load, n) = driver_devices()?;
+        let t_init = t_open.elapsed().saturating_sub(t_load);
         if device >= n {
             return Err(no_cuda(
                 "no_cuda_device",
@@ -622,12 +650,17 @@ impl CudaBackend {
                 user_mods: HashMap::new(),
                 user_smem_max: HashMap::new(),
                 segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
-                // cuda_init: loading libcuda and cuInit; context: retaining
+                // driver_load: opening libcuda; cuda_init: cuInit; context: retaining
                 // (creating, in a fresh process) the primary context; module:
                 // loading the cubin, or the PTX (JIT, or the driver's cache),
                 // and looking up the entries. The rest of open (device queries, streams) is
                 // the daemon's "backend" remainder.
-                open_phases: vec![("cuda_init", t_init), ("context", t_ctx), ("module", t_module)],
+                open_phases: vec![
+                    ("driver_load", t_load),
+                    ("cuda_init", t_init),
+                    ("context", t_ctx),
+                    ("module", t_module),
+                ],
                 slots: Vec::new(),
                 next_ticket: 1,
                 busy: 0,
