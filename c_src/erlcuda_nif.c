@@ -275,8 +275,9 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     err = start_completion_thread(d);
     if (err != 0)
         return make_errno(env, -err);
-    /* The arena's pages, faulted in while gpud starts (prefault.h). Only an
-     * optimization: a thread that cannot start changes nothing else. */
+    /* The arena's pages, faulted in while gpud starts, when asked
+     * (prefault.h). Only an optimization: a thread that cannot start
+     * changes nothing else. */
     if (enif_is_identical(prefault, ATOM_true) && prefault_start(&d->prefault) == 0)
         prefault_add(&d->prefault, d->shm.seg[0].base, d->shm.seg[0].bytes);
     return enif_make_tuple2(env, ATOM_ok, handle);

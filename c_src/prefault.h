@@ -11,6 +11,12 @@
  * registers: this thread faults the pages in meanwhile, through the VM's
  * own mapping of the same memfd, so that gpud only pins resident pages.
  *
+ * Only with the app env prefault_arena (off by default): gpud now populates
+ * the pages itself while the driver starts, and the two at once slowed
+ * gpud's cuInit on the H200 (116-126 ms against 93-97; the start to ready
+ * 229-250 ms against 206-208 without this thread). It remains for kernels
+ * before 5.14, where gpud's madvise fails.
+ *
  * madvise(MADV_POPULATE_WRITE) (Linux 5.14) where the kernel has it, else a
  * read of one byte per page (a read fault on a shared memfd mapping
  * allocates the page too). Neither changes a byte, so it runs while the NIF

@@ -49,8 +49,10 @@ int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r)
         return -1; /* the segment stays, unused: never corrupt */
     d->arena_total += d->shm.seg[seg].bytes;
     /* gpud registers it as soon as it reads the segment message (a
-     * connected gpud has it already): faulting its pages in here as well
-     * shares that work with the registration (prefault.h). */
+     * connected gpud has it already): with prefault_arena, faulting its
+     * pages in here as well shares that work with the registration
+     * (prefault.h); without, the prefault thread was never started and
+     * this does nothing. */
     prefault_add(&d->prefault, d->shm.seg[seg].base, d->shm.seg[seg].bytes);
     r->seg = (uint32_t)seg;
     return arena_alloc(&d->alloc[seg], bytes, &r->off);

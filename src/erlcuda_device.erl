@@ -127,10 +127,10 @@ init({Id, Backend, Probe}) ->
              sync_spin_us => sync_spin_us(Env(sync_spin_us)),
              pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
              poison_outputs => Env(poison_outputs),
-             %% CUDA registers (pins) the whole arena: its pages are faulted
-             %% in while gpud starts, off the path to ready. The CPU backend
-             %% touches only what jobs use, so it leaves them to come lazily.
-             prefault_arena => Backend =/= cpu},
+             %% Off unless asked: gpud populates the arena's pages itself
+             %% while the driver starts, and the two together slowed cuInit
+             %% (erlcuda.app.src).
+             prefault_arena => Env(prefault_arena) =:= true},
     case erlcuda_nif:open(Id, Opts) of
         {ok, H} ->
             persistent_term:put({?MODULE, Id}, H),

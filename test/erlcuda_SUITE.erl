@@ -899,16 +899,23 @@ arena_growth(_) ->
         erlcuda_ref:stop_app()
     end.
 
-%% The NIF's pre-fault of the arena (c_src/prefault.h), on handles of its
+%% The NIF's pre-fault of the arena (c_src/prefault.h): the app env
+%% prefault_arena reaches it (off by default); then on handles of its
 %% own: every byte of segment 0 when asked and none when not; closed in the
 %% middle of a large arena, again and again, and a handle dropped without
 %% close (its destructor, on a normal scheduler), the thread stops before
 %% the unmap (a touch after it would crash the VM, or ASan would say).
 arena_prefault(_) ->
+    Mi = 1 bsl 20,
+    ok = erlcuda_ref:start_app([{backend, cpu}, {arena_bytes, 8 * Mi}]),
+    {ok, 2.0} = erlcuda:launch_sync(reduce, [[1.0, 1.0]]),
+    timer:sleep(100),
+    ?assertMatch(#{arena_prefaulted_bytes := 0}, erlcuda:stats(0)),
+    ok = erlcuda_ref:start_app([{backend, cpu}, {arena_bytes, 8 * Mi}, {prefault_arena, true}]),
+    ok = wait_app_prefaulted(8 * Mi, 30000),
     erlcuda_ref:stop_app(),
     _ = application:load(erlcuda),
     {module, _} = code:ensure_loaded(erlcuda_nif),
-    Mi = 1 bsl 20,
     {ok, H} = erlcuda_nif:open(7, nif_opts(64 * Mi, true)),
     ok = wait_prefaulted(H, 64 * Mi, 30000),
     #{arena_prefault_us := Us} = erlcuda_nif:stats(H),
@@ -938,6 +945,13 @@ nif_opts(Arena, Prefault) ->
     #{ring_entries => 16, arena_bytes => Arena, arena_max_bytes => Arena, spin_us => 0,
       busy_spin_us => 0, pipeline_bytes => 1 bsl 40, zero_copy_bytes => 4096,
       poison_outputs => false, prefault_arena => Prefault}.
+
+wait_app_prefaulted(Bytes, Ms) ->
+    case erlcuda:stats(0) of
+        #{arena_prefaulted_bytes := B} when B >= Bytes -> ok;
+        _ when Ms =< 0 -> {error, not_prefaulted};
+        _ -> timer:sleep(10), wait_app_prefaulted(Bytes, Ms - 10)
+    end.
 
 wait_prefaulted(H, Bytes, Ms) ->
     case erlcuda_nif:stats(H) of
