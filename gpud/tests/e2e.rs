@@ -1034,12 +1034,16 @@ fn ready_waits_for_the_segments_the_hello_announces() {
     let mut rng = Rng(12);
     let (a, b) = (rng.vec(1000), rng.vec(1000));
     let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-    let (pa, pb) = (vm.write_in(1, &a), vm.write_in(1, &b));
-    let po = vm.alloc_in(1, 1000);
-    vm.submit(&[vadd_sqe(1, pa, pb, po, 1000)]);
-    let c = vm.wait_cqes(1, Duration::from_secs(10));
-    assert_eq!((c[0].user_data, c[0].status), (1, 0));
-    assert_eq!(vm.read(po, 1000), want);
+    // A vector_add with its inputs and output in the segments named.
+    let vadd_in = |vm: &mut Vm, [sa, sb, so]: [u32; 3], ud: u64| {
+        let (pa, pb) = (vm.write_in(sa, &a), vm.write_in(sb, &b));
+        let po = vm.alloc_in(so, 1000);
+        vm.submit(&[vadd_sqe(ud, pa, pb, po, 1000)]);
+        let c = vm.wait_cqes(1, Duration::from_secs(10));
+        assert_eq!((c[0].user_data, c[0].status), (ud, 0));
+        assert_eq!(vm.read(po, 1000), want);
+    };
+    vadd_in(&mut vm, [1, 1, 1], 1);
 
     // Announced and sent right behind the hello, as the VM does: mapped
     // (and populated) before the backend opens, registered by the first
@@ -1050,12 +1054,7 @@ fn ready_waits_for_the_segments_the_hello_announces() {
     vm.send_segment(1, 1 << 20, seals, None, 1, true);
     vm.send_segment(2, 3 << 20, seals, None, 1, true);
     gpud.expect_ready();
-    let (pa, pb) = (vm.write_in(2, &a), vm.write_in(1, &b));
-    let po = vm.alloc_in(2, 1000);
-    vm.submit(&[vadd_sqe(2, pa, pb, po, 1000)]);
-    let c = vm.wait_cqes(1, Duration::from_secs(10));
-    assert_eq!((c[0].user_data, c[0].status), (2, 0));
-    assert_eq!(vm.read(po, 1000), want);
+    vadd_in(&mut vm, [2, 1, 2], 2);
 
     // Announced and never sent: a broken handshake, gpud exits 1.
     let mut vm = Vm::new(64, 1 << 16);
