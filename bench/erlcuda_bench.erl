@@ -303,7 +303,8 @@ latency(Backend) ->
 %% again by gpud's own launch timings (erlcuda_ring.h, ec_stats): its
 %% drain up to the launch, the launch until gpud saw it done, and the CQE;
 %% the rest of it is the hand-offs (the descriptor to gpud, the CQE to the
-%% NIF). Means, in us.
+%% NIF). Means, in us; and the percentiles of each job's launch and wait
+%% (where a slow job's time went: its submit, or everything after it).
 latency_split(BA, BB) ->
     Jobs = 12800,
     One = fun() ->
@@ -325,19 +326,28 @@ latency_split(BA, BB) ->
     Answer = Per(prof_trip_answer_ns, prof_trip_samples),
     [Drain, Run, Cqe] = [Per(K, gpud_launches_timed)
                          || K <- [gpud_launch_drain_ns, gpud_launch_run_ns, gpud_launch_answer_ns]],
-    M = #{launch_us => Launch, submit_nif_us => Per(prof_submit_ns, prof_submit_samples),
+    M0 = #{launch_us => Launch, submit_nif_us => Per(prof_submit_ns, prof_submit_samples),
           gpud_us => Gpud, answer_us => Answer, wake_receive_us => Wait - Gpud - Answer,
           gpud_drain_us => Drain, gpud_run_us => Run, gpud_cqe_us => Cqe,
           gpud_handoffs_us => Gpud - Drain - Run - Cqe,
           reaped_pct => 100 * D(reaped) / max(1, D(completed)),
           samples => D(prof_trip_samples)},
+    Ls = lists:sort([L / 1000 || {L, _} <- Ts]),
+    Ws = lists:sort([W / 1000 || {_, W} <- Ts]),
+    Tails = maps:from_list([{list_to_atom(lists:concat([Part, "_p", Tag, "_us"])), pct(S, P)}
+                            || {Part, S} <- [{launch, Ls}, {wait, Ws}],
+                               {Tag, P} <- [{"50", 0.5}, {"99", 0.99}, {"99_9", 0.999}]]),
+    M = maps:merge(M0, Tails),
     record("latency.vector_add_1000.split", erlcuda, Launch + Wait, us, null, Jobs, M),
     io:format("one-in-flight round trip, mean ~.1f us: launch ~.1f (NIF submit ~.1f), gpud ~.1f "
               "(drain ~.1f, launch to seen done ~.1f, CQE ~.1f, hand-offs ~.1f), "
-              "answer ~.1f, wake-up and receive ~.1f (~p sampled jobs, ~.1f% answered by a scheduler)~n~n",
+              "answer ~.1f, wake-up and receive ~.1f (~p sampled jobs, ~.1f% answered by a scheduler)~n",
               [Launch + Wait, Launch, maps:get(submit_nif_us, M), Gpud, Drain, Run, Cqe,
                Gpud - Drain - Run - Cqe, Answer, Wait - Gpud - Answer,
-               D(prof_trip_samples), maps:get(reaped_pct, M)]).
+               D(prof_trip_samples), maps:get(reaped_pct, M)]),
+    io:format("per job, p50 / p99 / p99.9 us: launch ~.1f / ~.1f / ~.1f, wait ~.1f / ~.1f / ~.1f~n~n",
+              [maps:get(K, M) || K <- [launch_p50_us, launch_p99_us, launch_p99_9_us,
+                                       wait_p50_us, wait_p99_us, wait_p99_9_us]]).
 
 block(Launch) -> lists:sort([one(Launch) || _ <- lists:seq(1, ?BLOCK)]).
 
