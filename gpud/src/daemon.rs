@@ -35,7 +35,7 @@ use crate::layout::{
 use crate::modules::Registry;
 use crate::ops::user::UserOp;
 use crate::ring::Ring;
-use crate::segment::{self, Segments, SockState};
+use crate::segment::{Segments, SockState};
 use crate::startup::Phases;
 
 /// How often a busy daemon (one that never sleeps) still looks at stdin and
@@ -92,29 +92,17 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     phases.mark("handshake");
     let ring = Ring::new(session.mapping, session.geometry, session.sq_efd, session.cq_efd);
     let (seg0, seg0_bytes) = ring.arena().segment(0).expect("segment 0");
-    let populating = segment::populate_in_background(seg0, seg0_bytes);
     // SAFETY: segment 0 lies in the ring's mapping, which the daemon owns
-    // and drops after `segments` (field order below).
+    // and drops after `segments` (field order below; a start that fails
+    // drops `segments` first, the local declared later).
     let mut segments = unsafe { Segments::new(seg0, seg0_bytes) };
     // The segments the hello announced come right behind it: mapped now,
-    // their page tables populated while the driver starts.
+    // and every segment's page tables populated while the driver starts.
     segments.map_queued(&session.sock, opts.device, session.hello.segments, EARLY_SEGMENTS_WAIT);
-    let mut backend = match backend::open(opts.backend, opts.device) {
-        Ok(b) => b,
-        Err(e) => {
-            if let Some(t) = populating {
-                let _ = t.join();
-            }
-            return Err(e);
-        }
-    };
+    let mut backend = backend::open(opts.backend, opts.device)?;
     phases.mark_split("backend", &backend.startup_phases());
-    // A backend that registers the arena (cuda) waits for the page tables
-    // (counted in `segments`); the cpu backend lets the thread run on.
-    if let Some(t) = populating.filter(|_| backend.kind() == "cuda") {
-        let _ = t.join();
-    }
-    backend.add_segment(0, seg0, seg0_bytes)?;
+    // Waiting for the page tables counts in `segments`.
+    segments.register_start(&mut *backend, opts.device)?;
     let name = backend.name().replace(['\n', '\r'], " ");
     let kind = backend.kind();
     let geo = ring.geometry().clone();
@@ -133,10 +121,9 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     if d.await_segments(session.hello.segments)? == Wake::Quit {
         return Ok(());
     }
-    // Every segment is registered by now (CUDA: cuMemHostRegister; the VM
-    // pre-faults the arena's pages meanwhile and gpud has populated its page
-    // tables for the segments the hello announced, so this is pinning
-    // resident pages, not faulting them in).
+    // Every segment is registered by now (CUDA: cuMemHostRegister of pages
+    // gpud populated while the driver started, so this is pinning resident
+    // pages, not faulting them in).
     phases.mark("segments");
     // The modules the VM had loaded (a restart brings them back before any
     // job queued for them is drained). One that fails is left out, said

@@ -12,12 +12,13 @@
 //!
 //! At gpud's start the VM sends every segment right after the hello, so they
 //! are queued before the driver starts: [`Segments::map_queued`] maps them
-//! then and populates their page tables on threads of their own, as for
-//! segment 0 ([`populate_in_background`]), and the first
-//! [`Segments::receive`] after the backend opened registers them. A restart
-//! after the arena grew (256 MiB + 256 + 512) registered segments 1 and 2 in
-//! 40-47 and 76-79 ms, faulting their pages in, against 8-15 ms for
-//! segment 0, populated meanwhile (`bench/results/h200-2026-12-04-session8`).
+//! then, and populates their page tables (and segment 0's) on threads of
+//! their own ([`populate_in_background`]); [`Segments::register_start`]
+//! registers them all once the backend is open. A restart after the arena
+//! grew to 1 GiB took 76-142 ms registering when segments 1 and 2 were
+//! mapped only after the driver's start (the registration faulted their
+//! pages in), 48-55 ms this way (`bench/results/h200-2026-12-04-session8`,
+//! call 3).
 
 use std::io::IoSliceMut;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -41,53 +42,23 @@ use crate::layout::{SegmentMsg, EC_MAX_SEGMENTS, EC_SEGMENT_MAGIC};
 /// faulted every page of its mapping in itself: the `segments` phase took
 /// 21-38 ms for 256 MiB on the H200, against 9-14 ms for a mapping already
 /// populated (`bench/results/h200-2026-12-03-session6/call1/reg.txt`).
-/// Started before the driver's start (~210 ms), it is done by then. The
-/// range goes in pieces of [`POPULATE_PIECE`] bytes, one madvise each: one
-/// madvise holds the process's mmap lock for its whole range, and the
-/// driver's start maps memory (it waits for that lock). No byte of the
-/// range is read or written: a range unmapped meanwhile only makes madvise
-/// fail. None if no thread could be started.
-pub fn populate_in_background(base: NonNull<u8>, bytes: u64) -> Option<std::thread::JoinHandle<()>> {
+/// Started before the driver's start (~200 ms), it is done by then (one
+/// madvise in 4 MiB pieces measured the same: call 3 of session 8). No byte
+/// of the range is read or written: a range unmapped meanwhile only makes
+/// madvise fail. None if no thread could be started.
+fn populate_in_background(base: NonNull<u8>, bytes: u64) -> Option<std::thread::JoinHandle<()>> {
     let (addr, len) = (base.as_ptr() as usize, bytes as usize);
     std::thread::Builder::new()
         .name("populate".into())
         .spawn(move || {
-            let mut advice = libc::MADV_POPULATE_WRITE;
-            for at in (0..len).step_by(POPULATE_PIECE) {
-                let piece = POPULATE_PIECE.min(len - at);
-                // SAFETY: madvise touches page tables only, never the memory.
-                unsafe {
-                    let p = (addr + at) as *mut libc::c_void;
-                    if libc::madvise(p, piece, advice) != 0 && advice == libc::MADV_POPULATE_WRITE {
-                        advice = libc::MADV_POPULATE_READ;
-                        libc::madvise(p, piece, advice);
-                    }
+            // SAFETY: madvise touches page tables only, never the memory.
+            unsafe {
+                if libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) != 0 {
+                    libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_READ);
                 }
             }
         })
         .ok()
-}
-
-/// The piece of a range one madvise populates (a multiple of 2 MiB, so a
-/// huge page is never split between two calls).
-pub const POPULATE_PIECE: usize = 4 << 20;
-
-/// A segment mapped by [`Segments::map_queued`] and not yet registered,
-/// with the thread populating its page tables. Dropped unregistered (gpud's
-/// start failed), it waits for the thread before the mapping goes.
-struct Early {
-    seg: usize,
-    populating: Option<std::thread::JoinHandle<()>>,
-    /// Taken when the segment is registered.
-    map: Option<Mapping>,
-}
-
-impl Drop for Early {
-    fn drop(&mut self) {
-        if let Some(t) = self.populating.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// What reading the socket found.
@@ -106,8 +77,11 @@ pub struct Segments {
     seg0: (NonNull<u8>, u64),
     maps: Vec<Option<Mapping>>,
     sizes: SegmentSizes,
-    /// Mapped before the backend opened; registered by the next `receive`.
-    early: Vec<Early>,
+    /// Mapped by `map_queued` before the backend opened, not registered yet.
+    early: Vec<(usize, Mapping)>,
+    /// The threads populating page tables (`map_queued`); joined before any
+    /// mapping goes (`Drop`).
+    populating: Vec<std::thread::JoinHandle<()>>,
     /// The socket said EOF (or an empty message, which reads the same):
     /// nothing after it is read, whichever call saw it.
     closed: bool,
@@ -123,6 +97,7 @@ impl Segments {
             maps: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
             sizes: SegmentSizes::single(bytes),
             early: Vec::new(),
+            populating: Vec::new(),
             closed: false,
         }
     }
@@ -156,38 +131,23 @@ impl Segments {
     }
 
     /// Reads every segment message queued on `sock` (never blocks), maps
-    /// and registers the good ones, after those [`map_queued`] mapped. `Err`
-    /// only when the backend fails.
-    ///
-    /// [`map_queued`]: Segments::map_queued
+    /// and registers the good ones. `Err` only when the backend fails.
     pub fn receive(&mut self, sock: &OwnedFd, backend: &mut dyn Backend, device: u32) -> Result<SockState> {
-        // Only CUDA pins the pages (cuMemHostRegister) and so waits for the
-        // page tables; the cpu backend leaves the threads running.
-        let wait = backend.kind() == "cuda";
-        for mut e in std::mem::take(&mut self.early) {
-            if let Some(t) = e.populating.take() {
-                if wait {
-                    let _ = t.join();
-                }
-            }
-            if let Some(map) = e.map.take() {
-                self.install(e.seg, map, backend, device)?;
-            }
-        }
         self.read_queued(sock, device, |me, seg, m| me.install(seg, m, backend, device))
     }
 
-    /// At gpud's start, before the backend opens: maps the segment messages
-    /// on `sock`, waiting up to `wait` for `want` of them (the hello's
-    /// count), and starts populating each one's page tables; the next
-    /// [`receive`](Segments::receive) registers them, and reads any that
-    /// came later.
+    /// At gpud's start, before the backend opens: starts populating segment
+    /// 0's page tables, maps the segment messages on `sock`, waiting up to
+    /// `wait` for `want` of them (the hello's count), and starts populating
+    /// each one's; [`register_start`](Segments::register_start) registers
+    /// them, and [`receive`](Segments::receive) reads any that come later.
     pub fn map_queued(&mut self, sock: &OwnedFd, device: u32, want: u32, wait: Duration) {
+        self.populating.extend(populate_in_background(self.seg0.0, self.seg0.1));
         let deadline = Instant::now() + wait;
         loop {
             let r = self.read_queued(sock, device, |me, seg, map| {
-                let populating = populate_in_background(map.base(), map.len() as u64);
-                me.early.push(Early { seg, populating, map: Some(map) });
+                me.populating.extend(populate_in_background(map.base(), map.len() as u64));
+                me.early.push((seg, map));
                 Ok(())
             });
             let left = deadline.saturating_duration_since(Instant::now());
@@ -197,6 +157,23 @@ impl Segments {
             let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
             let _ = ppoll(&mut fds, Some(TimeSpec::from_duration(left)), None);
         }
+    }
+
+    /// Once the backend is open: registers segment 0 and those
+    /// [`map_queued`](Segments::map_queued) mapped. A backend that pins them
+    /// (CUDA's cuMemHostRegister) first waits for their page tables, so it
+    /// pins resident pages; the cpu backend lets the threads run on.
+    pub fn register_start(&mut self, backend: &mut dyn Backend, device: u32) -> Result<()> {
+        if backend.kind() == "cuda" {
+            for t in self.populating.drain(..) {
+                let _ = t.join();
+            }
+        }
+        backend.add_segment(0, self.seg0.0, self.seg0.1)?;
+        for (seg, map) in std::mem::take(&mut self.early) {
+            self.install(seg, map, backend, device)?;
+        }
+        Ok(())
     }
 
     /// Hands a mapped segment to the backend; then descriptors may name it.
@@ -283,7 +260,7 @@ impl Segments {
         if !(1..EC_MAX_SEGMENTS as usize).contains(&seg) {
             return Err(bad(format!("segment index {seg} outside 1..{EC_MAX_SEGMENTS}")));
         }
-        if self.sizes.is_known(seg) || self.early.iter().any(|e| e.seg == seg) {
+        if self.sizes.is_known(seg) || self.early.iter().any(|&(s, _)| s == seg) {
             return Err(bad(format!("segment {seg} is already mapped")));
         }
         if msg.bytes == 0 || !msg.bytes.is_multiple_of(4) {
@@ -292,5 +269,15 @@ impl Segments {
         check_memfd(&fd, msg.bytes)?;
         let m = Mapping::new_plain(&fd, msg.bytes)?;
         Ok((seg, m))
+    }
+}
+
+impl Drop for Segments {
+    /// No populate thread outlives a mapping it works on (the fields drop
+    /// after this).
+    fn drop(&mut self) {
+        for t in self.populating.drain(..) {
+            let _ = t.join();
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! with arbitrary bytes (or a nearly right `ec_segment`) and 0..2 fds of
 //! several kinds (sealed memfd, unsealed memfd, pipe), optionally followed
 //! by the VM hanging up; then `Segments::receive`, or (as at gpud's start)
-//! `Segments::map_queued` first and `receive` after it.
+//! `Segments::map_queued` and `register_start` first and `receive` after
+//! them.
 //!
 //! Checks: it returns (never blocks, never errors on the CPU backend); it
 //! maps exactly the segments a model of the contract accepts, with their
@@ -119,6 +120,7 @@ pub fn run(data: &[u8]) {
     if early {
         // No wait: the messages are all queued already.
         segs.map_queued(&sock, 0, u32::from(nmsgs), std::time::Duration::ZERO);
+        segs.register_start(&mut backend, 0).expect("register_start failed on the CPU backend");
     }
     let state = segs.receive(&sock, &mut backend, 0).expect("receive failed on the CPU backend");
     assert_eq!(state == SockState::Closed, want_closed, "socket state");
