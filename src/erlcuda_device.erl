@@ -445,10 +445,14 @@ emit_memory(#{id := Id, handle := H, os_pid := OsPid}) ->
     case erlcuda_telemetry:handler() of
         false -> ok;
         _ ->
-            #{arena_used := Used, arena_bytes := Bytes, arena_max_bytes := Max} = erlcuda_nif:stats(H),
+            #{arena_used := Used, arena_bytes := Bytes, arena_max_bytes := Max,
+              buffers_used := BUsed, buffers_peak := BPeak, buffers_limit := BLimit,
+              buffers := BCount} = erlcuda_nif:stats(H),
             erlcuda_telemetry:execute([erlcuda, memory],
                                       #{arena_used => Used, arena_bytes => Bytes,
-                                        arena_max_bytes => Max},
+                                        arena_max_bytes => Max, buffers_used => BUsed,
+                                        buffers_peak => BPeak, buffers_limit => BLimit,
+                                        buffers => BCount},
                                       #{device => Id, os_pid => OsPid})
     end.
 

@@ -36,13 +36,16 @@
 %%     metadata `#{device, os_pid, reason, restarts}' (`reason' as in
 %%     `{gpud_exit, Reason}', `restarts' counting this one).</dd>
 %% <dt>`[erlcuda, memory]'</dt>
-%% <dd>The shared arena of a device (the memory jobs' inputs and outputs
-%%     live in): `#{arena_used, arena_bytes, arena_max_bytes}' (in use now,
-%%     mapped now, the limit it may grow to); metadata
-%%     `#{device, os_pid}'. Each time a gpud is ready, and every
-%%     `memory_event_ms' (application environment, default 10000;
-%%     `infinity': only at gpud's start) while erlcuda runs. Device memory
-%%     (buffers) has no accounting yet.</dd>
+%% <dd>A device's memory: its shared arena (the memory jobs' inputs and
+%%     outputs live in), `arena_used', `arena_bytes', `arena_max_bytes' (in
+%%     use now, mapped now, the limit it may grow to); and its device
+%%     buffers as gpud accounts them, the figures of `erlcuda:memory/1':
+%%     `buffers_used' (bytes held by live buffers, in size classes),
+%%     `buffers_peak', `buffers_limit' (`device_memory_limit') and `buffers'
+%%     (how many are live). Metadata `#{device, os_pid}'. Each time a gpud
+%%     is ready, and every `memory_event_ms' (application environment,
+%%     default 10000; `infinity': only at gpud's start) while erlcuda
+%%     runs.</dd>
 %% </dl>
 -module(erlcuda_telemetry).
 

@@ -18,7 +18,7 @@ all() ->
 groups() ->
     [{with_telemetry, [sequence],
       [launch_sync_start_stop, launch_sync_errors, launch_sync_timeout, launch_async,
-       gpud_restart, memory_events, memory_only_at_start]}].
+       gpud_restart, memory_events, memory_event_buffers, memory_only_at_start]}].
 
 init_per_suite(Config) ->
     %% A real telemetry in the code path would make without_telemetry moot.
@@ -191,6 +191,25 @@ memory_events(_) ->
     {_, _} = memory_event(),
     {_, _} = memory_event().
 
+%% The same event carries the device buffers, as erlcuda:memory/1 reports
+%% them: a live buffer shows in the next event, and is gone from the one
+%% after its free while the peak stays.
+memory_event_buffers(_) ->
+    ok = erlcuda_ref:start_app([{memory_event_ms, 50}, {device_memory_limit, 64 bsl 20}]),
+    {#{buffers := 0, buffers_used := 0, buffers_limit := Limit}, _} = memory_event(),
+    ?assertEqual(64 bsl 20, Limit),
+    {ok, B} = erlcuda:put(erlcuda_ref:to_binary(lists:duplicate(1 bsl 16, 1.0))),
+    #{used := Used, peak := Peak, buffers := 1, limit := Limit} = erlcuda:memory(0),
+    ?assert(Used >= 4 bsl 16),
+    flush(),
+    {M1, _} = memory_event(),
+    ?assertMatch(#{buffers := 1, buffers_used := Used, buffers_peak := Peak,
+                   buffers_limit := Limit}, M1),
+    ok = erlcuda:free(B),
+    wait_memory(fun(#{buffers := N}) -> N =:= 0 end, 500),
+    {M2, _} = memory_event(),
+    ?assertMatch(#{buffers := 0, buffers_used := 0, buffers_peak := Peak}, M2).
+
 %% memory_event_ms = infinity: one event per gpud start, none in between.
 memory_only_at_start(_) ->
     ok = erlcuda_ref:start_app([{memory_event_ms, infinity}]),
@@ -240,6 +259,15 @@ kill_gpud() ->
 memory_event() ->
     receive {telemetry, [erlcuda, memory], M, Meta} -> {M, Meta}
     after 5000 -> ct:fail(no_memory_event)
+    end.
+
+%% A free is queued and sent on the ring: wait until memory/1 shows it,
+%% then take the events from there on.
+wait_memory(Done, Tries) ->
+    case Done(erlcuda:memory(0)) of
+        true -> flush();
+        false when Tries > 0 -> timer:sleep(10), wait_memory(Done, Tries - 1);
+        false -> ct:fail({memory, erlcuda:memory(0)})
     end.
 
 %% The launch events so far, in order (other events left out).
