@@ -29,7 +29,8 @@ groups() ->
     [{two_nodes, [sequence],
       [devices_in_cluster, routed_to_node, any_on_an_idle_cluster_stays_local,
        local_bias_keeps_jobs_here, errors_at_once,
-       users_kernel_judged_remotely, sync_timeout_leaves_nothing, callers_that_die,
+       users_kernel_judged_remotely, buffers_stay_on_their_node,
+       sync_timeout_leaves_nothing, callers_that_die,
        client_node_without_devices,
        large_vectors, erlcuda_stops_with_jobs_in_flight]},
      {three_nodes, [], [any_spreads_load]}].
@@ -186,6 +187,30 @@ users_kernel_judged_remotely(Config) ->
             no_stray(),
             ok
     end.
+
+%% Device buffers never cross the wire: a job naming one, or asking for
+%% its result as one, is refused at once when sent to another node by name
+%% (`{badarg, {buffer, node_local}}'), runs here with `any', and runs here
+%% when this node is named. Nothing reaches the peer.
+buffers_stay_on_their_node(Config) ->
+    [{P, B}] = ?config(peers, Config),
+    settled([P]),
+    Jobs0 = jobs_ok(P),
+    {ok, X} = erlcuda:put([1.0, 2.0]),
+    Peer = [{device, {B, 0}}],
+    NodeLocal = {error, {badarg, {buffer, node_local}}},
+    ?assertEqual(NodeLocal, erlcuda:launch(vector_add, [X, [1.0, 1.0]], Peer)),
+    ?assertEqual(NodeLocal, erlcuda:launch_sync(vector_add, [[1.0, 1.0], X], Peer)),
+    ?assertEqual(NodeLocal, erlcuda:launch_sync(reduce, [[1.0, 2.0]], [{output, buffer} | Peer])),
+    Two = <<2.0:32/float-native, 4.0:32/float-native>>,
+    ?assertEqual({ok, Two}, erlcuda:launch_sync(vector_add, [X, X], [{device, any}])),
+    ?assertEqual({ok, Two}, erlcuda:launch_sync(vector_add, [X, X], [{device, {node(), 0}}])),
+    {ok, Y} = erlcuda:launch_sync(vector_add, [X, X], [{device, any}, {output, buffer}]),
+    ?assertEqual({ok, Two}, erlcuda:get(Y)),
+    [ok = erlcuda:free(Buf) || Buf <- [X, Y]],
+    ?assertEqual(Jobs0, jobs_ok(P)),
+    no_stray(),
+    settled([P]).
 
 %% launch_sync against jobs longer than its timeout: {error, timeout} (or the
 %% answer, when it won the race), and afterwards no message about the job,
