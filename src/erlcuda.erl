@@ -24,26 +24,139 @@
 %% atoms `nan', `infinity' and `neg_infinity' (accepted in input lists and as
 %% scalars too). Sums accumulate in the element type on every backend.
 %%
-%% Errors from `launch': `{badarg, What}' with What one of `args', `{arg, I}',
-%% `{type, I}' (vector I has another type than the first, or one the kernel
-%% does not run on), `length_mismatch', `shape', `too_large', `opts' or
-%% `{opt, O}';
-%% `{buffer, freed | lost | {device, D}}' (a buffer argument was freed, its
-%% gpud died since it was made, or it lives on device D, not the one
-%% `{device, N}' asks for);
-%% `{unknown_kernel, K}'; `{no_device, N}'; `busy' (the ring or the arena is
-%% full: retry later); `closed' (the device is stopping). Errors in the
-%% message: `oom' (an `{output, buffer}' does not fit the device's memory
-%% limit now), `{gpud_exit, Status}' (gpud died with the job in flight),
-%% `{gpud, Why}' (gpud refused the job), `closed'.
-%%
 %% Across nodes ({@link erlcuda_cluster}): `{device, {Node, N}}' runs the job
 %% on device N of the erlcuda on Node, `{device, any}' on the least-loaded
 %% device of the cluster (this node's on a tie); {@link devices/1} lists them.
-%% The answer is the same `{erlcuda, Ref, Result}' message; a job in flight
-%% on a node that goes down, or whose erlcuda stops, gets
-%% `{error, {nodedown, Node}}'. A node not in the cluster:
-%% `{error, {no_device, {Node, N}}}' at once.
+%% The answer is the same `{erlcuda, Ref, Result}' message.
+%%
+%% == Errors ==
+%%
+%% This is the one list of the reasons in `{error, Reason}' that the API
+%% returns or sends; the guides link here. "At once" means the call itself
+%% returns it (nothing was submitted, and no message follows); "in the
+%% message" means it arrives as `{erlcuda, Ref, {error, Reason}}' after
+%% `{ok, Ref}' (`launch_sync', `put' and `get' return it the same way).
+%%
+%% Bad arguments, at once (retrying the same call gives the same answer):
+%% <dl>
+%% <dt>`{badarg, args}'</dt><dd>Args is not a proper list of as many
+%%     arguments as the kernel's signature has.</dd>
+%% <dt>`{badarg, {arg, I}}'</dt><dd>Argument I (1-based) is not what its
+%%     place in the signature takes: a vector (a list of numbers, a binary,
+%%     `{Type, Binary}' or a buffer), a number, or a dimension (an integer
+%%     from 0 to 2^32-1). For `put/1,2', I is 1: not a vector.</dd>
+%% <dt>`{badarg, {type, I}}'</dt><dd>Vector I has another element type than
+%%     the first vector, or one the kernel does not run on (the built-ins
+%%     run on `f32' and `f64').</dd>
+%% <dt>`{badarg, length_mismatch}'</dt><dd>Vectors that must have one
+%%     length (`vector_add', `dot_product', `saxpy', a user's kernel) do
+%%     not.</dd>
+%% <dt>`{badarg, shape}'</dt><dd>`matmul''s A is not M×K or B not K×N; a
+%%     user's kernel's dimension is 0 or does not divide the vector
+%%     length.</dd>
+%% <dt>`{badarg, too_large}'</dt><dd>The job can never fit: a vector or a
+%%     `matmul' output of more than 2^32-1 elements, inputs and output larger
+%%     than `arena_max_bytes', or a buffer larger than
+%%     `device_memory_limit'. Also in the message of a `put' or an
+%%     `{output, buffer}' job that gpud finds larger than its limit.</dd>
+%% <dt>`{badarg, opts}'</dt><dd>Opts is not a proper list, or `put/2' got
+%%     an option it does not take (`output', `grid', `block',
+%%     `shared_bytes').</dd>
+%% <dt>`{badarg, {opt, O}}'</dt><dd>Option O is unknown or out of range
+%%     (`{timeout, Ms}' above 2^32-1; `{block, B}' not a multiple of 32 for
+%%     a `table!' kernel, or not a power of two from 32 for a reduction), or
+%%     is a launch option (`grid', `block', `shared_bytes') given for a
+%%     built-in kernel.</dd>
+%% <dt>`{badarg, {buffer, node_local}}'</dt><dd>A job naming a device
+%%     buffer, or asking for `{output, buffer}', was sent to another node
+%%     with `{device, {Node, N}}'. Buffers never leave their node; with
+%%     `{device, any}' such a job runs on this node.</dd>
+%% <dt>`{badarg, buffer}'</dt><dd>`get/1' or `free/1' of a term that is not
+%%     a buffer.</dd>
+%% <dt>`{badarg, {name, Name}}'</dt><dd>`load_module/2' with a name that is
+%%     not an atom.</dd>
+%% </dl>
+%%
+%% Where the job would run, at once:
+%% <dl>
+%% <dt>`{unknown_kernel, K}'</dt><dd>No built-in kernel of that name, or no
+%%     module loaded that has `{Module, Kernel}' (on the node that would run
+%%     it, for a job sent to another node).</dd>
+%% <dt>`{no_device, N}', `{no_device, {Node, N}}', `{no_device, any}'</dt>
+%%     <dd>No such device on this node; no erlcuda device N on Node (no
+%%     connection is tried); no device at all in the cluster. Also from
+%%     `stats/1' and `memory/1'.</dd>
+%% <dt>`{buffer, freed}', `{buffer, lost}', `{buffer, {device, D}}'</dt>
+%%     <dd>A buffer argument (or the buffer of `get/1') was freed; was made
+%%     by a gpud that has died since (its memory went with it); or lives on
+%%     device D, not the one `{device, N}' names.</dd>
+%% </dl>
+%%
+%% Try again later:
+%% <dl>
+%% <dt>`busy'</dt><dd>At once: every ring entry is in flight
+%%     (`ring_entries'), or the arena cannot hold the job's inputs and
+%%     output now even at `arena_max_bytes'. Answers free them.</dd>
+%% <dt>`oom'</dt><dd>In the message of a `put' or an `{output, buffer}' job:
+%%     the device's `device_memory_limit' is reached. Free buffers and
+%%     retry; gpud serves on.</dd>
+%% <dt>`timeout'</dt><dd>`launch_sync', `put' or `get' waited longer than
+%%     `{timeout, Ms}' (default 5000); the job is cancelled and no message
+%%     about it follows. From `load_module/2' and `unload_module/1': a
+%%     device did not answer within 120 s.</dd>
+%% <dt>`enomem'</dt><dd>The VM could not allocate what the NIF needed.</dd>
+%% </dl>
+%%
+%% The device or the node went away:
+%% <dl>
+%% <dt>`closed'</dt><dd>The device is stopping (the application stops):
+%%     at once, or in the message of every job still in flight.</dd>
+%% <dt>`{gpud_exit, Status}'</dt><dd>In the message: gpud exited with the
+%%     job in flight (it is restarted with backoff). Status is its exit
+%%     status (an integer: 128 + the signal's number for a signal, so 137
+%%     for `kill -9'), `{spawn_failed, Why}', or `{start_failed, Why}' (a
+%%     start that did not reach ready: `{handshake, Why}', `{Step, timeout}',
+%%     `{gpud_probe, ...}', `{unexpected, Line}'). Jobs launched while gpud
+%%     starts wait for it, and get this if its start fails.</dd>
+%% <dt>`{nodedown, Node}'</dt><dd>A job for another node: the node went
+%%     down, its connection was cut, or its erlcuda stopped, before it took
+%%     the job (at once) or with the job in flight (in the message, exactly
+%%     once, not after a timeout).</dd>
+%% <dt>`{remote, Why}'</dt><dd>erlcuda's own process for a job on another
+%%     node died of something else: `{remote, {spawn, Why}}' (it could not
+%%     be started there: a node without this version of erlcuda),
+%%     `{remote, {relay, Why}}', or the exit reason (a bug; logged).</dd>
+%% </dl>
+%%
+%% gpud refused the job, in the message:
+%% <dl>
+%% <dt>`{gpud, Status}'</dt><dd>gpud checks every descriptor it reads from
+%%     shared memory and answers a bad one with a status instead of running
+%%     it; with erlcuda's NIF on the other side, these mean a bug, or a gpud
+%%     of another version. Status is one of the atoms of `EC_STATUSES' in
+%%     `c_src/erlcuda_ring.h': `bad_kernel' (no such kernel, or a module
+%%     slot not loaded), `bad_flags', `out_of_bounds' (an address or length
+%%     outside the arena), `bad_shape', `overlap' (the output overlaps an
+%%     input), `misaligned', `bad_type', `bad_buffer' (a buffer id gpud does
+%%     not hold, or of another type or length), `module_error', and
+%%     `device_error' (the GPU failed the launch; gpud exits after a fault
+%%     that poisons the context, so jobs in flight get `{gpud_exit, _}'). An
+%%     integer: a status this NIF does not know.</dd>
+%% </dl>
+%%
+%% Users' kernel modules (`load_module/2', `unload_module/1'), at once:
+%% <dl>
+%% <dt>`{manifest, Why}'</dt><dd>The module directory's `manifest' is
+%%     missing (`{manifest, {Path, enoent}}') or does not parse.</dd>
+%% <dt>`{module, Why}'</dt><dd>gpud refused the module: a missing PTX entry
+%%     or host symbol, a parameter list that is not the helper crate's, PTX
+%%     the driver rejects. Why is gpud's message, a binary.</dd>
+%% <dt>`no_module_slot'</dt><dd>As many modules are loaded as there are
+%%     slots: unload one first.</dd>
+%% <dt>`{no_module, Name}'</dt><dd>`unload_module/1' of a name not
+%%     loaded.</dd>
+%% <dt>`not_started'</dt><dd>The erlcuda application is not running.</dd>
+%% </dl>
 -module(erlcuda).
 
 %% put/1,2 and get/1 are the buffer API, not the process dictionary.
@@ -77,7 +190,7 @@
 -type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
                 | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}
                 | {nodedown, node()} | {remote, term()}
-                | oom | {buffer, freed | lost | {device, non_neg_integer()}}.
+                | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}.
 
 -define(DEFAULT_TIMEOUT, 5000).
 
@@ -89,8 +202,11 @@ launch(Kernel, Args) ->
 %% @doc Submits a job and returns at once. Exactly one message
 %% `{erlcuda, Ref, {ok, Result} | {error, Reason}}' follows for every
 %% `{ok, Ref}'. Options: `{device, N}' (default 0), `{device, {Node, N}}',
-%% `{device, any}'; a job for another node returns once that node has
-%% accepted or refused it.
+%% `{device, any}', `{output, buffer}' (the result stays on the device, see
+%% {@link put/2}), and for users' kernels `{grid, G}', `{block, B}',
+%% `{shared_bytes, S}'; a job for another node returns once that node has
+%% accepted or refused it. Reasons: the module doc's <a
+%% href="#Errors">Errors</a>.
 %% Emits `[erlcuda, launch, start]' (and `exception' when refused) where
 %% telemetry is there: {@link erlcuda_telemetry}.
 -spec launch(kernel(), [term()], [option()]) -> {ok, reference()} | {error, reason()}.
@@ -178,9 +294,8 @@ put(Vector) ->
 %% vectors (a list or a binary is f32) and mix freely with host vectors in
 %% `launch' Args; a job whose buffers live on a device runs there. Options:
 %% `{device, N}' (default 0), `{timeout, Ms}' (default 5000). Errors: `oom'
-%% (the device's memory limit, `device_memory_limit', is reached: free
-%% something and retry), `{badarg, too_large}' (larger than the limit or
-%% the arena: never fits), `{badarg, {arg, 1}}', `busy', `closed'.
+%% when the device's `device_memory_limit' is reached; the others are
+%% those of `launch' (the module doc's <a href="#Errors">Errors</a>).
 -spec put(vector(), [option()]) -> {ok, buffer()} | {error, reason()}.
 put(Vector, Opts) ->
     case options(Opts) of
@@ -200,8 +315,8 @@ put(Vector, Opts) ->
     end.
 
 %% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
-%% Errors: `{buffer, freed}', `{buffer, lost}' (its gpud died since),
-%% `{badarg, buffer}' (not a buffer).
+%% Errors: `{buffer, freed | lost}', `{badarg, buffer}' (<a
+%% href="#Errors">Errors</a>).
 -spec get(buffer()) -> {ok, vector()} | {error, reason()}.
 get(Buf) ->
     case erlcuda_nif:buffer_info(Buf) of
@@ -297,9 +412,8 @@ kernels() ->
 %% `priv/erlcuda-build') as `Name' on every device; after that its kernels
 %% launch as `{Name, Kernel}'. It comes back by itself after a gpud restart.
 %% Loading a name again replaces the module; jobs in flight finish on the
-%% old one. Errors: `{manifest, Why}', `{module, Why}' (gpud refused it: a
-%% missing entry or host symbol, a parameter list that is not the helper
-%% crate's, PTX the driver rejects), `no_module_slot'.
+%% old one. Errors: `{manifest, Why}', `{module, Why}', `no_module_slot',
+%% `not_started', `timeout' (<a href="#Errors">Errors</a>).
 -spec load_module(atom(), file:filename_all()) -> ok | {error, term()}.
 load_module(Name, Dir) ->
     erlcuda_modules:load(Name, Dir).
