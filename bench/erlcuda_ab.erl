@@ -1,5 +1,5 @@
 %% One measurement for comparing two builds of erlcuda on the CPU backend
-%% (issue 13: no regression on the 2-core machine): small-job p50 and p99
+%% (no regression on the 2-core machine): small-job p50 and p99
 %% (1000-element vector_add of binaries, one in flight, 10,000 jobs) and
 %% jobs/s with 1000 callers each keeping one such job in flight (answers
 %% checked). Run it against each build in turn, interleaved, e.g. with an

@@ -159,7 +159,7 @@ cpu_ticks(OsPid) ->
     Fields = binary:split(After, <<" ">>, [global]),
     binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields)).
 
-%% gpud's start, phase by phase (issue 13), for `N' cold starts (the
+%% gpud's start, phase by phase, for `N' cold starts (the
 %% application started afresh: a new arena, its pages never touched) and `N'
 %% restarts after kill -9 (the same arena, its pages resident). One row per
 %% start: ready_us and every phase of devices()'s startup map (segments is
@@ -487,7 +487,7 @@ throughput_rows(Callers) ->
     [throughput_row(C, throughput_jobs(), 3000, true) || C <- Callers],
     io:format("~n").
 
-%% Issue 13's job: a 1000-element vector_add of binaries, each answer
+%% The throughput rows' job: a 1000-element vector_add of binaries, each answer
 %% checked against the f32 sums (a sum of two f32 is exact in f64, so
 %% rounding it to f32 gives the correctly rounded f32 add the kernel does).
 %% A few input pairs, spread over the callers.
@@ -645,7 +645,7 @@ hist(H) ->
 
 %% ---------------------------------------------------------------- profile
 
-%% Where the VM side's time goes while the throughput rows run (issue 13):
+%% Where the VM side's time goes while the throughput rows run:
 %% the NIF's own sampled timings (c_src/profile.h) per job, and the
 %% schedulers' microstate accounting (erlang:statistics(microstate_accounting),
 %% msacc's source; the bundle's Erlang has no runtime_tools). Per caller

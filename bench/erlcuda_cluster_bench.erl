@@ -133,8 +133,8 @@ loop(K, Args, Opts, Go, Done, Err) ->
             end
     end.
 
-%% Each route's median against {device, 0} on one node alone (the issue's
-%% comparison), and against {device, 0} measured beside it.
+%% Each route's median against {device, 0} on one node alone (what a user
+%% adding nodes compares with), and against {device, 0} measured beside it.
 summary(R1, R3) ->
     Alone = maps:from_list([{C, R} || {"{device, 0}", C, R} <- R1]),
     Beside = maps:from_list([{C, R} || {"{device, 0}, peers idle", C, R} <- R3]),

@@ -27,11 +27,10 @@ OWN = "erlcuda"
 SYSTEM_ORDER = [OWN, "erlcuda_lists", "in_process", "pytorch_pinned", "pytorch_pageable",
                 "pytorch_cuda", "cupy", "cublas_sgemm", "pcie_pinned"]
 
-# The speed targets, defined once: the goals of issue 13 ("1M jobs/s and
-# 15 us") and issue 12 ("Data that stays on the GPU") as the issues state
-# them, and two earlier goals kept (issue "earlier").  RESULTS.md's Targets
-# table shows each beside its figure; bench/FORMAT.md lists them (the lines of
-# target_line(), checked by bench/testdata/check_report.sh).
+# The speed targets, defined once: the project's own goals, in three groups
+# (GOALS).  RESULTS.md's Targets table shows each beside its figure;
+# bench/FORMAT.md lists them (the lines of target_line(), checked by
+# bench/testdata/check_report.sh).
 #
 # A target compares erlcuda's value of record `name` (or, with `field`, its
 # derived extra[field]) with a limit:
@@ -40,48 +39,55 @@ SYSTEM_ORDER = [OWN, "erlcuda_lists", "in_process", "pytorch_pinned", "pytorch_p
 #   of=SYSTEM, record=R: ... of SYSTEM's value of another record R (SYSTEM may be
 #                       "erlcuda": erlcuda's own figure of R).
 # A record may carry several targets; each is evaluated and shown on its own.
-Target = collections.namedtuple("Target", "name op limit desc issue of record field")
+GOALS = {
+    "speed": "small jobs (a million a second, 15 us a round trip), large jobs from binaries, "
+             "the matmul against cuBLAS and PyTorch, gpud's start",
+    "buffers": "data that stays on the GPU: device buffers against PyTorch, cuBLAS and pinned PCIe",
+    "base": "kept from the first benchmarks: arena inputs, gpud idle",
+}
+Target = collections.namedtuple("Target", "name op limit desc goal of record field")
 
 
-def T(name, op, limit, desc, issue, of=None, record=None, field=None):
-    return Target(name, op, limit, desc, issue, of, record, field)
+def T(name, op, limit, desc, goal, of=None, record=None, field=None):
+    assert goal in GOALS, goal
+    return Target(name, op, limit, desc, goal, of, record, field)
 
 
 VA26 = "large.vector_add.binaries.n67108864"
 TARGETS = [
-    T("latency.vector_add_1000.p50", "<=", 15, "vector_add 1000 round trip, p50", "13"),
-    T("latency.vector_add_1000.p99", "<=", 30, "vector_add 1000 round trip, p99", "13"),
+    T("latency.vector_add_1000.p50", "<=", 15, "vector_add 1000 round trip, p50", "speed"),
+    T("latency.vector_add_1000.p99", "<=", 30, "vector_add 1000 round trip, p99", "speed"),
     T("latency.vector_add_1000.ratio_full_stack_in_process", "<=", 1.2,
-      "full stack / in-process p50, interleaved", "13"),
-    T("throughput.callers_1000", ">=", 1_000_000, "throughput with 1,000 callers", "13"),
-    T("throughput.callers_10000", ">=", 1_000_000, "throughput with 10,000 callers", "13"),
-    T("throughput.callers_1000", ">=", 1.0, "no fall-off from 100 to 1,000 callers", "13",
+      "full stack / in-process p50, interleaved", "speed"),
+    T("throughput.callers_1000", ">=", 1_000_000, "throughput with 1,000 callers", "speed"),
+    T("throughput.callers_10000", ">=", 1_000_000, "throughput with 10,000 callers", "speed"),
+    T("throughput.callers_1000", ">=", 1.0, "no fall-off from 100 to 1,000 callers", "speed",
       of=OWN, record="throughput.callers_100"),
-    T("throughput.callers_10000", ">=", 1.0, "no fall-off from 1,000 to 10,000 callers", "13",
+    T("throughput.callers_10000", ">=", 1.0, "no fall-off from 1,000 to 10,000 callers", "speed",
       of=OWN, record="throughput.callers_1000"),
-    T("throughput.callers_10000", ">=", 64, "average batch at 10,000 callers", "13",
+    T("throughput.callers_10000", ">=", 64, "average batch at 10,000 callers", "speed",
       field="avg_batch"),
-    T(VA26, "<=", 15, "vector_add 2^26 from binaries", "13"),
-    T("large.reduce.binaries.n67108864", "<=", 1.1, "reduce 2^26 from binaries, vs vector_add", "13",
+    T(VA26, "<=", 15, "vector_add 2^26 from binaries", "speed"),
+    T("large.reduce.binaries.n67108864", "<=", 1.1, "reduce 2^26 from binaries, vs vector_add", "speed",
       of=OWN, record=VA26),
     T("large.dot_product.binaries.n67108864", "<=", 1.1, "dot_product 2^26 from binaries, vs vector_add",
-      "13", of=OWN, record=VA26),
-    T("large.vector_add.arena.n67108864", "<=", 12, "vector_add 2^26, arena inputs", "earlier"),
-    T("matmul.kernel.n4096", ">=", 1.0, "PTX matmul kernel 4096 vs cuBLAS SGEMM", "13", of="cublas_sgemm"),
+      "speed", of=OWN, record=VA26),
+    T("large.vector_add.arena.n67108864", "<=", 12, "vector_add 2^26, arena inputs", "base"),
+    T("matmul.kernel.n4096", ">=", 1.0, "PTX matmul kernel 4096 vs cuBLAS SGEMM", "speed", of="cublas_sgemm"),
     T("matmul.end_to_end.n8192", ">=", 1.0, "matmul 8192 end to end from binaries vs PyTorch pinned",
-      "13", of="pytorch_pinned"),
-    T("gpud.cold_start_ready", "<=", 150, "gpud cold start to ready", "13"),
-    T("gpud.idle_cpu", "<", 1, "gpud idle CPU", "earlier"),
-    T("buffers.vector_add.2^26", "<=", 0.5, "vector_add 2^26 between device buffers", "12"),
+      "speed", of="pytorch_pinned"),
+    T("gpud.cold_start_ready", "<=", 150, "gpud cold start to ready", "speed"),
+    T("gpud.idle_cpu", "<", 1, "gpud idle CPU", "base"),
+    T("buffers.vector_add.2^26", "<=", 0.5, "vector_add 2^26 between device buffers", "buffers"),
     T("buffers.vector_add.2^26", "<=", 1.2, "vector_add 2^26 between device buffers, vs PyTorch CUDA",
-      "12", of="pytorch_cuda", record="device.vector_add.n67108864"),
-    T("buffers.matmul.n4096", ">=", 0.85, "matmul 4096 from device buffers vs cuBLAS SGEMM", "12",
+      "buffers", of="pytorch_cuda", record="device.vector_add.n67108864"),
+    T("buffers.matmul.n4096", ">=", 0.85, "matmul 4096 from device buffers vs cuBLAS SGEMM", "buffers",
       of="cublas_sgemm", record="matmul.kernel.n4096"),
-    T("buffers.matmul.n8192", ">=", 0.85, "matmul 8192 from device buffers vs cuBLAS SGEMM", "12",
+    T("buffers.matmul.n8192", ">=", 0.85, "matmul 8192 from device buffers vs cuBLAS SGEMM", "buffers",
       of="cublas_sgemm", record="matmul.kernel.n8192"),
-    T("buffers.put.256MiB", ">=", 0.8, "put of 256 MiB vs pinned PCIe host to device", "12",
+    T("buffers.put.256MiB", ">=", 0.8, "put of 256 MiB vs pinned PCIe host to device", "buffers",
       of="pcie_pinned", record="pcie.h2d"),
-    T("buffers.get.256MiB", ">=", 0.8, "get of 256 MiB vs pinned PCIe device to host", "12",
+    T("buffers.get.256MiB", ">=", 0.8, "get of 256 MiB vs pinned PCIe device to host", "buffers",
       of="pcie_pinned", record="pcie.d2h"),
 ]
 # Units of the derived fields a target may name.
@@ -362,8 +368,7 @@ def target_line(t):
         want = "{} {} × {}'s value".format(OP_SIGN[t.op], fmt_limit(t.limit), t.of)
     else:
         want = "{} {} × {}'s `{}`".format(OP_SIGN[t.op], fmt_limit(t.limit), t.of, t.record)
-    src = "issue {}".format(t.issue) if t.issue.isdigit() else "{} goal".format(t.issue)
-    return "- {} {} ({}; {})".format(what, want, t.desc, src)
+    return "- {} {} ({}; {} goal)".format(what, want, t.desc, t.goal)
 
 
 def evaluate_target(t, figs):
@@ -372,7 +377,7 @@ def evaluate_target(t, figs):
     if fig is None:
         return None
     unit = target_unit(t, fig)
-    res = {"op": t.op, "limit": t.limit, "desc": t.desc, "issue": t.issue,
+    res = {"op": t.op, "limit": t.limit, "desc": t.desc, "goal": t.goal,
            "relative_to": None if t.of is None else {"system": t.of, "record": t.record or t.name},
            "field": t.field, "base": None, "value": None, "reached": None, "met": None}
 
@@ -509,7 +514,6 @@ def target_rows(merged):
         f = figs.get(t.name)
         unit = target_unit(t, f)
         rec = "`{}`".format(t.name) + (" {}".format(t.field) if t.field else "")
-        issue = "#" + t.issue if t.issue.isdigit() else t.issue
         if t.of is None:
             want = "{} {} {}".format(OP_SIGN[t.op], fmt_limit(t.limit), unit).strip()
         elif r and r.get("value") is not None:
@@ -518,24 +522,25 @@ def target_rows(merged):
         else:
             want = "{} {} × {}".format(OP_SIGN[t.op], fmt_limit(t.limit), target_base(t))
         if r is None:
-            rows.append([t.desc, issue, rec, want, "not measured", "—", ""])
+            rows.append([t.desc, t.goal, rec, want, "not measured", "—", ""])
             continue
         got = "{} {}".format(fmt(r["reached"], unit), unit).strip() if r["reached"] is not None else ""
         if r.get("base"):   # the ratio; the base is named in "wanted"
             got += " = {}×".format(fmt(r["reached"] / r["base"]))
         if r.get("met") is None:
-            rows.append([t.desc, issue, rec, want, got, "not evaluated", r["text"].split("not evaluated, ")[-1]])
+            rows.append([t.desc, t.goal, rec, want, got, "not evaluated", r["text"].split("not evaluated, ")[-1]])
             continue
         d = r["reached"] / r["value"] - 1 if r["value"] else float("inf")
         if t.op in ("<=", "<"):
             by = "{} under".format(pct(-d)) if d <= 0 else "{} over".format(pct(d))
         else:
             by = "{} above".format(pct(d)) if d >= 0 else "{} short".format(pct(-d))
-        rows.append([t.desc, issue, rec, want, got, "**met**" if r["met"] else "**missed**", by])
+        rows.append([t.desc, t.goal, rec, want, got, "**met**" if r["met"] else "**missed**", by])
     met, missed, noeval, nomeas = target_counts(results)
     summary = "{} targets: {} met, {} missed, {} not evaluated, {} not measured.".format(
         len(TARGETS), met, missed, noeval, nomeas)
-    return table(["target", "issue", "record", "wanted", "reached", "result", "by"], rows) + ["", summary]
+    goals = "Goals: " + "; ".join("{}: {}".format(g, d) for g, d in GOALS.items()) + "."
+    return table(["target", "goal", "record", "wanted", "reached", "result", "by"], rows) + ["", summary, "", goals]
 
 
 def generic_table(figs, extra_cols=()):
@@ -703,7 +708,7 @@ def beside_text(f):
 
 
 def chain_table(all_figs):
-    """The chain add, saxpy, dot of 2^26 elements, three ways (issue 12), side by side."""
+    """The chain add, saxpy, dot of 2^26 elements, three ways (the buffers goal), side by side."""
     rows = []
     ref = None
     found = []
@@ -860,7 +865,8 @@ def write_md(md_path, out_dir):
     machines = load_merged_dir(out_dir)
     L = ["# erlcuda benchmark results", "",
          "Generated by `bench/report.py` from `{}/*.json`; do not edit by hand. "
-         "Record names, units and targets: `bench/FORMAT.md`.".format(
+         "Record names, units and targets: `bench/FORMAT.md`; what was tried, kept or rejected: "
+         "`bench/EXPERIMENTS.md`.".format(
              os.path.relpath(out_dir, md_dir).replace(os.sep, "/")), ""]
     if len(machines) > 1:
         L += ["Machines: " + ", ".join("[{0}](#{1})".format(

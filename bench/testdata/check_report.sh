@@ -78,10 +78,10 @@ t = {n: f["targets"] for n, f in figs.items() if "targets" in f}
 flat = [(n, x) for n, xs in t.items() for x in xs]
 check(len(flat) == 22 and len(t) == 18, "expected 22 targets on 18 records, got %d on %d" % (len(flat), len(t)))
 check(all(isinstance(x["met"], bool) and x["op"] in ("<=", ">=", "<") and isinstance(x["value"], (int, float))
-          and isinstance(x["reached"], (int, float)) and x["text"] and x["issue"] in ("12", "13", "earlier")
+          and isinstance(x["reached"], (int, float)) and x["text"] and x["goal"] in ("speed", "buffers", "base")
           for _, x in flat), "target fields")
-check(sum(x["issue"] == "13" for _, x in flat) == 14 and sum(x["issue"] == "12" for _, x in flat) == 6,
-      "targets per issue")
+check(sum(x["goal"] == "speed" for _, x in flat) == 14 and sum(x["goal"] == "buffers" for _, x in flat) == 6,
+      "targets per goal")
 missed = sorted((n, x["desc"]) for n, x in flat if not x["met"])
 want_missed = sorted([
     ("throughput.callers_10000", "average batch at 10,000 callers"),
@@ -102,7 +102,7 @@ def close(a, b):
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
 # the old goals are gone
 check("gpud.restart_ready" not in t, "restart_ready still a target")
-# absolute limits, as issue 13 states them
+# the absolute limits
 for name, op, lim in (("latency.vector_add_1000.p50", "<=", 15), ("latency.vector_add_1000.p99", "<=", 30),
                       ("latency.vector_add_1000.ratio_full_stack_in_process", "<=", 1.2),
                       ("large.vector_add.binaries.n67108864", "<=", 15), ("gpud.cold_start_ready", "<=", 150),
@@ -187,7 +187,7 @@ grep -q '^# erlcuda benchmark results' "$md" || fail "Markdown title"
 grep -q '^## fake-h200$' "$md" || fail "Markdown machine section"
 grep -q 'FAKE DATA' "$md" || fail "Markdown does not flag fake data"
 grep -q '^### Targets$' "$md" || fail "no Targets section"
-grep -q '^| target | issue | record | wanted | reached | result | by |$' "$md" || fail "no Targets table header"
+grep -q '^| target | goal | record | wanted | reached | result | by |$' "$md" || fail "no Targets table header"
 [ "$(grep -c '\*\*met\*\*' "$md")" -eq 13 ] || fail "expected 13 met targets in the Markdown"
 [ "$(grep -c '\*\*missed\*\*' "$md")" -eq 9 ] || fail "expected 9 missed targets in the Markdown"
 grep -q '^22 targets: 13 met, 9 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
@@ -197,19 +197,20 @@ secs=$(grep '^### ' "$md" | sed 's/ (.*//' | tr '\n' '|')
     || [ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### gpud|### PCIe|" ] \
     || fail "sections: $secs"
 # the target rows: absolute, relative to another record (erlcuda's own, a peer's), two on one record
-grep -qF '| vector_add 1000 round trip, p99 | #13 | `latency.vector_add_1000.p99` | ≤ 30 us | 22.5 us | **met** | 25% under |' "$md" \
+grep -qF '| vector_add 1000 round trip, p99 | speed | `latency.vector_add_1000.p99` | ≤ 30 us | 22.5 us | **met** | 25% under |' "$md" \
     || fail "p99 target row"
-grep -qF '| dot_product 2^26 from binaries, vs vector_add | #13 | `large.dot_product.binaries.n67108864` | ≤ 1.1 × erlcuda `large.vector_add.binaries.n67108864` = 29.6 ms | 30.4 ms = 1.13× | **missed** | 3% over |' "$md" \
+grep -qF '| dot_product 2^26 from binaries, vs vector_add | speed | `large.dot_product.binaries.n67108864` | ≤ 1.1 × erlcuda `large.vector_add.binaries.n67108864` = 29.6 ms | 30.4 ms = 1.13× | **missed** | 3% over |' "$md" \
     || fail "relative-to-another-record target row (erlcuda's own)"
-grep -qF '| put of 256 MiB vs pinned PCIe host to device | #12 | `buffers.put.256MiB` | ≥ 0.8 × pcie_pinned `pcie.h2d` = 44.2 GB/s | 20.2 GB/s = 0.367× | **missed** | 54% short |' "$md" \
+grep -qF '| put of 256 MiB vs pinned PCIe host to device | buffers | `buffers.put.256MiB` | ≥ 0.8 × pcie_pinned `pcie.h2d` = 44.2 GB/s | 20.2 GB/s = 0.367× | **missed** | 54% short |' "$md" \
     || fail "relative-to-another-record target row (a peer's)"
-[ "$(grep -c '^| [^|]* | #12 | `buffers.vector_add.2^26` |' "$md")" -eq 2 ] || fail "two target rows for buffers.vector_add.2^26"
+[ "$(grep -c '^| [^|]* | buffers | `buffers.vector_add.2^26` |' "$md")" -eq 2 ] || fail "two target rows for buffers.vector_add.2^26"
 grep -qF '| ≤ 0.5 ms | 0.251 ms | **met** |' "$md" || fail "buffers vector_add absolute target row"
 grep -qF '| ≤ 1.2 × pytorch_cuda `device.vector_add.n67108864` = 0.232 ms | 0.251 ms = 1.30× | **missed** | 8% over |' "$md" \
     || fail "buffers vector_add vs PyTorch target row"
 grep -qF '| `throughput.callers_10000` avg_batch | ≥ 64 jobs/batch | 24.4 jobs/batch | **missed** |' "$md" || fail "avg batch row"
-grep -qF '| matmul 8192 end to end from binaries vs PyTorch pinned | #13 |' "$md" || fail "e2e 8192 row"
-grep -qF '| gpud idle CPU | earlier | `gpud.idle_cpu` | < 1 % |' "$md" || fail "idle cpu row"
+grep -qF '| matmul 8192 end to end from binaries vs PyTorch pinned | speed |' "$md" || fail "e2e 8192 row"
+grep -qF '| gpud idle CPU | base | `gpud.idle_cpu` | < 1 % |' "$md" || fail "idle cpu row"
+grep -q '^Goals: speed: ' "$md" || fail "no goals under the Targets table"
 grep -q 'restart_ready` | ≤ 400' "$md" && fail "old restart target still shown"
 # the profile table: one column per caller count, the extra fields as rows, no raw map
 grep -qF '|  | extra | 100 callers | 1,000 callers | 10,000 callers | unit |' "$md" || fail "profile table header"
