@@ -181,16 +181,23 @@ impl Region {
     }
 }
 
-/// True when `sqe` is a known kernel and one of the addresses it uses names
-/// a segment slot (1 <= i < EC_MAX_SEGMENTS) that `sizes` does not know yet:
-/// the VM sends a segment before any descriptor naming it, so gpud should
-/// read the socket and validate again before refusing the job.
+/// True when `sqe` is a built-in or a user's kernel and one of the addresses
+/// it uses names a segment slot (1 <= i < EC_MAX_SEGMENTS) that `sizes` does
+/// not know yet: the VM sends a segment before any descriptor naming it, so
+/// gpud should read the socket and validate again before refusing the job.
+/// Users' kernels count too: before they did not, and their jobs in a
+/// segment queued on the socket came back `out_of_bounds` while the arena
+/// grew.
 pub fn names_unknown_segment(sqe: &Sqe, sizes: &SegmentSizes) -> bool {
-    let Some(kernel) = Kernel::from_id(sqe.kernel) else {
-        return false;
+    // A user's one-vector kernel has in1_len 0 (validate_user insists), so
+    // its in1 address is unused like a one-vector built-in's.
+    let in1_used = match Kernel::from_id(sqe.kernel) {
+        Some(kernel) => kernel.vector_inputs() > 1,
+        None if sqe.kernel >= EC_USER_KERNEL_BASE => sqe.in1_len > 0,
+        None => return false,
     };
     let mut addrs = [Some(sqe.in0), Some(sqe.in1), Some(sqe.out)];
-    if kernel.vector_inputs() == 1 {
+    if !in1_used {
         addrs[1] = None;
     }
     // Buffer ids are not arena addresses.
@@ -732,6 +739,15 @@ mod tests {
         assert!(!names_unknown_segment(&r, &sizes));
         // Unknown kernels: nothing to look up.
         assert!(!names_unknown_segment(&Sqe { kernel: 77, in0: seg(2, 0), ..r }, &sizes));
+        // A user's kernel: its vectors and output count, in1 only when used.
+        let u = Sqe { kernel: EC_USER_KERNEL_BASE, in0: 0, in0_len: 4, out: 0x100, out_len: 4, ..Sqe::default() };
+        assert!(!names_unknown_segment(&u, &sizes));
+        assert!(names_unknown_segment(&Sqe { in0: seg(2, 0), ..u }, &sizes));
+        assert!(names_unknown_segment(&Sqe { out: seg(3, 0), ..u }, &sizes));
+        assert!(!names_unknown_segment(&Sqe { in1: seg(3, 0), ..u }, &sizes));
+        assert!(names_unknown_segment(&Sqe { in1: seg(3, 0), in1_len: 4, ..u }, &sizes));
+        // ... unless the address is a buffer id.
+        assert!(!names_unknown_segment(&Sqe { in0: seg(2, 0), flags: EC_FLAG_IN0_BUF, ..u }, &sizes));
         // SegmentSizes bookkeeping.
         assert_eq!(sizes.get(1), Some(4096));
         assert_eq!(sizes.get(2), None);
