@@ -42,8 +42,8 @@ SYSTEM_ORDER = [OWN, "erlcuda_lists", "in_process", "pytorch_pinned", "pytorch_p
 GOALS = {
     "speed": "small jobs (a million a second, 15 us a round trip), large jobs from binaries, "
              "the matmul against cuBLAS and PyTorch, gpud's start",
-    "buffers": "data that stays on the GPU: device buffers against PyTorch, cuBLAS and pinned PCIe",
-    "base": "kept from the first benchmarks: arena inputs, gpud idle",
+    "buffers": "data that stays on the GPU (device buffers against PyTorch, cuBLAS and pinned PCIe)",
+    "base": "kept from the first benchmarks (arena inputs, gpud idle)",
 }
 Target = collections.namedtuple("Target", "name op limit desc goal of record field")
 
