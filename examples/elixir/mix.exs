@@ -1,5 +1,5 @@
 # A mix project that uses erlcuda as a dependency: `make test-elixir` runs
-# its tests (README, "From Elixir"). erlcuda is a rebar3 project: mix builds
+# its tests (guides/getting-started.md, "From Elixir"). erlcuda is a rebar3 project: mix builds
 # it with the rebar3 named by MIX_REBAR3 (Debian's /usr/bin/rebar3; Hex is
 # not needed), and rebar3's hook builds the NIF and gpud into its priv/.
 defmodule ErlcudaExample.MixProject do
@@ -19,7 +19,7 @@ defmodule ErlcudaExample.MixProject do
     [extra_applications: [:logger]]
   end
 
-  # In your project: {:erlcuda, git: "<erlcuda's git URL>", tag: "v0.4.0", manager: :rebar3}
+  # In your project: {:erlcuda, git: "<erlcuda's git URL>", branch: "main", manager: :rebar3}
   defp deps do
     [{:erlcuda, path: "../..", manager: :rebar3}]
   end
