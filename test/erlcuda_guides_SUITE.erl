@@ -3,8 +3,13 @@
 %% guides/README.md):
 %%
 %%   ```erlang         runs here, on the cpu backend, with erlcuda started
-%%   ```erlang norun   shown, not run (a GPU, a peer node, a user's module,
-%%                     a config file, a shell session ...)
+%%   ```erlang norun   shown, not run (a GPU, a peer node, a config file ...)
+%%   ```erlang example-module
+%%                     runs where $ERLCUDA_USER_MODULES names the users'
+%%                     modules built by `make user-modules' (make test-erlang
+%%                     sets it), with `out/mykernels' naming the example
+%%                     crate's build: a temporary working directory holds
+%%                     that link while the block runs. Skipped elsewhere.
 %%
 %% A block is a sequence of expressions, each ended by a full stop as in the
 %% shell, evaluated in one binding environment (erl_eval) in a process of
@@ -101,17 +106,41 @@ internals(Config) -> run_doc(internals, Config).
 run_doc(Case, Config) ->
     File = proplists:get_value(Case, ?DOCS),
     {ok, Text} = file:read_file(filename:join(?config(root, Config), File)),
-    Blocks = blocks(Text),
+    Modules = os:getenv("ERLCUDA_USER_MODULES", ""),
+    Blocks = [{Line, Lines} || {Line, Kind, Lines} <- blocks(Text),
+                               Kind =:= run orelse Modules =/= ""],
+    Skipped = length(blocks(Text)) - length(Blocks),
     Failures = [{File, Line, Why} || {Line, Lines} <- Blocks,
-                                     (Why = run_block(Lines)) =/= ok],
-    ct:comment("~b blocks run", [length(Blocks)]),
+                                     (Why = in_example_dir(Modules, fun() -> run_block(Lines) end))
+                                         =/= ok],
     [ct:pal("~s, block at line ~b:~n~p", [F, L, W]) || {F, L, W} <- Failures],
     ?assertEqual([], Failures),
-    {comment, io_lib:format("~b blocks run", [length(Blocks)])}.
+    {comment, io_lib:format("~b blocks run, ~b skipped (no ERLCUDA_USER_MODULES)",
+                            [length(Blocks), Skipped])}.
+
+%% With the users' modules built: Run in a fresh working directory where
+%% out/mykernels is the example crate's build. Always back to the old one.
+in_example_dir("", Run) ->
+    Run();
+in_example_dir(Modules, Run) ->
+    {ok, Old} = file:get_cwd(),
+    Tmp = filename:join(filename:basedir(user_cache, "erlcuda_guides"),
+                        integer_to_list(erlang:unique_integer([positive]))),
+    ok = filelib:ensure_dir(filename:join(Tmp, "out/x")),
+    ok = file:make_symlink(filename:absname(filename:join(Modules, "example")),
+                           filename:join(Tmp, "out/mykernels")),
+    try
+        ok = file:set_cwd(Tmp),
+        Run()
+    after
+        ok = file:set_cwd(Old),
+        _ = file:del_dir_r(Tmp)
+    end.
 
 %%% Blocks
 
-%% The ```erlang blocks of a markdown text: [{FirstLine, [{LineNo, Line}]}].
+%% The runnable blocks of a markdown text: [{FirstLine, run | example_module,
+%% [{LineNo, Line}]}].
 blocks(Text) ->
     Lines = string:split(Text, "\n", all),
     blocks(lists:zip(lists:seq(1, length(Lines)), Lines), []).
@@ -120,9 +149,10 @@ blocks([], Acc) ->
     lists:reverse(Acc);
 blocks([{N, Line} | Rest], Acc) ->
     case fence(Line) of
-        {open, <<"erlang">>} ->
+        {open, Info} when Info =:= <<"erlang">>; Info =:= <<"erlang example-module">> ->
             {Body, After} = lists:splitwith(fun({_, L}) -> fence(L) =/= close end, Rest),
-            blocks(tl_or_empty(After), [{N, [{I, binary_to_list(B)} || {I, B} <- Body]} | Acc]);
+            Kind = case Info of <<"erlang">> -> run; _ -> example_module end,
+            blocks(tl_or_empty(After), [{N, Kind, [{I, binary_to_list(B)} || {I, B} <- Body]} | Acc]);
         {open, _} ->
             {_, After} = lists:splitwith(fun({_, L}) -> fence(L) =/= close end, Rest),
             blocks(tl_or_empty(After), Acc);
