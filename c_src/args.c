@@ -32,22 +32,8 @@ static const unsigned TYPE_BYTES[EC_TYPE_COUNT] = {
     EC_TYPES(TYPE_BYTES_ROW)
 #undef TYPE_BYTES_ROW
 };
-static ERL_NIF_TERM TYPE_ATOMS[EC_TYPE_COUNT], SHAPE_ATOMS[EC_SHAPE_COUNT],
-    OUTPUT_ATOMS[EC_OUTPUT_COUNT];
-static ERL_NIF_TERM ATOM_name, ATOM_id, ATOM_types, ATOM_output,
-    ATOM_entry, ATOM_vector, ATOM_scalar, ATOM_dim, ATOM_type, ATOM_accumulate;
-
 void args_load(ErlNifEnv *env)
 {
-#define TYPE_ATOM(NAME, ID, ATOM, BYTES) TYPE_ATOMS[ID] = enif_make_atom(env, #ATOM);
-    EC_TYPES(TYPE_ATOM)
-#undef TYPE_ATOM
-#define SHAPE_ATOM(NAME, ID, ATOM) SHAPE_ATOMS[ID] = enif_make_atom(env, #ATOM);
-    EC_SHAPES(SHAPE_ATOM)
-#undef SHAPE_ATOM
-#define OUTPUT_ATOM(NAME, ID, ATOM) OUTPUT_ATOMS[ID] = enif_make_atom(env, #ATOM);
-    EC_OUTPUTS(OUTPUT_ATOM)
-#undef OUTPUT_ATOM
 #define KERNEL_INFO(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY)                       \
     KERNELS[ID] = (struct kernel_info){.atom = enif_make_atom(env, #ATOM), .signature = SIG,  \
                                        .shape = EC_SHAPE_##SHAPE, .output = EC_OUTPUT_##OUTPUT, \
@@ -58,16 +44,6 @@ void args_load(ErlNifEnv *env)
         for (const char *c = KERNELS[k].signature; *c; c++)
             KERNELS[k].nvec += *c == 'v';
     }
-    ATOM_name = enif_make_atom(env, "name");
-    ATOM_id = enif_make_atom(env, "id");
-    ATOM_types = enif_make_atom(env, "types");
-    ATOM_output = enif_make_atom(env, "output");
-    ATOM_entry = enif_make_atom(env, "entry");
-    ATOM_vector = enif_make_atom(env, "vector");
-    ATOM_scalar = enif_make_atom(env, "scalar");
-    ATOM_dim = enif_make_atom(env, "dim");
-    ATOM_type = enif_make_atom(env, "type");
-    ATOM_accumulate = enif_make_atom(env, "accumulate");
 }
 
 const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM atom)
@@ -96,11 +72,11 @@ void set_module_gen(uint32_t slot, uint32_t gen)
 static int get_dim_index(ErlNifEnv *env, ERL_NIF_TERM t, int *out)
 {
     int i;
-    if (enif_is_identical(t, enif_make_atom(env, "none"))) {
+    if (enif_is_identical(t, ATOM_none)) {
         *out = -1;
         return 1;
     }
-    if (enif_is_identical(t, enif_make_atom(env, "one"))) {
+    if (enif_is_identical(t, ATOM_one)) {
         *out = -2;
         return 1;
     }
@@ -135,9 +111,9 @@ int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki)
         types == 0 || types >= (1u << EC_TYPE_COUNT) ||
         (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES)) != 0)
         return 0;
-    if (enif_is_identical(e[4], enif_make_atom(env, "scalar")))
+    if (enif_is_identical(e[4], ATOM_scalar))
         ki->output = EC_OUTPUT_SCALAR;
-    else if (enif_is_identical(e[4], enif_make_atom(env, "vector")))
+    else if (enif_is_identical(e[4], ATOM_vector))
         ki->output = EC_OUTPUT_VECTOR;
     else
         return 0;

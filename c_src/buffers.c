@@ -244,7 +244,7 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     if (!buf || !enif_get_resource(env, buf, BUFFER_RT, (void **)&b)) {
         unreserve_job(d, (uint32_t)idx);
         enif_rwlock_runlock(d->life);
-        *result = make_error(env, enif_make_atom(env, "enomem"));
+        *result = make_error(env, ATOM_enomem);
         return 0;
     }
     /* The whole buffer as one slice at byte 0 (p.u64[0]);

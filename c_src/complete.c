@@ -147,7 +147,7 @@ static ERL_NIF_TERM control_result(ErlNifEnv *env, struct device *d, struct job 
         size_t n = strnlen(msg, j->out_len);
         ERL_NIF_TERM why;
         memcpy(enif_make_new_binary(env, n, &why), msg, n);
-        return make_error(env, enif_make_tuple2(env, enif_make_atom(env, "module"), why));
+        return make_error(env, enif_make_tuple2(env, ATOM_module, why));
     }
     ERL_NIF_TERM st = status > 0 && status < (int32_t)EC_STATUS_COUNT ? STATUS_ATOMS[status]
                                                                        : enif_make_int(env, status);

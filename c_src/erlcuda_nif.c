@@ -36,16 +36,6 @@ static ErlNifResourceType *DEVICE_RT;
 ErlNifResourceType *REGION_RT;
 ErlNifResourceType *BUFFER_RT;
 
-ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_closed,
-    ATOM_unknown_kernel, ATOM_args, ATOM_arg, ATOM_length_mismatch, ATOM_shape, ATOM_too_large,
-    ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
-    ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
-    ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
-    ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
-    ATOM_oom, ATOM_prefault_arena, ATOM_sync_spin_us, ATOM_answered, ATOM_waiting;
-
-ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
-
 /* {error, enomem}-style reason from a negative errno, like file:open/2's. */
 static ERL_NIF_TERM make_errno(ErlNifEnv *env, int neg_errno)
 {
@@ -244,24 +234,24 @@ static ERL_NIF_TERM nif_open(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     d->free_stack = enif_alloc(entries * sizeof *d->free_stack);
     if (!d->life || !d->pipe || !d->cq_lock || !d->lock_ok || !d->msg_env || !d->jobs ||
         !d->free_stack || !d->freeq_lock || !d->drain || !d->sq_lock_ok)
-        return make_error(env, enif_make_atom(env, "enomem"));
+        return make_error(env, ATOM_enomem);
     memset(d->jobs, 0, entries * sizeof *d->jobs);
     for (uint32_t i = 0; i < entries; i++) {
         d->jobs[i].env = enif_alloc_env();
         d->jobs[i].parts = 1;
         if (!d->jobs[i].env)
-            return make_error(env, enif_make_atom(env, "enomem"));
+            return make_error(env, ATOM_enomem);
         d->free_stack[i] = entries - 1 - i;
     }
     d->nfree = entries;
     if (slot_caches_init(&d->caches, entries) < 0)
-        return make_error(env, enif_make_atom(env, "enomem"));
+        return make_error(env, ATOM_enomem);
 
     int err = shm_create(&d->shm, dev, d->nslots, arena_bytes);
     if (err < 0)
         return make_errno(env, err);
     if (arena_init(&d->alloc[0], d->shm.seg[0].bytes) < 0)
-        return make_error(env, enif_make_atom(env, "enomem"));
+        return make_error(env, ATOM_enomem);
     d->arena_total = d->shm.seg[0].bytes;
     /* The first inline_slots slots (the free stack hands out low indices
      * first) get inline areas, within a quarter of segment 0. */
@@ -490,17 +480,12 @@ static ERL_NIF_TERM nif_buffer_info(ErlNifEnv *env, int argc, const ERL_NIF_TERM
     (void)argc;
     if (!b)
         return ATOM_false;
-    static const char *types[] = {
-#define TYPE_NAME(NAME, ID, ATOM, BYTES) [ID] = #ATOM,
-        EC_TYPES(TYPE_NAME)
-#undef TYPE_NAME
-    };
     ERL_NIF_TERM why = buffer_unusable(env, b->d, b);
     const ERL_NIF_TERM *e;
     int n;
-    ERL_NIF_TERM st = !why ? enif_make_atom(env, "live")
+    ERL_NIF_TERM st = !why ? ATOM_live
                       : enif_get_tuple(env, why, &n, &e) ? e[1] : why;
-    return enif_make_tuple4(env, enif_make_uint(env, b->d->id), enif_make_atom(env, types[b->type]),
+    return enif_make_tuple4(env, enif_make_uint(env, b->d->id), TYPE_ATOMS[b->type],
                             enif_make_uint(env, b->len), st);
 }
 
@@ -661,52 +646,8 @@ static ERL_NIF_TERM nif_kernels(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
 static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
 {
     (void)priv;
-#define A(name) ATOM_##name = enif_make_atom(env, #name)
-    A(ok);
-    A(error);
-    A(erlcuda);
-    A(badarg);
-    A(busy);
-    A(closed);
-    A(unknown_kernel);
-    A(args);
-    A(arg);
-    A(length_mismatch);
-    A(shape);
-    A(too_large);
-    A(nan);
-    A(infinity);
-    A(neg_infinity);
-    A(gpud);
-    A(cancelled);
-    A(sent);
-    A(timeout);
-    A(peer);
-    A(true);
-    A(false);
-    A(fault);
-    A(ring_entries);
-    A(arena_bytes);
-    A(arena_max_bytes);
-    A(spin_us);
-    A(busy_spin_us);
-    A(pipeline_bytes);
-    A(zero_copy_bytes);
-    A(poison_outputs);
-    A(prefault_arena);
-    A(sync_spin_us);
-    A(answered);
-    A(waiting);
-    A(buffer);
-    A(freed);
-    A(lost);
-    A(device);
-    A(oom);
-#undef A
+    atoms_load(env);
     args_load(env);
-#define STATUS_ATOM_INIT(NAME, CODE, ATOM) STATUS_ATOMS[CODE] = enif_make_atom(env, #ATOM);
-    EC_STATUSES(STATUS_ATOM_INIT)
-#undef STATUS_ATOM_INIT
     /* members counts the callbacks set, from the top of the struct: with 0
      * the VM would never call the destructor. */
     ErlNifResourceTypeInit init = {.dtor = device_dtor, .members = 1};

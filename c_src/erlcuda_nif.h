@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "atoms.h"
 #include "erlcuda_ring.h"
 #include "prefault.h"
 #include "profile.h"
@@ -265,18 +266,7 @@ struct job_spec {
     uint64_t out_len;
 };
 
-/* ------------------------------------------------- erlcuda_nif.c: atoms -- */
-
-extern ERL_NIF_TERM ATOM_ok, ATOM_error, ATOM_erlcuda, ATOM_badarg, ATOM_busy, ATOM_closed,
-    ATOM_unknown_kernel, ATOM_args, ATOM_arg, ATOM_length_mismatch, ATOM_shape, ATOM_too_large,
-    ATOM_nan, ATOM_infinity, ATOM_neg_infinity, ATOM_gpud, ATOM_cancelled, ATOM_sent,
-    ATOM_timeout, ATOM_peer, ATOM_true, ATOM_false, ATOM_fault, ATOM_ring_entries,
-    ATOM_arena_bytes, ATOM_arena_max_bytes, ATOM_spin_us, ATOM_busy_spin_us, ATOM_zero_copy_bytes,
-    ATOM_pipeline_bytes, ATOM_poison_outputs, ATOM_buffer, ATOM_freed, ATOM_lost, ATOM_device,
-    ATOM_oom, ATOM_prefault_arena, ATOM_sync_spin_us, ATOM_answered, ATOM_waiting;
-
-/* A gpud completion status as an atom, by its code (< EC_STATUS_COUNT). */
-extern ERL_NIF_TERM STATUS_ATOMS[EC_STATUS_COUNT];
+/* ------------------------------------------------------ resource types -- */
 
 /* The resource type of a result binary that stays in the arena. */
 extern ErlNifResourceType *REGION_RT;

@@ -393,7 +393,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         if (!bt) {
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
-            *result = make_error(env, enif_make_atom(env, "enomem"));
+            *result = make_error(env, ATOM_enomem);
             return 0;
         }
         struct buffer_res *ob;
@@ -437,7 +437,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         if (pr != 0) {
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
-            *result = make_error(env, enif_make_atom(env, "enomem"));
+            *result = make_error(env, ATOM_enomem);
             return 0;
         }
         count(&d->c.pipelined, 1);
@@ -459,7 +459,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
                     why = buffer_unusable(env, d, s.in[i].buf);
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
-            *result = make_error(env, pr == -1 ? enif_make_atom(env, "stale_kernel")
+            *result = make_error(env, pr == -1 ? ATOM_stale_kernel
                                      : why ? why
                                            : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
             return 0;
@@ -485,8 +485,8 @@ ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM
 {
     ErlNifBinary path;
     unsigned slot;
-    int load = enif_is_identical(argv[1], enif_make_atom(env, "load"));
-    if ((!load && !enif_is_identical(argv[1], enif_make_atom(env, "unload"))) ||
+    int load = enif_is_identical(argv[1], ATOM_load);
+    if ((!load && !enif_is_identical(argv[1], ATOM_unload)) ||
         !enif_get_uint(env, argv[2], &slot) || slot >= EC_MODULE_SLOTS ||
         !enif_inspect_binary(env, argv[3], &path) || path.size > 4096)
         return enif_make_badarg(env);
