@@ -92,7 +92,6 @@ void flush_frees(struct device *d)
     if (__atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) == 0 || d->closed)
         return;
     int published = 0;
-    struct ec_header *h = d->shm.hdr;
     dev_lock(d);
     for (;;) {
         if (d->nfree == 0)
@@ -137,11 +136,8 @@ void flush_frees(struct device *d)
             .in0 = region_addr(&in),
             .in0_len = n,
         };
-        __atomic_store_n(&j->state, JOB_INFLIGHT, __ATOMIC_RELEASE);
         sq_lock(d);
-        uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
-        d->shm.sq[tail & (d->nslots - 1)] = sqe;
-        __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
+        sq_push_locked(d, idx, &sqe, NULL);
         sq_unlock(d);
         count(&d->c.buffer_frees, n);
         published = 1;

@@ -391,10 +391,16 @@ int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r);
 int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes, uint32_t credits,
                     int keep_out);
 void unreserve_job(struct device *d, uint32_t idx);
-/* Publishes one descriptor of slot idx (INFLIGHT first) and wakes gpud. */
+/* The one SQ write: slot idx INFLIGHT, its descriptor (and a user's launch
+ * options when opts is not NULL) at the tail, then the tail stored with
+ * release, as erlcuda_ring.h orders it. Caller holds sq_lock; no wake-up. */
+void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
+                    const struct ec_launch_opts *opts);
+/* Publishes one descriptor of slot idx (sq_push_locked) and wakes gpud. */
 void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
 /* publish, unless an input buffer of s (may be NULL) was freed or lost
- * since it was checked: then -2 and nothing published. */
+ * since it was checked (-2), or s's kernel is a user's whose module
+ * generation was retired (-1): then nothing is published. */
 int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
                     const struct job_spec *s);
 /* Wakes gpud if it sleeps, after a publish. */

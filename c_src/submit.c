@@ -175,19 +175,42 @@ static int buffers_live_locked(const struct device *d, const struct job_spec *s)
     return 1;
 }
 
-/* Publishes a user's job: its descriptor, then its launch options when
- * given (EC_FLAG_OPTS; the job holds a credit slot for that entry), with
- * one tail store, so gpud always drains the two together. Only while the
- * kernel's module generation is live, checked under the lock that also
- * orders the unload descriptor (erlcuda_modules retires a generation, then
- * submits the unload): every job of a generation is ahead of its unload in
- * the SQ. Returns 0, or -1 when the generation was retired. */
-static int publish_user(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
-                        const struct kernel_info *ki, const struct job_spec *s)
+/* The producer's half of the ring protocol (erlcuda_ring.h, "Rings"): the
+ * slot is INFLIGHT before its descriptor can be seen (its completion can
+ * only follow), the entries are written, then one store-release of the tail
+ * makes them visible to gpud's load-acquire. `opts`, a user's launch options
+ * (EC_FLAG_OPTS; the job holds a credit slot for the entry), go in the entry
+ * after the descriptor under the same tail store, so gpud always drains the
+ * two together. The one place that writes the SQ. Caller holds sq_lock. */
+void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
+                    const struct ec_launch_opts *opts)
 {
     struct ec_header *h = d->shm.hdr;
+    uint32_t mask = d->nslots - 1;
+    __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
+    uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
+    d->shm.sq[tail & mask] = *sqe;
+    uint32_t n = 1;
+    if (opts) {
+        memcpy(&d->shm.sq[(tail + 1) & mask], opts, sizeof *opts);
+        n = 2;
+    }
+    __atomic_store_n(&h->sq_tail, tail + n, __ATOMIC_RELEASE);
+}
+
+/* Publishes the job's descriptor and wakes gpud if it sleeps. A user's
+ * kernel (s->ki->user) is published only while its module generation is
+ * live, checked under the lock that also orders the unload descriptor
+ * (erlcuda_modules retires a generation, then submits the unload): every
+ * job of a generation is ahead of its unload in the SQ. Returns 0, -1
+ * (nothing published) when the generation was retired, or -2 when an input
+ * buffer of `s` was freed or lost meanwhile. */
+int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
+                    const struct job_spec *s)
+{
+    const struct kernel_info *ki = s ? s->ki : NULL;
     sq_lock(d);
-    if (module_gen(ki->slot) != ki->gen) {
+    if (ki && ki->user && module_gen(ki->slot) != ki->gen) {
         sq_unlock(d);
         return -1;
     }
@@ -196,38 +219,7 @@ static int publish_user(struct device *d, uint32_t idx, const struct ec_sqe *sqe
         return -2;
     }
     d->jobs[idx].t_pub = prof_timing ? mono_ns() : 0;
-    __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
-    uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
-    d->shm.sq[tail & (d->nslots - 1)] = *sqe;
-    uint32_t n = 1;
-    if (sqe->flags & EC_FLAG_OPTS) {
-        memcpy(&d->shm.sq[(tail + 1) & (d->nslots - 1)], &ki->opts, sizeof ki->opts);
-        n = 2;
-    }
-    __atomic_store_n(&h->sq_tail, tail + n, __ATOMIC_RELEASE);
-    sq_unlock(d);
-    wake_gpud(d);
-    return 0;
-}
-
-/* Publishes the job's descriptor and wakes gpud if it sleeps. Returns 0,
- * or -2 (nothing published) when an input buffer of `s` was freed or lost
- * meanwhile. */
-int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
-                           const struct job_spec *s)
-{
-    struct ec_header *h = d->shm.hdr;
-    sq_lock(d);
-    if (!buffers_live_locked(d, s)) {
-        sq_unlock(d);
-        return -2;
-    }
-    d->jobs[idx].t_pub = prof_timing ? mono_ns() : 0;
-    /* INFLIGHT before the descriptor is visible: a completion can only follow. */
-    __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
-    uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
-    d->shm.sq[tail & (d->nslots - 1)] = *sqe;
-    __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    sq_push_locked(d, idx, sqe, ki && (sqe->flags & EC_FLAG_OPTS) ? &ki->opts : NULL);
     sq_unlock(d);
     wake_gpud(d);
     return 0;
@@ -447,8 +439,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
             enif_get_resource(j->env, j->buf_term, BUFFER_RT, (void **)&ob);
             sqe.out = ob->id;
         }
-        int pr = s.ki->user ? publish_user(d, (uint32_t)idx, &sqe, s.ki, &s)
-                            : publish_checked(d, (uint32_t)idx, &sqe, &s);
+        int pr = publish_checked(d, (uint32_t)idx, &sqe, &s);
         if (pr != 0) {
             /* -1: its module was replaced or unloaded meanwhile: the caller
              * looks the kernel up again (erlcuda:launch/3). -2: an input
