@@ -1,0 +1,160 @@
+//! Completions: answering finished launches (with their timings), refused
+//! jobs, and every job in flight when the device fails.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use super::{nanos, Daemon};
+use crate::descriptor::{Job, KernelRef};
+use crate::error::Result;
+use crate::handshake::peer_closed;
+use crate::layout::{Cqe, Status};
+
+impl Daemon {
+    /// Collects finished tickets into `self.done`. True when there are some.
+    /// On a backend failure answers everything in flight first.
+    pub(super) fn poll_backend(&mut self) -> Result<bool> {
+        if let Err(e) = self.backend.poll(&mut self.done) {
+            log!(Error, "gpud[{}]: device failed: {e}", self.device);
+            self.fail_all();
+            return Err(e);
+        }
+        Ok(!self.done.is_empty())
+    }
+
+    /// Answers every launch the backend has finished. Ok(false) when the VM
+    /// went away while gpud waited for CQ room.
+    pub fn reap(&mut self) -> Result<bool> {
+        if self.in_flight.is_empty() {
+            return Ok(true);
+        }
+        self.poll_backend()?;
+        if self.done.is_empty() {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        let done = std::mem::take(&mut self.done);
+        for t in &done {
+            let Some(i) = self.in_flight.iter().position(|f| f.ticket == *t) else {
+                log!(Error, "gpud[{}]: backend reported unknown ticket {t}", self.device);
+                continue;
+            };
+            let f = self.in_flight.swap_remove(i);
+            if !self.answer(&f.jobs, Status::Ok) {
+                return Ok(false);
+            }
+            self.ring.cq_publish();
+            let s = self.ring.stats();
+            s.launches_timed.fetch_add(1, Ordering::Relaxed);
+            s.launch_drain_ns.fetch_add(nanos(f.submitted - f.drained), Ordering::Relaxed);
+            s.launch_run_ns.fetch_add(nanos(started.saturating_duration_since(f.submitted)), Ordering::Relaxed);
+            s.launch_answer_ns.fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
+        }
+        self.done = done;
+        self.done.clear();
+        self.release_buffers();
+        self.count_work(started);
+        Ok(true)
+    }
+
+    /// Writes one completion per job with `status`; batch = the launch size.
+    pub(super) fn answer(&mut self, jobs: &[Job], status: Status) -> bool {
+        let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+        jobs.iter().all(|j| self.complete(j.user_data(), status, batch))
+    }
+
+    /// The device is gone: every job gpud holds gets DEVICE_ERROR, so the VM
+    /// hears about each one even on the way down. Unless a user's kernel
+    /// was among them: the fault cannot be pinned on one launch then, and
+    /// gpud answers nothing; the VM answers every job `{gpud_exit, _}`.
+    pub(super) fn fail_all(&mut self) {
+        let held = std::mem::take(&mut self.in_flight);
+        if held.iter().any(|f| matches!(f.kernel, KernelRef::User(_))) {
+            log!(Warning, "gpud[{}]: a user's kernel was in flight: leaving the answers to the VM", self.device);
+            return;
+        }
+        for f in &held {
+            log!(
+                Warning,
+                "gpud[{}]: answering {} {:?} jobs in flight with DEVICE_ERROR",
+                self.device,
+                f.jobs.len(),
+                f.kernel
+            );
+            if !self.answer(&f.jobs, Status::DeviceError) {
+                break;
+            }
+        }
+        self.ring.cq_publish();
+    }
+
+    /// Waits for every launch in flight and answers it. Ok(false) when the
+    /// VM went away.
+    pub(super) fn finish_in_flight(&mut self) -> Result<bool> {
+        while !self.in_flight.is_empty() {
+            if !self.reap()? {
+                return Ok(false);
+            }
+            std::thread::yield_now();
+        }
+        Ok(true)
+    }
+
+    /// Writes one completion (waiting for room if the VM broke its promise
+    /// of never letting the CQ fill). False when the VM went away meanwhile.
+    pub(super) fn complete(&mut self, user_data: u64, status: Status, batch: u32) -> bool {
+        let device = self.device;
+        let sock = &self.sock;
+        let mut warned = false;
+        let room = self.ring.cq_wait_for_room(|| {
+            if !warned {
+                log!(Warning, "gpud[{device}]: CQ full; waiting for the VM");
+                warned = true;
+            }
+            !stdin_or_socket_closed(sock)
+        });
+        if !room {
+            log!(Notice, "gpud[{device}]: the VM went away while the CQ was full; exiting");
+            return false;
+        }
+        self.ring.cq_write(Cqe {
+            user_data,
+            status: status.code(),
+            batch,
+        });
+        let stats = self.ring.stats();
+        if status == Status::Ok {
+            stats.jobs_ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            stats.jobs_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+/// Non-blocking look at stdin and the socket, for the CQ-full wait.
+fn stdin_or_socket_closed(sock: &OwnedFd) -> bool {
+    let stdin = std::io::stdin();
+    let mut fds = [
+        PollFd::new(stdin.as_fd(), PollFlags::POLLIN),
+        PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+    ];
+    if poll(&mut fds, PollTimeout::ZERO).is_err() {
+        return false;
+    }
+    let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+    let input = fds[0].revents().unwrap_or(PollFlags::empty());
+    let s = fds[1].revents().unwrap_or(PollFlags::empty());
+    if input.contains(PollFlags::POLLIN) {
+        let mut buf = [0u8; 256];
+        if matches!(nix::unistd::read(stdin.as_fd(), &mut buf), Ok(0)) {
+            return true;
+        }
+    } else if input.intersects(gone) {
+        return true;
+    }
+    s.intersects(gone) || (s.contains(PollFlags::POLLIN) && peer_closed(sock))
+}
