@@ -144,7 +144,7 @@ impl Buffers {
             return Err(status);
         }
         let first = at / ty.bytes();
-        if at % ty.bytes() != 0 || first + u64::from(part) > u64::from(len) {
+        if !at.is_multiple_of(ty.bytes()) || first + u64::from(part) > u64::from(len) {
             return Err(Status::BadShape);
         }
         let addr = match self.live.get_mut(&id) {

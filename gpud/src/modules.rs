@@ -82,7 +82,7 @@ impl UserKernel {
     pub fn out_len(&self, n: u64, dims: &[u32]) -> Option<u64> {
         if let Some(i) = self.divides {
             let d = u64::from(dims[i as usize]);
-            if d == 0 || n % d != 0 {
+            if d == 0 || !n.is_multiple_of(d) {
                 return None;
             }
         }

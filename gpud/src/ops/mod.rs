@@ -174,6 +174,8 @@ pub fn dot2(pairs: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
 
 /// `x` rounded to the element type `ty` (a scalar argument as the kernel
 /// sees it).
+// `.into()` is f32 -> f64, and f64 -> f64 for the f64 arm.
+#[allow(clippy::useless_conversion)]
 pub fn rounded(x: f64, ty: ElemType) -> f64 {
     crate::with_float!(ty, T => T::from_f64(x).into())
 }

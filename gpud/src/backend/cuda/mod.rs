@@ -1,0 +1,364 @@
+//! The CUDA backend: cudarc's driver API, loaded at run time (`libcuda` is
+//! opened on first use; nothing of the toolkit is needed to build), the
+//! batched kernels of `kernels/` embedded as PTX, and as cubins for the
+//! architectures `kernels/build.sh` assembles ([`Cubin`]); a GPU without
+//! one JIT-compiles the PTX.
+//!
+//! Shape:
+//! - the device's primary context, current on the daemon thread; one module
+//!   from the embedded cubin or PTX; [`STREAMS_PER_KERNEL`] non-blocking streams per
+//!   kernel, taken in turn, so launches overlap and complete in any order
+//!   (no launch depends on another in flight: a job that reads a buffer
+//!   is sent only once the job that made it was answered);
+//! - every arena segment is registered once (`cuMemHostRegister`,
+//!   DEVICEMAP | PORTABLE) and its device address taken with
+//!   `cuMemHostGetDevicePointer`: a region's device pointer is the segment's
+//!   device base + the region's offset;
+//! - per launch a slot: the kernel's descriptor table (built with the
+//!   host-side helpers of `kernels/src/abi.rs`) is written into pinned
+//!   staging memory, copied to a device buffer on the stream, the kernel is
+//!   launched with the grid and shared memory abi.rs documents, and an event
+//!   is recorded; [`Backend::poll`] queries the events (`cuEventQuery`).
+//!   Slots are recycled once their event has fired;
+//! - inputs are read straight from the mapped arena (zero-copy over PCIe) or
+//!   copied to device scratch first, per kernel and size ([`policy`]; the
+//!   numbers behind it are there).
+//!
+//! Any CUDA error is fatal: after an illegal address every later call on the
+//! context fails, so gpud answers what it holds with DEVICE_ERROR and exits 3.
+//!
+//! Files, bottom to top: `driver` (the only caller of the raw driver API:
+//! one checked function per call), `image` (the built-in module: PTX or
+//! cubin), `memory` (segments and device buffers), `user_module` (users'
+//! modules, their entries checked), `launch` (placement, slots, one launch
+//! enqueued), and this file (the device opened, the [`Backend`] trait).
+//!
+//! # Mapped vs copied inputs: measured
+//!
+//! See [`policy`] for the table measured on the H200 with `gpud-bench
+//! --bench-backend` and the decision taken from it: streaming kernels read
+//! the mapped arena in place; matmuls with tile reuse (>= 2^25 MACs), lone
+//! medium reduce/dot jobs and reduce/dot jobs of >= 4M elements copy their
+//! inputs to the device first; outputs are written through the mapping.
+
+#![allow(clippy::too_many_arguments)]
+
+mod driver;
+mod image;
+mod launch;
+mod memory;
+mod user_module;
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys;
+
+pub use image::{cubin_for, Cubin};
+pub use launch::policy;
+
+use super::{Arena, Backend, Launch, Ticket};
+use crate::buffers::BufferMemory;
+use crate::error::{Error, Result};
+use crate::layout::{EC_MAX_SEGMENTS, EC_TYPE_COUNT, KERNEL_ROWS};
+use crate::modules::UserKernel;
+use crate::ops::{DevPtrs, Placement};
+use driver::DResult;
+use image::{PTX, PTX_SM80};
+use launch::{Chunk, Copy, Slot, SMEM_DEFAULT_MAX};
+use memory::{CudaMemory, Segment};
+use user_module::UserModule;
+
+/// Streams per built-in kernel. On one stream a launch's input copies wait
+/// for the launch before it, so a pipelined matmul (pipeline.c: bands of A,
+/// each copied in, multiplied, written out) left the copy engine idle while
+/// the kernel ran and the kernel idle while the band copied. Two streams
+/// in turn overlap one drain's copies with the other's kernel: as many as
+/// the drains gpud keeps in flight.
+const STREAMS_PER_KERNEL: usize = crate::daemon::MAX_DRAINS_IN_FLIGHT;
+
+fn no_cuda(reason: &'static str, detail: impl Into<String>) -> Error {
+    Error::NoCuda {
+        reason,
+        detail: detail.into(),
+    }
+}
+
+/// A driver call's failure as a fatal device error, named by the call.
+fn ck<T>(r: DResult<T>, what: &'static str) -> Result<T> {
+    r.map_err(|err| Error::Driver { what, err })
+}
+
+/// A driver call's failure while opening the device: no CUDA backend.
+fn setup<T>(what: &str, r: DResult<T>) -> Result<T> {
+    r.map_err(|e| no_cuda("cuda_setup_failed", format!("{what}: {:?}", e.0)))
+}
+
+/// Loads the driver and counts devices: the time loading libcuda took, and
+/// the count. The reasons are the `error <reason>` tokens of `--probe
+/// --backend cuda`.
+fn driver_devices() -> Result<(Duration, u32)> {
+    if PTX.is_none() {
+        return Err(no_cuda(
+            "no_cuda_backend",
+            "gpud was built with ERLCUDA_NO_PTX=1 (no GPU kernels)",
+        ));
+    }
+    let t = Instant::now();
+    if !driver::load_library() {
+        return Err(no_cuda("no_cuda_driver", "libcuda.so could not be loaded"));
+    }
+    let t_load = t.elapsed();
+    match driver::init() {
+        Ok(()) => {}
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+            return Err(no_cuda("no_cuda_device", "cuInit: no CUDA device"));
+        }
+        Err(e) => return Err(no_cuda("no_cuda_driver", format!("cuInit: {:?}", e.0))),
+    }
+    let n = driver::device_count().map_err(|e| no_cuda("no_cuda_driver", format!("cuDeviceGetCount: {:?}", e.0)))?;
+    if n <= 0 {
+        return Err(no_cuda("no_cuda_device", "the driver sees no device"));
+    }
+    Ok((t_load, n as u32))
+}
+
+/// `--probe`: the number of CUDA devices, or why there is no CUDA backend.
+pub fn probe() -> Result<u32> {
+    driver_devices().map(|(_, n)| n)
+}
+
+pub struct CudaBackend {
+    device: u32,
+    name: String,
+    ctx: sys::CUcontext,
+    cu_dev: sys::CUdevice,
+    module: sys::CUmodule,
+    /// `funcs[kernel id - 1][type id]`: the entry `<entry>_<type>` of every
+    /// type the kernel's row lists (null for the others).
+    funcs: Vec<[sys::CUfunction; EC_TYPE_COUNT as usize]>,
+    /// Dynamic shared memory each function was opened up to (beyond 48 KiB).
+    smem_max: Vec<[u32; EC_TYPE_COUNT as usize]>,
+    /// [`STREAMS_PER_KERNEL`] streams per kernel, taken in turn by its
+    /// launches (`turn`).
+    streams: Vec<[sys::CUstream; STREAMS_PER_KERNEL]>,
+    turn: Vec<usize>,
+    /// Users' kernels: one stream for all of them, their modules by slot,
+    /// and the dynamic shared memory each entry was opened up to.
+    user_stream: sys::CUstream,
+    user_mods: HashMap<u16, UserModule>,
+    user_smem_max: HashMap<(u16, u8), u32>,
+    segs: Vec<Option<Segment>>,
+    /// How long `open`'s steps took (the startup profile).
+    open_phases: Vec<(&'static str, Duration)>,
+    slots: Vec<Slot>,
+    next_ticket: Ticket,
+    busy: usize,
+    /// Benchmarks force a placement for every job.
+    force_mode: Option<Placement>,
+    // Reused per launch.
+    bytes: Vec<u8>,
+    ptrs: Vec<DevPtrs>,
+    copies_in: Vec<Copy>,
+    copies_out: Vec<Copy>,
+    chunks: Vec<Chunk>,
+    zero_dev: Vec<(u64, usize)>,
+    /// Device buffers' raw memory (the caching allocator, buffers.rs,
+    /// sits on it).
+    memory: CudaMemory,
+}
+
+impl CudaBackend {
+    pub fn open(device: u32) -> Result<CudaBackend> {
+        let t_open = Instant::now();
+        let (t_load, n) = driver_devices()?;
+        let t_init = t_open.elapsed().saturating_sub(t_load);
+        if device >= n {
+            return Err(no_cuda(
+                "no_cuda_device",
+                format!("device {device} requested, the driver sees {n}"),
+            ));
+        }
+        let dev = setup("cuDeviceGet", driver::device_get(device as i32))?;
+        // An attribute the driver does not give reads as 0.
+        let attr = |a: sys::CUdevice_attribute| driver::device_attribute(dev, a).unwrap_or(0);
+        use sys::CUdevice_attribute as A;
+        let (major, minor) = (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        );
+        if major < 7 {
+            return Err(no_cuda(
+                "no_cuda_device",
+                format!("device {device} is compute capability {major}.{minor}; the kernels need 7.0"),
+            ));
+        }
+        if attr(A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY) == 0 {
+            return Err(no_cuda("no_cuda_device", format!("device {device} cannot map host memory")));
+        }
+        let dname = driver::device_name(dev).unwrap_or_default();
+        let drv = driver::driver_version().unwrap_or(0);
+        let t = Instant::now();
+        let ctx = setup("cuDevicePrimaryCtxRetain", driver::primary_ctx_retain(dev))?;
+        // SAFETY: the context just retained; released in Drop.
+        setup("cuCtxSetCurrent", unsafe { driver::ctx_set_current(ctx) })?;
+        let t_ctx = t.elapsed();
+        let sm80 = major >= 8 && PTX_SM80.is_some();
+        let src = if sm80 { PTX_SM80 } else { PTX };
+        let ptx = CString::new(src.unwrap_or_default()).map_err(|_| no_cuda("no_cuda_backend", "PTX holds a NUL"))?;
+        let t = Instant::now();
+        let (module, loaded) = image::load_builtin_module(major, minor, sm80, &ptx)?;
+        let load_ms = t.elapsed().as_secs_f64() * 1e3;
+        let funcs = image::builtin_entries(module)?;
+        // The PTX load (t started above it) and the entry lookups.
+        let t_module = t.elapsed();
+        let mut streams = vec![[ptr::null_mut(); STREAMS_PER_KERNEL]; KERNEL_ROWS.len()];
+        for s in streams.iter_mut().flatten() {
+            *s = setup("cuStreamCreate", driver::stream_create_non_blocking())?;
+        }
+        let (free_b, _total_b) = setup("cuMemGetInfo", driver::mem_get_info())?;
+        let user_stream = setup("cuStreamCreate", driver::stream_create_non_blocking())?;
+        log!(
+            Info,
+            "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, kernels: {loaded}, loaded in {load_ms:.1} ms",
+            drv / 1000,
+            drv % 1000 / 10,
+        );
+        Ok(CudaBackend {
+            device,
+            name: format!("{dname} (cc {major}.{minor}, driver {}.{})", drv / 1000, drv % 1000 / 10),
+            ctx,
+            cu_dev: dev,
+            module,
+            smem_max: vec![[SMEM_DEFAULT_MAX; EC_TYPE_COUNT as usize]; funcs.len()],
+            funcs,
+            turn: vec![0; streams.len()],
+            streams,
+            user_stream,
+            user_mods: HashMap::new(),
+            user_smem_max: HashMap::new(),
+            segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
+            // driver_load: opening libcuda; cuda_init: cuInit; context: retaining
+            // (creating, in a fresh process) the primary context; module:
+            // loading the cubin, or the PTX (JIT, or the driver's cache),
+            // and looking up the entries. The rest of open (device queries, streams) is
+            // the daemon's "backend" remainder.
+            open_phases: vec![
+                ("driver_load", t_load),
+                ("cuda_init", t_init),
+                ("context", t_ctx),
+                ("module", t_module),
+            ],
+            slots: Vec::new(),
+            next_ticket: 1,
+            busy: 0,
+            force_mode: None,
+            bytes: Vec::new(),
+            ptrs: Vec::new(),
+            copies_in: Vec::new(),
+            copies_out: Vec::new(),
+            chunks: Vec::new(),
+            zero_dev: Vec::new(),
+            // The device's memory as the context found it: what is
+            // already taken (the context, other processes) is not
+            // ours to hand out.
+            memory: CudaMemory { capacity: free_b as u64 },
+        })
+    }
+
+    /// Benchmarks: place every job's data this way (None: [`policy`]).
+    pub fn force_mode(&mut self, mode: Option<Placement>) {
+        self.force_mode = mode;
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn add_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()> {
+        self.register_segment(seg, base, bytes)
+    }
+
+    fn startup_phases(&self) -> Vec<(&'static str, Duration)> {
+        self.open_phases.clone()
+    }
+
+    fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
+        self.load_user_module(slot, ptx, kernels)
+    }
+
+    fn unload_module(&mut self, slot: u16) {
+        self.unload_user_module(slot)
+    }
+
+    fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
+        self.submit_inner(arena, launch)
+    }
+
+    fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
+        self.poll_slots(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.busy
+    }
+
+    fn buffer_memory(&mut self) -> &mut dyn BufferMemory {
+        &mut self.memory
+    }
+
+    fn host_buffers(&self) -> bool {
+        false
+    }
+
+    fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: `addr` is a live device block of at least src.len() bytes;
+        // src is registered (pinned) arena memory, so the copy runs at full
+        // PCIe speed and is complete when the call returns.
+        ck(unsafe { driver::memcpy_htod(addr, src) }, "cuMemcpyHtoD (put)")
+    }
+
+    fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: as for buf_write. Whatever wrote the buffer has finished:
+        // the VM learns a buffer's id only from a completed job.
+        ck(unsafe { driver::memcpy_dtoh(dst, addr) }, "cuMemcpyDtoH (get)")
+    }
+}
+
+impl Drop for CudaBackend {
+    /// Tears down what `open` and `add_segment` made; errors (a dead context
+    /// after a fault) are ignored.
+    fn drop(&mut self) {
+        // Nothing runs past this: every handle below is then unused.
+        let _ = driver::ctx_synchronize();
+        for s in &mut self.slots {
+            s.free();
+        }
+        // SAFETY (each call below): created by this backend, released once,
+        // after the synchronize above; the context is released last.
+        for s in self.segs.iter().flatten() {
+            if !s.reg_base.is_null() {
+                let _ = unsafe { driver::mem_host_unregister(s.reg_base) };
+            }
+        }
+        for &s in self.streams.iter().flatten() {
+            let _ = unsafe { driver::stream_destroy(s) };
+        }
+        let _ = unsafe { driver::stream_destroy(self.user_stream) };
+        for m in self.user_mods.values() {
+            let _ = unsafe { driver::module_unload(m.module) };
+        }
+        let _ = unsafe { driver::module_unload(self.module) };
+        let _ = unsafe { driver::primary_ctx_release(self.cu_dev) };
+        let _ = self.ctx;
+    }
+}
