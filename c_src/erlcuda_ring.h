@@ -20,8 +20,8 @@
  * Rings: single producer, single consumer, io_uring style
  *   - head and tail are free-running u32 counters; index = counter & (entries-1);
  *     entries is a power of two; the ring is full when tail - head == entries.
- *   - SQ: producer = the VM (its submitters serialise on a mutex in the NIF),
- *     consumer = gpud. CQ: producer = gpud, consumer = the VM's completion
+ *   - SQ: producer = the VM (its submitters serialise on a mutex in the NIF;
+ *     sq_push_locked in c_src/submit.c is its one writer), consumer = gpud. CQ: producer = gpud, consumer = the VM's completion
  *     thread.
  *   - Producer: write the entry, then STORE-RELEASE tail.
  *     Consumer: LOAD-ACQUIRE tail, read entries up to it, then STORE-RELEASE
@@ -121,8 +121,12 @@ enum ec_type {
 #define EC_TYPE_ENUM(NAME, ID, ATOM, BYTES) EC_TYPE_##NAME = ID,
     EC_TYPES(EC_TYPE_ENUM)
 #undef EC_TYPE_ENUM
-    EC_TYPE_COUNT = 6
 };
+/* EC_*_COUNT: the rows of a list, counted (EC_ROW_PLUS_ONE). Ids run 0, 1,
+ * ... (kernels: 1, 2, ...) so a count is also one past the largest id:
+ * EC_IDS_DENSE below and the layout probe check it. */
+#define EC_ROW_PLUS_ONE(...) +1
+enum { EC_TYPE_COUNT = 0 EC_TYPES(EC_ROW_PLUS_ONE) };
 #define EC_TYPE_BIT(NAME) (1u << EC_TYPE_##NAME)
 #define EC_FLOATS (EC_TYPE_BIT(F32) | EC_TYPE_BIT(F64))
 
@@ -141,8 +145,8 @@ enum ec_shape {
 #define EC_SHAPE_ENUM(NAME, ID, ATOM) EC_SHAPE_##NAME = ID,
     EC_SHAPES(EC_SHAPE_ENUM)
 #undef EC_SHAPE_ENUM
-    EC_SHAPE_COUNT = 3
 };
+enum { EC_SHAPE_COUNT = 0 EC_SHAPES(EC_ROW_PLUS_ONE) };
 
 /* Output rules: what the caller gets back.
  *   VECTOR  a vector, in the form of the first vector argument (a list gives
@@ -157,8 +161,8 @@ enum ec_output {
 #define EC_OUTPUT_ENUM(NAME, ID, ATOM) EC_OUTPUT_##NAME = ID,
     EC_OUTPUTS(EC_OUTPUT_ENUM)
 #undef EC_OUTPUT_ENUM
-    EC_OUTPUT_COUNT = 2
 };
+enum { EC_OUTPUT_COUNT = 0 EC_OUTPUTS(EC_ROW_PLUS_ONE) };
 
 /* Kernels: the one table. Everything about a kernel that the VM and gpud
  * share is its row here; the NIF parses Args and builds results from it, gpud
@@ -212,10 +216,8 @@ enum ec_kernel {
     EC_KERNELS(EC_KERNEL_ENUM)
 #undef EC_KERNEL_ENUM
 };
-/* One past the largest id: ids run 1, 2, ... in row order (the probe test
- * checks), so this counts the rows and a new row needs no other edit. */
-#define EC_KERNEL_PLUS_ONE(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY) +1
-#define EC_KERNEL_COUNT (1u EC_KERNELS(EC_KERNEL_PLUS_ONE))
+/* One past the largest id (ids run 1, 2, ...): the rows and the unused 0. */
+#define EC_KERNEL_COUNT (1u EC_KERNELS(EC_ROW_PLUS_ONE))
 
 /* Users' kernels (loaded at run time from a module built with the helper
  * crate, kernels/kit): module slot s (0 <= s < EC_MODULE_SLOTS) holds up to
@@ -303,8 +305,20 @@ enum ec_status {
 #define EC_STATUS_ENUM(NAME, CODE, ATOM) EC_STATUS_##NAME = CODE,
     EC_STATUSES(EC_STATUS_ENUM)
 #undef EC_STATUS_ENUM
-    EC_STATUS_COUNT = 13
 };
+enum { EC_STATUS_COUNT = 0 EC_STATUSES(EC_ROW_PLUS_ONE) };
+
+/* Every list's ids are distinct and run from its first id up, one per row:
+ * the rows' bits (1 << id) fill exactly the bits below the count. Arrays
+ * indexed by id (atoms, kernel rows, element sizes) rely on it. */
+#define EC_ID_BIT(NAME, ID, ...) | (UINT64_C(1) << (ID))
+#define EC_IDS_DENSE(LIST, FIRST, COUNT) \
+    ((0 LIST(EC_ID_BIT)) == (((UINT64_C(1) << (COUNT)) - 1) & ~((UINT64_C(1) << (FIRST)) - 1)))
+_Static_assert(EC_IDS_DENSE(EC_TYPES, 0, EC_TYPE_COUNT), "EC_TYPES ids run 0, 1, ...");
+_Static_assert(EC_IDS_DENSE(EC_SHAPES, 0, EC_SHAPE_COUNT), "EC_SHAPES ids run 0, 1, ...");
+_Static_assert(EC_IDS_DENSE(EC_OUTPUTS, 0, EC_OUTPUT_COUNT), "EC_OUTPUTS ids run 0, 1, ...");
+_Static_assert(EC_IDS_DENSE(EC_KERNELS, 1, EC_KERNEL_COUNT), "EC_KERNELS ids run 1, 2, ...");
+_Static_assert(EC_IDS_DENSE(EC_STATUSES, 0, EC_STATUS_COUNT), "EC_STATUSES codes run 0, 1, ...");
 
 /* An arena address: segment index in the top 16 bits, byte offset inside the
  * segment below. Only segment 0 exists today; the split leaves room for arena
@@ -384,10 +398,10 @@ struct ec_stats {
     uint64_t buf_count;  /* live buffers */
     uint64_t buf_cached; /* bytes of freed buffers kept for reuse */
     uint64_t buf_device_allocs; /* allocations from the device (cuMemAlloc) */
-    /* Where gpud's side of a launch goes (issue 13's profile), summed over
-     * the launches answered: from the start of its drain to the backend's
-     * submit returning, from there to the poll that saw it done, and from
-     * that poll to its CQEs published. */
+    /* Where gpud's side of a launch goes, summed over the launches
+     * answered (erlcuda_bench:latency_split/0 reads them): from the start
+     * of its drain to the backend's submit returning, from there to the
+     * poll that saw it done, and from that poll to its CQEs published. */
     uint64_t launches_timed;
     uint64_t launch_drain_ns;
     uint64_t launch_run_ns;
