@@ -11,7 +11,7 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([dir/1, load_example/0, clamp/1, softmax/1, row_sums/1, sumsq/1, bad_calls/0,
-         launch_options/0, reference/3, refused_ptx/1]).
+         launch_options/0, reference/3, refused_ptx/1, growth_under_load/0]).
 
 -define(SIZES, [0, 1, 7, 1023, 4097, 1 bsl 20 + 7]).
 
@@ -214,3 +214,30 @@ result_form(_, typed) -> typed.
 form_of(L) when is_list(L) -> list;
 form_of(B) when is_binary(B) -> binary;
 form_of({_, B}) when is_binary(B) -> typed.
+
+%% @doc 200 processes, each running 50 launch_sync of the example's clamp (one
+%% vector, two scalars) on {f64, Binary} vectors of 4,099 or 20,000 elements:
+%% {Failed, Jobs}, where a job fails unless it returns exactly the clamped
+%% vector. Started on a small arena, this runs while the arena grows; every
+%% job must succeed (the first failures are printed).
+-spec growth_under_load() -> {non_neg_integer(), pos_integer()}.
+growth_under_load() ->
+    Self = self(),
+    Pids = [spawn_link(fun() -> Self ! {done, self(), growth_worker(I, 50, [])} end)
+            || I <- lists:seq(1, 200)],
+    Failed = lists:append([receive {done, P, F} -> F after 120000 -> error({stuck, P}) end
+                           || P <- Pids]),
+    [io:format("growth_under_load: ~p~n", [F]) || F <- lists:sublist(Failed, 5)],
+    {length(Failed), 200 * 50}.
+
+growth_worker(_, 0, Failed) -> Failed;
+growth_worker(I, Left, Failed) ->
+    N = case (I + Left) rem 2 of 0 -> 4099; 1 -> 20000 end,
+    X = float(I * 100 + Left),
+    Vec = {f64, binary:copy(<<X:64/float-native>>, N)},
+    Want = {f64, binary:copy(<<(min(X, 10000.0)):64/float-native>>, N)},
+    case erlcuda:launch_sync({example, clamp}, [Vec, 0.0, 10000.0], [{timeout, 60000}]) of
+        {ok, Want} -> growth_worker(I, Left - 1, Failed);
+        {ok, {T, B}} -> growth_worker(I, Left - 1, [{I, Left, N, {wrong, T, byte_size(B)}} | Failed]);
+        Other -> growth_worker(I, Left - 1, [{I, Left, N, Other} | Failed])
+    end.
