@@ -44,11 +44,15 @@ compile:
 # Users' kernels: the example crate and the faulty one the tests load, built
 # with the documented command (priv/erlcuda-build) into _build/user_modules.
 USER_MODULES := $(CURDIR)/_build/user_modules
+# Every kernel crate the tests build shares the built-in kernels' target
+# directory: they have one profile and one set of nvptx flags, so core and
+# compiler_builtins for nvptx64 are built once, not once a crate.
+TEST_KERNELS_TARGET := $(CURDIR)/kernels/target
 user-modules:
-	priv/erlcuda-build examples/kernels $(USER_MODULES)/example
-	priv/erlcuda-build test/kernels_faulty $(USER_MODULES)/faulty
+	ERLCUDA_BUILD_TARGET_DIR=$(TEST_KERNELS_TARGET) priv/erlcuda-build examples/kernels $(USER_MODULES)/example
+	ERLCUDA_BUILD_TARGET_DIR=$(TEST_KERNELS_TARGET) priv/erlcuda-build test/kernels_faulty $(USER_MODULES)/faulty
 
-# README's "Writing your own kernel": builds examples/kernels, loads it and
+# guides/your-own-kernels.md: builds examples/kernels, loads it and
 # runs every kernel on this machine's backend, checked against a reference.
 EXAMPLE_EBIN := _build/example/ebin
 example: setup compile user-modules
@@ -114,7 +118,7 @@ kernel-module:
 # test/kernels_faulty, and its refusals (test/kernel_build.sh).
 test-kernel-build:
 	cd kernels/kit && $(CARGO) +nightly test -q
-	bash test/kernel_build.sh
+	ERLCUDA_BUILD_TARGET_DIR=$(TEST_KERNELS_TARGET) bash test/kernel_build.sh
 
 test-erlang: compile gpud-fault user-modules
 	$(REBAR) eunit
@@ -133,12 +137,12 @@ test-docs: compile
 	 fi; echo "version $$v: src/erlcuda.app.src and CHANGELOG.md agree"
 
 # erlcuda as a dependency of a throwaway rebar3 app: a kernel from erl -pa,
-# a relx release booted, dialyzer (README, "As a rebar3 dependency").
+# a relx release booted, dialyzer (guides/getting-started.md, "As a rebar3 dependency").
 test-as-dependency: compile
 	bash test/as_dependency.sh
 
-# erlcuda as a dependency of a mix project (examples/elixir, README "From
-# Elixir"), with Debian's elixir and rebar3 (no Hex). Skipped where elixir
+# erlcuda as a dependency of a mix project (examples/elixir,
+# guides/getting-started.md "From Elixir"), with Debian's elixir and rebar3 (no Hex). Skipped where elixir
 # is not installed (.ci/setup installs it).
 MIX_REBAR3 ?= $(shell command -v rebar3)
 test-elixir: compile
@@ -168,7 +172,7 @@ bench-cluster: setup $(BENCH_EBIN)
 	erl -noshell -sname erlcuda_bench_$$$$ -pa $(EBIN) -pa $(BENCH_EBIN) \
 	    -eval 'erlcuda_cluster_bench:main(), halt().'
 
-# The whole-stack GPU check, for a machine with only a driver (README).
+# The whole-stack GPU check, for a machine with only a driver (guides/on-a-gpu-machine.md).
 gpu-bundle: setup
 	bash test/gpu/bundle.sh
 

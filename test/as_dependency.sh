@@ -8,7 +8,7 @@
 #      its kernels, and gpud's diagnostics come out through the release's
 #      logger with the rest of its logs,
 #   3. runs rebar3 dialyzer on the app, with the one line of rebar.config a
-#      project without telemetry needs (README, "As a rebar3 dependency").
+#      project without telemetry needs (guides/getting-started.md, "As a rebar3 dependency").
 # The temp folder is removed unless KEEP=1.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -76,7 +76,9 @@ fi
 # --------------------------------------------------------- (b) refusals
 
 # The small crates below share one target directory: core is built once.
-export ERLCUDA_BUILD_TARGET_DIR="$tmp/target"
+# The Makefile shares one target directory among the tests' kernel builds
+# (core for nvptx64 is built once); alone, a scratch one.
+export ERLCUDA_BUILD_TARGET_DIR="${ERLCUDA_BUILD_TARGET_DIR:-$tmp/target}"
 
 # crate NAME LIB_RS: a crate depending on the kit, in $tmp/NAME.
 crate() {
@@ -91,6 +93,8 @@ edition = "2021"
 crate-type = ["cdylib"]
 [dependencies]
 erlcuda-kernel = { path = "$root/kernels/kit" }
+[profile.release]
+codegen-units = 1
 EOF
   printf '%s\n' "$2" >"$tmp/$1/src/lib.rs"
 }
@@ -140,7 +144,7 @@ erlcuda_kernel::elementwise!(twice, [f32], (x: v) => x + x);
 #[cfg(not(target_arch = "nvptx64"))]
 erlcuda_kernel::elementwise!(cpu_only, [f32], (x: v) => x);'
 refused "a declared kernel without its PTX entry" \
-  "erlcuda-build: kernel cpu_only: its PTX entry cpu_only_f32 is missing from $tmp/target/nvptx64-nvidia-cuda/release/hostonly.ptx" \
+  "erlcuda-build: kernel cpu_only: its PTX entry cpu_only_f32 is missing from $ERLCUDA_BUILD_TARGET_DIR/nvptx64-nvidia-cuda/release/hostonly.ptx" \
   -- "$tmp/hostonly" "$tmp/o"
 
 crate empty '#![cfg_attr(target_arch = "nvptx64", no_std)]

@@ -1,4 +1,4 @@
-%% The example of README's "Writing your own kernel": loads the kernels of
+%% The example of guides/your-own-kernels.md: loads the kernels of
 %% examples/kernels (built by `make example' with priv/erlcuda-build) and
 %% runs each on this machine's backend, checked against a plain Erlang
 %% reference. Run by `make example'.
