@@ -341,11 +341,22 @@ pub fn host_ram() -> u64 {
     (pages as u64).saturating_mul(size as u64)
 }
 
+/// How much memory device buffers may take (`device_memory_limit` of the
+/// app env, see [`limit_for`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// Leave headroom for the context.
+    #[default]
+    Default,
+    Bytes(u64),
+    /// Parts per million of the device's memory (0 < ppm <= 1e6).
+    Fraction(u32),
+}
+
 /// The limit for `capacity` bytes of device memory: `Bytes(n)` as given,
 /// `Fraction(ppm)` of capacity, `Default` leaving a tenth (at least 1 GiB,
 /// for the context, kernels and scratch) free, but never below a quarter.
-pub fn limit_for(capacity: u64, limit: crate::cli::MemoryLimit) -> u64 {
-    use crate::cli::MemoryLimit;
+pub fn limit_for(capacity: u64, limit: MemoryLimit) -> u64 {
     match limit {
         MemoryLimit::Bytes(n) => n,
         MemoryLimit::Fraction(ppm) => (capacity as u128 * u128::from(ppm) / 1_000_000) as u64,
@@ -511,7 +522,6 @@ mod tests {
 
     #[test]
     fn limits() {
-        use crate::cli::MemoryLimit;
         let g = 1u64 << 30;
         assert_eq!(limit_for(141 * g, MemoryLimit::Default), 141 * g - 141 * g / 10);
         assert_eq!(limit_for(4 * g, MemoryLimit::Default), 3 * g);

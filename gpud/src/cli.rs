@@ -3,6 +3,7 @@
 //! [--memory-limit BYTES | --memory-fraction F]`.
 
 use crate::backend::BackendKind;
+use crate::buffers::MemoryLimit;
 use crate::error::{Error, Result};
 
 pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F]\n       gpud --probe [--backend cpu|cuda|auto]";
@@ -11,18 +12,6 @@ pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda
 pub const DEFAULT_SPIN_US: u64 = 50;
 /// Upper bound for `--spin-us`: a second of spinning is already absurd.
 pub const MAX_SPIN_US: u64 = 1_000_000;
-
-/// How much memory device buffers may take (`device_memory_limit` of the
-/// app env, see `buffers::limit_for`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MemoryLimit {
-    /// Leave headroom for the context.
-    #[default]
-    Default,
-    Bytes(u64),
-    /// Parts per million of the device's memory (0 < ppm <= 1e6).
-    Fraction(u32),
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DaemonOpts {

@@ -13,7 +13,7 @@ use crate::layout::{
     EC_PARAM_BYTES, EC_USER_KERNEL_BASE,
 };
 use crate::modules::{Registry, UserKernel, UserShape};
-use crate::ops::kitjob;
+use crate::kitjob;
 
 /// The arena segments gpud has mapped, and their sizes: what addresses are
 /// validated against. Segment 0 is the arena inside the first memfd.

@@ -4,29 +4,41 @@
 //! and answers on the completion ring. `c_src/erlcuda_ring.h` is the
 //! contract; [`layout`] mirrors it.
 //!
-//! Modules, in the order data flows through them:
-//! - [`cli`]: the command line;
-//! - [`handshake`]: socket, peer check, fds, mapping, header validation;
-//! - [`ring`]: SQ consumer, CQ producer, NEED_WAKEUP;
-//! - [`descriptor`]: validation of untrusted submissions;
-//! - [`modules`]: users' kernels, loaded at run time;
-//! - [`buffers`]: device buffers, their caching allocator and accounting;
-//! - [`coalesce`]: grouping by kernel, batch statistics;
-//! - [`segment`]: arena segments sent after the handshake;
-//! - [`backend`]: the backends (`cpu`, `cuda`);
-//! - [`daemon`]: the main loop tying them together;
-//! - [`startup`]: where the time from `main` to `ready` goes;
-//! - [`log`]: diagnostics on stderr, one `<level>`-prefixed line each, which
-//!   the VM turns into OTP logger events.
+//! # Layers
 //!
-//! Besides, with the `testkit` feature only (tests and benchmarks, never in
-//! the gpud the VM runs): [`testvec`] (shared test vectors, the descriptor
-//! builder, `gpud-bench --bench-backend`) and [`baseline`] (`gpud-bench
-//! --baseline`, the benchmarks' in-process baseline).
+//! The modules form floors, bottom to top; a module uses only modules on
+//! floors below its own (`tests/layers.rs` checks it against this list):
+//!
+//! 1. [`log`], [`error`], [`startup`], [`kitjob`]: diagnostics on stderr
+//!    (one `<level>`-prefixed line each, which the VM turns into OTP logger
+//!    events), gpud's error type, the startup profile, and the job ABI of
+//!    kernels declared with `kernels/kit` (shared verbatim with their code);
+//! 2. [`layout`]: the mirror of the ring header, and the kernel table;
+//! 3. [`handshake`]: socket, peer check, fds, mapping, header validation;
+//! 4. [`modules`]: users' kernels, loaded at run time;
+//! 5. [`descriptor`]: validation of untrusted submissions;
+//! 6. [`arena`], [`buffers`], [`coalesce`]: the arena as host code reads
+//!    it, device buffers (their caching allocator and accounting), grouping
+//!    by kernel;
+//! 7. [`ring`], [`ops`]: SQ consumer, CQ producer and NEED_WAKEUP; the
+//!    host side of every kernel;
+//! 8. [`backend`]: the backends (`cpu`, `cuda`);
+//! 9. [`segment`], [`cli`]: arena segments sent after the handshake,
+//!    registered with the backend; the command line;
+//! 10. [`daemon`]: the main loop tying them together;
+//! 11. [`testvec`]: with the `testkit` feature only (tests and benchmarks,
+//!     never in the gpud the VM runs): shared test vectors, the descriptor
+//!     builder, `gpud-bench --bench-backend`;
+//! 12. [`baseline`]: `gpud-bench --baseline`, the benchmarks' in-process
+//!     baseline (`testkit` too).
+//!
+//! Unit tests (`#[cfg(test)]`) may use [`testvec`] from any floor, as
+//! integration tests would.
 
 // First, so that `log!` is in scope in every module below.
 #[macro_use]
 pub mod log;
+pub mod arena;
 pub mod backend;
 pub mod buffers;
 #[cfg(feature = "testkit")]
@@ -37,6 +49,12 @@ pub mod daemon;
 pub mod descriptor;
 pub mod error;
 pub mod handshake;
+// The job ABI of kernels declared with the helper crate (kernels/kit):
+// users' kernels, and the built-ins re-expressed with it (saxpy). Shared
+// verbatim with the device and host code of those kernels.
+#[path = "../../kernels/kit/src/job.rs"]
+#[allow(dead_code, clippy::all)]
+pub mod kitjob;
 pub mod layout;
 pub mod modules;
 pub mod ops;

@@ -21,9 +21,8 @@ use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::backend::Backend;
 use crate::layout::{ElemType, EC_MODULE_KERNELS, EC_MODULE_SLOTS, EC_TYPE_COUNT, EC_USER_KERNEL_BASE};
-use crate::ops::kitjob::{self, Blocks, Job as KitJob};
+use crate::kitjob::{self, Blocks, Job as KitJob};
 
 /// A kernel's host code: runs one whole job (host addresses).
 pub type HostFn = unsafe extern "C" fn(*const KitJob);
@@ -292,6 +291,20 @@ struct Module {
     _host: HostLib,
 }
 
+/// The device side of users' modules: what [`Registry`] asks of a backend
+/// (every backend is one).
+pub trait ModuleLoader {
+    /// Makes the device code of module `slot` ready for its kernels'
+    /// launches (the CUDA backend loads the PTX and checks every declared
+    /// entry; the CPU backend runs host code and needs nothing). Replaces
+    /// what the slot held; nothing of the slot is in flight. `Err` refuses
+    /// the module, with the reason; the backend serves on.
+    fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> Result<(), String>;
+
+    /// Drops module `slot`'s device code; nothing of it is in flight.
+    fn unload_module(&mut self, slot: u16);
+}
+
 /// The loaded modules by slot.
 #[derive(Default)]
 pub struct Registry {
@@ -317,7 +330,7 @@ impl Registry {
 
     /// Loads the module in `dir` into `slot` (replacing what was there),
     /// on the host and on `backend`.
-    pub fn load(&mut self, slot: u16, dir: &Path, backend: &mut dyn Backend) -> Result<(), String> {
+    pub fn load(&mut self, slot: u16, dir: &Path, backend: &mut dyn ModuleLoader) -> Result<(), String> {
         if slot >= EC_MODULE_SLOTS {
             return Err(format!("slot {slot} (at most {})", EC_MODULE_SLOTS - 1));
         }
@@ -364,7 +377,7 @@ impl Registry {
     }
 
     /// Unloads slot `slot` (nothing when it is empty).
-    pub fn unload(&mut self, slot: u16, backend: &mut dyn Backend) {
+    pub fn unload(&mut self, slot: u16, backend: &mut dyn ModuleLoader) {
         if self.slots.remove(&slot).is_some() {
             backend.unload_module(slot);
         }

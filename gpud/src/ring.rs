@@ -12,7 +12,7 @@ use std::ptr;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::handshake::{Geometry, Mapping};
 use crate::layout::{Cqe, Header, Sqe, Stats, EC_NEED_WAKEUP};
 

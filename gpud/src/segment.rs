@@ -29,7 +29,8 @@ use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use nix::sys::time::TimeSpec;
 
-use crate::backend::{Arena, Backend};
+use crate::arena::Arena;
+use crate::backend::Backend;
 use crate::descriptor::SegmentSizes;
 use crate::error::{Error, Result};
 use crate::handshake::{check_memfd, Mapping};

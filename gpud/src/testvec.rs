@@ -26,7 +26,8 @@ use std::time::Instant;
 
 use nix::sys::memfd::{memfd_create, MFdFlags};
 
-use crate::backend::{Arena, Backend, Launch, Ticket};
+use crate::arena::Arena;
+use crate::backend::{Backend, Launch, Ticket};
 use crate::coalesce::{self, Coalescer};
 use crate::descriptor::{validate, Job, SegmentSizes};
 use crate::error::{Error, Result};

@@ -11,11 +11,12 @@ use rayon::prelude::*;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{Arena, Backend, Launch, Ticket};
+use super::{Backend, Launch, Ticket};
+use crate::arena::Arena;
 use crate::buffers::{BufferMemory, HostMemory};
 use crate::descriptor::Job;
 use crate::error::{Error, Result};
-use crate::modules::UserKernel;
+use crate::modules::{ModuleLoader, UserKernel};
 
 /// Total elements in a launch above which its jobs are spread over threads.
 const PAR_BATCH_WORK: u64 = 1 << 15;
@@ -42,6 +43,15 @@ impl CpuBackend {
     }
 }
 
+impl ModuleLoader for CpuBackend {
+    fn load_module(&mut self, _slot: u16, _ptx: &str, _kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
+        // The module's host library (loaded by `modules.rs`) is all the CPU runs.
+        Ok(())
+    }
+
+    fn unload_module(&mut self, _slot: u16) {}
+}
+
 impl Backend for CpuBackend {
     fn kind(&self) -> &'static str {
         "cpu"
@@ -55,13 +65,6 @@ impl Backend for CpuBackend {
         // Plain memory: the mapping is all the CPU needs.
         Ok(())
     }
-
-    fn load_module(&mut self, _slot: u16, _ptx: &str, _kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
-        // The module's host library (loaded by `modules.rs`) is all the CPU runs.
-        Ok(())
-    }
-
-    fn unload_module(&mut self, _slot: u16) {}
 
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
         if launch.jobs.iter().any(Job::fault) {

@@ -11,20 +11,25 @@
 pub mod cpu;
 pub mod cuda;
 
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use std::sync::Arc;
-
+use crate::arena::Arena;
 use crate::buffers::BufferMemory;
-use crate::descriptor::{Job, KernelRef, Region};
+use crate::descriptor::{Job, KernelRef};
 use crate::error::Result;
-use crate::layout::{ElemType, EC_MAX_SEGMENTS};
-use crate::modules::UserKernel;
+use crate::layout::ElemType;
+use crate::modules::ModuleLoader;
 use crate::ops::KernelOp;
 
 /// Names one submitted launch until [`Backend::poll`] reports it done.
 pub type Ticket = u64;
+
+/// Drains whose launches may be on the backend at once (the daemon's
+/// pipeline depth; the cuda backend keeps as many streams per kernel). Two
+/// keeps the GPU fed (the next batch is queued behind the running one)
+/// without splitting the SQ into many small launches while the GPU is busy
+/// anyway.
+pub const MAX_DRAINS_IN_FLIGHT: usize = 2;
 
 /// What `--backend` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,122 +59,6 @@ impl BackendKind {
     }
 }
 
-/// The arena as the backends see it: every mapped segment's base pointer
-/// and size, borrowed from the mappings for `'a`.
-///
-/// Regions handed out here come from validated [`Job`]s; the bounds check
-/// is repeated anyway (it costs nothing next to the kernel) so that a region
-/// validated against different segments can never reach past these.
-#[derive(Clone)]
-pub struct Arena<'a> {
-    segs: [Option<(NonNull<u8>, u64)>; EC_MAX_SEGMENTS as usize],
-    /// Device buffers are host memory (the cpu backend): a buffer region's
-    /// offset is then its host address. Off for cuda, whose buffers no
-    /// host code may touch.
-    host_buffers: bool,
-    _borrow: PhantomData<&'a mut [u8]>,
-}
-
-// SAFETY: the arena is plain memory; sharing the handle between rayon
-// workers is sound because every access goes through `input`/`output`,
-// whose callers guarantee that no two live slices conflict.
-unsafe impl Send for Arena<'_> {}
-unsafe impl Sync for Arena<'_> {}
-
-impl<'a> Arena<'a> {
-    /// An arena of segment 0 only.
-    ///
-    /// # Safety
-    /// `base..base + bytes` must stay mapped readable and writable for `'a`,
-    /// and `base` must be 8-byte aligned.
-    pub unsafe fn from_raw(base: NonNull<u8>, bytes: u64) -> Arena<'a> {
-        let mut a = Arena {
-            segs: [None; EC_MAX_SEGMENTS as usize],
-            host_buffers: false,
-            _borrow: PhantomData,
-        };
-        // SAFETY: forwarded to the caller.
-        unsafe { a.set_segment(0, base, bytes) };
-        a
-    }
-
-    /// Adds (or replaces) segment `seg`.
-    ///
-    /// # Safety
-    /// As for [`Arena::from_raw`]; `seg < EC_MAX_SEGMENTS`.
-    pub unsafe fn set_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) {
-        assert_eq!(base.as_ptr() as usize % 8, 0, "arena base must hold any element type");
-        assert!(usize::try_from(bytes).is_ok());
-        self.segs[seg] = Some((base, bytes));
-    }
-
-    /// An arena over ordinary memory, for tests and benchmarks.
-    pub fn from_slice(buf: &'a mut [f64]) -> Arena<'a> {
-        let bytes = std::mem::size_of_val(buf) as u64;
-        // SAFETY: the mutable borrow keeps the buffer alive and unaliased for 'a.
-        unsafe { Arena::from_raw(NonNull::from(buf).cast(), bytes) }
-    }
-
-    /// This arena's backend keeps device buffers in host memory (see
-    /// `host_buffers`).
-    pub fn with_host_buffers(mut self, yes: bool) -> Arena<'a> {
-        self.host_buffers = yes;
-        self
-    }
-
-    /// Size of segment 0.
-    pub fn bytes(&self) -> u64 {
-        self.segment(0).map_or(0, |(_, b)| b)
-    }
-
-    /// Base and size of segment `seg`, if it is there.
-    pub fn segment(&self, seg: usize) -> Option<(NonNull<u8>, u64)> {
-        self.segs.get(seg).copied().flatten()
-    }
-
-    /// The host address of `r`'s first byte (checked against its segment).
-    pub fn host_ptr(&self, r: Region) -> *mut u8 {
-        if r.is_buffer() {
-            // A live buffer's block (buffers.rs keeps it until every launch
-            // submitted before its free has finished), r.bytes() long.
-            assert!(self.host_buffers, "region {r:?} is a device buffer, not host memory");
-            return r.offset() as *mut u8;
-        }
-        let (base, bytes) = self
-            .segment(r.segment())
-            .unwrap_or_else(|| panic!("region {r:?} in a segment the arena lacks"));
-        assert!(r.end() <= bytes, "region {r:?} outside its segment");
-        // In bounds by the assert.
-        base.as_ptr().wrapping_add(r.offset() as usize)
-    }
-
-    /// `r` as elements of `T`, whose size must be the region's element size.
-    fn typed<T>(&self, r: Region) -> *mut T {
-        assert_eq!(std::mem::size_of::<T>() as u64, r.elem_bytes(), "region {r:?} read as another type");
-        let p = self.host_ptr(r);
-        // Validation made offset % elem == 0; segment bases are page
-        // aligned (mappings), so the pointer is aligned for T.
-        assert_eq!(p as usize % std::mem::align_of::<T>(), 0, "region {r:?} misaligned");
-        p.cast()
-    }
-
-    /// # Safety
-    /// No `&mut` slice overlapping `r` may be live while the result is.
-    pub unsafe fn input<T>(&self, r: Region) -> &[T] {
-        // SAFETY: in bounds and aligned (see `typed`); no conflicting writer
-        // per the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.typed::<T>(r), r.len()) }
-    }
-
-    /// # Safety
-    /// No other slice overlapping `r` may be live while the result is.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn output<T>(&self, r: Region) -> &mut [T] {
-        // SAFETY: as for `input`, and exclusive per the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.typed::<T>(r), r.len()) }
-    }
-}
-
 /// One launch: every job of one kernel and element type (and, for a user's
 /// kernel, geometry) from one drain.
 pub struct Launch<'j> {
@@ -192,7 +81,8 @@ impl<'j> Launch<'j> {
     }
 }
 
-pub trait Backend {
+/// A backend also loads users' modules ([`ModuleLoader`]).
+pub trait Backend: ModuleLoader {
     /// `cpu` or `cuda`: the second word of the `ready` line.
     fn kind(&self) -> &'static str;
 
@@ -209,16 +99,6 @@ pub trait Backend {
     fn startup_phases(&self) -> Vec<(&'static str, std::time::Duration)> {
         Vec::new()
     }
-
-    /// Makes the device code of module `slot` ready for its kernels'
-    /// launches (the CUDA backend loads the PTX and checks every declared
-    /// entry; the CPU backend runs host code and needs nothing). Replaces
-    /// what the slot held; nothing of the slot is in flight. `Err` refuses
-    /// the module, with the reason; the backend serves on.
-    fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String>;
-
-    /// Drops module `slot`'s device code; nothing of it is in flight.
-    fn unload_module(&mut self, slot: u16);
 
     /// Starts every job of `launch` and returns its ticket. The jobs are
     /// finished (outputs written) once [`Backend::poll`] has reported the

@@ -6,7 +6,7 @@
 //! completions are written when the backend reports them done (for CUDA:
 //! when the launch's event has fired), in whatever order that happens. While
 //! launches run, gpud drains, validates and submits the next batch, up to
-//! [`MAX_DRAINS_IN_FLIGHT`] drains at a time: one running and one queued
+//! [`backend::MAX_DRAINS_IN_FLIGHT`] drains at a time: one running and one queued
 //! behind it on the GPU, with the SQ filling up meanwhile so that the next
 //! drain coalesces more. With work in flight gpud never blocks on the SQ
 //! eventfd alone: it polls the backend and the SQ together, spinning first
@@ -51,11 +51,6 @@ use crate::startup::Phases;
 /// starts (the VM sends them right behind the hello; any later is
 /// registered after the driver's start, only without populated page tables).
 const EARLY_SEGMENTS_WAIT: Duration = Duration::from_millis(20);
-
-/// Drains whose launches may be on the backend at once. Two keeps the GPU
-/// fed (the next batch is queued behind the running one) without splitting
-/// the SQ into many small launches while the GPU is busy anyway.
-pub const MAX_DRAINS_IN_FLIGHT: usize = 2;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -198,7 +193,7 @@ impl Daemon {
         sock: OwnedFd,
     ) -> Daemon {
         let mut backend = backend;
-        let limit = buffers::limit_for(backend.buffer_memory().buf_capacity(), crate::cli::MemoryLimit::Default);
+        let limit = buffers::limit_for(backend.buffer_memory().buf_capacity(), buffers::MemoryLimit::Default);
         Daemon {
             device,
             spin,
@@ -218,7 +213,7 @@ impl Daemon {
     }
 
     /// Sets the buffers' memory limit (`--memory-limit`, `--memory-fraction`).
-    pub fn set_memory_limit(&mut self, limit: crate::cli::MemoryLimit) {
+    pub fn set_memory_limit(&mut self, limit: buffers::MemoryLimit) {
         let cap = self.backend.buffer_memory().buf_capacity();
         let mut b = Buffers::new(buffers::limit_for(cap, limit));
         std::mem::swap(&mut self.buffers, &mut b);

@@ -203,7 +203,7 @@ fn put_slices_out_of_order_then_get_and_a_failing_put() {
     }
     let (mut d, _vm) = heap_daemon(base, total, geo);
     // Room for one 12 KB buffer (a 12 KiB size class), not two.
-    d.set_memory_limit(crate::cli::MemoryLimit::Bytes(20_000));
+    d.set_memory_limit(buffers::MemoryLimit::Bytes(20_000));
     assert!(d.process_drain().unwrap());
     assert_eq!(d.buffer_use(), (1, buffers::size_class(12_000)), "buffer 6 alone, counted once");
     let stats = d.ring().stats();

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, ppoll, PollFd, PollFlags, PollTimeout};
 use nix::sys::time::TimeSpec;
 
-use super::{Daemon, Wake, MAX_DRAINS_IN_FLIGHT};
+use super::{Daemon, Wake};
+use crate::backend::MAX_DRAINS_IN_FLIGHT;
 use crate::error::{Error, Result};
 use crate::segment::SockState;
 

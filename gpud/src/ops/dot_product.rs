@@ -3,7 +3,7 @@
 
 use super::reduce::{large, reduction_blocks, reduction_placement, reduction_table};
 use super::{sum, DevPtrs, DeviceLaunch, KernelOp, Placement};
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::descriptor::Job;
 use crate::layout::ElemType;
 use crate::with_float;

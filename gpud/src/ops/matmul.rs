@@ -4,7 +4,7 @@
 //! ([`Gemm`]), at most k + 1 roundings deep on both (the header's rule).
 
 use super::{abi, push_pod, DevPtrs, DeviceLaunch, Float, KernelOp, Placement};
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::descriptor::Job;
 use crate::layout::ElemType;
 use crate::with_float;

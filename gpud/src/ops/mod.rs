@@ -11,8 +11,9 @@
 
 use std::ops::{Add, AddAssign, Mul};
 
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::descriptor::Job;
+use crate::kitjob;
 use crate::layout::{ElemType, Kernel, EC_PARAM_BYTES, EC_SUM_CHUNK, EC_SUM_GROUPS, EC_SUM_SERIAL};
 
 // The kernels' ABI (job-table structs, grid rules), shared verbatim with the
@@ -20,13 +21,6 @@ use crate::layout::{ElemType, Kernel, EC_PARAM_BYTES, EC_SUM_CHUNK, EC_SUM_GROUP
 #[path = "../../../kernels/src/abi.rs"]
 #[allow(clippy::all)]
 pub mod abi;
-
-// The job ABI of kernels declared with the helper crate (kernels/kit):
-// users' kernels, and the built-ins re-expressed with it (saxpy). Shared
-// verbatim with the device and host code of those kernels.
-#[path = "../../../kernels/kit/src/job.rs"]
-#[allow(dead_code, clippy::all)]
-pub mod kitjob;
 
 // The CPU sums' order (serial runs, pairwise within a chunk), the very
 // code the kit's host sums run.

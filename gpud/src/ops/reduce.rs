@@ -2,7 +2,7 @@
 //! `dot_product` shares (the same device ABI and placement).
 
 use super::{abi, push_pod, sum, DevPtrs, DeviceLaunch, KernelOp, Placement};
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::descriptor::Job;
 use crate::layout::ElemType;
 use crate::with_float;

@@ -8,9 +8,9 @@
 //! `kitjob::Job` per job, alpha the f64 at byte 0 of the parameter area.
 //! The CPU path stays here.
 
-use super::kitjob::{self, Blocks};
+use crate::kitjob::{self, Blocks};
 use super::{elementwise, kit_job, push_pod, DevPtrs, DeviceLaunch, Float, KernelOp, KIT_MAX_GRID};
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::descriptor::Job;
 use crate::layout::ElemType;
 use crate::with_float;

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use super::kitjob::{self, Job as KitJob};
+use crate::kitjob::{self, Job as KitJob};
 use super::{DevPtrs, DeviceLaunch, KernelOp};
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::descriptor::Job;
 use crate::modules::{OutRule, UserKernel, UserShape};
 

@@ -2,7 +2,7 @@
 //! backends).
 
 use super::{abi, elementwise, push_pod, DevPtrs, DeviceLaunch, KernelOp};
-use crate::backend::Arena;
+use crate::arena::Arena;
 use crate::descriptor::Job;
 use crate::layout::ElemType;
 use crate::with_float;

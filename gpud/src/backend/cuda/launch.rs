@@ -9,7 +9,8 @@ use std::ptr;
 use cudarc::driver::sys;
 
 use super::{ck, driver, CudaBackend, STREAMS_PER_KERNEL};
-use crate::backend::{Arena, Launch, Ticket};
+use crate::arena::Arena;
+use crate::backend::{Launch, Ticket};
 use crate::descriptor::{Job, KernelRef};
 use crate::error::{Error, Result};
 use crate::layout::{ElemType, Kernel};

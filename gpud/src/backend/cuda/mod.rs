@@ -60,11 +60,12 @@ use cudarc::driver::sys;
 pub use image::{cubin_for, Cubin};
 pub use launch::policy;
 
-use super::{Arena, Backend, Launch, Ticket};
+use super::{Backend, Launch, Ticket};
+use crate::arena::Arena;
 use crate::buffers::BufferMemory;
 use crate::error::{Error, Result};
 use crate::layout::{EC_MAX_SEGMENTS, EC_TYPE_COUNT, KERNEL_ROWS};
-use crate::modules::UserKernel;
+use crate::modules::{ModuleLoader, UserKernel};
 use crate::ops::{DevPtrs, Placement};
 use driver::DResult;
 use image::{PTX, PTX_SM80};
@@ -78,7 +79,7 @@ use user_module::UserModule;
 /// the kernel ran and the kernel idle while the band copied. Two streams
 /// in turn overlap one drain's copies with the other's kernel: as many as
 /// the drains gpud keeps in flight.
-const STREAMS_PER_KERNEL: usize = crate::daemon::MAX_DRAINS_IN_FLIGHT;
+const STREAMS_PER_KERNEL: usize = super::MAX_DRAINS_IN_FLIGHT;
 
 fn no_cuda(reason: &'static str, detail: impl Into<String>) -> Error {
     Error::NoCuda {
@@ -275,6 +276,16 @@ impl CudaBackend {
     }
 }
 
+impl ModuleLoader for CudaBackend {
+    fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
+        self.load_user_module(slot, ptx, kernels)
+    }
+
+    fn unload_module(&mut self, slot: u16) {
+        self.unload_user_module(slot)
+    }
+}
+
 impl Backend for CudaBackend {
     fn kind(&self) -> &'static str {
         "cuda"
@@ -290,14 +301,6 @@ impl Backend for CudaBackend {
 
     fn startup_phases(&self) -> Vec<(&'static str, Duration)> {
         self.open_phases.clone()
-    }
-
-    fn load_module(&mut self, slot: u16, ptx: &str, kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
-        self.load_user_module(slot, ptx, kernels)
-    }
-
-    fn unload_module(&mut self, slot: u16) {
-        self.unload_user_module(slot)
     }
 
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
