@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    kernel_table();
+    let entries = kernel_table();
     println!("cargo::rustc-check-cfg=cfg(erlcuda_no_ptx)");
     println!("cargo::rustc-check-cfg=cfg(erlcuda_no_sm80)");
     println!("cargo::rerun-if-env-changed=ERLCUDA_NO_PTX");
@@ -40,6 +40,7 @@ fn main() {
     let result = Command::new("bash").arg(kernels.join("build.sh")).arg(&out).output();
     match result {
         Ok(o) if o.status.success() && ptx.exists() => {
+            check_entries(&entries, &[ptx.clone(), out.join("erlcuda_kernels_sm80.ptx")]);
             // The sm_80 build (kernels that need sm_80 instructions) is
             // optional: without it every GPU loads the sm_70 module.
             if !out.join("erlcuda_kernels_sm80.ptx").exists() {
@@ -59,6 +60,23 @@ fn main() {
             );
         }
         Err(e) => panic!("could not run kernels/build.sh: {e}"),
+    }
+}
+
+/// Every entry the kernel table promises (`<entry>_<type>` for each type of
+/// each row) is in each built module: the table is the one list of kernels,
+/// build.sh keeps none of its own.
+fn check_entries(entries: &[String], modules: &[PathBuf]) {
+    for p in modules.iter().filter(|p| p.exists()) {
+        let ptx = std::fs::read_to_string(p).expect("read the built PTX");
+        for e in entries {
+            let head = format!(".visible .entry {e}(");
+            assert!(
+                ptx.lines().any(|l| l.starts_with(&head)),
+                "kernel {e} (c_src/erlcuda_ring.h, EC_KERNELS) missing from {}",
+                p.display()
+            );
+        }
     }
 }
 
@@ -174,16 +192,15 @@ fn unquote(s: &str) -> String {
     s.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or_else(|| panic!("expected a string, got {s}")).to_string()
 }
 
-fn kernel_table() {
+/// Writes the generated tables; returns every entry the PTX must hold.
+fn kernel_table() -> Vec<String> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let header_path = manifest.join("../c_src/erlcuda_ring.h");
     println!("cargo::rerun-if-changed={}", header_path.display());
     println!("cargo::rerun-if-changed={}", manifest.join("src/ops").display());
     let header = std::fs::read_to_string(&header_path).expect("read c_src/erlcuda_ring.h");
-    let type_ids: Vec<(String, u32)> = xmacro_rows(&header, "EC_TYPES")
-        .into_iter()
-        .map(|c| (c[0].clone(), c[1].parse().expect("type id")))
-        .collect();
+    let type_rows = xmacro_rows(&header, "EC_TYPES");
+    let type_ids: Vec<(String, u32)> = type_rows.iter().map(|c| (c[0].clone(), c[1].parse().expect("type id"))).collect();
     let rows: Vec<Row> = xmacro_rows(&header, "EC_KERNELS")
         .into_iter()
         .map(|c| {
@@ -240,4 +257,13 @@ fn kernel_table() {
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     std::fs::write(out.join("kernel_table.rs"), t).unwrap();
     std::fs::write(out.join("ops_table.rs"), o).unwrap();
+    let mut entries = Vec::new();
+    for r in &rows {
+        for (c, (_, id)) in type_rows.iter().zip(&type_ids) {
+            if r.types & (1 << id) != 0 {
+                entries.push(format!("{}_{}", r.entry, c[2]));
+            }
+        }
+    }
+    entries
 }

@@ -64,9 +64,8 @@ build_ptx() {
     || die "cargo build failed${1:+ ($*)}"
   local ptx="$dir/nvptx64-nvidia-cuda/release/erlcuda_kernels.ptx"
   [[ -s "$ptx" ]] || die "expected $ptx, not found"
-  for k in vector_add_f32 vector_add_f64 reduce_f32 reduce_f64 dot_f32 dot_f64 matmul_f32 matmul_f64 saxpy_f32 saxpy_f64; do
-    grep -q "^.visible .entry $k(" "$ptx" || die "kernel $k missing from $ptx"
-  done
+  # Which entries it must hold is the kernel table's to say
+  # (c_src/erlcuda_ring.h, EC_KERNELS): gpud/build.rs checks them.
   echo "$ptx"
 }
 
