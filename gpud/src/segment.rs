@@ -17,8 +17,8 @@
 //! registers them all once the backend is open. A restart after the arena
 //! grew to 1 GiB took 76-142 ms registering when segments 1 and 2 were
 //! mapped only after the driver's start (the registration faulted their
-//! pages in), 48-55 ms this way (`bench/results/h200-2026-12-04-session8`,
-//! call 3).
+//! pages in), 48-55 ms this way (H200, 2026-12-04; `bench/EXPERIMENTS.md`,
+//! "Registration of the arena and pre-fault").
 
 use std::io::IoSliceMut;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -42,9 +42,9 @@ use crate::layout::{SegmentMsg, EC_MAX_SEGMENTS, EC_SEGMENT_MAGIC};
 /// into its own page tables, not gpud's, so cuMemHostRegister in gpud
 /// faulted every page of its mapping in itself: the `segments` phase took
 /// 21-38 ms for 256 MiB on the H200, against 9-14 ms for a mapping already
-/// populated (`bench/results/h200-2026-12-03-session6/call1/reg.txt`).
+/// populated (H200, 2026-12-03; `bench/EXPERIMENTS.md`).
 /// Started before the driver's start (~200 ms), it is done by then (one
-/// madvise in 4 MiB pieces measured the same: call 3 of session 8). No byte
+/// madvise in 4 MiB pieces measured the same, 2026-12-04). No byte
 /// of the range is read or written: a range unmapped meanwhile only makes
 /// madvise fail. None if no thread could be started.
 fn populate_in_background(base: NonNull<u8>, bytes: u64) -> Option<std::thread::JoinHandle<()>> {

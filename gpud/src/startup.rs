@@ -1,6 +1,6 @@
 //! Where gpud's start goes: the phases from `main` to `ready`, measured with
-//! monotonic timestamps, kept in the log for good (issue 13 asked for this
-//! profile; one GPU run shows where the time goes).
+//! monotonic timestamps, kept in the log for good (one GPU run then shows
+//! where the time goes).
 //!
 //! The daemon marks the end of each phase; a backend may split its own
 //! opening into sub-phases (CUDA: driver init, context, module). At ready

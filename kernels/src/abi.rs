@@ -99,10 +99,10 @@
 //!   `ceil(m/tile_rows)·ceil(n/128)`) and returns `(total_tiles, tile_rows)`.
 //! * any `m, n, k` (`k == 0` writes zeros; `m == 0` or `n == 0` does nothing).
 //! * tiles 64×128×16 or 128×128×16 (`MATMUL_BK`), or 256×128×8
-//!   (`MATMUL_WIDE_BK`); on an H200 at 4096^3 (3 Dec, session 6) the launch
+//!   (`MATMUL_WIDE_BK`); on an H200 at 4096^3 (2026-12-03) the launch
 //!   runs on the wide tiles at 48.7 TFLOP/s, 0.956 × cuBLAS SGEMM with TF32
-//!   off (128×128 alone: 0.912); at 1024^3 on the narrow ones (4 Dec,
-//!   session 7) at 1.03 × (128×128: 0.72).
+//!   off (128×128 alone: 0.912); at 1024^3 on the narrow ones (2026-12-04)
+//!   at 1.03 × (128×128: 0.72).
 //! * every kernel is assembled with `.maxntid 256,1,1`: a launch with more
 //!   than 256 threads per block fails (`CUDA_ERROR_INVALID_VALUE`).
 
@@ -318,7 +318,7 @@ pub const MATMUL_SMEM_BYTES: u32 = matmul_tile_smem(MATMUL_BM, MATMUL_BK);
 /// The wide tile: 256×128×8, 16×8 outputs per thread (two stages, 24,832
 /// bytes of shared memory). 0.949-0.960 × cuBLAS SGEMM at 2048-8192 on an
 /// H200 against 0.904-0.920 for 128×128×16, but 0.38 × at 1024, where its
-/// 32 tiles leave most SMs idle (bench/results/h200-2026-12-03-session6).
+/// 32 tiles leave most SMs idle (H200, 2026-12-03; `bench/EXPERIMENTS.md`).
 pub const MATMUL_WIDE_BM: u32 = 256;
 pub const MATMUL_WIDE_BK: u32 = 8;
 pub const MATMUL_WIDE_SMEM_BYTES: u32 = matmul_tile_smem(MATMUL_WIDE_BM, MATMUL_WIDE_BK);
