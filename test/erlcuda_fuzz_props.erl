@@ -1,5 +1,5 @@
 %% PropEr properties that throw random terms at every function of erlcuda's
-%% API (issue 5, point 4), run by erlcuda_reliability_SUITE:bad_input_from_erlang.
+%% API, run by erlcuda_reliability_SUITE:bad_input_from_erlang.
 %%
 %% The terms: atoms (the kernel names, the non-finite atoms, option names,
 %% random ones), integers small and huge, floats and the f32 edge values,

@@ -1,5 +1,5 @@
-%% Common Test: access to a device's shared memory (issue 5, point 8;
-%% SECURITY.md). The arena and the eventfds reach only the gpud this VM
+%% Common Test: access to a device's shared memory (SECURITY.md).
+%% The arena and the eventfds reach only the gpud this VM
 %% spawned: a stranger on the handshake socket gets nothing, nothing is named
 %% under /dev/shm (before, during, after a kill -9 of gpud, after stop), the
 %% socket is abstract, and every memfd is sealed against shrinking, growing

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5, point 7: gpud's unsafe code (mmap of the memfds, volatile and
+# gpud's unsafe code (mmap of the memfds, volatile and
 # atomic accesses to the rings, raw slices over the arena, SCM_RIGHTS fds)
 # run under valgrind's memcheck:
 #   1. gpud's unit tests (the lib test binary) under valgrind;
