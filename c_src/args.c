@@ -2,8 +2,10 @@
  * args.c: term conversion. A kernel's Args list into checked vectors
  * (parse_args), those vectors into the arena (copy_vec), and a finished job's
  * output into its result term (result_term). The kernel table's Erlang face
- * (the kernel atoms, kernel_id, kernels_term) is here too; the rest of the
- * NIF uses only the functions declared for args.c in erlcuda_nif.h.
+ * (the kernel rows, builtin_kernel, kernels_term) and a device buffer as a
+ * term (new_buffer, buffer_unusable) are here too; the rest of the NIF uses
+ * only the functions declared for args.c in erlcuda_nif.h. It calls no
+ * file above it: parsing a launch must not depend on how one is published.
  */
 #define _GNU_SOURCE
 #include "erlcuda_nif.h"
@@ -23,6 +25,12 @@
  * this (or a user's kernel described the same way); no code here names a
  * kernel. */
 static struct kernel_info KERNELS[EC_KERNEL_COUNT];
+
+/* The resource types of the terms that are a result binary in the arena
+ * and a device buffer; made by load with their destructors (device.c,
+ * buffers.c). */
+ErlNifResourceType *REGION_RT;
+ErlNifResourceType *BUFFER_RT;
 
 /* The live generation of each module slot (0: none). */
 static uint32_t MODULE_GEN[EC_MODULE_SLOTS];
@@ -171,6 +179,47 @@ ERL_NIF_TERM kernels_term(ErlNifEnv *env)
         list = enif_make_list_cell(env, map, list);
     }
     return list;
+}
+
+/* ------------------------------------------------------------- buffers --
+ * A device buffer as a term (buffers.c does the rest). */
+
+struct buffer_res *get_buffer(ErlNifEnv *env, ERL_NIF_TERM t)
+{
+    void *p;
+    return enif_get_resource(env, t, BUFFER_RT, &p) ? p : NULL;
+}
+
+ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len)
+{
+    struct buffer_res *b = enif_alloc_resource(BUFFER_RT, sizeof *b);
+    if (!b)
+        return 0;
+    b->d = d;
+    b->id = __atomic_add_fetch(&d->next_buf_id, 1, __ATOMIC_RELAXED);
+    b->epoch = __atomic_load_n(&d->epoch, __ATOMIC_RELAXED);
+    b->len = len;
+    b->type = type;
+    b->freed = 0;
+    enif_keep_resource(d);
+    ERL_NIF_TERM t = enif_make_resource(env, b);
+    enif_release_resource(b);
+    return t;
+}
+
+ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b)
+{
+    switch (buffer_state(d, b)) {
+    case BUF_OTHER_DEVICE:
+        return enif_make_tuple2(env, ATOM_buffer,
+                                enif_make_tuple2(env, ATOM_device, enif_make_uint(env, b->d->id)));
+    case BUF_FREED:
+        return enif_make_tuple2(env, ATOM_buffer, ATOM_freed);
+    case BUF_LOST:
+        return enif_make_tuple2(env, ATOM_buffer, ATOM_lost);
+    default:
+        return 0;
+    }
 }
 
 /* ---------------------------------------------------------------- terms -- */

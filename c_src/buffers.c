@@ -19,11 +19,14 @@
  * ids each); it runs after every submit, in free/1 and on the completion
  * thread, which the destructor wakes through ctl_efd.
  *
+ * A buffer's term (new_buffer) and why it cannot be used (buffer_unusable)
+ * are args.c's: parsing a launch's vectors needs them.
+ *
  * Lost and freed. A buffer made under epoch e (the device's restart count)
  * is lost once gpud restarted; a freed one is freed. Both are checked when
- * the job is parsed and again under d->lock when it is published
- * (submit.c), and reset moves the epoch and drops queued frees under the
- * same lock, so gpud never sees an id after its free or from before it
+ * the job is parsed and again under sq_lock when it is published
+ * (publish_checked, submit.c), and reset moves the epoch and drops queued
+ * frees holding that lock, so gpud never sees an id after its free or from before it
  * started. Ids are never reused while the VM lives: a stale id can only be
  * unknown to gpud, never another buffer.
  */
@@ -32,33 +35,18 @@
 
 #include <string.h>
 
-ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len)
+/* A buffer garbage-collected: its free is queued (never blocking; see
+ * buffers.c) and the completion thread woken to send it. */
+void buffer_dtor(ErlNifEnv *env, void *obj)
 {
-    struct buffer_res *b = enif_alloc_resource(BUFFER_RT, sizeof *b);
-    if (!b)
-        return 0;
-    b->d = d;
-    b->id = __atomic_add_fetch(&d->next_buf_id, 1, __ATOMIC_RELAXED);
-    b->epoch = __atomic_load_n(&d->epoch, __ATOMIC_RELAXED);
-    b->len = len;
-    b->type = type;
-    b->freed = 0;
-    enif_keep_resource(d);
-    ERL_NIF_TERM t = enif_make_resource(env, b);
-    enif_release_resource(b);
-    return t;
-}
-
-ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b)
-{
-    if (b->d != d)
-        return enif_make_tuple2(env, ATOM_buffer,
-                                enif_make_tuple2(env, ATOM_device, enif_make_uint(env, b->d->id)));
-    if (__atomic_load_n(&b->freed, __ATOMIC_ACQUIRE))
-        return enif_make_tuple2(env, ATOM_buffer, ATOM_freed);
-    if (b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED))
-        return enif_make_tuple2(env, ATOM_buffer, ATOM_lost);
-    return 0;
+    struct buffer_res *b = obj;
+    struct device *d = b->d;
+    (void)env;
+    uint32_t before = __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE);
+    queue_free(b);
+    if (before == 0 && __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) > 0 && d->ctl_efd >= 0)
+        shm_signal(d->ctl_efd);
+    enif_release_resource(d);
 }
 
 void queue_free(struct buffer_res *b)
@@ -175,7 +163,7 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
     } else if (output == OUTPUT_PUT) {
         publish(d, (uint32_t)idx, sqe);
     } else {
-        /* A get: its buffer checked again under d->lock (submit.c). */
+        /* A get: its buffer checked again under sq_lock (publish_checked). */
         struct buffer_res *b;
         enif_get_resource(env, keep, BUFFER_RT, (void **)&b);
         struct job_spec s;
@@ -190,6 +178,29 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
     }
     count(&d->c.submitted, 1);
     return enif_make_tuple2(env, ATOM_ok, ref);
+}
+
+/* free(Buf): queued at once (queue_free), then sent, unless the device is
+ * closed. */
+void buffer_free(struct buffer_res *b)
+{
+    struct device *d = b->d;
+    queue_free(b);
+    enif_rwlock_rlock(d->life);
+    if (!d->closed)
+        flush_frees(d);
+    enif_rwlock_runlock(d->life);
+}
+
+/* buffer_info(Buf): {Device, Type, Len, live | freed | lost}. */
+ERL_NIF_TERM buffer_info(ErlNifEnv *env, struct buffer_res *b)
+{
+    ERL_NIF_TERM why = buffer_unusable(env, b->d, b);
+    const ERL_NIF_TERM *e;
+    int n;
+    ERL_NIF_TERM st = !why ? ATOM_live : enif_get_tuple(env, why, &n, &e) ? e[1] : why;
+    return enif_make_tuple4(env, enif_make_uint(env, b->d->id), TYPE_ATOMS[b->type],
+                            enif_make_uint(env, b->len), st);
 }
 
 int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,

@@ -1,8 +1,8 @@
 /*
- * complete.c: slot state and completion. The completion thread drains the
- * CQ and sends {erlcuda, Ref, Result} straight to the process that called
- * launch; no Erlang server is in the path. A slot leaves INFLIGHT once, by
- * a CAS (claim_job, cancel_job): see erlcuda_nif.h.
+ * complete.c: completion. The completion thread drains the CQ and sends
+ * {erlcuda, Ref, Result} straight to the process that called launch; no
+ * Erlang server is in the path. A slot leaves INFLIGHT once, by a CAS
+ * (claim_job, cancel_job): see erlcuda_nif.h.
  */
 #define _GNU_SOURCE
 #include "erlcuda_nif.h"
@@ -12,47 +12,13 @@
 #include <string.h>
 #include <time.h>
 
-/* A slot's job fields back to free; the caller puts the slot (and its
- * credits) where free slots go. */
-static void clear_slot(struct device *d, struct job *j)
-{
-    j->out.bytes = 0;
-    j->out_buf = 0;
-    j->buf_term = 0;
-    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
-    __atomic_sub_fetch(&d->in_flight, 1 + j->ncredit, __ATOMIC_RELAXED); /* read by wait_cq */
-    j->ncredit = 0;
-    j->t_pub = 0;
-    __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
-}
-
-/* Frees the slot; its env must be clear already (or swapped for a clear
- * one: release_jobs). */
-static void free_slot_locked(struct device *d, uint32_t idx)
-{
-    struct job *j = &d->jobs[idx];
-    free_region_locked(d, &j->in);
-    if (!j->out_taken)
-        free_region_locked(d, &j->out);
-    d->free_stack[d->nfree++] = idx;
-    for (uint32_t i = 0; i < j->ncredit; i++)
-        d->free_stack[d->nfree++] = j->credit[i];
-    clear_slot(d, j);
-}
+__thread struct last_submit last_submit;
 
 /* Can this slot go into a thread's cache: an inline job's, nothing else
  * to free (slot_cache.h)? */
 static int cacheable(const struct device *d, uint32_t idx, const struct job *j)
 {
     return idx < d->inline_slots && j->ncredit == 0 && j->in.inl && j->out.inl && !j->out_taken;
-}
-
-void release_job_locked(struct device *d, uint32_t idx)
-{
-    /* May run buffer destructors (queue_free takes only the leaf
-     * freeq_lock) and region destructors. */
-    enif_clear_env(d->jobs[idx].env);
-    free_slot_locked(d, idx);
 }
 
 /* Takes ownership of an in-flight job for answering it. Returns 1 when the

@@ -1,17 +1,28 @@
 /*
  * erlcuda_nif.h: private to the NIF's own files (not the shared-memory
- * contract: that is erlcuda_ring.h). The NIF is split by concern:
+ * contract: that is erlcuda_ring.h). The NIF is split by concern into
+ * floors; a file calls only files on the floors below its own:
  *
- *   erlcuda_nif.c  entry points: the nif_* functions, the resource types,
- *                  open/close of a device, load/upgrade/unload;
- *   args.c         term conversion: a kernel's Args into vectors, vectors
- *                  into the arena, results into terms;
- *   submit.c       the submit path: slots, regions, publishing descriptors;
+ *   erlcuda_nif.c  the entry table, load/upgrade/unload, thin entry functions
+ *   device.c       a device's life: open, accept (the handshake), reset
+ *                  (gpud restarted), close, the destructors
+ *   stats.c        the stats map
+ *   launch.c       a launch (submit) and a module's load or unload
+ *   complete.c     completion: the completion thread, the answers, failing
+ *                  the jobs in flight, cancel, await_spin
+ *   buffers.c      device buffers: put, get, free
  *   pipeline.c     the pipelined submit: a large job from binaries published
- *                  in parts as its inputs are copied in;
- *   complete.c     slot state and completion: the completion thread, the
- *                  answers, failing the jobs in flight, cancel;
- *   copy.c         large copies over the pool of copy threads.
+ *                  in parts as its inputs are copied in
+ *   submit.c       the ring producer: slots, regions, the SQ push
+ *   slot_cache.c   per-thread caches of free slots
+ *   args.c         terms: a kernel's Args into vectors, vectors into the
+ *                  arena, results and buffers as terms
+ *   atoms.h        every atom; with erlcuda_ring.h, the bottom floor
+ *   copy.c, arena.c, shm.c, prefault.c   leaves that call no other file
+ *
+ * (device.c and stats.c share a floor, as slot_cache.c and submit.c do.)
+ * This header holds the structures they share, inline helpers every floor
+ * uses, and each file's functions, declared bottom floor first.
  *
  * Locks, in the order they are taken:
  *   life (rwlock)  read by every user of the mapping, written by close;
@@ -26,7 +37,7 @@
  *                  and freed flags, module generations).
  * (The copy pool's lock is a leaf: nothing else is taken under it.)
  *
- * A job slot's state moves FREE -> INFLIGHT (submit, under lock) ->
+ * A job slot's state moves FREE -> INFLIGHT (sq_push_locked, under sq_lock) ->
  * COMPLETING (CAS by the consumer or cancel) -> FREE (under lock). Only the
  * one that wins the CAS out of INFLIGHT sends a message, so every job gets
  * exactly one answer, or none at all when launch_sync cancelled it first.
@@ -131,9 +142,19 @@ struct buffer_res {
     int freed;
 };
 
+/* The NIF's counters of a device, X(field, stats key) (stats.c). */
+#define NIF_COUNTERS(X)                                                                          \
+    X(submitted, submitted) X(completed, completed) X(busy, busy)                               \
+    X(bogus_cqes, bogus_completions) X(wakeups_sent, sq_wakeups) X(cq_sleeps, cq_sleeps)        \
+    X(failed_by_reset, failed_by_restart) X(dirty_submits, dirty_submits)                       \
+    X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(buffer_frees, buffer_frees)         \
+    X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
+    X(sync_spin_answers, sync_spin_answers)
+
 struct counters {
-    uint64_t buffer_frees, submitted, completed, busy, bogus_cqes, wakeups_sent, cq_sleeps, failed_by_reset,
-        dirty_submits, arena_inputs, pipelined, reaped, cached_reserves, sync_spins, sync_spin_answers;
+#define NIF_COUNTER_FIELD(FIELD, KEY) uint64_t FIELD;
+    NIF_COUNTERS(NIF_COUNTER_FIELD)
+#undef NIF_COUNTER_FIELD
 };
 
 struct device {
@@ -266,13 +287,6 @@ struct job_spec {
     uint64_t out_len;
 };
 
-/* ------------------------------------------------------ resource types -- */
-
-/* The resource type of a result binary that stays in the arena. */
-extern ErlNifResourceType *REGION_RT;
-/* The resource type of a device buffer (struct buffer_res). */
-extern ErlNifResourceType *BUFFER_RT;
-
 /* -------------------------------------------------------- small helpers -- */
 
 static inline void timed_lock(struct device *d, pthread_mutex_t *m)
@@ -333,11 +347,54 @@ static inline uint64_t region_addr(const struct region *r)
     return ((uint64_t)r->seg << EC_ADDR_SEGMENT_SHIFT) | r->off;
 }
 
+/* Can buffer b be named by a job of device d now? The one rule, read when a
+ * job is parsed (buffer_unusable) and again under sq_lock when it is
+ * published (submit.c). */
+enum buffer_state { BUF_LIVE, BUF_OTHER_DEVICE, BUF_FREED, BUF_LOST };
+static inline enum buffer_state buffer_state(const struct device *d, const struct buffer_res *b)
+{
+    if (b->d != d)
+        return BUF_OTHER_DEVICE;
+    if (__atomic_load_n(&b->freed, __ATOMIC_ACQUIRE))
+        return BUF_FREED;
+    if (b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED))
+        return BUF_LOST;
+    return BUF_LIVE;
+}
+
+/* ---------------------------------------------------- copy.c: the copies --
+ * A leaf, like arena.c, shm.c and prefault.c: it calls no other file. */
+
+/* Starts the copy pool of `threads` threads (0: the default; the first
+ * holder decides) or takes another hold of it; called by load/upgrade.
+ * Never fails: without threads a copy runs on its caller. */
+void copy_pool_hold(uint32_t threads);
+/* Drops a hold; the last one stops the threads and waits for them. Called
+ * by unload, when no code of this library instance can run any more. */
+void copy_pool_release(void);
+/* memcpy into the arena, over the copy pool when large (copy_streaming). */
+void copy_bytes(void *dst, const void *src, size_t n);
+/* memcpy into the arena; large copies with streaming stores, fenced before
+ * it returns (the caller may publish the bytes at once). */
+void copy_streaming(void *dst, const void *src, size_t n);
+/* Calls piece(arg, i) for every i in 0 .. pieces - 1, in that order of
+ * start, on the caller and pool threads, `threads` at once at most (0: as
+ * many as the pool has, copy_threads()); returns when all have returned. */
+void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces, uint32_t threads);
+/* The copy pool's threads, the caller's included. */
+uint32_t copy_threads(void);
+/* Pieces that finish together run at most this many at once (copy.c). */
+#define SPREAD_COPY_THREADS 8u
+
 /* ------------------------------------------------ args.c: term conversion --
  * Everything else knows the kernels and their arguments only through these
  * (and struct job_spec / struct vec, which submit reads). */
 
-/* Makes the kernel atoms; called by load/upgrade. */
+/* The resource type of a result binary that stays in the arena. */
+extern ErlNifResourceType *REGION_RT;
+/* The resource type of a device buffer (struct buffer_res). */
+extern ErlNifResourceType *BUFFER_RT;
+/* Makes the kernel rows; called by load/upgrade, after atoms_load. */
 void args_load(ErlNifEnv *env);
 /* The built-in kernel an atom names, or NULL when it names none. */
 const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
@@ -347,7 +404,7 @@ const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
 int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki);
 /* The live generation of module slot `slot` (0: none); set by
  * erlcuda_nif:module_gen/2. A submit of a user's kernel publishes only while
- * its generation is live, checked under d->lock (submit.c). */
+ * its generation is live, checked under sq_lock (publish_checked). */
 uint32_t module_gen(uint32_t slot);
 void set_module_gen(uint32_t slot, uint32_t gen);
 /* Parses the Args of kernel s->kernel (the caller sets it, from kernel_id)
@@ -371,17 +428,18 @@ ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j);
 /* kernels(): one map per kernel of the table (name, id, args, types,
  * shape, output, entry, accumulate). */
 ERL_NIF_TERM kernels_term(ErlNifEnv *env);
+/* The buffer a term is, or NULL. */
+struct buffer_res *get_buffer(ErlNifEnv *env, ERL_NIF_TERM t);
+/* Makes a new buffer of device d (a fresh id, the current epoch): its
+ * resource term in env, or 0 when out of memory. */
+ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len);
+/* Why buffer b cannot be used on device d now ({buffer, freed | lost |
+ * {device, D}}), or 0 when it can (buffer_state). */
+ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b);
 
-/* -------------------------------------------------- submit.c: the submit --
- * submit(Handle, Kernel, Args, Flags) on device d. Returns 0 with *result
- * the answer, or 1 when the job must move to a dirty scheduler (only when
- * !dirty): the caller reschedules it. */
-int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
-/* module_op(Handle, load | unload, Slot, Path): a control descriptor, in
- * order with the jobs around it; {ok, Ref}, then {erlcuda, Ref, ok} or
- * {erlcuda, Ref, {error, {module, Why}}}. */
-ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[]);
+/* ------------------------------------------- submit.c: the ring producer --
+ * Slots, regions and the SQ. */
+
 /* Returns a region to its segment's allocator. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r);
 /* Allocates a region of `bytes` (growing the arena). Caller holds d->lock.
@@ -390,7 +448,17 @@ int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r);
 /* A slot and regions for a job (see submit.c): the slot, -1 busy, -2 never. */
 int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes, uint32_t credits,
                     int keep_out);
+/* Gives back a slot reserved but not published. */
 void unreserve_job(struct device *d, uint32_t idx);
+/* A slot's job fields back to free; the caller puts the slot (and its
+ * credits) where free slots go. */
+void clear_slot(struct device *d, struct job *j);
+/* Frees slot idx (its regions unless exported, its credits); its env must
+ * be clear already. Caller holds d->lock. */
+void free_slot_locked(struct device *d, uint32_t idx);
+/* Frees job idx's env, regions (unless exported) and slots. Caller holds
+ * d->lock. */
+void release_job_locked(struct device *d, uint32_t idx);
 /* The one SQ write: slot idx INFLIGHT, its descriptor (and a user's launch
  * options when opts is not NULL) at the tail, then the tail stored with
  * release, as erlcuda_ring.h orders it. Caller holds sq_lock; no wake-up. */
@@ -405,69 +473,6 @@ int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
                     const struct job_spec *s);
 /* Wakes gpud if it sleeps, after a publish. */
 void wake_gpud(struct device *d);
-/* put(Handle, Vector): a put descriptor; {ok, Ref}, then {erlcuda, Ref,
- * {ok, Buf} | {error, Reason}}. Returns 1 to go dirty (when !dirty). */
-int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
-/* get(Buf): a get descriptor; {ok, Ref}, then {erlcuda, Ref, {ok, Vector}}. */
-ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, ERL_NIF_TERM ref);
-/* Makes a new buffer of device d (a fresh id, the current epoch): its
- * resource term in env, or 0 when out of memory. */
-ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len);
-/* Why buffer b cannot be used on device d now ({buffer, freed | lost |
- * {device, D}}), or 0 when it can. */
-ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b);
-/* Queues buffer b's free (once; never blocks: the destructor calls it). */
-void queue_free(struct buffer_res *b);
-/* Publishes queued frees as free descriptors, as far as slots and arena
- * allow. Caller holds d->life (read) and not d->lock. */
-void flush_frees(struct device *d);
-/* The {error, _} answer of a gpud status other than OK. */
-ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status);
-
-/* ----------------------------------------------- complete.c: completion -- */
-
-/* Starts the device's completion thread. Returns 0 or an errno value. */
-int start_completion_thread(struct device *d);
-/* Stops it and waits for it, if it runs. */
-void stop_completion_thread(struct device *d);
-/* Consumes every CQE present and answers their jobs. Caller holds cq_lock
- * (or the completion thread is gone). Returns the CQEs consumed. */
-uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env);
-/* Answers up to REAP_MAX completed jobs on the calling scheduler thread
- * (with its own erts allocator instance), if the CQ has some and nobody
- * else is taking them. Called by submits; the caller holds d->life (read). */
-void reap_cq(struct device *d, ErlNifEnv *caller_env);
-
-/* The last small job this scheduler thread submitted with the caller's
- * reference (launch_sync's): set by a submit that published one inline job,
- * cleared by any other submit. ref_hash tells await_spin it is the job
- * awaited: an entry left by a job whose await ran on another thread (its
- * process moved) must not be spun for. */
-struct last_submit {
-    struct device *d;
-    uint32_t idx, gen;
-    ErlNifPid pid;
-    ErlNifUInt64 ref_hash;
-};
-extern __thread struct last_submit last_submit;
-/* Jobs in flight on the device above which await_spin does not spin: the
- * caller's scheduler is then better spent on other processes. */
-#define SYNC_SPIN_MAX_IN_FLIGHT 2u
-/* await_spin(Handle, Ref) -> answered | waiting. Spins on the calling
- * scheduler, up to the device's sync_spin_us, until the job the calling
- * process just submitted with reference Ref (last_submit) is answered,
- * taking CQEs itself meanwhile: the answer is then in the caller's mailbox
- * without a completion thread's enif_send waking a sleeping scheduler. */
-ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d, ERL_NIF_TERM ref);
-/* Answers every job still in flight with {error, Reason}. The caller holds
- * cq_lock (or the completion thread is gone), and d->lock. */
-void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
-/* Frees job idx's regions (unless exported) and slots. Caller holds d->lock. */
-void release_job_locked(struct device *d, uint32_t idx);
-/* Cancels the job in flight whose ref is `ref`. Returns 1 when no answer
- * will be sent, 0 when it is in the mailbox or on its way. */
-int cancel_job(struct device *d, ERL_NIF_TERM ref);
 
 /* ------------------------------------- pipeline.c: the pipelined submit --
  * A large job from binaries published as several descriptors (parts) as its
@@ -508,27 +513,108 @@ void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *w
  * are back and OK: a reduction's partials are added into its result. */
 void pipeline_finish(struct device *d, struct job *j, uint32_t parts);
 
-/* ---------------------------------------------------- copy.c: the copies -- */
+/* ---------------------------------------------- buffers.c: device buffers -- */
 
-/* Starts the copy pool of `threads` threads (0: the default; the first
- * holder decides) or takes another hold of it; called by load/upgrade.
- * Never fails: without threads a copy runs on its caller. */
-void copy_pool_hold(uint32_t threads);
-/* Drops a hold; the last one stops the threads and waits for them. Called
- * by unload, when no code of this library instance can run any more. */
-void copy_pool_release(void);
-/* memcpy into the arena, over the copy pool when large (copy_streaming). */
-void copy_bytes(void *dst, const void *src, size_t n);
-/* memcpy into the arena; large copies with streaming stores, fenced before
- * it returns (the caller may publish the bytes at once). */
-void copy_streaming(void *dst, const void *src, size_t n);
-/* Calls piece(arg, i) for every i in 0 .. pieces - 1, in that order of
- * start, on the caller and pool threads, `threads` at once at most (0: as
- * many as the pool has, copy_threads()); returns when all have returned. */
-void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces, uint32_t threads);
-/* The copy pool's threads, the caller's included. */
-uint32_t copy_threads(void);
-/* Pieces that finish together run at most this many at once (copy.c). */
-#define SPREAD_COPY_THREADS 8u
+/* put(Handle, Vector): a put descriptor; {ok, Ref}, then {erlcuda, Ref,
+ * {ok, Buf} | {error, Reason}}. Returns 1 to go dirty (when !dirty). */
+int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
+/* get(Buf): a get descriptor; {ok, Ref}, then {erlcuda, Ref, {ok, Vector}}. */
+ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, ERL_NIF_TERM ref);
+/* Queues buffer b's free (once; never blocks: the destructor calls it). */
+void queue_free(struct buffer_res *b);
+/* Publishes queued frees as free descriptors, as far as slots and arena
+ * allow. Caller holds d->life (read) and not d->lock. */
+void flush_frees(struct device *d);
+/* free(Buf): queue_free, then flush_frees while the device is open. */
+void buffer_free(struct buffer_res *b);
+/* buffer_info(Buf): {Device, Type, Len, live | freed | lost}. */
+ERL_NIF_TERM buffer_info(ErlNifEnv *env, struct buffer_res *b);
+/* BUFFER_RT's destructor: queues the free and wakes the completion thread
+ * to send it. */
+void buffer_dtor(ErlNifEnv *env, void *obj);
+
+/* ----------------------------------------------- complete.c: completion -- */
+
+/* Starts the device's completion thread. Returns 0 or an errno value. */
+int start_completion_thread(struct device *d);
+/* Stops it and waits for it, if it runs. */
+void stop_completion_thread(struct device *d);
+/* Consumes every CQE present and answers their jobs. Caller holds cq_lock
+ * (or the completion thread is gone). Returns the CQEs consumed. */
+uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env);
+/* Answers up to REAP_MAX completed jobs on the calling scheduler thread
+ * (with its own erts allocator instance), if the CQ has some and nobody
+ * else is taking them. Called by submits; the caller holds d->life (read). */
+void reap_cq(struct device *d, ErlNifEnv *caller_env);
+/* The {error, _} answer of a gpud status other than OK. */
+ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status);
+
+/* The last small job this scheduler thread submitted with the caller's
+ * reference (launch_sync's): set by a submit that published one inline job,
+ * cleared by any other submit. ref_hash tells await_spin it is the job
+ * awaited: an entry left by a job whose await ran on another thread (its
+ * process moved) must not be spun for. */
+struct last_submit {
+    struct device *d;
+    uint32_t idx, gen;
+    ErlNifPid pid;
+    ErlNifUInt64 ref_hash;
+};
+extern __thread struct last_submit last_submit;
+/* Jobs in flight on the device above which await_spin does not spin: the
+ * caller's scheduler is then better spent on other processes. */
+#define SYNC_SPIN_MAX_IN_FLIGHT 2u
+/* await_spin(Handle, Ref) -> answered | waiting. Spins on the calling
+ * scheduler, up to the device's sync_spin_us, until the job the calling
+ * process just submitted with reference Ref (last_submit) is answered,
+ * taking CQEs itself meanwhile: the answer is then in the caller's mailbox
+ * without a completion thread's enif_send waking a sleeping scheduler. */
+ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d, ERL_NIF_TERM ref);
+/* Answers every job still in flight with {error, Reason}. The caller holds
+ * cq_lock (or the completion thread is gone), and d->lock. */
+void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
+/* Cancels the job in flight whose ref is `ref`. Returns 1 when no answer
+ * will be sent, 0 when it is in the mailbox or on its way. */
+int cancel_job(struct device *d, ERL_NIF_TERM ref);
+
+/* ------------------------------------------------------ launch.c: launch --
+ * submit(Handle, Kernel, Args, Flags) on device d. Returns 0 with *result
+ * the answer, or 1 when the job must move to a dirty scheduler (only when
+ * !dirty): the caller reschedules it. */
+int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
+               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
+/* module_op(Handle, load | unload, Slot, Path): a control descriptor, in
+ * order with the jobs around it; {ok, Ref}, then {erlcuda, Ref, ok} or
+ * {erlcuda, Ref, {error, {module, Why}}}. */
+ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[]);
+
+/* ------------------------------------------- device.c: a device's life -- */
+
+/* The resource type of a device (struct device). */
+extern ErlNifResourceType *DEVICE_RT;
+/* The device a term is, or NULL. */
+struct device *get_device(ErlNifEnv *env, ERL_NIF_TERM t);
+/* open(Device, Opts) -> {ok, Handle} | {error, Reason} (erlcuda_nif.c). */
+ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts);
+/* The abstract socket name gpud is given, as a binary. */
+ERL_NIF_TERM device_socket_name(ErlNifEnv *env, struct device *d);
+/* Accepts gpud (OS pid `pid`) within timeout ms and hands it the memory:
+ * ok | {error, timeout | peer | Errno}. */
+ERL_NIF_TERM device_accept(ErlNifEnv *env, struct device *d, int pid, int timeout);
+/* gpud has exited: jobs it answered are answered, every other job in
+ * flight gets {error, Reason}, buffers are lost, the rings start again. */
+void device_reset(ErlNifEnv *env, struct device *d, ERL_NIF_TERM reason);
+/* Ends the device for good, every job in flight answered {error, Reason};
+ * idempotent. */
+void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
+/* DEVICE_RT's and REGION_RT's destructors. */
+void device_dtor(ErlNifEnv *env, void *obj);
+void region_dtor(ErlNifEnv *env, void *obj);
+
+/* ------------------------------------------------- stats.c: the stats map -- */
+
+/* stats(Handle): the device's counters, the profile's sums and gpud's. */
+ERL_NIF_TERM stats_term(ErlNifEnv *env, struct device *d);
 
 #endif

@@ -1,6 +1,6 @@
 /*
- * profile.h: where the VM side's time goes (issue 13's profile). There is no
- * perf on the GPU machine, so the NIF times its own paths:
+ * profile.h: where the VM side's time goes. The GPU machines have no perf,
+ * so the NIF times its own paths:
  *
  *   submit      one in PROF_SAMPLE submits of each scheduler is timed in
  *               phases (parse, reserve, copy, publish) and the waits for the
@@ -30,31 +30,33 @@
 
 #define PROF_SAMPLE 64u
 
-enum prof_submit {
-    PS_SAMPLES,   /* submits timed */
-    PS_TOTAL_NS,  /* the whole submit NIF call, from entry to {ok, Ref} */
-    PS_PARSE_NS,  /* parse_args */
-    PS_RESERVE_NS, /* reserve_job (slot and regions, under the lock) */
-    PS_COPY_NS,   /* inputs into the arena, the job's terms */
-    PS_PUBLISH_NS, /* the descriptor onto the SQ (under the lock) and the wake-up */
-    PS_LOCKS,     /* dev_lock calls of timed submits */
-    PS_LOCK_WAITS, /* of those, the ones that found it held */
-    PS_LOCK_WAIT_NS, /* and how long they waited */
-    PS_COUNT
-};
+/* The sums, X(index, stats key): stats/1 reports each under its key. */
+#define PROF_SUBMIT(X)                                                                          \
+    X(PS_SAMPLES, prof_submit_samples)  /* submits timed */                                    \
+    X(PS_TOTAL_NS, prof_submit_ns)      /* the whole submit NIF call, entry to {ok, Ref} */    \
+    X(PS_PARSE_NS, prof_parse_ns)       /* parse_args */                                       \
+    X(PS_RESERVE_NS, prof_reserve_ns)   /* reserve_job (slot and regions, under the lock) */   \
+    X(PS_COPY_NS, prof_copy_ns)         /* inputs into the arena, the job's terms */           \
+    X(PS_PUBLISH_NS, prof_publish_ns)   /* the descriptor onto the SQ and the wake-up */       \
+    X(PS_LOCKS, prof_locks)             /* dev_lock calls of timed submits */                  \
+    X(PS_LOCK_WAITS, prof_lock_waits)   /* of those, the ones that found it held */            \
+    X(PS_LOCK_WAIT_NS, prof_lock_wait_ns) /* and how long they waited */
 
-enum prof_complete {
-    PC_DRAINS,     /* CQ drains with at least one entry */
-    PC_CQES,       /* entries drained */
-    PC_ANSWER_NS,  /* handling the entries: results as terms, enif_send */
-    PC_RELEASE_NS, /* freeing the slots (under the device lock) */
-    PC_SEND_SAMPLES, /* sampled enif_send calls */
-    PC_SEND_NS,    /* their time */
-    PC_TRIP_SAMPLES, /* answered jobs of timed submits */
-    PC_TRIP_GPUD_NS, /* their time from publish to their CQE being taken */
-    PC_TRIP_ANSWER_NS, /* and from their CQE being taken to the answer sent */
-    PC_COUNT
-};
+#define PROF_COMPLETE(X)                                                                        \
+    X(PC_DRAINS, prof_drains)           /* CQ drains with at least one entry */                \
+    X(PC_CQES, prof_cqes)               /* entries drained */                                  \
+    X(PC_ANSWER_NS, prof_answer_ns)     /* handling the entries: results as terms, enif_send */ \
+    X(PC_RELEASE_NS, prof_release_ns)   /* freeing the slots (under the device lock) */        \
+    X(PC_SEND_SAMPLES, prof_send_samples) /* sampled enif_send calls */                        \
+    X(PC_SEND_NS, prof_send_ns)         /* their time */                                       \
+    X(PC_TRIP_SAMPLES, prof_trip_samples) /* answered jobs of timed submits */                 \
+    X(PC_TRIP_GPUD_NS, prof_trip_gpud_ns) /* from publish to their CQE being taken */          \
+    X(PC_TRIP_ANSWER_NS, prof_trip_answer_ns) /* from their CQE taken to the answer sent */
+
+#define PROF_ENUM(NAME, KEY) NAME,
+enum prof_submit { PROF_SUBMIT(PROF_ENUM) PS_COUNT };
+enum prof_complete { PROF_COMPLETE(PROF_ENUM) PC_COUNT };
+#undef PROF_ENUM
 
 /* Padding, not __attribute__((aligned(64))): struct device lives in an
  * enif_alloc_resource block, which is only 8-byte aligned, and an

@@ -1,9 +1,12 @@
 /*
- * submit.c: the submit path. A checked job (args.c) gets a slot and arena
- * regions, its inputs are copied in, and its descriptor is published on the
- * SQ (the caller's scheduler does the copy; large inputs move to a dirty
- * scheduler first). A large job from binaries, and a large put
- * (buffers.c), is published in parts as its inputs are copied (pipeline.c).
+ * submit.c: the producer side of the rings. A job's slot and arena regions
+ * (reserve_job; small jobs from a thread's own slot cache, slot_cache.c),
+ * given back when it is answered (release_job_locked); its descriptor
+ * written onto the SQ by the one push of the ring's ordering rules
+ * (sq_push_locked), after the checks a publish makes under sq_lock; gpud
+ * woken when it sleeps. Everything that publishes goes through here: a
+ * launch (launch.c), a pipeline's parts (pipeline.c), puts, gets and frees
+ * (buffers.c).
  */
 #define _GNU_SOURCE
 #include "erlcuda_nif.h"
@@ -11,7 +14,6 @@
 #include <string.h>
 
 __thread int prof_timing;
-__thread struct last_submit last_submit;
 
 /* Returns a finished job's region and slot. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r)
@@ -142,6 +144,43 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
     return idx;
 }
 
+/* A slot's job fields back to free; the caller puts the slot (and its
+ * credits) where free slots go. */
+void clear_slot(struct device *d, struct job *j)
+{
+    j->out.bytes = 0;
+    j->out_buf = 0;
+    j->buf_term = 0;
+    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(&d->in_flight, 1 + j->ncredit, __ATOMIC_RELAXED); /* read by wait_cq */
+    j->ncredit = 0;
+    j->t_pub = 0;
+    __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
+}
+
+/* Frees the slot; its env must be clear already (or swapped for a clear
+ * one: release_jobs). */
+void free_slot_locked(struct device *d, uint32_t idx)
+{
+    struct job *j = &d->jobs[idx];
+    free_region_locked(d, &j->in);
+    if (!j->out_taken)
+        free_region_locked(d, &j->out);
+    d->free_stack[d->nfree++] = idx;
+    for (uint32_t i = 0; i < j->ncredit; i++)
+        d->free_stack[d->nfree++] = j->credit[i];
+    clear_slot(d, j);
+}
+
+/* Clears the slot's env, then frees it (free_slot_locked). */
+void release_job_locked(struct device *d, uint32_t idx)
+{
+    /* May run buffer destructors (queue_free takes only the leaf
+     * freeq_lock) and region destructors. */
+    enif_clear_env(d->jobs[idx].env);
+    free_slot_locked(d, idx);
+}
+
 void unreserve_job(struct device *d, uint32_t idx)
 {
     dev_lock(d);
@@ -168,8 +207,7 @@ static int buffers_live_locked(const struct device *d, const struct job_spec *s)
 {
     for (unsigned i = 0; s && i < s->nin; i++) {
         const struct buffer_res *b = s->in[i].buf;
-        if (b && (__atomic_load_n(&b->freed, __ATOMIC_ACQUIRE) ||
-                  b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED)))
+        if (b && buffer_state(d, b) != BUF_LIVE)
             return 0;
     }
     return 1;
@@ -228,296 +266,4 @@ int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
 void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
 {
     (void)publish_checked(d, idx, sqe, NULL);
-}
-
-/* Stamps a phase of a timed submit (profile.h): t[i] once phase i is over. */
-#define STAMP(t, i) ((t)[0] ? (void)((t)[i] = mono_ns()) : (void)0)
-
-static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-                           ERL_NIF_TERM ref, ERL_NIF_TERM *result, int64_t t[5]);
-
-/* submit(Handle, Kernel, Args, Flags[, Ref]) -> {ok, Ref} | {error, Reason}.
- * Flags: 0, `buffer`, or `fault` (only a gpud built for fault injection
- * accepts it). ref: the caller's reference, or 0 to make one.
- * One in PROF_SAMPLE accepted submits of a thread is timed by phase. */
-int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM ref, ERL_NIF_TERM *result)
-{
-    int64_t t[5] = {0, 0, 0, 0, 0};
-    if (prof_begin())
-        t[0] = mono_ns();
-    last_submit.d = NULL;
-    int r = submit_job_body(env, d, argv, dirty, ref, result, t);
-    prof_timing = 0;
-    if (t[4]) {
-        uint64_t *p = d->prof.submit;
-        prof_add(&p[PS_SAMPLES], 1);
-        prof_add(&p[PS_TOTAL_NS], (uint64_t)(t[4] - t[0]));
-        prof_add(&p[PS_PARSE_NS], (uint64_t)(t[1] - t[0]));
-        prof_add(&p[PS_RESERVE_NS], (uint64_t)(t[2] - t[1]));
-        prof_add(&p[PS_COPY_NS], (uint64_t)(t[3] - t[2]));
-        prof_add(&p[PS_PUBLISH_NS], (uint64_t)(t[4] - t[3]));
-    }
-    return r;
-}
-
-static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-                           ERL_NIF_TERM ref, ERL_NIF_TERM *result, int64_t t[5])
-{
-    uint8_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
-    /* `buffer`: the output stays on the device, a new buffer. */
-    int out_buf = enif_is_identical(argv[3], ATOM_buffer);
-    struct job_spec s;
-    struct kernel_info user;
-    memset(&s, 0, sizeof s);
-    s.ki = builtin_kernel(env, argv[1]);
-    if (!s.ki && user_kernel(env, argv[1], &user) && flags == 0) {
-        s.ki = &user;
-        if (user.opts.given)
-            flags = EC_FLAG_OPTS;
-    }
-    if (!s.ki) {
-        *result = make_error(env, enif_make_tuple2(env, ATOM_unknown_kernel, argv[1]));
-        return 0;
-    }
-    s.kernel = s.ki->id;
-
-    /* The mapping is read from parse_args on (arena lookups): hold it. */
-    enif_rwlock_rlock(d->life);
-    if (d->closed) {
-        enif_rwlock_runlock(d->life);
-        *result = make_error(env, ATOM_closed);
-        return 0;
-    }
-    int r = parse_args(env, d, argv[2], dirty, &s, result);
-    if (r != 0) {
-        enif_rwlock_runlock(d->life);
-        if (r < 0)
-            return 0;
-        count(&d->c.dirty_submits, 1);
-        return 1;
-    }
-    STAMP(t, 1);
-
-    /* Inputs not in the arena yet share one region; the output has its own,
-     * which a large binary result keeps after the job. */
-    uint64_t in_off[2] = {0, 0}, in_bytes = 0;
-    for (unsigned i = 0; i < s.nin; i++) {
-        if (s.in[i].in_arena || s.in[i].buf)
-            continue;
-        in_off[i] = in_bytes;
-        in_bytes += arena_round(s.in[i].len * s.elem);
-    }
-    /* A job with launch options, a fault or a buffer output is never
-     * pipelined; a pipelined reduction's output holds its partials. */
-    struct pipe_plan plan;
-    if (flags == 0 && !out_buf)
-        pipeline_plan(d, &s, &plan);
-    else
-        pipeline_unplan(&s, &plan);
-    uint64_t out_bytes = out_buf ? 0 : arena_round(plan.out_elems * s.elem);
-    if (in_bytes > d->arena_max || out_bytes > d->arena_max || in_bytes + out_bytes > d->arena_max) {
-        enif_rwlock_runlock(d->life);
-        *result = make_badarg(env, ATOM_too_large);
-        return 0;
-    }
-    /* A binary vector result this large stays in the arena as the answer. */
-    int zero_copy = !out_buf && s.in[0].is_binary && s.output == EC_OUTPUT_VECTOR &&
-                    s.out_len * s.elem >= d->zero_copy_bytes;
-    /* A job with launch options takes a second SQ entry: one credit slot. */
-    uint32_t credits = flags & EC_FLAG_OPTS ? 1 : plan.parts - 1;
-    int64_t idx = reserve_job(d, in_bytes, out_bytes, credits, zero_copy);
-    if (idx < 0 && plan.parts > 1) {
-        /* not enough free slots for the extra descriptors: one is fine (a
-         * reduction's output region is then larger than it needs) */
-        pipeline_unplan(&s, &plan);
-        idx = reserve_job(d, in_bytes, out_bytes, 0, zero_copy);
-    }
-    if (idx == -2) {
-        enif_rwlock_runlock(d->life);
-        *result = make_badarg(env, ATOM_too_large);
-        return 0;
-    }
-    if (idx < 0) {
-        /* Busy: answering finished jobs frees slots for the retry. */
-        if (!dirty)
-            reap_cq(d, env);
-        enif_rwlock_runlock(d->life);
-        count(&d->c.busy, 1);
-        *result = make_error(env, ATOM_busy);
-        return 0;
-    }
-    STAMP(t, 2);
-    struct job *j = &d->jobs[idx];
-    uint64_t addr[2] = {0, 0};
-    for (unsigned i = 0; i < s.nin; i++) {
-        if (s.in[i].buf) {
-            /* Named by id; the term in the job's env keeps the buffer (so
-             * no free of it) until the job is answered. */
-            enif_make_copy(j->env, s.in[i].term);
-            addr[i] = s.in[i].buf->id;
-            flags |= i == 0 ? EC_FLAG_IN0_BUF : EC_FLAG_IN1_BUF;
-            continue;
-        }
-        if (s.in[i].in_arena) {
-            /* Keeps the binary, and so its region, alive while gpud reads it. */
-            enif_make_copy(j->env, s.in[i].bin_term);
-            addr[i] = s.in[i].addr;
-            count(&d->c.arena_inputs, 1);
-            continue;
-        }
-        addr[i] = region_addr(&j->in) + in_off[i];
-        if (plan.parts > 1)
-            continue; /* binaries, copied part by part by submit_pipelined */
-        if (!copy_vec(env, &s.in[i], region_ptr(d, &j->in) + in_off[i])) {
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result =
-                make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
-            return 0;
-        }
-    }
-    if (d->poison && !out_buf)
-        memset(region_ptr(d, &j->out), 0xff, plan.out_elems * s.elem); /* all NaN, f32 or f64 */
-    j->out_buf = out_buf;
-    if (out_buf) {
-        ERL_NIF_TERM bt = new_buffer(j->env, d, s.type, (uint32_t)s.out_len);
-        if (!bt) {
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result = make_error(env, ATOM_enomem);
-            return 0;
-        }
-        struct buffer_res *ob;
-        enif_get_resource(j->env, bt, BUFFER_RT, (void **)&ob);
-        j->buf_term = bt;
-        flags |= EC_FLAG_OUT_BUF;
-        j->out_len = (uint32_t)s.out_len;
-    }
-    int given_ref = ref != 0; /* launch_sync's: await_spin may follow */
-    if (!ref)
-        ref = enif_make_ref(env);
-    j->gen++;
-    j->kernel = s.kernel;
-    j->type = s.type;
-    j->output = (uint8_t)s.output;
-    j->form = s.form;
-    j->zero_copy = zero_copy;
-    j->ref = enif_make_copy(j->env, ref);
-    enif_self(env, &j->pid);
-    j->out_len = (uint32_t)s.out_len;
-
-    struct ec_sqe sqe = {
-        .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
-        .kernel = (uint16_t)s.kernel,
-        .type = s.type,
-        .flags = flags,
-        .in0 = addr[0],
-        .in1 = addr[1],
-        .out = out_buf ? 0 : region_addr(&j->out),
-        .p = s.p,
-        .in0_len = (uint32_t)s.in[0].len,
-        .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
-        .out_len = (uint32_t)s.out_len,
-    };
-    STAMP(t, 3);
-    if (plan.parts > 1) {
-        uint8_t *dst[2] = {region_ptr(d, &j->in) + in_off[0], region_ptr(d, &j->in) + in_off[1]};
-        enif_rwlock_rlock(d->pipe);
-        int pr = submit_pipelined(d, (uint32_t)idx, &sqe, &s, dst, &plan);
-        enif_rwlock_runlock(d->pipe);
-        if (pr != 0) {
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result = make_error(env, ATOM_enomem);
-            return 0;
-        }
-        count(&d->c.pipelined, 1);
-    } else {
-        if (out_buf) {
-            struct buffer_res *ob;
-            enif_get_resource(j->env, j->buf_term, BUFFER_RT, (void **)&ob);
-            sqe.out = ob->id;
-        }
-        int pr = publish_checked(d, (uint32_t)idx, &sqe, &s);
-        if (pr != 0) {
-            /* -1: its module was replaced or unloaded meanwhile: the caller
-             * looks the kernel up again (erlcuda:launch/3). -2: an input
-             * buffer was freed, or gpud restarted, since parse_args. */
-            ERL_NIF_TERM why = 0;
-            for (unsigned i = 0; pr == -2 && !why && i < s.nin; i++)
-                if (s.in[i].buf)
-                    why = buffer_unusable(env, d, s.in[i].buf);
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result = make_error(env, pr == -1 ? ATOM_stale_kernel
-                                     : why ? why
-                                           : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
-            return 0;
-        }
-    }
-    flush_frees(d);
-    /* After the timed phases: answering others' jobs is not this submit's cost. */
-    STAMP(t, 4);
-    if (given_ref && d->sync_spin_us && !dirty && plan.parts == 1 && (uint32_t)idx < d->inline_slots)
-        last_submit = (struct last_submit){.d = d, .idx = (uint32_t)idx, .gen = j->gen, .pid = j->pid,
-                                           .ref_hash = enif_hash(ERL_NIF_INTERNAL_HASH, ref, 0)};
-    if (!dirty)
-        reap_cq(d, env);
-    enif_rwlock_runlock(d->life);
-    count(&d->c.submitted, 1);
-    *result = enif_make_tuple2(env, ATOM_ok, ref);
-    return 0;
-}
-
-/* module_op(Handle, load | unload, Slot, Path): see erlcuda_nif.h. The path
- * travels in the job's input region, why a load failed in its output. */
-ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[])
-{
-    ErlNifBinary path;
-    unsigned slot;
-    int load = enif_is_identical(argv[1], ATOM_load);
-    if ((!load && !enif_is_identical(argv[1], ATOM_unload)) ||
-        !enif_get_uint(env, argv[2], &slot) || slot >= EC_MODULE_SLOTS ||
-        !enif_inspect_binary(env, argv[3], &path) || path.size > 4096)
-        return enif_make_badarg(env);
-    enif_rwlock_rlock(d->life);
-    if (d->closed) {
-        enif_rwlock_runlock(d->life);
-        return make_error(env, ATOM_closed);
-    }
-    uint64_t in_bytes = arena_round(path.size ? path.size : 1);
-    int64_t idx = reserve_job(d, in_bytes, CONTROL_MSG_BYTES, 0, 0);
-    if (idx < 0) {
-        enif_rwlock_runlock(d->life);
-        count(&d->c.busy, 1);
-        return make_error(env, ATOM_busy);
-    }
-    struct job *j = &d->jobs[idx];
-    memcpy(region_ptr(d, &j->in), path.data, path.size);
-    memset(region_ptr(d, &j->out), 0, CONTROL_MSG_BYTES);
-    ERL_NIF_TERM ref = enif_make_ref(env);
-    j->gen++;
-    j->kernel = load ? EC_CONTROL_LOAD_MODULE : EC_CONTROL_UNLOAD_MODULE;
-    j->type = EC_TYPE_U8;
-    j->output = OUTPUT_CONTROL;
-    j->form = FORM_BINARY;
-    j->zero_copy = 0;
-    j->ref = enif_make_copy(j->env, ref);
-    enif_self(env, &j->pid);
-    j->out_len = CONTROL_MSG_BYTES;
-    struct ec_sqe sqe = {
-        .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
-        .kernel = (uint16_t)j->kernel,
-        .type = EC_TYPE_U8,
-        .in0 = region_addr(&j->in),
-        .in0_len = (uint32_t)path.size,
-        .out = region_addr(&j->out),
-        .out_len = CONTROL_MSG_BYTES,
-    };
-    sqe.p.dim[0] = slot;
-    publish(d, (uint32_t)idx, &sqe);
-    enif_rwlock_runlock(d->life);
-    count(&d->c.submitted, 1);
-    return enif_make_tuple2(env, ATOM_ok, ref);
 }
