@@ -4,7 +4,7 @@
  * Copies of at least PARALLEL_COPY_BYTES are split over several threads: one
  * core's memcpy (~5-10 GB/s) is what bounds a large job from a plain binary
  * (2^26 elements: ~90 ms for two inputs on an H200 host, one thread). The
- * pipelined submit (submit.c) spreads its slices over the same threads.
+ * pipelined submit (pipeline.c) spreads its slices over the same threads.
  *
  * The threads are made once, when the library loads, and sleep on a
  * condition variable while there is nothing to copy: creating and joining
@@ -29,20 +29,21 @@
 #define PARALLEL_COPY_BYTES (16u << 20)
 /* By default the pool has as many threads as there are cores, up to 16;
  * the app env copy_threads sets another number (erlcuda_nif:init/0). On the
- * H200 host (16 cores) a bare 256 MiB copy ran at 6.3 GB/s on one thread,
- * 34.4 on 8 and 42.1 on 16 (torch, bench/results/h200-2026-12-03-session4/
- * final/hostmem.log). Who uses how many, as measured there:
+ * H200 host (16 cores, 2026-12-03) a bare 256 MiB copy ran at 6.3 GB/s on
+ * one thread, 34.4 on 8 and 42.1 on 16 (torch). Who uses how many, as
+ * measured there that day:
  *   - a copy split into pieces that finish together (copy_bytes, the
  *     pipelined puts, elementwise jobs and reductions) runs at most
  *     SPREAD_COPY_THREADS pieces at once: 16 gained nothing over 8,
  *     interleaved 8 16 8 16 in one run (put of 256 MiB 32.9, 33.2, 33.8,
  *     28.5 GB/s; vector_add 2^26 from binaries 18.3, 18.4, 17.0, 19.2 ms;
- *     session4/final2/copyab.log): the copy competes with the DMA for the
- *     host's memory bandwidth;
+ *     today's figures: buffers.put.256MiB and
+ *     large.vector_add.binaries.n67108864 in bench/results/h200.json): the
+ *     copy competes with the DMA for the host's memory bandwidth;
  *   - a matmul's pipeline, whose pieces are copied one after another by
  *     every thread (pipeline.c), runs on all of them: 16 against 8 took
  *     8192^3 from binaries from 39.4 / 43.0 ms to 38.3 / 38.4, and 4096^3
- *     from 8.4 / 8.6 to 7.4 / 7.4 (session5/p2). */
+ *     from 8.4 / 8.6 to 7.4 / 7.4 (today's figure: matmul.end_to_end.n8192). */
 #define PARALLEL_COPY_THREADS 16
 #define PARALLEL_COPY_THREADS_MAX 64
 /* Copies into the arena at least this large use streaming stores. */

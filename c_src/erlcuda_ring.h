@@ -21,8 +21,8 @@
  *   - head and tail are free-running u32 counters; index = counter & (entries-1);
  *     entries is a power of two; the ring is full when tail - head == entries.
  *   - SQ: producer = the VM (its submitters serialise on a mutex in the NIF;
- *     sq_push_locked in c_src/submit.c is its one writer), consumer = gpud. CQ: producer = gpud, consumer = the VM's completion
- *     thread.
+ *     sq_push_locked in c_src/submit.c is its one writer), consumer = gpud.
+ *     CQ: producer = gpud, consumer = the VM's completion thread.
  *   - Producer: write the entry, then STORE-RELEASE tail.
  *     Consumer: LOAD-ACQUIRE tail, read entries up to it, then STORE-RELEASE
  *     head (so the producer never overwrites an entry still being read).

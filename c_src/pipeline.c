@@ -36,9 +36,9 @@
  * first band. Before, B was copied whole before its put, and each thread
  * copied a band of its own, so the first 8 bands came together: 8192^3
  * from binaries took 43.7-44.9 ms on the H200; ordered, 36.2 ms, and 35.5
- * with bands of equal height (PyTorch from pinned tensors: 36.2; bench/
- * results/h200-2026-12-03-session5). The other
- * pipelines keep one piece per thread: ordered, vector_add 2^26 from
+ * with bands of equal height (PyTorch from pinned tensors: 36.2; H200,
+ * 2026-12-03, commit 316001a; today's figure: matmul.end_to_end.n8192 in
+ * bench/results/h200.json). The other pipelines keep one piece per thread: ordered, vector_add 2^26 from
  * binaries took 19.2-20.7 ms against 16.6-18.1 (its mapped launches, one
  * per piece, then read PCIe less well than a few launches of 8 pieces).
  *

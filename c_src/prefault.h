@@ -1,6 +1,6 @@
 /*
  * prefault.h: faults the arena's pages in ahead of gpud, on a thread of its
- * own (issue 13).
+ * own.
  *
  * gpud on CUDA registers every arena segment with the driver
  * (cuMemHostRegister) before it can serve it. On a fresh memfd most of that

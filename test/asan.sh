@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 5, point 7: the Erlang suites (EUnit erlcuda_tests, Common Test
-# erlcuda_SUITE and erlcuda_security_SUITE) against a NIF built with
-# AddressSanitizer, the ASan runtime preloaded, `erl +Mea min` (the VM's own
+# The Erlang suites (EUnit erlcuda_tests, Common Test erlcuda_SUITE and
+# erlcuda_security_SUITE) against a NIF built with AddressSanitizer, the
+# ASan runtime preloaded, `erl +Mea min` (the VM's own
 # allocators mostly off, so ASan sees the NIF's mallocs), halt_on_error=1.
 # Fails on a failed test or on any ASan report.
 #
