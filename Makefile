@@ -7,7 +7,7 @@ EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
         user-modules example test-docs test-as-dependency test-elixir \
-        test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster \
+        check test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster \
         gpu-bundle clean
 
 all: compile
@@ -82,6 +82,17 @@ test: setup
 	$(MAKE) test-asan
 	$(MAKE) test-valgrind
 	$(MAKE) test-bench
+
+# The edit-test loop, under 3 minutes once built: the NIF's C tests, gpud's
+# unit tests and its layering check, the EUnit tests, and the Common Test
+# suites of the guides' examples and of users' kernels, on the CPU backend.
+# `make test` runs all of these and everything else.
+check: compile gpud-fault user-modules
+	$(MAKE) -C c_src test
+	$(CARGO) test --release -p gpud --lib --test layers
+	$(REBAR) eunit
+	ERLCUDA_USER_MODULES=$(USER_MODULES) ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) \
+	    $(REBAR) ct --suite test/erlcuda_guides_SUITE,test/erlcuda_user_kernels_SUITE
 
 # Hostile shared memory: gpud's libFuzzer targets, FUZZ_SECONDS in all.
 FUZZ_SECONDS ?= 60
