@@ -3,8 +3,15 @@
 //! and `unroll!`. The built-in kernels (`kernels/`) use these very
 //! definitions.
 //!
-//! Only the x dimension exists: every erlcuda launch is `(grid, 1, 1)` ×
-//! `(threads, 1, 1)`, grid-stride over virtual blocks ([`crate::job`]).
+//! erlcuda launches use the x dimension only: `(grid, 1, 1)` × `(threads,
+//! 1, 1)`, grid-stride over virtual blocks ([`crate::job`]); rows and tiles
+//! over those are [`crate::launch`]'s. The y-dimension indices are here for
+//! kernels launched with one (as the kit's GPU tests are).
+//!
+//! The operator-generic warp and block primitives, atomics and static
+//! shared arrays are [`crate::warp`], [`crate::block`], [`crate::atomic`]
+//! and [`crate::shared`]; the f32/f64 sums and maxima below stay as the
+//! built-in kernels use them.
 //!
 //! Shared memory is addressed through the 32-bit shared window
 //! ([`smem_base`], [`Float::lds`]/[`Float::sts`]); barriers are `asm!`
@@ -14,7 +21,9 @@
 
 use crate::Float;
 use core::arch::asm;
-use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
+use core::arch::nvptx::{
+    _block_dim_x, _block_dim_y, _block_idx_x, _block_idx_y, _grid_dim_x, _grid_dim_y, _thread_idx_x, _thread_idx_y,
+};
 
 /// `unroll!(i, N, body)`: `body` N times (N = 2, 4, 8 or 16) with `i: u32`
 /// a literal constant each time, so register arrays indexed by `i` stay in
@@ -51,6 +60,43 @@ pub fn block_dim() -> u32 {
 #[inline(always)]
 pub fn grid_dim() -> u32 {
     unsafe { _grid_dim_x() }
+}
+
+/// `%tid.y`: 0 in every erlcuda launch.
+#[inline(always)]
+pub fn thread_idx_y() -> u32 {
+    unsafe { _thread_idx_y() }
+}
+
+/// `%ctaid.y`.
+#[inline(always)]
+pub fn block_idx_y() -> u32 {
+    unsafe { _block_idx_y() }
+}
+
+/// `%ntid.y`.
+#[inline(always)]
+pub fn block_dim_y() -> u32 {
+    unsafe { _block_dim_y() }
+}
+
+/// `%nctaid.y`.
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    unsafe { _grid_dim_y() }
+}
+
+/// This thread's index in the whole grid along x: `block_idx · block_dim +
+/// thread_idx`.
+#[inline(always)]
+pub fn global_x() -> u32 {
+    block_idx() * block_dim() + thread_idx()
+}
+
+/// This thread's index in the whole grid along y.
+#[inline(always)]
+pub fn global_y() -> u32 {
+    block_idx_y() * block_dim_y() + thread_idx_y()
 }
 
 /// Lane of this thread in its warp.

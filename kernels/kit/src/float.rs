@@ -1,73 +1,88 @@
-//! [`Float`]: the element types (f32, f64) that kernels are written
-//! against, with arithmetic that gives the same results on the GPU and the
-//! CPU, and (on nvptx64) the memory accesses the device code needs.
+//! [`Float`]: the float element types (f32, f64) the kernel macros are
+//! written against, with arithmetic and math that give the same results on
+//! the GPU and the CPU, and (on nvptx64) the memory accesses the device code
+//! needs. What floats share with integers ([`Numeric`]: `ZERO`, `ONE`,
+//! `NAME`, `BYTES`, `from_f64`, `to_f64`) is inherited from
+//! [`crate::element`].
 //!
-//! Global accesses (nvptx64): `p` is a generic pointer into global memory,
-//! converted with `cvta.to.global` so the PTX is sure to use `ld.global` /
-//! `st.global` (pointers read from a job table are generic, and LLVM cannot
-//! infer their address space). `*_nc` loads go through the read-only
-//! (non-coherent) path: only for data nobody writes during the kernel (a
-//! job's inputs: outputs never overlap inputs). The 4-element group
-//! functions need `p` 16-byte aligned (f32: one `v4.f32`; f64: two
-//! `v2.f64`).
+//! # Math
+//! Every function beyond `+ - * /`, `sqrt`, `fma` and `abs` is the `libm`
+//! crate's (musl's algorithms in pure `no_std` Rust), compiled from the same
+//! source for the host and for nvptx64 (`-Zbuild-std=core`; ptxas accepts
+//! it for sm_90). Accuracy against a float64 reference: for f32, in f32
+//! ulps, the distance to glibc's f64 result of the same argument (0.5 is
+//! correct rounding); for f64, the distance in ulps to glibc's result
+//! (glibc is itself within about 1 ulp, so these bound both libraries'
+//! errors together). Worst over 7 host runs of `tests/math.rs` (100,000
+//! random arguments per range and type over each function's range, plus
+//! its edges and specials; x86-64):
+//!
+//! | function | f32 (ulp) | f64 (ulp vs glibc) |
+//! |---|---|---|
+//! | exp | 0.87 | 1 |
+//! | exp2 | 0.50 | 1 |
+//! | exp10 | 3.64 | 4 |
+//! | expm1 | 0.77 | 1 |
+//! | log | 0.82 | 1 |
+//! | log1p | 0.83 | 1 |
+//! | log2 | 0.84 | 1 |
+//! | log10 | 0.83 | 2 |
+//! | pow | 0.82 | 1 |
+//! | cbrt | 0.50 | 0 |
+//! | hypot | 0.84 | 1 |
+//! | sin | 0.50 | 1 |
+//! | cos | 0.50 | 1 |
+//! | tan | 0.80 | 1 |
+//! | asin | 0.71 | 1 |
+//! | acos | 0.90 | 1 |
+//! | atan | 0.81 | 1 |
+//! | atan2 | 1.43 | 1 |
+//! | sinh | 1.78 | 2 |
+//! | cosh | 1.27 | 1 |
+//! | tanh | 2.15 | 3 |
+//! | asinh | 1.44 | 1 |
+//! | acosh | 1.98 | 1 |
+//! | atanh | 1.64 | 1 |
+//! | erf | 0.85 | 1 |
+//! | erfc | 3.11 | 4 |
+//! | lgamma | 2.47 | 4 |
+//! | tgamma | 0.50 | 9 |
+//! | floor, ceil, round, trunc, fmod | 0 | 0 |
+//!
+//! [`MATH_ULPS`] holds each function's bound, the one `tests/math.rs`
+//! (host) and `gpu_tests/run.py` (GPU) enforce. The GPU's results may
+//! differ from the host's in the last bits: the PTX link step fuses
+//! multiplies and adds (`llc --fp-contract=fast`), which the host build
+//! does not.
+//!
+//! # Global and shared accesses (nvptx64)
+//! `ldg`/`ldg_nc`/`stg`/`lds`/`sts` are [`crate::Element`]'s `load`/`load_nc`/
+//! `store`/`load_shared`/`store_shared` under the names the built-in
+//! kernels use. The 4-element group functions need `p` 16-byte aligned
+//! (f32: one `v4.f32`; f64: two `v2.f64`).
 
+use crate::element::Numeric;
 #[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
-use core::fmt::Debug;
-use core::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
+use core::ops::Neg;
 
-#[cfg(target_arch = "nvptx64")]
-unsafe extern "C" {
-    #[link_name = "llvm.nvvm.shfl.sync.down.f32"]
-    fn shfl_down_f32(mask: u32, v: f32, delta: u32, c: u32) -> f32;
-    #[link_name = "llvm.nvvm.shfl.sync.down.i32"]
-    fn shfl_down_i32(mask: u32, v: i32, delta: u32, c: u32) -> i32;
-    #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
-    fn shfl_bfly_f32(mask: u32, v: f32, lanes: u32, c: u32) -> f32;
-    #[link_name = "llvm.nvvm.shfl.sync.bfly.i32"]
-    fn shfl_bfly_i32(mask: u32, v: i32, lanes: u32, c: u32) -> i32;
-}
-
-/// An element type of a kernel: f32 or f64.
+/// A float element type: f32 or f64.
 ///
 /// Arithmetic is IEEE in the type itself on both targets. `max`/`min` are
 /// IEEE maxNum/minNum (a NaN operand is ignored); `sqrt` and `fma` are
-/// correctly rounded everywhere; [`Float::exp`] is the kit's own (not the
-/// platform's libm), so GPU and CPU results agree bit for bit.
-pub trait Float:
-    Copy
-    + Default
-    + Debug
-    + PartialEq
-    + PartialOrd
-    + Send
-    + Sync
-    + 'static
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-    + Neg<Output = Self>
-    + AddAssign
-    + SubAssign
-    + MulAssign
-    + DivAssign
-{
-    const ZERO: Self;
-    const ONE: Self;
+/// correctly rounded everywhere; the other functions are `libm`'s (see the
+/// module's table for their accuracy).
+pub trait Float: Numeric + Neg<Output = Self> {
     const INFINITY: Self;
     const NEG_INFINITY: Self;
     const NAN: Self;
-    /// Size in bytes.
-    const BYTES: u32;
-    /// `"f32"` / `"f64"`: the suffix of the entry names.
-    const NAME: &'static str;
+    /// π, e, ln 2, 1/√2, √2 rounded to the type.
+    const PI: Self;
+    const E: Self;
+    const LN_2: Self;
+    const FRAC_1_SQRT_2: Self;
+    const SQRT_2: Self;
 
-    /// Rounds to nearest (f32) / the identity (f64): how a scalar argument
-    /// (an f64) becomes the element type.
-    fn from_f64(x: f64) -> Self;
-    /// Exact.
-    fn to_f64(self) -> f64;
     /// IEEE maxNum: the larger, a NaN operand ignored.
     fn max(self, other: Self) -> Self;
     /// IEEE minNum: the smaller, a NaN operand ignored.
@@ -77,18 +92,72 @@ pub trait Float:
     fn fma(self, b: Self, c: Self) -> Self;
     /// Correctly rounded.
     fn sqrt(self) -> Self;
-    /// e^self, within 2 units in the last place; the same bits on every
-    /// target ([`exp_f32`], [`exp_f64`]). Large negative → 0, overflow →
-    /// +inf, NaN → NaN.
-    fn exp(self) -> Self;
     fn is_nan(self) -> bool;
+    /// Neither infinite nor NaN.
+    fn is_finite(self) -> bool;
+
+    // libm's functions (module docs: accuracy).
+    /// e^self. Large negative → 0, overflow → +inf, NaN → NaN.
+    fn exp(self) -> Self;
+    /// 2^self.
+    fn exp2(self) -> Self;
+    /// 10^self.
+    fn exp10(self) -> Self;
+    /// e^self − 1, accurate near 0.
+    fn expm1(self) -> Self;
+    /// Natural logarithm (C's `log`; std's `ln`).
+    fn log(self) -> Self;
+    /// ln(1 + self), accurate near 0.
+    fn log1p(self) -> Self;
+    fn log2(self) -> Self;
+    fn log10(self) -> Self;
+    /// self^y (C's `pow`).
+    fn pow(self, y: Self) -> Self;
+    fn cbrt(self) -> Self;
+    /// √(self² + y²) without overflow in between.
+    fn hypot(self, y: Self) -> Self;
+    fn sin(self) -> Self;
+    fn cos(self) -> Self;
+    fn tan(self) -> Self;
+    fn asin(self) -> Self;
+    fn acos(self) -> Self;
+    fn atan(self) -> Self;
+    /// The angle of (x = `x`, y = `self`), in (−π, π] (C's `atan2(self, x)`).
+    fn atan2(self, x: Self) -> Self;
+    fn sinh(self) -> Self;
+    fn cosh(self) -> Self;
+    fn tanh(self) -> Self;
+    fn asinh(self) -> Self;
+    fn acosh(self) -> Self;
+    fn atanh(self) -> Self;
+    /// The error function, 2/√π ∫₀ˣ e^(−t²) dt.
+    fn erf(self) -> Self;
+    /// 1 − erf(self), accurate where erf is near 1.
+    fn erfc(self) -> Self;
+    /// Γ(self).
+    fn tgamma(self) -> Self;
+    /// ln |Γ(self)|.
+    fn lgamma(self) -> Self;
+    fn floor(self) -> Self;
+    fn ceil(self) -> Self;
+    /// To the nearest integer, halves away from zero.
+    fn round(self) -> Self;
+    fn trunc(self) -> Self;
+    /// The remainder of self / y with the sign of self (C's `fmod`).
+    fn fmod(self, y: Self) -> Self;
 
     /// Global load (`p` generic, in global memory).
     #[cfg(target_arch = "nvptx64")]
-    unsafe fn ldg(p: *const Self) -> Self;
+    #[inline(always)]
+    unsafe fn ldg(p: *const Self) -> Self {
+        Self::load(p)
+    }
     /// Global load through the read-only path.
     #[cfg(target_arch = "nvptx64")]
-    unsafe fn ldg_nc(p: *const Self) -> Self;
+    #[inline(always)]
+    unsafe fn ldg_nc(p: *const Self) -> Self {
+        Self::load_nc(p)
+    }
     /// 4 consecutive elements (`p` 16-byte aligned).
     #[cfg(target_arch = "nvptx64")]
     unsafe fn ldg4(p: *const Self) -> [Self; 4];
@@ -96,164 +165,97 @@ pub trait Float:
     #[cfg(target_arch = "nvptx64")]
     unsafe fn ldg4_nc(p: *const Self) -> [Self; 4];
     #[cfg(target_arch = "nvptx64")]
-    unsafe fn stg(p: *mut Self, v: Self);
+    #[inline(always)]
+    unsafe fn stg(p: *mut Self, v: Self) {
+        Self::store(p, v)
+    }
     /// 4 consecutive elements (`p` 16-byte aligned).
     #[cfg(target_arch = "nvptx64")]
     unsafe fn stg4(p: *mut Self, v: [Self; 4]);
-    /// `red.global.add`: atomic `*p += v` (sm_60+ for f64).
+    /// `red.global.add`: atomic `*p += v` (sm_60+ for f64); see
+    /// [`crate::atomic::add`] for the form that returns the old value.
     #[cfg(target_arch = "nvptx64")]
     unsafe fn red_add(p: *mut Self, v: Self);
     /// Shared memory at the 32-bit shared-window address `a`.
     #[cfg(target_arch = "nvptx64")]
-    unsafe fn lds(a: u32) -> Self;
+    #[inline(always)]
+    unsafe fn lds(a: u32) -> Self {
+        Self::load_shared(a)
+    }
     #[cfg(target_arch = "nvptx64")]
-    unsafe fn sts(a: u32, v: Self);
+    #[inline(always)]
+    unsafe fn sts(a: u32, v: Self) {
+        Self::store_shared(a, v)
+    }
     /// `v` of lane `lane + delta` (own value past lane 31; full warp).
     #[cfg(target_arch = "nvptx64")]
-    fn shfl_down(v: Self, delta: u32) -> Self;
+    #[inline(always)]
+    fn shfl_down(v: Self, delta: u32) -> Self {
+        crate::warp::shfl_down(v, delta)
+    }
     /// `v` of lane `lane ^ mask` (full warp).
     #[cfg(target_arch = "nvptx64")]
-    fn shfl_xor(v: Self, mask: u32) -> Self;
-}
-
-// ---------------------------------------------------------------- exp
-
-/// e^x in f64 arithmetic only: x = k·ln2 + r (|r| ≤ ln2/2, Cody–Waite),
-/// e^r by its Taylor polynomial to degree 13 (truncation < 5e-18), times
-/// 2^k applied as two exact powers of two (one rounding, also into the
-/// subnormals). Every multiply-add is an explicit fma, so llc's
-/// `--fp-contract=fast` on the GPU finds nothing left to fuse and both
-/// targets run exactly the same operations.
-pub fn exp_f64(x: f64) -> f64 {
-    const LOG2E: f64 = core::f64::consts::LOG2_E;
-    // ln 2 split (fdlibm's) so that k·LN2_HI is exact for |k| < 2^11:
-    // 6.93147180369123816490e-01 and 1.90821492927058770002e-10.
-    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-    // 1.5·2^52: adding it rounds to an integer (round to nearest even).
-    const SHIFT: f64 = 6755399441055744.0;
-    if x.is_nan() {
-        return x;
-    }
-    // Beyond these the result is inf / 0; inside them k stays in
-    // [-1076, 1024], whose halves are normal powers of two.
-    if x > 710.0 {
-        return f64::INFINITY;
-    }
-    if x < -746.0 {
-        return 0.0;
-    }
-    let kf = fma64(x, LOG2E, SHIFT) - SHIFT;
-    let r = fma64(kf, -LN2_LO, fma64(kf, -LN2_HI, x));
-    let mut p = INV_FACT_64[13];
-    let mut i = 13;
-    while i > 0 {
-        i -= 1;
-        p = fma64(p, r, INV_FACT_64[i]);
-    }
-    let k = kf as i32;
-    let k1 = k / 2;
-    p * pow2_64(k1) * pow2_64(k - k1)
-}
-
-/// e^x in f32 arithmetic only, as [`exp_f64`] with a degree-7 polynomial
-/// (truncation < 6e-9 relative, a tenth of an f32 ulp).
-pub fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = core::f32::consts::LOG2_E;
-    // ln 2 split so that k·LN2_HI is exact for |k| < 2^8:
-    // 0.693145751953125 and 1.428606765330187045e-06.
-    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
-    // 1.5·2^23
-    const SHIFT: f32 = 12582912.0;
-    if x.is_nan() {
-        return x;
-    }
-    // k in [-150, 128] inside these bounds.
-    if x > 89.0 {
-        return f32::INFINITY;
-    }
-    if x < -104.0 {
-        return 0.0;
-    }
-    let kf = fma32(x, LOG2E, SHIFT) - SHIFT;
-    let r = fma32(kf, -LN2_LO, fma32(kf, -LN2_HI, x));
-    let mut p = INV_FACT_32[7];
-    let mut i = 7;
-    while i > 0 {
-        i -= 1;
-        p = fma32(p, r, INV_FACT_32[i]);
-    }
-    let k = kf as i32;
-    let k1 = k / 2;
-    p * pow2_32(k1) * pow2_32(k - k1)
-}
-
-/// 1/i! for i = 0..=13, each correctly rounded (const evaluation is IEEE).
-const INV_FACT_64: [f64; 14] = {
-    let mut t = [1.0f64; 14];
-    let mut f = 1.0f64; // i!, exact up to 18!
-    let mut i = 1;
-    while i < 14 {
-        f *= i as f64;
-        t[i] = 1.0 / f;
-        i += 1;
-    }
-    t
-};
-
-const INV_FACT_32: [f32; 8] = {
-    let mut t = [1.0f32; 8];
-    let mut i = 0;
-    while i < 8 {
-        t[i] = INV_FACT_64[i] as f32;
-        i += 1;
-    }
-    t
-};
-
-/// 2^k for a normal power (-1022 ≤ k ≤ 1023).
-fn pow2_64(k: i32) -> f64 {
-    f64::from_bits(((k + 1023) as u64) << 52)
-}
-
-/// 2^k for a normal power (-126 ≤ k ≤ 127).
-fn pow2_32(k: i32) -> f32 {
-    f32::from_bits(((k + 127) as u32) << 23)
-}
-
-#[inline(always)]
-fn fma64(a: f64, b: f64, c: f64) -> f64 {
-    // A call to libm's fma on hosts without the instruction: slow but exact.
-    #[allow(unused_unsafe)]
-    unsafe {
-        core::intrinsics::fmaf64(a, b, c)
+    #[inline(always)]
+    fn shfl_xor(v: Self, mask: u32) -> Self {
+        crate::warp::shfl_xor(v, mask)
     }
 }
 
-#[inline(always)]
-fn fma32(a: f32, b: f32, c: f32) -> f32 {
-    #[allow(unused_unsafe)]
-    unsafe {
-        core::intrinsics::fmaf32(a, b, c)
-    }
-}
+/// Each libm function's bound in ulps of the result type, against a
+/// float64 reference: `(name, f32 bound, f64 bound)`. The host test
+/// (`tests/math.rs`) and the GPU test (`gpu_tests/run.py`, which reads this
+/// table from the source) fail above it. For f64 the reference is glibc's
+/// (itself within about 1 ulp, correctly rounded for exp, log, pow, sin,
+/// cos), so a bound there covers both libraries' errors.
+pub const MATH_ULPS: &[(&str, f64, f64)] = &[
+    ("exp", 1.0, 2.0),
+    ("exp2", 1.0, 2.0),
+    ("exp10", 4.5, 6.0),
+    ("expm1", 1.0, 2.0),
+    ("log", 1.0, 2.0),
+    ("log1p", 1.0, 2.0),
+    ("log2", 1.0, 2.0),
+    ("log10", 1.0, 3.0),
+    ("pow", 1.0, 2.0),
+    ("cbrt", 1.0, 1.0),
+    ("hypot", 1.0, 2.0),
+    ("sin", 1.0, 2.0),
+    ("cos", 1.0, 2.0),
+    ("tan", 1.0, 2.0),
+    ("asin", 1.0, 2.0),
+    ("acos", 1.0, 2.0),
+    ("atan", 1.0, 2.0),
+    ("atan2", 2.0, 2.0),
+    ("sinh", 2.0, 3.0),
+    ("cosh", 1.5, 2.0),
+    ("tanh", 2.5, 4.0),
+    ("asinh", 2.0, 2.0),
+    ("acosh", 2.5, 2.0),
+    ("atanh", 2.0, 2.0),
+    ("erf", 1.0, 2.0),
+    ("erfc", 3.5, 5.0),
+    ("lgamma", 3.0, 5.0),
+    ("tgamma", 1.0, 12.0),
+    ("floor", 0.0, 0.0),
+    ("ceil", 0.0, 0.0),
+    ("round", 0.0, 0.0),
+    ("trunc", 0.0, 0.0),
+    ("fmod", 0.0, 0.0),
+];
 
 // ------------------------------------------------------------- the impls
 
 macro_rules! portable_float {
-    ($t:ident, $bytes:literal, $fma:ident, $exp:ident, $sqrt:ident) => {
-        const ZERO: $t = 0.0;
-        const ONE: $t = 1.0;
+    ($t:ident, $fma:ident, $sqrt:ident,
+     [$($f:ident = $lf:ident),* $(,)?], [$($g:ident($y:ident) = $lg:ident),* $(,)?]) => {
         const INFINITY: $t = $t::INFINITY;
         const NEG_INFINITY: $t = $t::NEG_INFINITY;
         const NAN: $t = $t::NAN;
-        const BYTES: u32 = $bytes;
-        const NAME: &'static str = stringify!($t);
-        #[inline(always)]
-        fn to_f64(self) -> f64 {
-            self as f64
-        }
+        const PI: $t = core::$t::consts::PI;
+        const E: $t = core::$t::consts::E;
+        const LN_2: $t = core::$t::consts::LN_2;
+        const FRAC_1_SQRT_2: $t = core::$t::consts::FRAC_1_SQRT_2;
+        const SQRT_2: $t = core::$t::consts::SQRT_2;
         #[inline(always)]
         fn max(self, o: $t) -> $t {
             $t::max(self, o)
@@ -268,7 +270,12 @@ macro_rules! portable_float {
         }
         #[inline(always)]
         fn fma(self, b: $t, c: $t) -> $t {
-            $fma(self, b, c)
+            // One instruction on the GPU; on hosts without it a call to
+            // libm's fma, slow but exact.
+            #[allow(unused_unsafe)]
+            unsafe {
+                core::intrinsics::$fma(self, b, c)
+            }
         }
         #[inline(always)]
         fn sqrt(self) -> $t {
@@ -278,41 +285,37 @@ macro_rules! portable_float {
             }
         }
         #[inline(always)]
-        fn exp(self) -> $t {
-            $exp(self)
-        }
-        #[inline(always)]
         fn is_nan(self) -> bool {
             $t::is_nan(self)
         }
+        #[inline(always)]
+        fn is_finite(self) -> bool {
+            $t::is_finite(self)
+        }
+        $(
+            #[inline(always)]
+            fn $f(self) -> $t {
+                libm::$lf(self)
+            }
+        )*
+        $(
+            #[inline(always)]
+            fn $g(self, $y: $t) -> $t {
+                libm::$lg(self, $y)
+            }
+        )*
     };
 }
 
 impl Float for f32 {
-    portable_float!(f32, 4, fma32, exp_f32, sqrtf32);
-    #[inline(always)]
-    fn from_f64(x: f64) -> f32 {
-        x as f32
-    }
+    portable_float!(f32, fmaf32, sqrtf32,
+        [exp = expf, exp2 = exp2f, exp10 = exp10f, expm1 = expm1f, log = logf, log1p = log1pf,
+         log2 = log2f, log10 = log10f, cbrt = cbrtf, sin = sinf, cos = cosf, tan = tanf, asin = asinf,
+         acos = acosf, atan = atanf, sinh = sinhf, cosh = coshf, tanh = tanhf, asinh = asinhf,
+         acosh = acoshf, atanh = atanhf, erf = erff, erfc = erfcf, tgamma = tgammaf, lgamma = lgammaf,
+         floor = floorf, ceil = ceilf, round = roundf, trunc = truncf],
+        [pow(y) = powf, hypot(y) = hypotf, atan2(x) = atan2f, fmod(y) = fmodf]);
 
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn ldg(p: *const f32) -> f32 {
-        let v: f32;
-        asm!("cvta.to.global.u64 {t}, {p}; ld.global.f32 {v}, [{t}];",
-             t = out(reg64) _, p = in(reg64) p, v = out(reg32) v,
-             options(pure, readonly, nostack, preserves_flags));
-        v
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn ldg_nc(p: *const f32) -> f32 {
-        let v: f32;
-        asm!("cvta.to.global.u64 {t}, {p}; ld.global.nc.f32 {v}, [{t}];",
-             t = out(reg64) _, p = in(reg64) p, v = out(reg32) v,
-             options(pure, readonly, nostack, preserves_flags));
-        v
-    }
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn ldg4(p: *const f32) -> [f32; 4] {
@@ -335,13 +338,6 @@ impl Float for f32 {
     }
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
-    unsafe fn stg(p: *mut f32, v: f32) {
-        asm!("cvta.to.global.u64 {t}, {p}; st.global.f32 [{t}], {v};",
-             t = out(reg64) _, p = in(reg64) p, v = in(reg32) v,
-             options(nostack, preserves_flags));
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
     unsafe fn stg4(p: *mut f32, v: [f32; 4]) {
         asm!("cvta.to.global.u64 {t}, {p}; st.global.v4.f32 [{t}], {{{x}, {y}, {z}, {w}}};",
              t = out(reg64) _, p = in(reg64) p,
@@ -355,57 +351,17 @@ impl Float for f32 {
              t = out(reg64) _, p = in(reg64) p, v = in(reg32) v,
              options(nostack, preserves_flags));
     }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn lds(a: u32) -> f32 {
-        let v: f32;
-        asm!("ld.shared.f32 {v}, [{a}];", a = in(reg32) a, v = out(reg32) v,
-             options(pure, readonly, nostack, preserves_flags));
-        v
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn sts(a: u32, v: f32) {
-        asm!("st.shared.f32 [{a}], {v};", a = in(reg32) a, v = in(reg32) v,
-             options(nostack, preserves_flags));
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    fn shfl_down(v: f32, delta: u32) -> f32 {
-        unsafe { shfl_down_f32(0xffff_ffff, v, delta, 0x1f) }
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    fn shfl_xor(v: f32, mask: u32) -> f32 {
-        unsafe { shfl_bfly_f32(0xffff_ffff, v, mask, 0x1f) }
-    }
 }
 
 impl Float for f64 {
-    portable_float!(f64, 8, fma64, exp_f64, sqrtf64);
-    #[inline(always)]
-    fn from_f64(x: f64) -> f64 {
-        x
-    }
+    portable_float!(f64, fmaf64, sqrtf64,
+        [exp = exp, exp2 = exp2, exp10 = exp10, expm1 = expm1, log = log, log1p = log1p,
+         log2 = log2, log10 = log10, cbrt = cbrt, sin = sin, cos = cos, tan = tan, asin = asin,
+         acos = acos, atan = atan, sinh = sinh, cosh = cosh, tanh = tanh, asinh = asinh,
+         acosh = acosh, atanh = atanh, erf = erf, erfc = erfc, tgamma = tgamma, lgamma = lgamma,
+         floor = floor, ceil = ceil, round = round, trunc = trunc],
+        [pow(y) = pow, hypot(y) = hypot, atan2(x) = atan2, fmod(y) = fmod]);
 
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn ldg(p: *const f64) -> f64 {
-        let v: f64;
-        asm!("cvta.to.global.u64 {t}, {p}; ld.global.f64 {v}, [{t}];",
-             t = out(reg64) _, p = in(reg64) p, v = out(reg64) v,
-             options(pure, readonly, nostack, preserves_flags));
-        v
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn ldg_nc(p: *const f64) -> f64 {
-        let v: f64;
-        asm!("cvta.to.global.u64 {t}, {p}; ld.global.nc.f64 {v}, [{t}];",
-             t = out(reg64) _, p = in(reg64) p, v = out(reg64) v,
-             options(pure, readonly, nostack, preserves_flags));
-        v
-    }
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn ldg4(p: *const f64) -> [f64; 4] {
@@ -432,13 +388,6 @@ impl Float for f64 {
     }
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
-    unsafe fn stg(p: *mut f64, v: f64) {
-        asm!("cvta.to.global.u64 {t}, {p}; st.global.f64 [{t}], {v};",
-             t = out(reg64) _, p = in(reg64) p, v = in(reg64) v,
-             options(nostack, preserves_flags));
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
     unsafe fn stg4(p: *mut f64, v: [f64; 4]) {
         asm!("cvta.to.global.u64 {t}, {p};",
              "st.global.v2.f64 [{t}], {{{x}, {y}}};",
@@ -453,36 +402,5 @@ impl Float for f64 {
         asm!("cvta.to.global.u64 {t}, {p}; red.global.add.f64 [{t}], {v};",
              t = out(reg64) _, p = in(reg64) p, v = in(reg64) v,
              options(nostack, preserves_flags));
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn lds(a: u32) -> f64 {
-        let v: f64;
-        asm!("ld.shared.f64 {v}, [{a}];", a = in(reg32) a, v = out(reg64) v,
-             options(pure, readonly, nostack, preserves_flags));
-        v
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    unsafe fn sts(a: u32, v: f64) {
-        asm!("st.shared.f64 [{a}], {v};", a = in(reg32) a, v = in(reg64) v,
-             options(nostack, preserves_flags));
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    fn shfl_down(v: f64, delta: u32) -> f64 {
-        // Two 32-bit shuffles: PTX shuffles 32-bit registers only.
-        let b = v.to_bits();
-        let lo = unsafe { shfl_down_i32(0xffff_ffff, b as u32 as i32, delta, 0x1f) } as u32 as u64;
-        let hi = unsafe { shfl_down_i32(0xffff_ffff, (b >> 32) as u32 as i32, delta, 0x1f) } as u32 as u64;
-        f64::from_bits(hi << 32 | lo)
-    }
-    #[cfg(target_arch = "nvptx64")]
-    #[inline(always)]
-    fn shfl_xor(v: f64, mask: u32) -> f64 {
-        let b = v.to_bits();
-        let lo = unsafe { shfl_bfly_i32(0xffff_ffff, b as u32 as i32, mask, 0x1f) } as u32 as u64;
-        let hi = unsafe { shfl_bfly_i32(0xffff_ffff, (b >> 32) as u32 as i32, mask, 0x1f) } as u32 as u64;
-        f64::from_bits(hi << 32 | lo)
     }
 }

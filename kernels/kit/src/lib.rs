@@ -29,13 +29,34 @@
 //! ```
 //!
 //! Bodies are generic over `T: `[`Float`] (f32 or f64) and written once for
-//! both types: only [`Float`]'s methods are visible on `T`, so the same
-//! code (the portable [`Float::exp`] included) runs on the GPU and the CPU.
-//! Literals are `T::from_f64(0.5)`, `T::ZERO`, `T::ONE`.
+//! both types: only [`Float`]'s methods (and those of its supertraits
+//! [`Numeric`] and [`Element`]) are visible on `T`, so the same code (the
+//! math included: [`Float::exp`], `erf`, `log1p`, ... from the `libm`
+//! crate) runs on the GPU and the CPU. Literals are `T::from_f64(0.5)`,
+//! `T::ZERO`, `T::ONE`.
 //!
-//! The crate itself is `no_std` with no dependencies; on nvptx64 it also
-//! provides the `#[panic_handler]` (a trap), so a kernel crate needs only
-//! `#![cfg_attr(target_arch = "nvptx64", no_std)]` and no `#![feature]`.
+//! The kit beyond the macros, one module per concern:
+//! * element types: [`Element`] ⊃ [`Numeric`] ⊃ [`Int`] / [`Float`], for
+//!   u8, i32 (`s32`), u32, i64 (`s64`), u64, f32, f64, so one body can be
+//!   generic over integers and floats;
+//! * [`reduce`]: reduction operators ([`reduce::Sum`], `Max`, `Min`,
+//!   `ArgMax`, `ArgMin`, a user's [`reduce::Op`]) for a thread's own loop,
+//!   a warp ([`warp`]) or a block ([`block`]: reduce, inclusive and
+//!   exclusive scan);
+//! * [`atomic`]: add, min, max, exch, CAS, each returning the old value;
+//! * [`warp`]: votes, ballots, shuffles of any element type;
+//! * [`shared`]: static shared arrays (`shared_array!`, nvptx64);
+//! * [`launch`]: rows, parts of rows and 2-D tiles over virtual blocks;
+//!   `device` (nvptx64): thread and block indices (x and y), barriers.
+//!
+//! On the host the atomics are `core::sync::atomic` operations and the warp
+//! and block forms take the warp's or block's values as a slice, computing
+//! what the GPU forms compute (the CPU backend runs a job on one thread).
+//!
+//! The crate itself is `no_std`; its one dependency, `libm`, is too. On
+//! nvptx64 it also provides the `#[panic_handler]` (a trap), so a kernel
+//! crate needs only `#![cfg_attr(target_arch = "nvptx64", no_std)]` and no
+//! `#![feature]`. Its GPU tests are `gpu_tests/` (build.sh, run.py).
 
 #![no_std]
 // allow_internal_unstable: the macros expand to `extern "ptx-kernel"` fns
@@ -46,7 +67,6 @@
     feature(
         stdarch_nvptx,
         asm_experimental_arch,
-        link_llvm_intrinsics,
         gpu_launch_sized_workgroup_mem,
         gpu_intrinsics
     )
@@ -60,8 +80,17 @@ pub mod job;
 // The CPU sums' order, one definition shared with gpud.
 pub mod sum_order;
 
+pub mod element;
+pub use element::{Element, Int, Numeric};
 mod float;
-pub use float::Float;
+pub use float::{Float, MATH_ULPS};
+
+pub mod atomic;
+pub mod block;
+pub mod launch;
+pub mod reduce;
+pub mod shared;
+pub mod warp;
 
 pub mod manifest;
 

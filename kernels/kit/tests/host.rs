@@ -1,10 +1,10 @@
-//! Host-side tests of the kit: parameter offsets, block math, the portable
-//! exp against std, the host entries of macro-declared kernels run on real
+//! Host-side tests of the kit: parameter offsets, block math, the host
+//! entries of macro-declared kernels run on real
 //! jobs, the reduction order, and the manifest lines the macros store.
 
 use erlcuda_kernel::job::{blocks_of, owner, param_offsets, prepare, Blocks, Job, ELEMS_PER_THREAD, SERIAL};
 use erlcuda_kernel::manifest::{self, Decl, Layout, Shape};
-use erlcuda_kernel::{elementwise, host, reduction, table, Float};
+use erlcuda_kernel::{elementwise, host, reduction, table, Float, Numeric};
 
 // ------------------------------------------------------- kernels under test
 
@@ -109,22 +109,6 @@ impl Rng {
     }
 }
 
-fn ulps64(a: f64, b: f64) -> u64 {
-    let key = |x: f64| {
-        let b = x.to_bits() as i64;
-        if b < 0 { i64::MIN - b } else { b }
-    };
-    key(a).abs_diff(key(b))
-}
-
-fn ulps32(a: f32, b: f32) -> u64 {
-    let key = |x: f32| {
-        let b = x.to_bits() as i32 as i64;
-        if b < 0 { i32::MIN as i64 - b } else { b }
-    };
-    key(a).abs_diff(key(b))
-}
-
 // ---------------------------------------------------------- parameters
 
 #[test]
@@ -177,70 +161,10 @@ fn block_rules_and_owner() {
     assert_eq!(prepare(&mut jobs, |_| 1 << 31), None);
 }
 
-// ----------------------------------------------------------------- exp
-
-#[test]
-fn exp_f64_is_within_two_ulps_of_std() {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut worst = 0;
-    let mut check = |x: f64| {
-        let (got, want) = (<f64 as Float>::exp(x), x.exp());
-        let d = ulps64(got, want);
-        assert!(d <= 2, "exp({x:e}) = {got:e}, std {want:e}: {d} ulps");
-        worst = worst.max(d);
-    };
-    for _ in 0..200_000 {
-        check(rng.uniform(-746.0, 710.0));
-    }
-    for _ in 0..100_000 {
-        check(rng.uniform(-1.0, 1.0));
-    }
-    // The edges: subnormal results, the last finite values, ties of k.
-    for x in [0.0, -0.0, 1e-300, -1e-300, 0.5 * std::f64::consts::LN_2, 709.78, 709.782712893384, -708.4, -708.39, -744.44, -745.13] {
-        check(x);
-    }
-    eprintln!("exp f64: worst {worst} ulps");
-}
-
-#[test]
-fn exp_f32_is_within_two_ulps_of_the_rounded_exact() {
-    let mut worst = 0;
-    // Every 97th f32 in [-104, 89]: covers the subnormal and overflow edges.
-    let (lo, hi) = ((-104.0f32).to_bits(), 89.0f32.to_bits());
-    let positives = (0..=hi).step_by(97).map(f32::from_bits);
-    let negatives = ((1u32 << 31)..=lo).step_by(97).map(f32::from_bits);
-    for x in positives.chain(negatives).chain([88.72283, 88.72284, -87.33655, -103.278, -103.972]) {
-        let want = (x as f64).exp() as f32;
-        let got = <f32 as Float>::exp(x);
-        let d = ulps32(got, want);
-        assert!(d <= 2, "exp({x:e}) = {got:e}, want {want:e}: {d} ulps");
-        worst = worst.max(d);
-    }
-    eprintln!("exp f32: worst {worst} ulps");
-}
-
-#[test]
-fn exp_special_values() {
-    for (x, want) in [(f64::NEG_INFINITY, 0.0), (-746.0, 0.0), (-1e300, 0.0), (710.0, f64::INFINITY), (1e300, f64::INFINITY), (f64::INFINITY, f64::INFINITY), (0.0, 1.0)] {
-        assert_eq!(<f64 as Float>::exp(x), want, "exp({x})");
-    }
-    assert!(<f64 as Float>::exp(709.8).is_infinite());
-    assert!(<f64 as Float>::exp(709.78).is_finite());
-    assert!(<f64 as Float>::exp(f64::NAN).is_nan());
-    for (x, want) in [(f32::NEG_INFINITY, 0.0), (-105.0, 0.0), (89.0, f32::INFINITY), (f32::INFINITY, f32::INFINITY), (0.0, 1.0)] {
-        assert_eq!(<f32 as Float>::exp(x), want, "exp({x})");
-    }
-    assert!(<f32 as Float>::exp(88.73).is_infinite());
-    assert!(<f32 as Float>::exp(88.72).is_finite());
-    assert!(<f32 as Float>::exp(f32::NAN).is_nan());
-    // Subnormal results are not flushed.
-    assert!(<f32 as Float>::exp(-100.0) > 0.0 && <f64 as Float>::exp(-740.0) > 0.0);
-}
-
 #[test]
 fn float_basics() {
-    assert_eq!(<f32 as Float>::from_f64(0.1), 0.1f32);
-    assert_eq!(<f64 as Float>::to_f64(2.5), 2.5);
+    assert_eq!(<f32 as Numeric>::from_f64(0.1), 0.1f32);
+    assert_eq!(<f64 as Numeric>::to_f64(2.5), 2.5);
     assert_eq!(Float::max(1.0f64, f64::NAN), 1.0);
     assert_eq!(Float::min(f32::NAN, -1.0f32), -1.0);
     assert_eq!(Float::abs(-0.0f64).to_bits(), 0);
@@ -289,7 +213,7 @@ fn axpy_rounds_alpha_to_the_type_and_fuses() {
 }
 
 #[test]
-fn expression_bodies_use_the_portable_exp() {
+fn expression_bodies_use_the_kits_exp() {
     let x = [-1.0, 0.0, 1e-3, 3.0];
     let mut out = [0.0; 4];
     unsafe { erlcuda_host_expm1ish_f64(&job("v", &[&x], &mut out, &[], &[])) };

@@ -1,0 +1,117 @@
+//! Block-wide reductions and scans with any [`ReduceOp`] (nvptx64), and
+//! their host meaning.
+//!
+//! On the GPU every thread of the block calls them together (uniform
+//! control flow; the block size a multiple of 32, at most 1024) with its
+//! item; each returns its result to every thread. They use the kit's static
+//! scratch array ([`crate::shared::SCRATCH_BYTES`], not the launch's dynamic
+//! shared memory) between two barriers of their own, so they may follow
+//! one another at once. An item is at most 16 bytes (an element, or
+//! ArgMax's pair).
+//!
+//! On the host the same names take the block's items as a slice in thread
+//! order: [`reduce`] combines them ([`crate::reduce::fold`]), the scans fill
+//! an output slice.
+
+use crate::reduce::ReduceOp;
+#[cfg(target_arch = "nvptx64")]
+use crate::{
+    device::{block_dim, sync_threads, thread_idx},
+    shared::{scratch, SCRATCH_BYTES},
+    warp::{self, Lanes},
+};
+
+/// Slot `w` of the scratch as a pointer to an item (16-byte slots).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn slot<I>(w: u32) -> *mut I {
+    const { assert!(core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16) };
+    debug_assert!((w as usize) < SCRATCH_BYTES / 16);
+    scratch().as_ptr().cast::<u8>().wrapping_add(16 * w as usize).cast()
+}
+
+/// Combines, in warp order, the per-warp values each warp's lane
+/// `src_lane` holds in `v`; every thread gets the result of the warps
+/// before its own (`exclusive`) or of all warps. Two barriers.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn across_warps<R: ReduceOp>(op: R, v: R::Item, src_lane: u32, exclusive: bool) -> R::Item
+where
+    R::Item: Lanes,
+{
+    let (t, nwarps) = (thread_idx(), block_dim() >> 5);
+    let (lane, w) = (t & 31, t >> 5);
+    if lane == src_lane {
+        unsafe { slot::<R::Item>(w).write(v) };
+    }
+    sync_threads();
+    let x = if lane < nwarps { unsafe { slot::<R::Item>(lane).read() } } else { op.identity() };
+    let r = if exclusive {
+        warp::shfl_idx(warp::exclusive_scan(op, x), w)
+    } else {
+        warp::reduce(op, x)
+    };
+    // Nobody overwrites the slots before everyone has read them.
+    sync_threads();
+    r
+}
+
+/// The block's items combined in thread order, returned to every thread.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn reduce<R: ReduceOp>(op: R, v: R::Item) -> R::Item
+where
+    R::Item: Lanes,
+{
+    across_warps(op, warp::reduce(op, v), 0, false)
+}
+
+/// Thread `i` gets the items of threads `0..=i` combined.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn inclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
+where
+    R::Item: Lanes,
+{
+    let inc = warp::inclusive_scan(op, v);
+    let before = across_warps(op, inc, 31, true);
+    op.combine(before, inc)
+}
+
+/// Thread `i` gets the items of threads `0..i` combined (thread 0 the
+/// identity).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn exclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
+where
+    R::Item: Lanes,
+{
+    let inc = warp::inclusive_scan(op, v);
+    let before = across_warps(op, inc, 31, true);
+    let exc = warp::shfl_up(inc, 1);
+    if thread_idx() & 31 == 0 {
+        before
+    } else {
+        op.combine(before, exc)
+    }
+}
+
+// ------------------------------------------------------ the host meaning
+
+/// The block's items combined in thread order.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn reduce<R: ReduceOp>(op: R, items: &[R::Item]) -> R::Item {
+    crate::reduce::fold(op, items.iter().copied())
+}
+
+/// `out[i]`: items `0..=i` combined ([`crate::reduce::inclusive_scan`]).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn inclusive_scan<R: ReduceOp>(op: R, items: &[R::Item], out: &mut [R::Item]) {
+    crate::reduce::inclusive_scan(op, items, out)
+}
+
+/// `out[i]`: items `0..i` combined ([`crate::reduce::exclusive_scan`]).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn exclusive_scan<R: ReduceOp>(op: R, items: &[R::Item], out: &mut [R::Item]) {
+    crate::reduce::exclusive_scan(op, items, out)
+}

@@ -1,0 +1,139 @@
+//! Static shared arrays (nvptx64): `__shared__ T name[N]` in Rust.
+//!
+//! ```ignore
+//! // In a GPU body: 256 f32 of this block's shared memory.
+//! let tile = erlcuda_kernel::shared_array!(tile: [f32; 256]);
+//! tile.set(thread_idx(), x);
+//! sync_threads();
+//! let y = tile.get(255 - thread_idx());
+//! ```
+//!
+//! rustc cannot put a Rust `static` in PTX's shared state space (nvptx64
+//! statics land in `.global`), so [`shared_array!`] declares the array in
+//! PTX itself, with module-level assembly (`global_asm!`):
+//! `.shared .align 16 .b8 erlcuda_shared_NAME_LLINE_CCOL[BYTES];`, and
+//! reads its address with `mov.u32`. ptxas gives each kernel the shared
+//! arrays it uses, and only those (`ptxas -v` reports them as its `smem`);
+//! the launch's dynamic shared memory ([`crate::device::smem_base`]) comes
+//! after them.
+//!
+//! The symbol is made of the array's name and the macro call's line and
+//! column, so arrays need distinct names within a source line; a generic
+//! function's array is one array for all its instances (they are the same
+//! item). In a body generic over `T`, size the array by its widest type:
+//! `shared_array!(tile: [T; 256], room = f64)`.
+//!
+//! Shared memory is not zeroed: write before reading, with a barrier
+//! between the writers and the readers.
+
+#[cfg(target_arch = "nvptx64")]
+use crate::element::Element;
+#[cfg(target_arch = "nvptx64")]
+use core::marker::PhantomData;
+
+/// `shared_array!(NAME: [T; N])` or `shared_array!(NAME: [T; N], room =
+/// W)`: a [`SharedArray<T, N>`] of static shared memory, `N` elements of
+/// `W` (default `T`) reserved.
+#[cfg(target_arch = "nvptx64")]
+#[macro_export]
+#[allow_internal_unstable(asm_experimental_arch)]
+macro_rules! shared_array {
+    ($name:ident : [$t:ty; $n:expr]) => {
+        $crate::shared_array!($name: [$t; $n], room = $t)
+    };
+    ($name:ident : [$t:ty; $n:expr], room = $w:ty) => {{
+        ::core::arch::global_asm!(
+            concat!(".shared .align 16 .b8 erlcuda_shared_", stringify!($name), "_L", line!(), "C", column!(), "[{n}];"),
+            n = const { ($n) * ::core::mem::size_of::<$w>() },
+        );
+        let a: u32;
+        // SAFETY: the address of the array declared just above.
+        unsafe {
+            ::core::arch::asm!(
+                concat!("mov.u32 {a}, erlcuda_shared_", stringify!($name), "_L", line!(), "C", column!(), ";"),
+                a = out(reg32) a,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        const { assert!(::core::mem::size_of::<$t>() <= ::core::mem::size_of::<$w>()) };
+        // SAFETY: N elements of the room type were reserved, 16-byte aligned.
+        unsafe { $crate::shared::SharedArray::<$t, { $n }>::at(a) }
+    }};
+}
+
+/// `N` elements of `T` in the block's shared memory, addressed by their
+/// shared-window address. Copy it freely: it is the address.
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+pub struct SharedArray<T, const N: usize> {
+    addr: u32,
+    _t: PhantomData<T>,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl<T: Element, const N: usize> SharedArray<T, N> {
+    /// # Safety
+    /// `addr` is the shared-window address of `N` elements of `T`, aligned
+    /// for `T`, that nothing else uses as another type meanwhile.
+    #[inline(always)]
+    pub const unsafe fn at(addr: u32) -> Self {
+        SharedArray { addr, _t: PhantomData }
+    }
+
+    /// The number of elements.
+    #[inline(always)]
+    pub const fn len(&self) -> usize {
+        N
+    }
+
+    #[inline(always)]
+    pub const fn is_empty(&self) -> bool {
+        N == 0
+    }
+
+    /// The shared-window address of element `i` (for [`crate::atomic`]'s
+    /// `*_shared` functions and `ld.shared`/`st.shared`).
+    #[inline(always)]
+    pub fn addr(&self, i: usize) -> u32 {
+        assert!(i < N);
+        self.addr + (i as u32) * T::BYTES
+    }
+
+    /// Element `i` (`ld.shared`); traps when `i >= N`.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        unsafe { T::load_shared(self.addr(i)) }
+    }
+
+    /// Sets element `i` (`st.shared`); traps when `i >= N`.
+    #[inline(always)]
+    pub fn set(&self, i: usize, v: T) {
+        unsafe { T::store_shared(self.addr(i), v) }
+    }
+
+    /// The array as a generic pointer, for plain Rust accesses.
+    #[inline(always)]
+    // The asm converts the address only, it touches no memory.
+    #[allow(clippy::pointers_in_nomem_asm_block)]
+    pub fn as_ptr(&self) -> *mut T {
+        let p: u64;
+        unsafe {
+            core::arch::asm!("cvt.u64.u32 {w}, {a}; cvta.shared.u64 {p}, {w};",
+                             w = out(reg64) _, a = in(reg32) self.addr, p = out(reg64) p,
+                             options(pure, nomem, nostack, preserves_flags));
+        }
+        p as *mut T
+    }
+}
+
+/// Bytes of the kit's own static scratch array (one 16-byte slot per warp of
+/// a 1024-thread block), which [`crate::block`]'s reductions and scans use.
+pub const SCRATCH_BYTES: usize = 32 * 16;
+
+/// The kit's scratch array: 32 slots of 16 bytes. Only [`crate::block`]
+/// uses it, between two barriers of its own.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) fn scratch() -> SharedArray<u64, { SCRATCH_BYTES / 8 }> {
+    crate::shared_array!(erlcuda_kit_scratch: [u64; SCRATCH_BYTES / 8])
+}

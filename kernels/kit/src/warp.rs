@@ -1,0 +1,246 @@
+//! Warp primitives (cuda_std's `warp`, CubeCL's plane operations): votes,
+//! ballots, shuffles of any element type (or an operator's item, such as
+//! ArgMax's pair), and reductions and scans with any [`ReduceOp`].
+//!
+//! On nvptx64 every function is for the full warp: all 32 lanes call it
+//! together (member mask `0xffffffff`), as in a block whose size is a
+//! multiple of 32. On the host (the CPU backend runs a job on one thread)
+//! the same names take the warp's 32 (or fewer) values as a slice, in lane
+//! order, and return what the GPU form returns: [`ballot`] the bits, [`all`]
+//! and [`any`] the vote, [`reduce`] the combined items.
+
+use crate::reduce::ReduceOp;
+#[cfg(target_arch = "nvptx64")]
+use core::arch::asm;
+
+/// Threads per warp.
+pub const SIZE: u32 = 32;
+
+/// A value the lanes of a warp can exchange: every [`crate::Element`], and
+/// pairs of them (an arg-reduction's `(value, index)`). A user's operator
+/// over its own type implements it by shuffling the type's fields.
+pub trait Lanes: Copy {
+    /// The value of the lane `how` and `arg` name (see [`Shfl`]).
+    #[cfg(target_arch = "nvptx64")]
+    fn shuffle(self, how: Shfl, arg: u32) -> Self;
+}
+
+/// Which lane a shuffle reads (PTX `shfl.sync` modes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Shfl {
+    /// Lane `arg`.
+    Idx,
+    /// Lane `lane - arg`; lanes below `arg` keep their own value.
+    Up,
+    /// Lane `lane + arg`; lanes past 31 − `arg` keep their own value.
+    Down,
+    /// Lane `lane ^ arg`.
+    Xor,
+}
+
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn shfl32(how: Shfl, x: u32, arg: u32) -> u32 {
+    let r: u32;
+    // `c` is 0x1f (clamp at lane 31) except for `up`, whose lower bound is
+    // lane 0 (c = 0).
+    unsafe {
+        match how {
+            Shfl::Idx => asm!("shfl.sync.idx.b32 {r}, {x}, {a}, 0x1f, 0xffffffff;",
+                              r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
+                              options(pure, nomem, nostack, preserves_flags)),
+            Shfl::Up => asm!("shfl.sync.up.b32 {r}, {x}, {a}, 0x0, 0xffffffff;",
+                             r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
+                             options(pure, nomem, nostack, preserves_flags)),
+            Shfl::Down => asm!("shfl.sync.down.b32 {r}, {x}, {a}, 0x1f, 0xffffffff;",
+                               r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
+                               options(pure, nomem, nostack, preserves_flags)),
+            Shfl::Xor => asm!("shfl.sync.bfly.b32 {r}, {x}, {a}, 0x1f, 0xffffffff;",
+                              r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
+                              options(pure, nomem, nostack, preserves_flags)),
+        }
+    }
+    r
+}
+
+impl<T: crate::element::Element> Lanes for T {
+    /// One 32-bit shuffle, two for 8-byte types (PTX shuffles 32-bit
+    /// registers only).
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    fn shuffle(self, how: Shfl, arg: u32) -> T {
+        let b = self.to_bits64();
+        let lo = shfl32(how, b as u32, arg) as u64;
+        if T::BYTES <= 4 {
+            return T::from_bits64(lo);
+        }
+        let hi = shfl32(how, (b >> 32) as u32, arg) as u64;
+        T::from_bits64(hi << 32 | lo)
+    }
+}
+
+impl<A: Lanes, B: Lanes> Lanes for (A, B) {
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    fn shuffle(self, how: Shfl, arg: u32) -> (A, B) {
+        (self.0.shuffle(how, arg), self.1.shuffle(how, arg))
+    }
+}
+
+/// Lane of this thread in its warp (x dimension).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn lane() -> u32 {
+    crate::device::thread_idx() & 31
+}
+
+/// `v` of lane `src`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn shfl_idx<T: Lanes>(v: T, src: u32) -> T {
+    v.shuffle(Shfl::Idx, src)
+}
+
+/// `v` of lane `lane - delta` (own value below lane `delta`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn shfl_up<T: Lanes>(v: T, delta: u32) -> T {
+    v.shuffle(Shfl::Up, delta)
+}
+
+/// `v` of lane `lane + delta` (own value past lane 31 − `delta`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn shfl_down<T: Lanes>(v: T, delta: u32) -> T {
+    v.shuffle(Shfl::Down, delta)
+}
+
+/// `v` of lane `lane ^ mask`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn shfl_xor<T: Lanes>(v: T, mask: u32) -> T {
+    v.shuffle(Shfl::Xor, mask)
+}
+
+/// Bit `i` set when lane `i`'s `pred` holds (`vote.sync.ballot`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, 0xffffffff; }}",
+             r = out(reg32) r, x = in(reg32) pred as u32,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r
+}
+
+/// Whether every lane's `pred` holds (`vote.sync.all`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn all(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.all.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
+             r = out(reg32) r, x = in(reg32) pred as u32,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r != 0
+}
+
+/// Whether some lane's `pred` holds (`vote.sync.any`).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn any(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
+             r = out(reg32) r, x = in(reg32) pred as u32,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r != 0
+}
+
+/// The warp's items combined in lane order, in every lane: a butterfly of
+/// depth 5 in which each lane keeps the lower lanes' part on the left, so
+/// every lane computes the same operations on the same operands (the same
+/// bits) and `op` need not be commutative.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn reduce<R: ReduceOp>(op: R, v: R::Item) -> R::Item
+where
+    R::Item: Lanes,
+{
+    let l = lane();
+    let mut x = v;
+    let mut m = 1;
+    while m < SIZE {
+        let y = shfl_xor(x, m);
+        x = if l & m == 0 { op.combine(x, y) } else { op.combine(y, x) };
+        m <<= 1;
+    }
+    x
+}
+
+/// Lane `i` gets the items of lanes `0..=i` combined (Hillis–Steele,
+/// depth 5).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn inclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
+where
+    R::Item: Lanes,
+{
+    let l = lane();
+    let mut x = v;
+    let mut d = 1;
+    while d < SIZE {
+        let y = shfl_up(x, d);
+        if l >= d {
+            x = op.combine(y, x);
+        }
+        d <<= 1;
+    }
+    x
+}
+
+/// Lane `i` gets the items of lanes `0..i` combined (lane 0 the identity).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn exclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
+where
+    R::Item: Lanes,
+{
+    let x = shfl_up(inclusive_scan(op, v), 1);
+    if lane() == 0 {
+        op.identity()
+    } else {
+        x
+    }
+}
+
+// ------------------------------------------------------ the host meaning
+
+/// Bit `i` set when `preds[i]` holds (at most 32 lanes).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn ballot(preds: &[bool]) -> u32 {
+    assert!(preds.len() <= SIZE as usize);
+    preds.iter().enumerate().fold(0, |b, (i, &p)| b | (p as u32) << i)
+}
+
+/// Whether every lane's predicate holds.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn all(preds: &[bool]) -> bool {
+    preds.iter().all(|&p| p)
+}
+
+/// Whether some lane's predicate holds.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn any(preds: &[bool]) -> bool {
+    preds.iter().any(|&p| p)
+}
+
+/// The lanes' items combined in lane order ([`crate::reduce::fold`]).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn reduce<R: ReduceOp>(op: R, items: &[R::Item]) -> R::Item {
+    crate::reduce::fold(op, items.iter().copied())
+}
