@@ -1,4 +1,4 @@
-//! Access (issue 5, point 8b; SECURITY.md): gpud refuses a "VM" of another
+//! Access (SECURITY.md): gpud refuses a "VM" of another
 //! uid. The test plays a VM running as root: it listens on an abstract
 //! socket and, once gpud has connected, offers a hello with three fds. gpud
 //! started as `nobody` must refuse the peer on SO_PEERCRED before it reads
