@@ -21,12 +21,17 @@ native: nif gpud
 nif:
 	$(MAKE) -C c_src
 
+# Every variant of gpud (the one the VM runs, the tests', fault injection)
+# builds in target/: they differ in gpud's own features only, so their
+# dependencies build once. Each variant's binary is copied out as soon as
+# it is built, since cargo puts all of them at target/release/gpud.
+
 # The gpud the VM runs: without the test support (--no-default-features
 # leaves out the `testkit` feature: test vectors, baseline, gpud-bench).
 gpud:
-	$(CARGO) build --release -p gpud --no-default-features --target-dir target/ship
+	$(CARGO) build --release -p gpud --no-default-features
 	@mkdir -p priv
-	cp target/ship/release/gpud priv/gpud.tmp && mv priv/gpud.tmp priv/gpud
+	cp target/release/gpud priv/gpud.tmp && mv priv/gpud.tmp priv/gpud
 
 # The benchmarks' tools (gpud-bench --baseline, --bench-backend).
 GPUD_BENCH := $(CURDIR)/target/release/gpud-bench
@@ -34,9 +39,10 @@ gpud-bench:
 	$(CARGO) build --release -p gpud --bin gpud-bench
 
 # gpud with fault injection, for the crash-isolation tests only: never in priv/.
-GPUD_FAULT := $(CURDIR)/target/fault/release/gpud
+GPUD_FAULT := $(CURDIR)/target/gpud-fault
 gpud-fault:
-	$(CARGO) build --release -p gpud --features fault-injection --target-dir target/fault
+	$(CARGO) build --release -p gpud --features fault-injection
+	cp target/release/gpud $(GPUD_FAULT).tmp && mv $(GPUD_FAULT).tmp $(GPUD_FAULT)
 
 compile:
 	$(REBAR) compile
@@ -131,9 +137,18 @@ test-kernel-build:
 	cd kernels/kit && $(CARGO) +nightly test -q
 	ERLCUDA_BUILD_TARGET_DIR=$(TEST_KERNELS_TARGET) bash test/kernel_build.sh
 
+# erlcuda_SUITE and erlcuda_security_SUITE run in test-asan, against the NIF
+# built with AddressSanitizer (test/asan.sh), and not again here: `make test`
+# runs both targets, and the suites' second run was a fifth of its time.
+ASAN_SUITES := test/erlcuda_SUITE.erl test/erlcuda_security_SUITE.erl
+ERLANG_SUITES := $(filter-out $(ASAN_SUITES),$(wildcard test/*_SUITE.erl))
+comma := ,
+empty :=
+space := $(empty) $(empty)
 test-erlang: compile gpud-fault user-modules
 	$(REBAR) eunit
-	ERLCUDA_USER_MODULES=$(USER_MODULES) ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) $(REBAR) ct
+	ERLCUDA_USER_MODULES=$(USER_MODULES) ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) \
+	    $(REBAR) ct --suite $(subst $(space),$(comma),$(ERLANG_SUITES:.erl=))
 
 # The API docs build (doc/), dialyzer finds nothing, and the application's
 # version is the newest one in CHANGELOG.md.

@@ -26,7 +26,7 @@ t0=$(date +%s)
 make -s native
 rebar3 compile >/dev/null
 make -s gpud-fault
-GPUD_FAULT=$ROOT/target/fault/release/gpud
+GPUD_FAULT=$ROOT/target/gpud-fault
 
 # 2. The ASan NIF, from a copy of the sources (the .o files in c_src/ stay
 #    the normal build's).

@@ -37,10 +37,14 @@ for line in sys.stdin:
         print(m["target"]["kind"][0], m["target"]["name"], m["executable"])
 '
 }
+# Both variants build in target/ and each puts its gpud at
+# target/release/gpud: copy each right after its build.
 cargo test --release -p gpud --no-run -q
-cargo test --release -p gpud --features fault-injection --target-dir target/fault --no-run -q
 bins "" > "$V/bins"
-bins "--features fault-injection --target-dir target/fault" > "$V/bins-fault"
+cp "$ROOT/target/release/gpud" "$V/gpud"
+cargo test --release -p gpud --features fault-injection --no-run -q
+bins "--features fault-injection" > "$V/bins-fault"
+cp "$ROOT/target/release/gpud" "$V/gpud-fault"
 cat "$V/bins" "$V/bins-fault"
 UNIT=$(awk '$1 == "lib" {print $3}' "$V/bins")
 [ -x "$UNIT" ] || { echo "valgrind: no unit-test binary" >&2; exit 1; }
@@ -61,8 +65,6 @@ exec valgrind --tool=memcheck --track-origins=yes --num-callers=30 --leak-check=
 W
     chmod +x "$2"
 }
-cp "$ROOT/target/release/gpud" "$V/gpud"
-cp "$ROOT/target/fault/release/gpud" "$V/gpud-fault"
 wrapper "$V/gpud" "$V/gpud-vg"
 wrapper "$V/gpud-fault" "$V/gpud-fault-vg"
 run_e2e() {  # $1: bins file, $2: wrapper
