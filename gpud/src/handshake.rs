@@ -37,71 +37,9 @@ pub struct Geometry {
     pub arena_bytes: u64,
 }
 
-/// The immutable part of `ec_header`, as read once from shared memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HeaderFields {
-    pub magic: u64,
-    pub abi_version: u32,
-    pub header_bytes: u32,
-    pub sqe_bytes: u32,
-    pub cqe_bytes: u32,
-    pub sq_entries: u32,
-    pub cq_entries: u32,
-    pub sq_offset: u64,
-    pub cq_offset: u64,
-    pub arena_offset: u64,
-    pub arena_bytes: u64,
-}
-
-impl HeaderFields {
-    /// The header the VM writes for rings of the given geometry: this
-    /// contract's magic, ABI version and entry sizes. For tests and the fuzz
-    /// harness, which lay out shared memory the way the NIF does.
-    pub fn for_geometry(
-        sq_entries: u32,
-        cq_entries: u32,
-        sq_offset: u64,
-        cq_offset: u64,
-        arena_offset: u64,
-        arena_bytes: u64,
-    ) -> HeaderFields {
-        HeaderFields {
-            magic: EC_MAGIC,
-            abi_version: EC_ABI_VERSION,
-            header_bytes: EC_HEADER_BYTES,
-            sqe_bytes: std::mem::size_of::<crate::layout::Sqe>() as u32,
-            cqe_bytes: std::mem::size_of::<crate::layout::Cqe>() as u32,
-            sq_entries,
-            cq_entries,
-            sq_offset,
-            cq_offset,
-            arena_offset,
-            arena_bytes,
-        }
-    }
-
-    /// Writes these fields into the immutable block of the header at `h`.
-    ///
-    /// # Safety
-    /// `h` must point to writable memory at least `EC_HEADER_BYTES` long,
-    /// aligned for [`Header`], that nobody else accesses meanwhile.
-    pub unsafe fn write_to(&self, h: *mut Header) {
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            (*h).magic = self.magic;
-            (*h).abi_version = self.abi_version;
-            (*h).header_bytes = self.header_bytes;
-            (*h).sqe_bytes = self.sqe_bytes;
-            (*h).cqe_bytes = self.cqe_bytes;
-            (*h).sq_entries = self.sq_entries;
-            (*h).cq_entries = self.cq_entries;
-            (*h).sq_offset = self.sq_offset;
-            (*h).cq_offset = self.cq_offset;
-            (*h).arena_offset = self.arena_offset;
-            (*h).arena_bytes = self.arena_bytes;
-        }
-    }
-}
+/// The immutable part of `ec_header`, as read once from shared memory
+/// (declared with the header, in [`crate::layout`]).
+pub use crate::layout::HeaderFields;
 
 fn bad(msg: impl Into<String>) -> Error {
     Error::Handshake(msg.into())
@@ -269,27 +207,15 @@ impl Mapping {
         self.base.as_ptr().cast()
     }
 
-    /// Reads the immutable header fields once, with volatile reads: the VM
-    /// is another process and the compiler must not assume it is quiet.
+    /// Reads the immutable header fields once, with one volatile read of
+    /// the block: the VM is another process and the compiler must not
+    /// assume it is quiet.
     pub fn read_header_fields(&self) -> HeaderFields {
         let h = self.header();
         // SAFETY: the mapping is at least EC_HEADER_BYTES long (checked in
-        // `new`) and page-aligned, so every field is in bounds and aligned.
-        unsafe {
-            HeaderFields {
-                magic: ptr::addr_of!((*h).magic).read_volatile(),
-                abi_version: ptr::addr_of!((*h).abi_version).read_volatile(),
-                header_bytes: ptr::addr_of!((*h).header_bytes).read_volatile(),
-                sqe_bytes: ptr::addr_of!((*h).sqe_bytes).read_volatile(),
-                cqe_bytes: ptr::addr_of!((*h).cqe_bytes).read_volatile(),
-                sq_entries: ptr::addr_of!((*h).sq_entries).read_volatile(),
-                cq_entries: ptr::addr_of!((*h).cq_entries).read_volatile(),
-                sq_offset: ptr::addr_of!((*h).sq_offset).read_volatile(),
-                cq_offset: ptr::addr_of!((*h).cq_offset).read_volatile(),
-                arena_offset: ptr::addr_of!((*h).arena_offset).read_volatile(),
-                arena_bytes: ptr::addr_of!((*h).arena_bytes).read_volatile(),
-            }
-        }
+        // `new`) and page-aligned, so the block is in bounds and aligned;
+        // HeaderFields is plain data, so any bytes the VM wrote are a value.
+        unsafe { ptr::addr_of!((*h).fields).read_volatile() }
     }
 }
 

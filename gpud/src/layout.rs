@@ -5,6 +5,12 @@
 //! test compiles a probe against the C header and compares every size,
 //! offset and constant with the values below, so a drift on either side
 //! fails `cargo test -p gpud layout`.
+//!
+//! Each field is declared once here: `c_struct!` gives every struct the
+//! list of its fields that the probe test compares, and the plain-data ones
+//! ([`Pod`]) their byte codec, so no offset is written out by hand.
+//! [`Header`] holds its immutable block as a [`HeaderFields`], the value
+//! gpud reads and validates.
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -59,6 +65,112 @@ pub const EC_SUM_SERIAL: u32 = 256;
 pub const EC_SUM_CHUNK: u32 = 65536;
 pub const EC_SUM_GROUPS: u32 = 32;
 
+/// Plain data, as bytes: a type every byte pattern of its size is a value
+/// of, holding no padding, so it can be read from any bytes and viewed as
+/// bytes. [`from_bytes`] and [`as_bytes`] are the one byte codec of this
+/// file: the messages, the parameter area and whole entries all go
+/// through them, so no field's offset is written out by hand.
+///
+/// # Safety
+/// Implement it only for integers, `f64`, arrays of `Pod`, and `#[repr(C)]`
+/// structs of `Pod` fields without padding: `c_struct!` declares those
+/// and checks both (its `: Pod` form); nothing else implements it.
+pub unsafe trait Pod: Copy + 'static {}
+
+// SAFETY: primitives without invalid bit patterns or padding.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for u16 {}
+// SAFETY: as above.
+unsafe impl Pod for u32 {}
+// SAFETY: as above.
+unsafe impl Pod for u64 {}
+// SAFETY: as above.
+unsafe impl Pod for i32 {}
+// SAFETY: as above (every bit pattern is some f64, NaNs included).
+unsafe impl Pod for f64 {}
+// SAFETY: an array is its elements back to back, with no padding between
+// them (a size is a multiple of its alignment).
+unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
+
+/// `T` from exactly `size_of::<T>()` native-endian bytes (as the C side
+/// wrote them); `None` for any other length.
+pub fn from_bytes<T: Pod>(b: &[u8]) -> Option<T> {
+    if b.len() != std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: `b` holds size_of::<T>() readable bytes (checked above), any
+    // bytes are a valid T (`Pod`), and read_unaligned needs no alignment.
+    Some(unsafe { b.as_ptr().cast::<T>().read_unaligned() })
+}
+
+/// The bytes of `v`, as the C side reads them.
+pub fn as_bytes<T: Pod>(v: &T) -> &[u8] {
+    // SAFETY: `v` is size_of::<T>() bytes, all initialized (`Pod` has no
+    // padding); u8 needs no alignment; the slice borrows `v`.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// Declares a `#[repr(C)]` struct of the header, each field once, with
+/// (for the probe test) the offset and size of every field by name.
+///
+/// The `: Pod` form is for plain-data structs: it also checks at compile
+/// time that every field is [`Pod`] and that the fields fill the struct
+/// without padding, implements [`Pod`], and gives the struct its byte
+/// codec (`from_bytes`, `to_bytes`).
+macro_rules! c_struct {
+    (
+        $(#[$m:meta])*
+        pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }
+    ) => {
+        $(#[$m])*
+        #[repr(C)]
+        pub struct $name { $($(#[$fm])* pub $f: $t,)* }
+
+        impl $name {
+            /// Each field's name, byte offset and size, in order.
+            #[cfg(test)]
+            pub const FIELDS: &'static [(&'static str, usize, usize)] = &[
+                $((stringify!($f), std::mem::offset_of!($name, $f), std::mem::size_of::<$t>()),)*
+            ];
+        }
+    };
+    (
+        $(#[$m:meta])*
+        pub struct $name:ident: Pod { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }
+    ) => {
+        c_struct! { $(#[$m])* pub struct $name { $($(#[$fm])* pub $f: $t,)* } }
+
+        const _: () = {
+            const fn pod<T: Pod>() {}
+            $(pod::<$t>();)*
+            assert!(
+                std::mem::size_of::<$name>() == 0 $(+ std::mem::size_of::<$t>())*,
+                concat!(stringify!($name), " has padding")
+            );
+        };
+
+        // SAFETY: #[repr(C)], every field Pod, no padding (both checked
+        // just above).
+        unsafe impl Pod for $name {}
+
+        impl $name {
+            /// Decodes the native-endian bytes the C side wrote; `None`
+            /// unless there are exactly `size_of::<Self>()` of them.
+            pub fn from_bytes(b: &[u8]) -> Option<$name> {
+                from_bytes(b)
+            }
+
+            /// The bytes the C side reads.
+            pub fn to_bytes(&self) -> [u8; std::mem::size_of::<$name>()] {
+                let mut b = [0u8; std::mem::size_of::<$name>()];
+                b.copy_from_slice(as_bytes(self));
+                b
+            }
+        }
+    };
+}
+
 /// Puts `T` alone on its own 64-byte cache line, like `_Alignas(64)` in the
 /// header: the VM and gpud never write the same line, so neither side's
 /// stores bounce the other's counters.
@@ -66,29 +178,30 @@ pub const EC_SUM_GROUPS: u32 = 32;
 #[derive(Debug, Default)]
 pub struct CacheLine<T>(pub T);
 
-/// `struct ec_sqe`: one submission, 64 bytes. Lengths count elements of
-/// `type`.
-///
-/// Plain data: gpud copies each entry out of the ring exactly once (one
-/// volatile read of the whole struct) and only ever looks at the copy, so
-/// the VM changing the ring slot afterwards cannot change what was checked.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Sqe {
-    pub user_data: u64,
-    pub in0: u64,
-    pub in1: u64,
-    pub out: u64,
-    /// `union ec_params`: the scalar and dimension arguments packed in
-    /// signature order (see [`Params`]).
-    pub p: Params,
-    pub in0_len: u32,
-    pub in1_len: u32,
-    pub out_len: u32,
-    pub kernel: u16,
-    /// An [`ElemType`] id.
-    pub ty: u8,
-    pub flags: u8,
+c_struct! {
+    /// `struct ec_sqe`: one submission, 64 bytes. Lengths count elements of
+    /// `type`.
+    ///
+    /// Plain data: gpud copies each entry out of the ring exactly once (one
+    /// volatile read of the whole struct) and only ever looks at the copy, so
+    /// the VM changing the ring slot afterwards cannot change what was checked.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Sqe: Pod {
+        pub user_data: u64,
+        pub in0: u64,
+        pub in1: u64,
+        pub out: u64,
+        /// `union ec_params`: the scalar and dimension arguments packed in
+        /// signature order (see [`Params`]).
+        pub p: Params,
+        pub in0_len: u32,
+        pub in1_len: u32,
+        pub out_len: u32,
+        pub kernel: u16,
+        /// An [`ElemType`] id (the C member is `type`, a Rust keyword).
+        pub ty: u8,
+        pub flags: u8,
+    }
 }
 
 /// `union ec_params`: 16 bytes, 8-aligned. An 's' argument takes the next
@@ -96,6 +209,11 @@ pub struct Sqe {
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Params(pub [u8; EC_PARAM_BYTES]);
+
+const _: () = assert!(std::mem::size_of::<Params>() == EC_PARAM_BYTES);
+// SAFETY: #[repr(C)] around one byte array that fills it (checked just
+// above: the alignment adds no padding).
+unsafe impl Pod for Params {}
 
 impl Params {
     /// Calls `f(letter, byte offset)` for each scalar ('s') and dimension
@@ -140,30 +258,41 @@ impl Params {
         (s, d)
     }
 
+    /// The `T` at byte `off` of the area (any alignment). Panics if it
+    /// runs past the area.
+    pub fn get<T: Pod>(&self, off: usize) -> T {
+        from_bytes(&self.0[off..off + std::mem::size_of::<T>()]).expect("a slice of T's size")
+    }
+
+    /// Stores `v` at byte `off` of the area. Panics if it runs past the area.
+    pub fn set<T: Pod>(&mut self, off: usize, v: T) {
+        self.0[off..off + std::mem::size_of::<T>()].copy_from_slice(as_bytes(&v));
+    }
+
     pub fn f64_at(&self, off: usize) -> f64 {
-        f64::from_ne_bytes(self.0[off..off + 8].try_into().unwrap())
+        self.get(off)
     }
 
     pub fn u32_at(&self, off: usize) -> u32 {
-        u32::from_ne_bytes(self.0[off..off + 4].try_into().unwrap())
+        self.get(off)
     }
 
     pub fn set_f64(&mut self, off: usize, v: f64) {
-        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self.set(off, v)
     }
 
     pub fn set_u32(&mut self, off: usize, v: u32) {
-        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self.set(off, v)
     }
 
     /// `p.u64[off / 8]`: a control descriptor's 64-bit field (a put's byte
     /// offset into its buffer).
     pub fn u64_at(&self, off: usize) -> u64 {
-        u64::from_ne_bytes(self.0[off..off + 8].try_into().unwrap())
+        self.get(off)
     }
 
     pub fn set_u64(&mut self, off: usize, v: u64) {
-        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self.set(off, v)
     }
 
     /// The area of a kernel with the given scalar and dimension arguments,
@@ -180,63 +309,113 @@ impl Params {
     }
 }
 
-/// `struct ec_cqe`: one completion, 16 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Cqe {
-    pub user_data: u64,
-    /// An [`Status`] code.
-    pub status: i32,
-    /// How many jobs of this kernel shared the launch (1 for refused jobs).
-    pub batch: u32,
+c_struct! {
+    /// `struct ec_cqe`: one completion, 16 bytes.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Cqe: Pod {
+        pub user_data: u64,
+        /// An [`Status`] code.
+        pub status: i32,
+        /// How many jobs of this kernel shared the launch (1 for refused jobs).
+        pub batch: u32,
+    }
 }
 
-/// `struct ec_stats`: written by gpud only, with relaxed atomics; read by the
-/// VM whenever it likes.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub jobs_ok: AtomicU64,
-    pub jobs_failed: AtomicU64,
-    pub batches: AtomicU64,
-    pub launches: AtomicU64,
-    pub bad_descriptors: AtomicU64,
-    pub max_batch: AtomicU64,
-    pub sleeps: AtomicU64,
-    pub batch_hist: [AtomicU64; EC_BATCH_HIST_BUCKETS],
-    pub work_ns: AtomicU64,
-    pub buf_used: AtomicU64,
-    pub buf_peak: AtomicU64,
-    pub buf_limit: AtomicU64,
-    pub buf_count: AtomicU64,
-    pub buf_cached: AtomicU64,
-    pub buf_device_allocs: AtomicU64,
-    pub launches_timed: AtomicU64,
-    pub launch_drain_ns: AtomicU64,
-    pub launch_run_ns: AtomicU64,
-    pub launch_answer_ns: AtomicU64,
+c_struct! {
+    /// `struct ec_stats`: written by gpud only, with relaxed atomics; read by the
+    /// VM whenever it likes.
+    #[derive(Debug, Default)]
+    pub struct Stats {
+        pub jobs_ok: AtomicU64,
+        pub jobs_failed: AtomicU64,
+        pub batches: AtomicU64,
+        pub launches: AtomicU64,
+        pub bad_descriptors: AtomicU64,
+        pub max_batch: AtomicU64,
+        pub sleeps: AtomicU64,
+        pub batch_hist: [AtomicU64; EC_BATCH_HIST_BUCKETS],
+        pub work_ns: AtomicU64,
+        pub buf_used: AtomicU64,
+        pub buf_peak: AtomicU64,
+        pub buf_limit: AtomicU64,
+        pub buf_count: AtomicU64,
+        pub buf_cached: AtomicU64,
+        pub buf_device_allocs: AtomicU64,
+        pub launches_timed: AtomicU64,
+        pub launch_drain_ns: AtomicU64,
+        pub launch_run_ns: AtomicU64,
+        pub launch_answer_ns: AtomicU64,
+    }
 }
 
-/// `struct ec_header`, at offset 0 of the memfd.
-///
-/// The first block is immutable after creation; gpud reads it once during
-/// the handshake (see [`crate::handshake`]) and keeps its own validated copy,
-/// so a VM that scribbles on it later cannot move gpud's bounds. The ring
-/// control words are atomics because both processes touch them.
+c_struct! {
+    /// The immutable first block of `struct ec_header` (written by the VM
+    /// before the handshake): [`Header`] holds it as `fields`, and gpud
+    /// reads it once, whole, during the handshake (see
+    /// [`crate::handshake`]) and keeps its own validated copy, so a VM that
+    /// scribbles on it later cannot move gpud's bounds.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct HeaderFields: Pod {
+        pub magic: u64,
+        pub abi_version: u32,
+        pub header_bytes: u32,
+        pub sqe_bytes: u32,
+        pub cqe_bytes: u32,
+        pub sq_entries: u32,
+        pub cq_entries: u32,
+        pub sq_offset: u64,
+        pub cq_offset: u64,
+        pub arena_offset: u64,
+        pub arena_bytes: u64,
+    }
+}
+
+impl HeaderFields {
+    /// The header the VM writes for rings of the given geometry: this
+    /// contract's magic, ABI version and entry sizes. For tests and the fuzz
+    /// harness, which lay out shared memory the way the NIF does.
+    pub fn for_geometry(
+        sq_entries: u32,
+        cq_entries: u32,
+        sq_offset: u64,
+        cq_offset: u64,
+        arena_offset: u64,
+        arena_bytes: u64,
+    ) -> HeaderFields {
+        HeaderFields {
+            magic: EC_MAGIC,
+            abi_version: EC_ABI_VERSION,
+            header_bytes: EC_HEADER_BYTES,
+            sqe_bytes: std::mem::size_of::<Sqe>() as u32,
+            cqe_bytes: std::mem::size_of::<Cqe>() as u32,
+            sq_entries,
+            cq_entries,
+            sq_offset,
+            cq_offset,
+            arena_offset,
+            arena_bytes,
+        }
+    }
+
+    /// Writes these fields into the immutable block of the header at `h`.
+    ///
+    /// # Safety
+    /// `h` must point to writable memory at least `EC_HEADER_BYTES` long,
+    /// aligned for [`Header`], that nobody else accesses meanwhile.
+    pub unsafe fn write_to(&self, h: *mut Header) {
+        // SAFETY: forwarded to the caller; only the `fields` block is
+        // written, never a reference to the whole header made.
+        unsafe { std::ptr::addr_of_mut!((*h).fields).write(*self) }
+    }
+}
+
+/// `struct ec_header`, at offset 0 of the memfd: the immutable block, then
+/// the ring control words, atomics because both processes touch them.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct Header {
-    pub magic: u64,
-    pub abi_version: u32,
-    pub header_bytes: u32,
-    pub sqe_bytes: u32,
-    pub cqe_bytes: u32,
-    pub sq_entries: u32,
-    pub cq_entries: u32,
-    pub sq_offset: u64,
-    pub cq_offset: u64,
-    pub arena_offset: u64,
-    pub arena_bytes: u64,
+    /// `magic` .. `arena_bytes`, immutable after creation.
+    pub fields: HeaderFields,
     /// gpud writes.
     pub sq_head: CacheLine<AtomicU32>,
     /// The VM writes.
@@ -252,84 +431,29 @@ pub struct Header {
     pub stats: CacheLine<Stats>,
 }
 
-/// `struct ec_hello`: the handshake message that travels with the three fds.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Hello {
-    pub magic: u64,
-    pub abi_version: u32,
-    pub device: u32,
-    pub total_bytes: u64,
-    /// Segment messages that follow the hello at once.
-    pub segments: u32,
-    pub reserved: u32,
-}
-
-impl Hello {
-    /// Decodes the message from its native-endian bytes; `None` unless the
-    /// length is exactly `size_of::<Hello>()`.
-    pub fn from_bytes(b: &[u8]) -> Option<Hello> {
-        if b.len() != std::mem::size_of::<Hello>() {
-            return None;
-        }
-        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
-        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
-        Some(Hello {
-            magic: u64_at(0),
-            abi_version: u32_at(8),
-            device: u32_at(12),
-            total_bytes: u64_at(16),
-            segments: u32_at(24),
-            reserved: u32_at(28),
-        })
-    }
-
-    pub fn to_bytes(&self) -> [u8; 32] {
-        let mut b = [0u8; 32];
-        b[0..8].copy_from_slice(&self.magic.to_ne_bytes());
-        b[8..12].copy_from_slice(&self.abi_version.to_ne_bytes());
-        b[12..16].copy_from_slice(&self.device.to_ne_bytes());
-        b[16..24].copy_from_slice(&self.total_bytes.to_ne_bytes());
-        b[24..28].copy_from_slice(&self.segments.to_ne_bytes());
-        b[28..32].copy_from_slice(&self.reserved.to_ne_bytes());
-        b
+c_struct! {
+    /// `struct ec_hello`: the handshake message that travels with the three fds.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Hello: Pod {
+        pub magic: u64,
+        pub abi_version: u32,
+        pub device: u32,
+        pub total_bytes: u64,
+        /// Segment messages that follow the hello at once.
+        pub segments: u32,
+        pub reserved: u32,
     }
 }
 
-/// `struct ec_segment`: an arena segment after the first; travels with its
-/// memfd on the handshake connection.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SegmentMsg {
-    pub magic: u64,
-    pub segment: u32,
-    pub reserved: u32,
-    pub bytes: u64,
-}
-
-impl SegmentMsg {
-    /// Decodes the message; `None` unless exactly `size_of::<SegmentMsg>()` bytes.
-    pub fn from_bytes(b: &[u8]) -> Option<SegmentMsg> {
-        if b.len() != std::mem::size_of::<SegmentMsg>() {
-            return None;
-        }
-        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
-        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
-        Some(SegmentMsg {
-            magic: u64_at(0),
-            segment: u32_at(8),
-            reserved: u32_at(12),
-            bytes: u64_at(16),
-        })
-    }
-
-    pub fn to_bytes(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        b[0..8].copy_from_slice(&self.magic.to_ne_bytes());
-        b[8..12].copy_from_slice(&self.segment.to_ne_bytes());
-        b[12..16].copy_from_slice(&self.reserved.to_ne_bytes());
-        b[16..24].copy_from_slice(&self.bytes.to_ne_bytes());
-        b
+c_struct! {
+    /// `struct ec_segment`: an arena segment after the first; travels with its
+    /// memfd on the handshake connection.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct SegmentMsg: Pod {
+        pub magic: u64,
+        pub segment: u32,
+        pub reserved: u32,
+        pub bytes: u64,
     }
 }
 
@@ -554,24 +678,23 @@ impl Status {
     }
 }
 
-/// `struct ec_launch_opts`: a job's launch options, the SQ entry after a
-/// descriptor with [`EC_FLAG_OPTS`] (read as the bytes of that entry).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LaunchOpts {
-    pub grid: u32,
-    pub block: u32,
-    pub shared_bytes: u32,
-    pub given: u32,
-    pub reserved: [u8; 48],
+c_struct! {
+    /// `struct ec_launch_opts`: a job's launch options, the SQ entry after a
+    /// descriptor with [`EC_FLAG_OPTS`] (read as the bytes of that entry).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct LaunchOpts: Pod {
+        pub grid: u32,
+        pub block: u32,
+        pub shared_bytes: u32,
+        pub given: u32,
+        pub reserved: [u8; 48],
+    }
 }
 
 impl LaunchOpts {
     /// The entry `e` read as launch options.
     pub fn from_sqe(e: &Sqe) -> LaunchOpts {
-        // SAFETY: both are 64-byte plain-data structs; every bit pattern is
-        // a valid LaunchOpts.
-        unsafe { std::mem::transmute::<Sqe, LaunchOpts>(*e) }
+        LaunchOpts::from_bytes(as_bytes(e)).expect("both are 64 bytes")
     }
 }
 
@@ -728,20 +851,22 @@ int main(void)
                 );
             };
         }
+        // Every field of a `c_struct!`, from its own list: the C member
+        // `type` is `ty` here (a Rust keyword).
+        macro_rules! fields {
+            ($c:literal, $t:ty) => {
+                fields!($c, $t, 0)
+            };
+            ($c:literal, $t:ty, $base:expr) => {
+                for &(f, off, size) in <$t>::FIELDS {
+                    let f = if f == "ty" { "type" } else { f };
+                    put(&format!("offsetof.{}.{f}", $c), ($base + off).to_string());
+                    put(&format!("sizeof.{}.{f}", $c), size.to_string());
+                }
+            };
+        }
         sz!("ec_sqe", Sqe);
-        of!("ec_sqe", Sqe, user_data, u64);
-        of!("ec_sqe", Sqe, in0, u64);
-        of!("ec_sqe", Sqe, in1, u64);
-        of!("ec_sqe", Sqe, out, u64);
-        of!("ec_sqe", Sqe, p, Params);
-        of!("ec_sqe", Sqe, in0_len, u32);
-        of!("ec_sqe", Sqe, in1_len, u32);
-        of!("ec_sqe", Sqe, out_len, u32);
-        of!("ec_sqe", Sqe, kernel, u16);
-        // The C member is `type`, a Rust keyword: ours is `ty`.
-        put("offsetof.ec_sqe.type", offset_of!(Sqe, ty).to_string());
-        put("sizeof.ec_sqe.type", "1".to_string());
-        of!("ec_sqe", Sqe, flags, u8);
+        fields!("ec_sqe", Sqe);
         put("sizeof.ec_params", size_of::<Params>().to_string());
         put("alignof.ec_params", std::mem::align_of::<Params>().to_string());
         // A put's offset: Params::u64_at(0) reads the whole of p.u64[0].
@@ -749,11 +874,7 @@ int main(void)
         put("offsetof.ec_params.u64", "0".to_string());
 
         sz!("ec_launch_opts", LaunchOpts);
-        of!("ec_launch_opts", LaunchOpts, grid, u32);
-        of!("ec_launch_opts", LaunchOpts, block, u32);
-        of!("ec_launch_opts", LaunchOpts, shared_bytes, u32);
-        of!("ec_launch_opts", LaunchOpts, given, u32);
-        of!("ec_launch_opts", LaunchOpts, reserved, [u8; 48]);
+        fields!("ec_launch_opts", LaunchOpts);
         put("const.EC_FLAG_OPTS", EC_FLAG_OPTS.to_string());
         put("const.EC_OPT_GRID", EC_OPT_GRID.to_string());
         put("const.EC_OPT_BLOCK", EC_OPT_BLOCK.to_string());
@@ -772,43 +893,13 @@ int main(void)
         put("const.EC_FREE_MAX_IDS", EC_FREE_MAX_IDS.to_string());
 
         sz!("ec_cqe", Cqe);
-        of!("ec_cqe", Cqe, user_data, u64);
-        of!("ec_cqe", Cqe, status, i32);
-        of!("ec_cqe", Cqe, batch, u32);
+        fields!("ec_cqe", Cqe);
 
         sz!("ec_stats", Stats);
-        of!("ec_stats", Stats, jobs_ok, u64);
-        of!("ec_stats", Stats, jobs_failed, u64);
-        of!("ec_stats", Stats, batches, u64);
-        of!("ec_stats", Stats, launches, u64);
-        of!("ec_stats", Stats, bad_descriptors, u64);
-        of!("ec_stats", Stats, max_batch, u64);
-        of!("ec_stats", Stats, sleeps, u64);
-        of!("ec_stats", Stats, batch_hist, [u64; EC_BATCH_HIST_BUCKETS]);
-        of!("ec_stats", Stats, work_ns, u64);
-        of!("ec_stats", Stats, buf_used, u64);
-        of!("ec_stats", Stats, buf_peak, u64);
-        of!("ec_stats", Stats, buf_limit, u64);
-        of!("ec_stats", Stats, buf_count, u64);
-        of!("ec_stats", Stats, buf_cached, u64);
-        of!("ec_stats", Stats, buf_device_allocs, u64);
-        of!("ec_stats", Stats, launches_timed, u64);
-        of!("ec_stats", Stats, launch_drain_ns, u64);
-        of!("ec_stats", Stats, launch_run_ns, u64);
-        of!("ec_stats", Stats, launch_answer_ns, u64);
+        fields!("ec_stats", Stats);
 
         sz!("ec_header", Header);
-        of!("ec_header", Header, magic, u64);
-        of!("ec_header", Header, abi_version, u32);
-        of!("ec_header", Header, header_bytes, u32);
-        of!("ec_header", Header, sqe_bytes, u32);
-        of!("ec_header", Header, cqe_bytes, u32);
-        of!("ec_header", Header, sq_entries, u32);
-        of!("ec_header", Header, cq_entries, u32);
-        of!("ec_header", Header, sq_offset, u64);
-        of!("ec_header", Header, cq_offset, u64);
-        of!("ec_header", Header, arena_offset, u64);
-        of!("ec_header", Header, arena_bytes, u64);
+        fields!("ec_header", HeaderFields, offset_of!(Header, fields));
         // The C members are the bare u32 / struct; ours are wrapped in
         // CacheLine, whose payload sits at offset 0, so compare the payload.
         of!("ec_header", Header, sq_head, u32);
@@ -820,18 +911,10 @@ int main(void)
         of!("ec_header", Header, stats, Stats);
 
         sz!("ec_hello", Hello);
-        of!("ec_hello", Hello, magic, u64);
-        of!("ec_hello", Hello, abi_version, u32);
-        of!("ec_hello", Hello, device, u32);
-        of!("ec_hello", Hello, total_bytes, u64);
-        of!("ec_hello", Hello, segments, u32);
-        of!("ec_hello", Hello, reserved, u32);
+        fields!("ec_hello", Hello);
 
         sz!("ec_segment", SegmentMsg);
-        of!("ec_segment", SegmentMsg, magic, u64);
-        of!("ec_segment", SegmentMsg, segment, u32);
-        of!("ec_segment", SegmentMsg, reserved, u32);
-        of!("ec_segment", SegmentMsg, bytes, u64);
+        fields!("ec_segment", SegmentMsg);
 
         put("const.EC_MAGIC_HI", (EC_MAGIC >> 32).to_string());
         put("const.EC_MAGIC_LO", (EC_MAGIC & 0xffff_ffff).to_string());
@@ -1013,7 +1096,7 @@ int main(void)
     }
 
     #[test]
-    fn layout_hello_bytes_round_trip() {
+    fn layout_byte_codecs_round_trip() {
         let h = Hello {
             magic: EC_MAGIC,
             abi_version: 7,
@@ -1033,5 +1116,30 @@ int main(void)
         };
         assert_eq!(SegmentMsg::from_bytes(&s.to_bytes()), Some(s));
         assert_eq!(SegmentMsg::from_bytes(&[0u8; 23]), None);
+        // Whole entries: the bytes are the C layout, native-endian.
+        let mut p = Params::default();
+        p.set_f64(0, 2.5);
+        p.set_u32(8, 7);
+        let e = Sqe {
+            user_data: 9 << 32 | 3,
+            in1: u64::from_ne_bytes(*b"CUDARING"),
+            p,
+            kernel: 0x1234,
+            ty: 5,
+            flags: EC_FLAG_OPTS,
+            ..Sqe::default()
+        };
+        let b = e.to_bytes();
+        assert_eq!(Sqe::from_bytes(&b), Some(e));
+        assert_eq!(&b[16..24], b"CUDARING");
+        assert_eq!(b[32..40], 2.5f64.to_ne_bytes());
+        assert_eq!(b[40..44], 7u32.to_ne_bytes());
+        assert_eq!(b[60..62], 0x1234u16.to_ne_bytes());
+        assert_eq!((b[62], b[63]), (5, EC_FLAG_OPTS));
+        assert_eq!((e.p.f64_at(0), e.p.u32_at(8)), (2.5, 7));
+        // An options entry is the same 64 bytes read as ec_launch_opts.
+        let o = LaunchOpts::from_sqe(&e);
+        assert_eq!((o.grid, o.block), (3, 9));
+        assert_eq!(o.reserved[..], b[16..]);
     }
 }

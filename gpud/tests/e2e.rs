@@ -814,15 +814,15 @@ fn expect_handshake_failure(vm: &mut Vm, hello: Option<Hello>, device: u32) {
 #[test]
 fn refuses_a_bad_header() {
     let mut vm = Vm::new(64, 1 << 16);
-    vm.set_header(|h| h.magic ^= 1);
+    vm.set_header(|h| h.fields.magic ^= 1);
     expect_handshake_failure(&mut vm, None, 0);
 
     let mut vm = Vm::new(64, 1 << 16);
-    vm.set_header(|h| h.arena_bytes += 4096);
+    vm.set_header(|h| h.fields.arena_bytes += 4096);
     expect_handshake_failure(&mut vm, None, 0);
 
     let mut vm = Vm::new(64, 1 << 16);
-    vm.set_header(|h| h.cq_entries = 32);
+    vm.set_header(|h| h.fields.cq_entries = 32);
     expect_handshake_failure(&mut vm, None, 0);
 }
 

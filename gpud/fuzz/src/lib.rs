@@ -18,7 +18,7 @@ pub mod ring;
 pub mod segment;
 
 use gpud::layout::{
-    ElemType, Kernel, Params, Sqe, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_LOAD_MODULE, EC_CONTROL_UNLOAD_MODULE,
+    ElemType, Kernel, Sqe, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_LOAD_MODULE, EC_CONTROL_UNLOAD_MODULE,
 };
 
 /// Reads numbers off the fuzzer's bytes; past the end everything is 0, so
@@ -65,21 +65,7 @@ impl<'a> Cursor<'a> {
 /// An `ec_sqe` from its 64 native-endian bytes, exactly as gpud would copy
 /// it out of the ring.
 pub fn sqe_from_bytes(b: &[u8; 64]) -> Sqe {
-    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
-    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
-    Sqe {
-        user_data: u64_at(0),
-        in0: u64_at(8),
-        in1: u64_at(16),
-        out: u64_at(24),
-        p: Params(b[32..48].try_into().unwrap()),
-        in0_len: u32_at(48),
-        in1_len: u32_at(52),
-        out_len: u32_at(56),
-        kernel: u16::from_ne_bytes(b[60..62].try_into().unwrap()),
-        ty: b[62],
-        flags: b[63],
-    }
+    Sqe::from_bytes(b).expect("an ec_sqe is 64 bytes")
 }
 
 /// One descriptor: either 64 raw bytes, or (more often) one built from a

@@ -272,13 +272,9 @@ pub fn run(data: &[u8]) {
     assert!(published <= take, "{published} CQEs for {take} entries");
     let cq_bytes = buf.snapshot(cq_offset as usize, (cq_end - cq_offset) as usize);
     let cqe_at = |slot: u32| -> Cqe {
-        let o = slot as usize * 16;
-        let b = &cq_bytes[o..o + 16];
-        Cqe {
-            user_data: u64::from_ne_bytes(b[..8].try_into().unwrap()),
-            status: i32::from_ne_bytes(b[8..12].try_into().unwrap()),
-            batch: u32::from_ne_bytes(b[12..16].try_into().unwrap()),
-        }
+        let n = std::mem::size_of::<Cqe>();
+        let o = slot as usize * n;
+        Cqe::from_bytes(&cq_bytes[o..o + n]).expect("a whole CQE")
     };
     let mut answered = vec![false; take as usize];
     for i in 0..published {
