@@ -13,47 +13,51 @@
 //! ulps, the distance to glibc's f64 result of the same argument (0.5 is
 //! correct rounding); for f64, the distance in ulps to glibc's result
 //! (glibc is itself within about 1 ulp, so these bound both libraries'
-//! errors together). Worst over 7 host runs of `tests/math.rs` (100,000
+//! errors together). Host: worst over 7 runs of `tests/math.rs` (100,000
 //! random arguments per range and type over each function's range, plus
-//! its edges and specials; x86-64):
+//! its edges and specials; x86-64). GPU: worst over 2 runs of
+//! `gpu_tests/run.py` (32,768 random arguments per type and function plus
+//! the specials, against Python's `math`, i.e. glibc) on an H100:
 //!
-//! | function | f32 (ulp) | f64 (ulp vs glibc) |
-//! |---|---|---|
-//! | exp | 0.87 | 1 |
-//! | exp2 | 0.50 | 1 |
-//! | exp10 | 3.64 | 4 |
-//! | expm1 | 0.77 | 1 |
-//! | log | 0.82 | 1 |
-//! | log1p | 0.83 | 1 |
-//! | log2 | 0.84 | 1 |
-//! | log10 | 0.83 | 2 |
-//! | pow | 0.82 | 1 |
-//! | cbrt | 0.50 | 0 |
-//! | hypot | 0.84 | 1 |
-//! | sin | 0.50 | 1 |
-//! | cos | 0.50 | 1 |
-//! | tan | 0.80 | 1 |
-//! | asin | 0.71 | 1 |
-//! | acos | 0.90 | 1 |
-//! | atan | 0.81 | 1 |
-//! | atan2 | 1.43 | 1 |
-//! | sinh | 1.78 | 2 |
-//! | cosh | 1.27 | 1 |
-//! | tanh | 2.15 | 3 |
-//! | asinh | 1.44 | 1 |
-//! | acosh | 1.98 | 1 |
-//! | atanh | 1.64 | 1 |
-//! | erf | 0.85 | 1 |
-//! | erfc | 3.11 | 4 |
-//! | lgamma | 2.47 | 4 |
-//! | tgamma | 0.50 | 9 |
-//! | floor, ceil, round, trunc, fmod | 0 | 0 |
+//! | function | host f32 | host f64 | GPU f32 | GPU f64 |
+//! |---|---|---|---|---|
+//! | exp | 0.87 | 1 | 0.86 | 1 |
+//! | exp2 | 0.50 | 1 | 0.50 | 1 |
+//! | exp10 | 3.64 | 4 | 3.50 | 3 |
+//! | expm1 | 0.77 | 1 | 0.76 | 1 |
+//! | log | 0.82 | 1 | 0.69 | 1 |
+//! | log1p | 0.83 | 1 | 0.64 | 1 |
+//! | log2 | 0.84 | 1 | 0.73 | 1 |
+//! | log10 | 0.83 | 2 | 0.76 | 1 |
+//! | pow | 0.82 | 1 | 0.79 | 1 |
+//! | cbrt | 0.50 | 0 | 0.50 | 3 |
+//! | hypot | 0.84 | 1 | 0.84 | 1 |
+//! | sin | 0.50 | 1 | 0.50 | 1 |
+//! | cos | 0.50 | 1 | 0.50 | 1 |
+//! | tan | 0.80 | 1 | 0.80 | 1 |
+//! | asin | 0.71 | 1 | 0.68 | 1 |
+//! | acos | 0.90 | 1 | 0.86 | 1 |
+//! | atan | 0.81 | 1 | 0.76 | 1 |
+//! | atan2 | 1.43 | 1 | 1.47 | 1 |
+//! | sinh | 1.78 | 2 | 1.61 | 1 |
+//! | cosh | 1.27 | 1 | 1.19 | 2 |
+//! | tanh | 2.15 | 3 | 1.95 | 2 |
+//! | asinh | 1.44 | 1 | 1.44 | 1 |
+//! | acosh | 1.98 | 1 | 1.41 | 1 |
+//! | atanh | 1.64 | 1 | 1.61 | 1 |
+//! | erf | 0.85 | 1 | 0.79 | 1 |
+//! | erfc | 3.11 | 4 | 2.55 | 3 |
+//! | lgamma | 2.47 | 4 | 1.89 | 10470 |
+//! | tgamma | 0.50 | 9 | 0.50 | 8 |
+//! | floor, ceil, round, trunc, fmod | 0 | 0 | 0 | 0 |
 //!
 //! [`MATH_ULPS`] holds each function's bound, the one `tests/math.rs`
-//! (host) and `gpu_tests/run.py` (GPU) enforce. The GPU's results may
-//! differ from the host's in the last bits: the PTX link step fuses
-//! multiplies and adds (`llc --fp-contract=fast`), which the host build
-//! does not.
+//! (host) and `gpu_tests/run.py` (GPU) enforce, [`GPU_F64_ULPS`] the wider
+//! GPU bounds of f64 cbrt and lgamma. The GPU's results may differ from
+//! the host's in the last bits: the PTX link step fuses multiplies and adds
+//! (`llc --fp-contract=fast`), which the host build does not. lgamma's
+//! 10,470 ulps are near its zero at 1 (x = 0.9996, a result of 4e-4): an
+//! absolute error of about 3e-16.
 //!
 //! # Global and shared accesses (nvptx64)
 //! `ldg`/`ldg_nc`/`stg`/`lds`/`sts` are [`crate::Element`]'s `load`/`load_nc`/
@@ -242,6 +246,14 @@ pub const MATH_ULPS: &[(&str, f64, f64)] = &[
     ("trunc", 0.0, 0.0),
     ("fmod", 0.0, 0.0),
 ];
+
+/// Where the GPU's f64 results need a wider bound than [`MATH_ULPS`]:
+/// `(name, f64 bound)`, enforced by `gpu_tests/run.py`. The PTX link step
+/// fuses multiplies and adds, which upsets the compensated steps of these
+/// two: cbrt's last correction (3 ulps), and lgamma near its zeros at 1 and
+/// 2, where the result is small and its absolute error (about 3e-16, an ulp
+/// of 1.0) is many of its own ulps.
+pub const GPU_F64_ULPS: &[(&str, f64)] = &[("cbrt", 4.0), ("lgamma", 1e5)];
 
 // ------------------------------------------------------------- the impls
 

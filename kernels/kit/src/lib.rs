@@ -67,6 +67,7 @@
     feature(
         stdarch_nvptx,
         asm_experimental_arch,
+        link_llvm_intrinsics,
         gpu_launch_sized_workgroup_mem,
         gpu_intrinsics
     )
@@ -83,7 +84,7 @@ pub mod sum_order;
 pub mod element;
 pub use element::{Element, Int, Numeric};
 mod float;
-pub use float::{Float, MATH_ULPS};
+pub use float::{Float, GPU_F64_ULPS, MATH_ULPS};
 
 pub mod atomic;
 pub mod block;

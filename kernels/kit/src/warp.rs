@@ -10,8 +10,6 @@
 //! and [`any`] the vote, [`reduce`] the combined items.
 
 use crate::reduce::ReduceOp;
-#[cfg(target_arch = "nvptx64")]
-use core::arch::asm;
 
 /// Threads per warp.
 pub const SIZE: u32 = 32;
@@ -38,29 +36,46 @@ pub enum Shfl {
     Xor,
 }
 
+// The shuffles and votes are LLVM's intrinsics, not `asm!`: calls of
+// intrinsics are `convergent`, so LLVM never sinks one into a branch only
+// some lanes take (an `asm!` it may: a pure shuffle whose result is used in
+// one branch only would be moved there, and the lanes outside it would
+// never join it).
+#[cfg(target_arch = "nvptx64")]
+unsafe extern "C" {
+    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
+    fn shfl_idx_i32(mask: u32, v: u32, lane: u32, c: u32) -> u32;
+    #[link_name = "llvm.nvvm.shfl.sync.up.i32"]
+    fn shfl_up_i32(mask: u32, v: u32, delta: u32, c: u32) -> u32;
+    #[link_name = "llvm.nvvm.shfl.sync.down.i32"]
+    fn shfl_down_i32(mask: u32, v: u32, delta: u32, c: u32) -> u32;
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.i32"]
+    fn shfl_bfly_i32(mask: u32, v: u32, mask_: u32, c: u32) -> u32;
+    #[link_name = "llvm.nvvm.vote.ballot.sync"]
+    fn vote_ballot(mask: u32, pred: bool) -> u32;
+    #[link_name = "llvm.nvvm.vote.all.sync"]
+    fn vote_all(mask: u32, pred: bool) -> bool;
+    #[link_name = "llvm.nvvm.vote.any.sync"]
+    fn vote_any(mask: u32, pred: bool) -> bool;
+}
+
+/// The full warp.
+#[cfg(target_arch = "nvptx64")]
+const FULL: u32 = 0xffff_ffff;
+
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 fn shfl32(how: Shfl, x: u32, arg: u32) -> u32 {
-    let r: u32;
     // `c` is 0x1f (clamp at lane 31) except for `up`, whose lower bound is
     // lane 0 (c = 0).
     unsafe {
         match how {
-            Shfl::Idx => asm!("shfl.sync.idx.b32 {r}, {x}, {a}, 0x1f, 0xffffffff;",
-                              r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
-                              options(pure, nomem, nostack, preserves_flags)),
-            Shfl::Up => asm!("shfl.sync.up.b32 {r}, {x}, {a}, 0x0, 0xffffffff;",
-                             r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
-                             options(pure, nomem, nostack, preserves_flags)),
-            Shfl::Down => asm!("shfl.sync.down.b32 {r}, {x}, {a}, 0x1f, 0xffffffff;",
-                               r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
-                               options(pure, nomem, nostack, preserves_flags)),
-            Shfl::Xor => asm!("shfl.sync.bfly.b32 {r}, {x}, {a}, 0x1f, 0xffffffff;",
-                              r = out(reg32) r, x = in(reg32) x, a = in(reg32) arg,
-                              options(pure, nomem, nostack, preserves_flags)),
+            Shfl::Idx => shfl_idx_i32(FULL, x, arg, 0x1f),
+            Shfl::Up => shfl_up_i32(FULL, x, arg, 0),
+            Shfl::Down => shfl_down_i32(FULL, x, arg, 0x1f),
+            Shfl::Xor => shfl_bfly_i32(FULL, x, arg, 0x1f),
         }
     }
-    r
 }
 
 impl<T: crate::element::Element> Lanes for T {
@@ -126,39 +141,21 @@ pub fn shfl_xor<T: Lanes>(v: T, mask: u32) -> T {
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn ballot(pred: bool) -> u32 {
-    let r: u32;
-    unsafe {
-        asm!("{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, 0xffffffff; }}",
-             r = out(reg32) r, x = in(reg32) pred as u32,
-             options(pure, nomem, nostack, preserves_flags));
-    }
-    r
+    unsafe { vote_ballot(FULL, pred) }
 }
 
 /// Whether every lane's `pred` holds (`vote.sync.all`).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn all(pred: bool) -> bool {
-    let r: u32;
-    unsafe {
-        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.all.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
-             r = out(reg32) r, x = in(reg32) pred as u32,
-             options(pure, nomem, nostack, preserves_flags));
-    }
-    r != 0
+    unsafe { vote_all(FULL, pred) }
 }
 
 /// Whether some lane's `pred` holds (`vote.sync.any`).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn any(pred: bool) -> bool {
-    let r: u32;
-    unsafe {
-        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
-             r = out(reg32) r, x = in(reg32) pred as u32,
-             options(pure, nomem, nostack, preserves_flags));
-    }
-    r != 0
+    unsafe { vote_any(FULL, pred) }
 }
 
 /// The warp's items combined in lane order, in every lane: a butterfly of
@@ -172,7 +169,10 @@ where
     R::Item: Lanes,
 {
     let l = lane();
-    let mut x = v;
+    // Each item enters through the identity, as in a fold from it: an
+    // all-NaN maximum is then -inf whatever the block size (maxNum of two
+    // NaN would stay NaN), and -0.0 sums to +0.0, as on the host.
+    let mut x = op.combine(op.identity(), v);
     let mut m = 1;
     while m < SIZE {
         let y = shfl_xor(x, m);
@@ -191,7 +191,8 @@ where
     R::Item: Lanes,
 {
     let l = lane();
-    let mut x = v;
+    // Through the identity, as in `reduce`.
+    let mut x = op.combine(op.identity(), v);
     let mut d = 1;
     while d < SIZE {
         let y = shfl_up(x, d);
