@@ -132,10 +132,13 @@ kernel-module:
 	bash priv/erlcuda-build $(CRATE) $(OUT)
 
 # The kit's host tests, then priv/erlcuda-build on examples/kernels and
-# test/kernels_faulty, and its refusals (test/kernel_build.sh).
+# test/kernels_faulty, and its refusals (test/kernel_build.sh), then the
+# kit's GPU tests built to PTX and assembled for sm_90 (run.py runs them
+# where there is a GPU: guides/on-a-gpu-machine.md).
 test-kernel-build:
 	cd kernels/kit && $(CARGO) +nightly test -q
 	ERLCUDA_BUILD_TARGET_DIR=$(TEST_KERNELS_TARGET) bash test/kernel_build.sh
+	ERLCUDA_KIT_GPU_TARGET_DIR=$(TEST_KERNELS_TARGET) bash kernels/kit/gpu_tests/build.sh _build/kit_gpu_tests
 
 # erlcuda_SUITE and erlcuda_security_SUITE run in test-asan, against the NIF
 # built with AddressSanitizer (test/asan.sh), and not again here: `make test`

@@ -53,6 +53,12 @@ bash kernels/build.sh "$out"
 # The PTX-level checks (every entry of both types; matmul_f64 against DGEMM).
 cp kernels/gpu_check.py kernels/test_matmul_f64.py kernels/ptx_launch.py kernels/src/abi.rs \
     kernels/src/matmul_f64_abi.rs kernels/kit/src/job.rs "$out/kernels/"
+# The kit's GPU tests: their PTX, run.py, and the bounds it reads from the
+# kit's float.rs (at ../src/float.rs from run.py, as in the source tree).
+mkdir -p "$out/kit/gpu_tests" "$out/kit/src"
+bash kernels/kit/gpu_tests/build.sh "$out/kit/gpu_tests" >/dev/null
+cp kernels/kit/gpu_tests/run.py "$out/kit/gpu_tests/"
+cp kernels/kit/src/float.rs "$out/kit/src/"
 cp test/gpu/run.sh "$out/run.sh"
 
 deb=$(ls .deb/erlang-base_*.deb 2>/dev/null | head -n1 || true)

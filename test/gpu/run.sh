@@ -12,6 +12,8 @@
 #                    JSON, logs and the merged report go to $OUT (or .)
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
 #                    e.g. 'erlcuda_bench:busy_spin()'; ERL_FLAGS applies
+#   run.sh kernels   the built-in kernels' PTX alone, through CuPy
+#   run.sh kit       the kit's device primitives and math, through CuPy
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d /tmp/erlcuda-gpu.XXXXXX)
@@ -107,5 +109,9 @@ case "${1:-check}" in
         (cd "$here/kernels" && python3 test_matmul_f64.py "$here") || rc=1
         exit $rc
         ;;
-    *) echo "usage: $0 [check|cargo|erlang|kernels|bench|eval EXPR]" >&2; exit 2 ;;
+    kit)
+        # The kit's device primitives and math (kernels/kit/gpu_tests),
+        # through CuPy against NumPy: random inputs, a fresh seed each run.
+        PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
+    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|eval EXPR]" >&2; exit 2 ;;
 esac
