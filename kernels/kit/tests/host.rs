@@ -94,20 +94,8 @@ fn job<T>(sig: &str, ins: &[&[T]], out: &mut [T], scalars: &[f64], dims: &[u32])
     j
 }
 
-/// xorshift64*: deterministic test data without dependencies.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-}
+mod common;
+use common::Rng;
 
 // ---------------------------------------------------------- parameters
 

@@ -51,19 +51,8 @@ mod glibc {
     }
 }
 
-/// xorshift64*.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+mod common;
+use common::Rng;
 
 /// Where arguments are drawn: uniform in [lo, hi), or with a log-uniform
 /// magnitude in [lo, hi) (lo > 0) and a random sign when `signed`.
