@@ -7,7 +7,7 @@ EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
         user-modules example test-docs test-as-dependency test-elixir \
-        check test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster \
+        check test-c test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster \
         gpu-bundle clean
 
 all: compile
@@ -74,20 +74,20 @@ $(BENCH_EBIN): compile $(wildcard bench/*.erl)
 demo: setup $(BENCH_EBIN)
 	erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_demo:main(), halt().'
 
+# Every test, one step after the other; each step's time is printed so that
+# CI's log shows where the time goes.
+TEST_STEPS := test-c check-ptx test-kernel-build test-rust test-fuzz test-erlang example test-docs \
+              test-as-dependency test-elixir test-asan test-valgrind test-bench
 test: setup
+	@for step in $(TEST_STEPS); do \
+	    t0=$$(date +%s); \
+	    $(MAKE) --no-print-directory $$step || exit 1; \
+	    echo "make test: $$step took $$(( $$(date +%s) - t0 )) s"; \
+	done
+
+# The NIF's C unit tests (arena allocator, pre-fault).
+test-c:
 	$(MAKE) -C c_src test
-	$(MAKE) check-ptx
-	$(MAKE) test-kernel-build
-	$(MAKE) test-rust
-	$(MAKE) test-fuzz
-	$(MAKE) test-erlang
-	$(MAKE) example
-	$(MAKE) test-docs
-	$(MAKE) test-as-dependency
-	$(MAKE) test-elixir
-	$(MAKE) test-asan
-	$(MAKE) test-valgrind
-	$(MAKE) test-bench
 
 # The edit-test loop, under 3 minutes once built: the NIF's C tests, gpud's
 # unit tests and its layering check, the EUnit tests, and the Common Test
