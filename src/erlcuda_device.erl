@@ -47,7 +47,8 @@
 %%   started_at      when the current gpud was spawned (for ready_us)
 %%   name            what gpud says the device is
 %%   restarts        gpud exits seen so far
-%%   quick_fails     consecutive exits of a gpud that ran &lt; 1 s: drives backoff
+%%   quick_fails     consecutive exits of a gpud that ran less than
+%%                   restart_young_ms: drives backoff
 %%   up_since, last_exit, ready_us (start-to-ready of the last start)
 %%   startup         the last start's profile: gpud's `startup' line (phase
 %%                   => microseconds, from gpud's main to its ready, see
@@ -320,7 +321,8 @@ gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
                       restarts := R, os_pid := OsPid} = S) ->
     erlcuda_nif:reset(H, {gpud_exit, Status}),
     Now = erlang:monotonic_time(microsecond),
-    Quick = Up =:= undefined orelse Now - Up < 1000000,
+    {ok, YoungMs} = application:get_env(erlcuda, restart_young_ms),
+    Quick = Up =:= undefined orelse Now - Up < YoungMs * 1000,
     QF1 = case Quick of true -> QF + 1; false -> 0 end,
     {ok, {Base, Cap}} = application:get_env(erlcuda, restart_backoff_ms),
     Delay = case QF1 of
