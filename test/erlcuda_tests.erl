@@ -11,6 +11,17 @@ without_app_test() ->
     ?assertEqual([], erlcuda:devices()),
     ?assertEqual({error, {no_device, 0}}, erlcuda:stats(0)).
 
+%% The tests' fast exact sum (erlcuda_ref:sum2/1) is dot2/1 of {X, 1.0}
+%% pairs bit for bit, on random terms of mixed magnitude and sign, cancelling
+%% ones, and the edges (Erlang floats cannot overflow to infinity).
+reference_sum2_is_dot2_test() ->
+    Terms = fun(N) -> [(rand:uniform_real() - 0.5) * math:pow(2, rand:uniform(120) - 60)
+                       || _ <- lists:seq(1, N)] end,
+    Cases = [[], [0.0], [-0.0], [1.0e300, -1.0e300, 1.0], [1.0, 1.0e-30, -1.0], [3.0e38, -3.0e38, 1.0e-300]]
+        ++ [Terms(N) || N <- [1, 2, 7, 1023, 4097]]
+        ++ [begin H = Terms(1000), H ++ [-X || X <- H] end],
+    [?assertEqual(erlcuda_ref:dot2([{X, 1.0} || X <- L]), erlcuda_ref:sum2(L)) || L <- Cases].
+
 validation_test_() ->
     {setup, fun() -> erlcuda_ref:start_app([]) end, fun(_) -> erlcuda_ref:stop_app() end,
      [?_assertEqual({error, {unknown_kernel, fft}}, erlcuda:launch(fft, [[1.0]])),

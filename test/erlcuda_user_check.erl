@@ -61,7 +61,7 @@ reference(softmax, [X], [Cols]) ->
 reference(row_sums, [X], [Cols]) -> [sum(Row) || Row <- rows(X, Cols)];
 reference(sumsq, [X], []) -> element(1, erlcuda_ref:dot2([{V, V} || V <- X])).
 
-sum(L) -> element(1, erlcuda_ref:dot2([{V, 1.0} || V <- L])).
+sum(L) -> element(1, erlcuda_ref:sum2(L)).
 
 rows([], _) -> [];
 rows(X, Cols) ->
