@@ -6,8 +6,9 @@
 #   2. the e2e tests (tests/e2e.rs: the test plays the VM, drives the rings
 #      and the handshake) and tests/peer_uid.rs, with GPUD_BIN pointing at a
 #      wrapper that runs the real gpud under valgrind, one log per gpud;
-#   3. the same e2e tests against the fault-injection build, so the
-#      fault path (every job answered, exit 3) runs under valgrind too.
+#   3. the e2e tests only the fault-injection build has, against that
+#      build, so the fault path (every job answered, exit 3) runs under
+#      valgrind too (the others ran in 2 on the same code).
 # Fails on any memcheck error (invalid read/write, use of uninitialised
 # values, bad free, fd misuse); leaks are not errors (gpud exits with its
 # thread pool's memory held, by design). Usage: test/valgrind.sh
@@ -67,16 +68,28 @@ W
 }
 wrapper "$V/gpud" "$V/gpud-vg"
 wrapper "$V/gpud-fault" "$V/gpud-fault-vg"
-run_e2e() {  # $1: bins file, $2: wrapper
+tests() { "$1" --list --format terse 2>/dev/null | sed -n 's/: test$//p' | sort; }
+run_e2e() {  # $1: bins file, $2: wrapper, $3: bins file of a pass already run
     while read -r kind name exe; do
         [ "$kind" = test ] || continue
+        only=()
+        if [ -n "${3:-}" ]; then
+            # Only what the first pass did not run (the fault-injection
+            # tests): the rest is the same gpud code, already under valgrind.
+            ran=$(awk -v n="$name" '$1 == "test" && $2 == n {print $3}' "$3")
+            mapfile -t only < <(comm -13 <(tests "$ran") <(tests "$exe"))
+            if [ "${#only[@]}" -eq 0 ]; then
+                echo "valgrind: $name with $(basename "$2"): no test of its own"
+                continue
+            fi
+        fi
         t=$(date +%s)
-        GPUD_BIN=$2 "$exe" --test-threads=1 -q
-        echo "valgrind: $name with $(basename "$2"): $(( $(date +%s) - t )) s"
+        GPUD_BIN=$2 "$exe" --test-threads=1 -q --exact "${only[@]}"
+        echo "valgrind: $name with $(basename "$2"): $(( $(date +%s) - t )) s${3:+ (${only[*]})}"
     done < "$1"
 }
 run_e2e "$V/bins" "$V/gpud-vg"
-run_e2e "$V/bins-fault" "$V/gpud-fault-vg"
+run_e2e "$V/bins-fault" "$V/gpud-fault-vg" "$V/bins"
 
 # Every log: a gpud killed on purpose (SIGKILL) leaves no summary, which is
 # fine; an error anywhere is not.
