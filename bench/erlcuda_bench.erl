@@ -877,7 +877,7 @@ buffers_report(Name, Ts0, Unit, Value) ->
 %% Before and after of completion_busy_spin_us: the completion thread
 %% sleeping as soon as spin_us has passed (0) against spinning while jobs are
 %% in flight (the default), vector_add 1000 one in flight, A B A B blocks.
-%% Not part of main/0: it measured that change (see the README).
+%% Not part of main/0: it measured that change (bench/EXPERIMENTS.md, "Small-job latency").
 busy_spin() ->
     {ok, Default} = (fun() -> application:load(erlcuda),
                               application:get_env(erlcuda, completion_busy_spin_us) end)(),
@@ -941,7 +941,7 @@ pipeline() ->
 %% copying it to the heap? Round trip of vector_add on binaries, with the
 %% result then passed to a second job (reduce), for both settings of
 %% zero_copy_bytes, alternating A B A B in one run. Not part of main/0: it
-%% decided the default of zero_copy_bytes (see the README).
+%% decided the default of zero_copy_bytes (bench/EXPERIMENTS.md, "zero_copy_bytes").
 zero_copy() ->
     Sizes = [256, 1024, 4096, 16384, 65536, 262144, 1048576],
     Modes = [{copy, 1 bsl 62}, {arena, 0}],

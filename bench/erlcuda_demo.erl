@@ -1,5 +1,5 @@
 %% The README's demo: starts erlcuda (the GPU where there is one, else the CPU
-%% backend), runs the four kernels and prints results and per-job latency.
+%% backend), runs the five built-in kernels and prints results and per-job latency.
 -module(erlcuda_demo).
 -export([main/0]).
 
