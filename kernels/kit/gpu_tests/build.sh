@@ -10,8 +10,10 @@
 # The same flags as the kit's users' modules (priv/erlcuda-build): nightly
 # rustc's nvptx64 target, -Zbuild-std=core, linked by kernels/tools/ptx-link
 # (llc --fp-contract=fast), sm_70 PTX. Not through erlcuda-build itself:
-# these entries take raw pointers, not erlcuda's job table, and have no
-# signatures. `.maxntid 1024` (the tests launch up to 1024 threads).
+# most entries take raw pointers, not erlcuda's job table, and have no
+# signatures (those of src/jobs.rs, declared with the kit's macros, do;
+# run.py launches them with job tables as gpud does). `.maxntid 1024` (the
+# tests launch up to 1024 threads).
 # When ptxas is found (kernels/tools/find-ptxas) the PTX is assembled for
 # sm_90, and the static shared arrays are checked to be `.shared` arrays of
 # their declared sizes. Environment: ERLCUDA_KIT_GPU_TARGET_DIR (cargo's

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""GPU tests of the kit's device primitives (kernels/kit/gpu_tests/src/lib.rs).
+"""GPU tests of the kit's device primitives (kernels/kit/gpu_tests/src/lib.rs)
+and of its kernel macros (src/jobs.rs).
 
     python3 kernels/kit/gpu_tests/run.py PTX [SEED]
 
@@ -9,9 +10,12 @@ printed; pass it back to repeat a run), checks the results against NumPy:
 exactly for integers, shuffles, votes, shared arrays and arg-reductions;
 float sums within their rounding bound; the math functions within the
 ulps the kit states (MATH_ULPS in kernels/kit/src/float.rs, read from the
-source) against Python's math module (float64, glibc). One line per
-primitive; exits 1 if any failed. KIT_GPU_TESTS=vote,math (names of the
-test_ functions below, comma-separated) runs only those.
+source) against Python's math module (float64, glibc). The macros' kernels
+run as gpud runs them: several jobs per launch in a table of 256-byte job
+records (struct ec_job_args), any grid, the block sizes their block rule
+allows; their data are small integers, so every result is exact. One line
+per primitive; exits 1 if any failed. KIT_GPU_TESTS=vote,math (names of
+the test_ functions below, comma-separated) runs only those.
 """
 import math
 import os
@@ -344,6 +348,170 @@ def test_dimensions(mod, rng):
     report(f"blocks per row ({rows} rows of {cols}, {per} per block)", np.array_equal(out.get(), ((r << 16) | (c // per)).astype(np.uint32).ravel()))
 
 
+# ------------------------------------------------------------- job tables
+
+# One job record: struct ec_job_args (c_src/erlcuda_ring.h), the kit's Job
+# (kernels/kit/src/job.rs). Slots 0..8 the v and io arguments, 8..12 the
+# outputs; param the s and d arguments (floats as f64 bits, integers as s64,
+# dimensions as u64), all in declared order.
+JOB = np.dtype([("addr", "<u8", (12,)), ("len", "<u4", (12,)), ("param", "<u8", (8,)), ("block_start", "<u8"),
+                ("buffers", "<u4"), ("grid", "<u4"), ("block", "<u4"), ("shared_bytes", "<u4"), ("given", "<u4"),
+                ("reserved", "<u4", (5,))])
+assert JOB.itemsize == 256 and JOB.fields["param"][1] == 144 and JOB.fields["block_start"][1] == 208
+OUT = 8  # the first output's slot (MAX_VECTORS)
+ELEMS_PER_THREAD, SERIAL = 4, 256  # the blocks rules elements(LEN) and chunks(LEN)
+BLOCK_SHARED_BYTES = 33 * 8
+
+
+def fparam(x):
+    return int(np.array(x, np.float64).view(np.uint64))
+
+
+def iparam(x):
+    return int(np.array(x, np.int64).view(np.uint64))
+
+
+def run_jobs(mod, entry, jobs, blocks, threads, shared, rng):
+    """One launch of `entry` over `jobs` (dicts: "slots" {slot: CuPy array},
+    "params" [u64]), laid out as gpud lays a batch: block_start is the
+    exclusive prefix of `blocks(job)`, the virtual blocks the kernel's
+    blocks rule gives the job at `threads`. The grid is drawn from 1 to the
+    total (the entries are grid-stride). Returns the total."""
+    table = np.zeros(len(jobs), JOB)
+    total = 0
+    for j, job in enumerate(jobs):
+        for slot, a in job["slots"].items():
+            table["addr"][j, slot] = a.data.ptr if a.size else 0
+            table["len"][j, slot] = a.size
+        for i, p in enumerate(job.get("params", ())):
+            table["param"][j, i] = p
+        table["block_start"][j] = total
+        total += blocks(job)
+    if total:
+        grid = int(rng.integers(1, total + 1))
+        mod.get_function(entry)((grid,), (threads,), (cp.asarray(table.view(np.uint8)), u32(len(jobs)), u32(total)),
+                                shared_mem=shared)
+    cp.cuda.runtime.deviceSynchronize()
+    return total
+
+
+def n_of(job):
+    return job["slots"][0].size
+
+
+def elements(threads):
+    return lambda job: -(-n_of(job) // (threads * ELEMS_PER_THREAD))
+
+
+def chunks(threads):
+    return lambda job: -(-n_of(job) // (threads * SERIAL))
+
+
+def placed(a, rng):
+    """`a` on the GPU at a 16-byte aligned address or one element past one
+    (the kit's vector paths and their fallbacks)."""
+    off = int(rng.integers(0, 2))
+    d = cp.zeros(a.size + off, a.dtype)
+    d[off:] = cp.asarray(a)
+    return d[off:]
+
+
+def ints(rng, n, dt, lo=-1000, hi=1000):
+    return rng.integers(lo, hi + 1, n).astype(dt)
+
+
+LENGTHS = (0, 1, 3, 4, 1023, 1024, 4097, 65537)
+
+
+def test_jobs(mod, rng):
+    f_types = (("f32", np.float32), ("f64", np.float64))
+    # elementwise!: out = alpha x + y (alpha, x, y small dyadics: exact).
+    for t, dt in f_types:
+        for threads in (256, 96, 1024):
+            lens = list(LENGTHS) + [int(rng.integers(1, 300_000))]
+            jobs, want = [], []
+            for n in lens:
+                x, y, alpha = ints(rng, n, dt), ints(rng, n, dt), int(rng.integers(-16, 17)) / 4
+                jobs.append({"slots": {0: placed(x, rng), 1: placed(y, rng), OUT: placed(np.zeros(n, dt), rng)},
+                             "params": [fparam(alpha)]})
+                want.append((dt(alpha) * x + y).astype(dt))
+            run_jobs(mod, f"job_axpy_{t}", jobs, elements(threads), threads, 0, rng)
+            bad = [n for job, w, n in zip(jobs, want, lens) if not np.array_equal(job["slots"][OUT].get(), w)]
+            report(f"job table: elementwise! {t} ({len(jobs)} jobs, block {threads}, aligned and not)", not bad,
+                   f"lengths {bad} differ" if bad else "")
+    # reduction!: sum = Σ x² into each job's zeroed output, exact.
+    for t, dt in f_types:
+        for threads in (256, 64, 1024):
+            lens = list(LENGTHS) + [256 * threads * 3 + 5, int(rng.integers(1, 300_000))]
+            xs = [ints(rng, n, dt, 0, 2) for n in lens]
+            out = cp.zeros(len(lens), dt)
+            jobs = [{"slots": {0: placed(x, rng), OUT: out[j:j + 1]}} for j, x in enumerate(xs)]
+            run_jobs(mod, f"job_sumsq_{t}", jobs, chunks(threads), threads, BLOCK_SHARED_BYTES, rng)
+            want = np.array([(x.astype(np.float64) ** 2).sum() for x in xs])
+            got = out.get().astype(np.float64)
+            ok = np.array_equal(got, want)
+            report(f"job table: reduction! {t} ({len(jobs)} jobs, block {threads})", ok, "" if ok else f"got {got} want {want}")
+    # table!: out[r] = max of row r, one block per row.
+    for t, dt in f_types:
+        for threads in (128, 32, 96):
+            shapes = [(0, 5), (1, 1), (7, 1000), (100, 33), (3, 5000), (int(rng.integers(1, 300)), int(rng.integers(1, 300)))]
+            xs = [rng.standard_normal(r * c).astype(dt) for r, c in shapes]
+            jobs = [{"slots": {0: placed(x, rng), OUT: cp.zeros(r, dt)}, "params": [c]} for x, (r, c) in zip(xs, shapes)]
+            run_jobs(mod, f"job_row_max_{t}", jobs, lambda job: n_of(job) // job["params"][0], threads,
+                     BLOCK_SHARED_BYTES, rng)
+            bad = [s for job, x, s in zip(jobs, xs, shapes)
+                   if not np.array_equal(job["slots"][OUT].get(), x.reshape(s).max(1) if s[0] else np.zeros(0, dt))]
+            report(f"job table: table! {t} out = n / cols ({len(jobs)} jobs, block {threads})", not bad, f"shapes {bad} differ" if bad else "")
+    # kernel!: typed inputs (T, f64, u8), scalars of T and s32, two
+    # outputs (a vector of T and a u32 counted atomically).
+    for t, dt in f_types:
+        for threads in (256, 32, 160):
+            shapes = [(0, 4), (1, 1), (5, 3000), (64, 7), (int(rng.integers(1, 200)), int(rng.integers(1, 500)))]
+            jobs, want = [], []
+            for rows, cols in shapes:
+                x, w = ints(rng, rows * cols, dt, -4, 4), ints(rng, cols, np.float64, -3, 3)
+                mask = (rng.random(rows) < 0.6).astype(np.uint8) * rng.integers(1, 256, rows).astype(np.uint8)
+                scale, shift = [0.5, 1.5, -2.0][int(rng.integers(0, 3))], int(rng.integers(-10, 11))
+                y = np.where(mask != 0, scale * (x.reshape(rows, cols).astype(np.float64) @ w) + shift, 0).astype(dt)
+                want.append((y, int((mask != 0).sum())))
+                jobs.append({"slots": {0: placed(x, rng), 1: placed(w, rng), 2: cp.asarray(mask),
+                                       OUT: cp.zeros(rows, dt), OUT + 1: cp.zeros(1, np.uint32)},
+                             "params": [fparam(scale), iparam(shift), rows, cols]})
+            run_jobs(mod, f"masked_dot_{t}", jobs, lambda job: job["params"][2], threads, BLOCK_SHARED_BYTES, rng)
+            bad = [s for job, (y, h), s in zip(jobs, want, shapes)
+                   if not (np.array_equal(job["slots"][OUT].get(), y) and int(job["slots"][OUT + 1].get()[0]) == h)]
+            report(f"job table: kernel! {t} typed inputs, two outputs ({len(jobs)} jobs, block {threads})", not bad,
+                   f"shapes {bad} differ" if bad else "")
+    # kernel!: an io argument, integers and floats: acc += a x (wrapping
+    # for the integers, as on the GPU).
+    for t, dt in (("s32", np.int32), ("u32", np.uint32), ("f64", np.float64)):
+        for threads in (256, 1, 33):
+            lens = [0, 1, 5, 1024, 4099] + ([int(rng.integers(1, 100_000))] if threads > 1 else [])
+            jobs, want = [], []
+            for n in lens:
+                lo = 0 if dt == np.uint32 else -1000
+                acc, x, a = ints(rng, n, dt, lo), ints(rng, n, dt, lo), int(rng.integers(lo // 200, 6))
+                with np.errstate(over="ignore"):
+                    want.append((acc + dt(a) * x).astype(dt))
+                jobs.append({"slots": {0: cp.asarray(acc), 1: placed(x, rng)},
+                             "params": [fparam(a) if t == "f64" else iparam(a)]})
+            run_jobs(mod, f"scale_add_{t}", jobs, elements(threads), threads, 0, rng)
+            bad = [n for job, w, n in zip(jobs, want, lens) if not np.array_equal(job["slots"][0].get(), w)]
+            report(f"job table: kernel! {t} io argument, no output ({len(jobs)} jobs, block {threads})", not bad,
+                   f"lengths {bad} differ" if bad else "")
+    # kernel! with no T: one entry, a u8 input, a u32 vector and an s64
+    # scalar output.
+    for threads in (256, 50):
+        lens = list(LENGTHS) + [int(rng.integers(1, 300_000))]
+        xs = [rng.integers(0, 256, n).astype(np.uint8) for n in lens]
+        jobs = [{"slots": {0: placed(x, rng), OUT: cp.zeros(256, np.uint32), OUT + 1: cp.zeros(1, np.int64)}} for x in xs]
+        run_jobs(mod, "byte_hist", jobs, elements(threads), threads, 0, rng)
+        bad = [len(x) for job, x in zip(jobs, xs)
+               if not (np.array_equal(job["slots"][OUT].get(), np.bincount(x, minlength=256).astype(np.uint32))
+                       and int(job["slots"][OUT + 1].get()[0]) == int(x.astype(np.int64).sum()))]
+        report(f"job table: kernel! with no T ({len(jobs)} jobs, block {threads})", not bad, f"lengths {bad} differ" if bad else "")
+
+
 # ------------------------------------------------------------------ math
 
 def math_ulps():
@@ -486,7 +654,7 @@ def main():
     mod = cp.RawModule(path=sys.argv[1])
     only = os.environ.get("KIT_GPU_TESTS", "")
     for test in (test_int_atomics, test_float_atomics, test_vote, test_shuffles, test_block_ops, test_shared,
-                 test_dimensions, test_math):
+                 test_dimensions, test_jobs, test_math):
         if only and test.__name__[5:] not in only.split(","):
             continue
         t0 = time.time()

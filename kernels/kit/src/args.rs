@@ -1,26 +1,42 @@
-//! [`Args`]: a job's arguments, typed, for the bodies of `table!` kernels
-//! (and the kit's own drivers). The same accessors on both targets; the
-//! host adds slices.
+//! [`Args`]: one job of a kernel, for the bodies of `kernel!` and
+//! `table!` kernels (the `k` they name) and the kit's own drivers. The
+//! same accessors on both targets; the host adds slices.
+//!
+//! Slots and parameters are the job's ([`crate::job`]): slot `i <
+//! MAX_VECTORS` is the i-th v or io argument, slot `MAX_VECTORS + j` the
+//! j-th output ([`Job::out_slot`]); `param(i)` the i-th s or d argument,
+//! all in declared order.
 
+use crate::element::Element;
 use crate::job::Job;
 use crate::manifest::Layout;
-use crate::Float;
 use core::marker::PhantomData;
 
-/// One job of a kernel with element type `T` and argument layout `layout`
-/// (its signature's, [`Layout::of`]).
-#[derive(Clone, Copy)]
+/// The first output's slot.
+const OUT0: usize = Job::out_slot(0);
+
+/// One job of a kernel whose type T is `T` (`()` for a kernel with no
+/// T), read through its [`Layout`].
 pub struct Args<'a, T> {
     job: &'a Job,
     layout: &'a Layout,
     _t: PhantomData<T>,
 }
 
-impl<'a, T: Float> Args<'a, T> {
+impl<T> Clone for Args<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Args<'_, T> {}
+
+#[allow(clippy::len_without_is_empty)]
+impl<'a, T> Args<'a, T> {
     /// # Safety
-    /// `job` is a job of a kernel with this layout and element type: its
-    /// addresses point to `n` (inputs) and `out_len` (output) elements of
-    /// `T`, valid for the whole body (device addresses on the GPU).
+    /// `job` is a job of a kernel with this layout, run with this T: each
+    /// slot's address points to `len` elements of the slot's type, valid
+    /// for the whole body (device addresses on the GPU), outputs disjoint
+    /// from every other slot.
     #[inline(always)]
     pub unsafe fn new(job: &'a Job, layout: &'a Layout) -> Self {
         Args { job, layout, _t: PhantomData }
@@ -32,87 +48,134 @@ impl<'a, T: Float> Args<'a, T> {
         self.job
     }
 
-    /// Length of every vector argument, in elements.
+    /// The kernel's layout (how many of each kind of argument).
     #[inline(always)]
-    pub fn n(&self) -> u64 {
-        self.job.n
+    pub fn layout(&self) -> &'a Layout {
+        self.layout
     }
 
-    /// Length of the output, in elements (the kernel's `out` rule).
+    /// Slot `slot`'s length, in elements of its type.
     #[inline(always)]
-    pub fn out_len(&self) -> u64 {
-        self.job.out_len
+    pub fn len(&self, slot: usize) -> u64 {
+        self.job.len[slot] as u64
     }
 
-    /// Vector argument `i` (counted among the `v`s from 0).
+    /// Slot `slot`'s address (a device address on the GPU).
     #[inline(always)]
-    pub fn input(&self, i: usize) -> *const T {
-        assert!(i < self.layout.vectors);
-        self.job.vec[i] as *const T
+    pub fn addr(&self, slot: usize) -> u64 {
+        self.job.addr[slot]
     }
 
-    /// The output.
+    /// Slot `slot`'s address as a pointer to elements of type `R`.
     #[inline(always)]
-    pub fn output(&self) -> *mut T {
-        self.job.out as *mut T
+    pub fn ptr<R>(&self, slot: usize) -> *mut R {
+        self.job.addr[slot] as *mut R
     }
 
-    /// Scalar argument `i` (counted among the `s`s from 0), rounded to `T`.
+    /// Parameter `i`, raw: the i-th s or d argument (a float as f64 bits,
+    /// an integer as an s64, a dimension as a u64).
     #[inline(always)]
-    pub fn scalar(&self, i: usize) -> T {
-        assert!(i < self.layout.scalars);
-        T::from_f64(param_f64(self.job, self.layout.scalar_at[i]))
+    pub fn param(&self, i: usize) -> u64 {
+        self.job.param[i]
     }
 
-    /// Dimension argument `i` (counted among the `d`s from 0).
+    /// Scalar parameter `i` (the i-th s or d argument) as an `R`
+    /// ([`Element::from_param`]).
+    #[inline(always)]
+    pub fn param_as<R: Element>(&self, i: usize) -> R {
+        R::from_param(self.job.param[i])
+    }
+
+    /// Dimension argument `i`, counted among the `d`s from 0.
     #[inline(always)]
     pub fn dim(&self, i: usize) -> u32 {
-        assert!(i < self.layout.dims);
-        param_u32(self.job, self.layout.dim_at[i])
+        assert!(i < self.layout.dims as usize);
+        self.job.param[self.layout.dim_at[i] as usize] as u32
     }
 
-    /// Vector argument `i` as a slice of `n` elements.
+    /// The first vector argument's length (every vector's, for the
+    /// fixed-shape macros: their `n`).
+    #[inline(always)]
+    pub fn n(&self) -> u64 {
+        self.len(0)
+    }
+
+    /// The first output's length.
+    #[inline(always)]
+    pub fn out_len(&self) -> u64 {
+        self.len(OUT0)
+    }
+
+    /// Vector argument `i` (slot `i`) as elements of T.
+    #[inline(always)]
+    pub fn input(&self, i: usize) -> *const T {
+        assert!(i < self.layout.vectors as usize);
+        self.ptr::<T>(i)
+    }
+
+    /// The first output as elements of T.
+    #[inline(always)]
+    pub fn output(&self) -> *mut T {
+        self.ptr::<T>(OUT0)
+    }
+
+    /// Slot `slot` as a slice of its `len` elements of `R`.
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    pub fn slice<R>(&self, slot: usize) -> &'a [R] {
+        // SAFETY: `new`'s contract.
+        unsafe { slice(self.ptr::<R>(slot), self.len(slot)) }
+    }
+
+    /// Slot `slot` as a mutable slice of its `len` elements of `R`.
+    ///
+    /// # Safety
+    /// At most one slice of the slot is alive at a time, and the slot
+    /// overlaps no other one in use.
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    pub unsafe fn slice_mut<R>(&self, slot: usize) -> &'a mut [R] {
+        slice_mut(self.ptr::<R>(slot), self.len(slot))
+    }
+
+    /// Vector argument `i` as a slice of T.
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     pub fn input_slice(&self, i: usize) -> &'a [T] {
-        // SAFETY: `new`'s contract.
-        unsafe { slice(self.input(i), self.job.n) }
+        assert!(i < self.layout.vectors as usize);
+        self.slice::<T>(i)
     }
 
-    /// The output as a slice of `out_len` elements.
+    /// The first output as a slice of T.
     ///
     /// # Safety
-    /// At most one such slice is alive at a time.
+    /// As [`Args::slice_mut`] (a `kernel!` body already holds its outputs
+    /// by name).
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     pub unsafe fn output_slice(&self) -> &'a mut [T] {
-        slice_mut(self.output(), self.job.out_len)
+        self.slice_mut::<T>(OUT0)
     }
 }
 
-/// The f64 at byte `off` of the job's parameter area: one 8-byte load
-/// (`Job::param_f64` assembles bytes, which the GPU would do one by one).
-#[inline(always)]
-pub fn param_f64(job: &Job, off: usize) -> f64 {
-    // SAFETY: off + 8 <= PARAM_BYTES (Layout::of checked the signature).
-    unsafe { job.params.as_ptr().add(off).cast::<f64>().read_unaligned() }
+impl<T: Element> Args<'_, T> {
+    /// Scalar argument `i`, counted among the `s`s from 0, as T.
+    #[inline(always)]
+    pub fn scalar(&self, i: usize) -> T {
+        assert!(i < self.layout.scalars as usize);
+        T::from_param(self.job.param[self.layout.scalar_at[i] as usize])
+    }
 }
 
-/// The u32 at byte `off` of the job's parameter area.
+/// The `s` arguments of an `elementwise!`/`reduction!` job (which takes
+/// no `d`): parameters `0..NS`, as T.
 #[inline(always)]
-pub fn param_u32(job: &Job, off: usize) -> u32 {
-    // SAFETY: off + 4 <= PARAM_BYTES (Layout::of checked the signature).
-    unsafe { job.params.as_ptr().add(off).cast::<u32>().read_unaligned() }
-}
-
-/// The scalars at `offs`, rounded to `T`.
-#[inline(always)]
-pub fn scalars<T: Float, const N: usize>(job: &Job, offs: &[usize; N]) -> [T; N] {
-    core::array::from_fn(|i| T::from_f64(param_f64(job, offs[i])))
+pub(crate) fn scalars<T: Element, const NS: usize>(job: &Job) -> [T; NS] {
+    core::array::from_fn(|i| T::from_param(job.param[i]))
 }
 
 /// `len` elements at `p`; an empty slice for `len == 0` whatever `p` is
-/// (a job's unused or empty vectors may be null).
+/// (a job's unused or empty slots may be null).
 #[cfg(not(target_arch = "nvptx64"))]
 #[inline(always)]
 pub(crate) unsafe fn slice<'a, T>(p: *const T, len: u64) -> &'a [T] {

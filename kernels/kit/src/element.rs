@@ -39,6 +39,11 @@ pub trait Element: Copy + Default + Debug + PartialEq + PartialOrd + Send + Sync
     fn to_bits64(self) -> u64;
     /// The value whose bits are the low [`Element::BYTES`] bytes of `b`.
     fn from_bits64(b: u64) -> Self;
+    /// A scalar argument of this type from its job parameter
+    /// ([`crate::Job::param`]): a float's parameter is the bits of an f64,
+    /// rounded to nearest for f32; an integer's is a two's complement s64,
+    /// wrapped to the type as Rust's `as` does (gpud checked the range).
+    fn from_param(p: u64) -> Self;
 
     /// Global load (`p` generic, in global memory).
     #[cfg(target_arch = "nvptx64")]
@@ -168,6 +173,10 @@ macro_rules! int_element {
             fn from_bits64(b: u64) -> $t {
                 b as $bits as $t
             }
+            #[inline(always)]
+            fn from_param(p: u64) -> $t {
+                p as i64 as $t
+            }
             #[cfg(target_arch = "nvptx64")]
             memory_ops!($t, $ptx, $reg, $via);
         }
@@ -225,6 +234,10 @@ macro_rules! float_element {
             #[inline(always)]
             fn from_bits64(b: u64) -> $t {
                 $t::from_bits(b as _)
+            }
+            #[inline(always)]
+            fn from_param(p: u64) -> $t {
+                f64::from_bits(p) as $t
             }
             #[cfg(target_arch = "nvptx64")]
             memory_ops!($t, $ptx, $reg, $t);

@@ -1,14 +1,19 @@
-//! The device side of the three kernel shapes (nvptx64): what the entries
-//! the macros generate run. Every entry is grid-stride over the launch's
-//! virtual blocks (stride `gridDim.x`), finds each block's job by binary
-//! search over `block_start` ([`owner`]), and works with `blockDim.x`
-//! threads, so any grid and any `{block, B}` are correct.
+//! The device side of the kernel macros (nvptx64): what the entries they
+//! generate run. Every entry is grid-stride over the launch's virtual
+//! blocks (stride `gridDim.x`), finds each block's job by binary search
+//! over `block_start` ([`owner`]), and works with `blockDim.x` threads,
+//! so any grid and any `{block, B}` the kernel's block rule allows are
+//! correct. Jobs are read in place in the launch's job table (256 bytes
+//! each; only the fields a kernel uses are loaded).
 
 use crate::args::scalars;
 use crate::device::{block_dim, block_idx, block_sum_first, grid_dim, smem_base, sync_threads, thread_idx};
 use crate::job::{owner, Job, ELEMS_PER_THREAD, SERIAL};
 use crate::Float;
 use core::array::from_fn;
+
+/// The first output's slot.
+const OUT0: usize = Job::out_slot(0);
 
 /// Groups of 4 consecutive elements (one 16-byte vector of f32, two of
 /// f64) each thread of an elementwise kernel handles per virtual block.
@@ -17,9 +22,21 @@ const _: () = assert!(ELEMS_PER_THREAD.is_multiple_of(4) && GROUPS > 0);
 
 /// The job owning virtual block `vb`.
 #[inline(always)]
-pub unsafe fn job_at(jobs: *const Job, njobs: u32, vb: u64) -> Job {
+pub unsafe fn job_at<'a>(jobs: *const Job, njobs: u32, vb: u64) -> &'a Job {
     let j = owner(njobs, vb, |i| (*jobs.add(i as usize)).block_start);
-    *jobs.add(j as usize)
+    &*jobs.add(j as usize)
+}
+
+/// The common length of the first `NV` vectors (and the first output,
+/// with `with_out`): gpud checked they agree; the minimum keeps a job that
+/// says otherwise inside every slot.
+#[inline(always)]
+fn common_len<const NV: usize>(job: &Job, with_out: bool) -> u64 {
+    let mut n = if with_out { job.len[OUT0] } else { u32::MAX };
+    for l in &job.len[..NV] {
+        n = n.min(*l);
+    }
+    n as u64
 }
 
 /// `elementwise!`: `out[i] = f([vectors at i], scalars)`. Virtual block `b`
@@ -29,16 +46,15 @@ pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(
     jobs: *const Job,
     njobs: u32,
     total_blocks: u32,
-    offs: &[usize; NS],
     f: impl Fn([T; NV], &[T; NS]) -> T,
 ) {
     let (t, bd) = (thread_idx() as u64, block_dim() as u64);
     let mut vb = block_idx();
     while vb < total_blocks {
         let job = job_at(jobs, njobs, vb as u64);
-        let sc = scalars::<T, NS>(&job, offs);
+        let sc = scalars::<T, NS>(job);
         let base = (vb as u64 - job.block_start) * bd * ELEMS_PER_THREAD;
-        elementwise_block(&job, base, t, bd, |v| f(v, &sc));
+        elementwise_block(job, base, t, bd, |v| f(v, &sc));
         vb += grid_dim();
     }
 }
@@ -50,11 +66,11 @@ pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(
 /// otherwise elements `base + t + B·i` (coalesced).
 #[inline(always)]
 unsafe fn elementwise_block<T: Float, const NV: usize>(job: &Job, base: u64, t: u64, bd: u64, f: impl Fn([T; NV]) -> T) {
-    let ins: [*const T; NV] = from_fn(|i| job.vec[i] as *const T);
-    let out = job.out as *mut T;
-    let n = job.n;
+    let ins: [*const T; NV] = from_fn(|i| job.addr[i] as *const T);
+    let out = job.addr[OUT0] as *mut T;
+    let n = common_len::<NV>(job, true);
     let one = |e: u64| f(from_fn(|i| T::ldg_nc(ins[i].add(e as usize))));
-    if ins.iter().fold(job.out, |a, &p| a | p as u64) & 15 == 0 {
+    if ins.iter().fold(out as u64, |a, &p| a | p as u64) & 15 == 0 {
         let e: [u64; GROUPS] = from_fn(|g| base + 4 * (t + bd * g as u64));
         let xs: [Option<[[T; 4]; NV]>; GROUPS] =
             from_fn(|g| (e[g] + 4 <= n).then(|| from_fn(|i| T::ldg4_nc(ins[i].add(e[g] as usize)))));
@@ -88,7 +104,6 @@ pub unsafe fn reduction<T: Float, const NV: usize, const NS: usize>(
     jobs: *const Job,
     njobs: u32,
     total_blocks: u32,
-    offs: &[usize; NS],
     term: impl Fn([T; NV], &[T; NS]) -> T,
 ) {
     let smem = smem_base();
@@ -96,15 +111,19 @@ pub unsafe fn reduction<T: Float, const NV: usize, const NS: usize>(
     let mut vb = block_idx();
     while vb < total_blocks {
         let job = job_at(jobs, njobs, vb as u64);
-        let sc = scalars::<T, NS>(&job, offs);
+        // Every field before the loop (the output's address too): kept in
+        // registers, not the job's address to reload them after the barrier
+        // (which cost a reduction! over f32 an 8-byte spill on sm_90).
+        let out = job.addr[OUT0] as *mut T;
+        let sc = scalars::<T, NS>(job);
         // A multiple of 4 elements: chunks keep the base's 16-byte alignment.
         let lo = (vb as u64 - job.block_start) * bd * SERIAL;
-        let hi = job.n.min(lo + bd * SERIAL);
-        let ins: [*const T; NV] = from_fn(|i| job.vec[i] as *const T);
+        let hi = common_len::<NV>(job, false).min(lo + bd * SERIAL);
+        let ins: [*const T; NV] = from_fn(|i| job.addr[i] as *const T);
         let s = partial(ins, lo, hi, t, bd, |v| term(v, &sc));
         let s = block_sum_first(s, smem, (bd >> 5) as u32);
         if t == 0 {
-            T::red_add(job.out as *mut T, s);
+            T::red_add(out, s);
         }
         vb += grid_dim();
     }
@@ -165,15 +184,15 @@ pub unsafe fn partial<T: Float, const NV: usize>(
     ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
 }
 
-/// `table!`: `body(job, block)` for every virtual block, `block` counted
-/// within its job. A barrier after each, so a body may use shared memory
-/// freely without racing the next virtual block's body.
+/// `kernel!` and `table!`: `body(job, block)` for every virtual block,
+/// `block` counted within its job. A barrier after each, so a body may use
+/// shared memory freely without racing the next virtual block's body.
 #[inline(always)]
-pub unsafe fn table(jobs: *const Job, njobs: u32, total_blocks: u32, body: impl Fn(&Job, u64)) {
+pub unsafe fn each_block(jobs: *const Job, njobs: u32, total_blocks: u32, body: impl Fn(&Job, u64)) {
     let mut vb = block_idx();
     while vb < total_blocks {
         let job = job_at(jobs, njobs, vb as u64);
-        body(&job, vb as u64 - job.block_start);
+        body(job, vb as u64 - job.block_start);
         sync_threads();
         vb += grid_dim();
     }

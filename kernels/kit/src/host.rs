@@ -1,6 +1,6 @@
-//! The host (CPU backend) side of the three kernel shapes: what the
-//! `erlcuda_host_NAME_TY(job)` entries the macros generate run, one whole
-//! job on the calling thread. Addresses in the job are host addresses.
+//! The host (CPU backend) side of the kernel macros: what the
+//! `erlcuda_host_NAME[_TY](job)` entries they generate run, one whole job
+//! on the calling thread. Addresses in the job are host addresses.
 
 use crate::args::{scalars, slice, slice_mut, Args};
 use crate::job::{Job, DEFAULT_THREADS, SERIAL};
@@ -8,20 +8,31 @@ use crate::manifest::Layout;
 use crate::Float;
 use core::array::from_fn;
 
+/// The first output's slot.
+const OUT0: usize = Job::out_slot(0);
+
+/// The common length of the first `NV` vectors and the first output:
+/// every one has `n` elements (gpud checked it); the minimum keeps a job
+/// that says otherwise inside every slot.
+#[inline(always)]
+fn common_len<const NV: usize>(job: &Job, with_out: bool) -> u64 {
+    let mut n = if with_out { job.len[OUT0] } else { u32::MAX };
+    for l in &job.len[..NV] {
+        n = n.min(*l);
+    }
+    n as u64
+}
+
 /// `elementwise!`: `out[i] = f([vectors at i], scalars)` for i < n.
 ///
 /// # Safety
-/// The job's addresses hold `n` elements of `T` (inputs and output),
-/// the output disjoint from the inputs.
-pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(
-    job: &Job,
-    offs: &[usize; NS],
-    f: impl Fn([T; NV], &[T; NS]) -> T,
-) {
-    let sc = scalars::<T, NS>(job, offs);
-    let n = job.n.min(job.out_len);
-    let ins: [&[T]; NV] = from_fn(|i| slice(job.vec[i] as *const T, n));
-    let out = slice_mut(job.out as *mut T, n);
+/// Slots `0..NV` and the output hold their `len` elements of `T`, the
+/// output disjoint from the inputs.
+pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(job: &Job, f: impl Fn([T; NV], &[T; NS]) -> T) {
+    let sc = scalars::<T, NS>(job);
+    let n = common_len::<NV>(job, true);
+    let ins: [&[T]; NV] = from_fn(|i| slice(job.addr[i] as *const T, n));
+    let out = slice_mut(job.addr[OUT0] as *mut T, n);
     for (i, o) in out.iter_mut().enumerate() {
         // SAFETY: every input has n elements, i < n.
         *o = f(from_fn(|k| *ins[k].get_unchecked(i)), &sc);
@@ -32,27 +43,24 @@ pub unsafe fn elementwise<T: Float, const NV: usize, const NS: usize>(
 /// of [`sum`].
 ///
 /// # Safety
-/// The job's inputs hold `n` elements of `T`, its output at least one.
-pub unsafe fn reduction<T: Float, const NV: usize, const NS: usize>(
-    job: &Job,
-    offs: &[usize; NS],
-    term: impl Fn([T; NV], &[T; NS]) -> T,
-) {
-    if job.out_len == 0 {
+/// Slots `0..NV` hold their `len` elements of `T`, the output one.
+pub unsafe fn reduction<T: Float, const NV: usize, const NS: usize>(job: &Job, term: impl Fn([T; NV], &[T; NS]) -> T) {
+    if job.len[OUT0] == 0 {
         return;
     }
-    let sc = scalars::<T, NS>(job, offs);
-    let ins: [&[T]; NV] = from_fn(|i| slice(job.vec[i] as *const T, job.n));
+    let sc = scalars::<T, NS>(job);
+    let n = common_len::<NV>(job, false);
+    let ins: [&[T]; NV] = from_fn(|i| slice(job.addr[i] as *const T, n));
     // SAFETY: i < n, the inputs' length.
-    let s = sum(job.n as usize, |i| term(from_fn(|k| *ins[k].get_unchecked(i)), &sc));
-    *(job.out as *mut T) = s;
+    let s = sum(n as usize, |i| term(from_fn(|k| *ins[k].get_unchecked(i)), &sc));
+    *(job.addr[OUT0] as *mut T) = s;
 }
 
-/// `table!`: the kernel's CPU body, once for the whole job.
+/// `kernel!` and `table!`: the kernel's CPU body, once for the whole job.
 ///
 /// # Safety
 /// As [`Args::new`].
-pub unsafe fn table<T: Float>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>)) {
+pub unsafe fn run<T>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>)) {
     body(Args::new(job, layout))
 }
 

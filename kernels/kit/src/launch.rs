@@ -1,6 +1,6 @@
 //! Launches over dimensions: how a kernel maps its virtual blocks (the
-//! `block` a `table!` GPU body gets, counted within its job) and its
-//! threads onto rows, parts of rows and 2-D tiles. Plain integer
+//! `block` a `kernel!` or `table!` GPU body gets, counted within its job)
+//! and its threads onto rows, parts of rows and 2-D tiles. Plain integer
 //! arithmetic, the same on both targets, so a CPU body can walk the same
 //! tiles and the host tests check the mapping.
 //!

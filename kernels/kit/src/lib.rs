@@ -2,38 +2,41 @@
 //! own, and build them with `priv/erlcuda-build CRATE_DIR OUT_DIR` (no CUDA
 //! toolkit: nightly rustc's nvptx64 target does the work).
 //!
-//! A kernel is declared once, with one of three macros; that one
-//! declaration yields
-//! * the PTX entries `NAME_f32` / `NAME_f64` (for the types listed), with
-//!   the job-table ABI of [`job`];
-//! * the host (CPU backend) entries `erlcuda_host_NAME_f32` / `..._f64`,
-//!   `extern "C" fn(job: *const Job)`, each running one whole job;
-//! * the kernel's line of the module manifest (its signature), which the
-//!   build command reads out of the host library.
+//! A kernel is declared once, with [`kernel!`] (any signature) or one of
+//! the three fixed shapes written on it ([`elementwise!`], [`reduction!`],
+//! [`table!`]); that one declaration yields
+//! * the PTX entries `NAME_TY`, one per type of its T (`NAME` for a kernel
+//!   with no T), with the job-table ABI of [`job`];
+//! * the host (CPU backend) entries `erlcuda_host_NAME_TY` (or
+//!   `erlcuda_host_NAME`), `extern "C" fn(job: *const Job)`, each running
+//!   one whole job;
+//! * the kernel's line of the module manifest (its signature, in the
+//!   language of [`signature`]), checked at compile time, which the build
+//!   command reads out of the host library.
 //!
 //! ```ignore
 //! #![cfg_attr(target_arch = "nvptx64", no_std)]
-//! use erlcuda_kernel::{elementwise, reduction, table};
+//! use erlcuda_kernel::{elementwise, kernel, reduction};
 //!
 //! // out[i] = min(max(x[i], lo), hi)
 //! elementwise!(clamp, [f32, f64], (x: v, lo: s, hi: s) => x.max(lo).min(hi));
-//! // out[0] = Σ x[i]²
+//! // sum = Σ x[i]²
 //! reduction!(sumsq, [f32, f64], (x: v) => x * x);
 //! // anything else: a GPU body per virtual block, a CPU body per job
-//! table! {
-//!     row_sums, [f32, f64], (x: v, cols: d),
-//!     out = n / cols, blocks = n / cols, threads = 256, shared = erlcuda_kernel::BLOCK_SHARED_BYTES,
-//!     gpu(k, row) { /* x: *const T, cols: u32, k: Args<T>, row: u64 */ }
-//!     cpu(k) { /* x: &[T], cols: u32, k: Args<T> */ }
+//! kernel! {
+//!     cos_sim, T: Float in [f32, f64],
+//!     (x: v(T, rows * cols), q: v(T, cols), rows: d, cols: d) -> (sim: o(T, rows)),
+//!     blocks = rows, threads = 256, block_rule = warps, shared = erlcuda_kernel::BLOCK_SHARED_BYTES,
+//!     gpu(k, row) { /* x, q: *const T, rows, cols: u32, sim: *mut T, k: Args<T>, row: u64 */ }
+//!     cpu(k) { /* x, q: &[T], rows, cols: u32, sim: &mut [T], k: Args<T> */ }
 //! }
 //! ```
 //!
-//! Bodies are generic over `T: `[`Float`] (f32 or f64) and written once for
-//! both types: only [`Float`]'s methods (and those of its supertraits
-//! [`Numeric`] and [`Element`]) are visible on `T`, so the same code (the
-//! math included: [`Float::exp`], `erf`, `log1p`, ... from the `libm`
-//! crate) runs on the GPU and the CPU. Literals are `T::from_f64(0.5)`,
-//! `T::ZERO`, `T::ONE`.
+//! Bodies are generic over T and written once for all its types: only the
+//! bound's methods ([`Float`], [`Numeric`], [`Int`], [`Element`]) are
+//! visible on `T`, so the same code (the math included: [`Float::exp`],
+//! `erf`, `log1p`, ... from the `libm` crate) runs on the GPU and the CPU.
+//! Literals are `T::from_f64(0.5)`, `T::ZERO`, `T::ONE`.
 //!
 //! The kit beyond the macros, one module per concern:
 //! * element types: [`Element`] ⊃ [`Numeric`] ⊃ [`Int`] / [`Float`], for
@@ -74,10 +77,12 @@
 )]
 #![allow(internal_features, clippy::missing_safety_doc)]
 
-// The fixed interface with gpud, which includes this very file: kept as
+// The fixed interface with gpud, which includes these very files: kept as
 // written there, whatever clippy would prefer.
 #[allow(clippy::all)]
 pub mod job;
+#[allow(clippy::all)]
+pub mod signature;
 // The CPU sums' order, one definition shared with gpud.
 pub mod sum_order;
 

@@ -1,16 +1,109 @@
-//! The three kernel macros. Each invocation expands to one anonymous
-//! `const _: () = { ... };` block holding
-//! * the kernel's manifest line, checked at compile time
-//!   ([`crate::manifest::line`]) and, on the host, stored in the
+//! The kernel macros: [`kernel!`](crate::kernel) (any signature) and the
+//! three fixed shapes written on it, [`elementwise!`](crate::elementwise),
+//! [`reduction!`](crate::reduction) and [`table!`](crate::table). Each
+//! invocation expands to one anonymous `const _: () = { ... };` block
+//! holding
+//! * the kernel, checked at compile time ([`crate::manifest::kernel`] or
+//!   [`crate::manifest::legacy`]), and on the host its manifest line in the
 //!   `erlcuda_manifest` section (`#[used]`, so the linker keeps it);
-//! * the body, as a function generic over `T: Float`;
-//! * per element type, a nested block with the PTX entry `NAME_TY`
-//!   (nvptx64) or the host entry `erlcuda_host_NAME_TY` (elsewhere). The
-//!   symbol names come from `export_name`, so the Rust items need no names
-//!   of their own (macro_rules cannot paste identifiers).
+//! * the bodies, as functions generic over T (none for a kernel with no T);
+//! * per type, a nested block with the PTX entry `NAME_TY` (nvptx64) or the
+//!   host entry `erlcuda_host_NAME_TY` (elsewhere); `NAME` and
+//!   `erlcuda_host_NAME` for a kernel with no T. The symbol names come from
+//!   `export_name`, so the Rust items need no names of their own
+//!   (macro_rules cannot paste identifiers).
 //!
 //! `allow_internal_unstable(abi_ptx)` lets the expansion use
 //! `extern "ptx-kernel"` in a crate that enables no feature itself.
+
+/// A kernel of any signature: a GPU body run once per virtual block, a
+/// CPU body run once per job.
+///
+/// ```ignore
+/// erlcuda_kernel::kernel! {
+///     /// sim[r] = x[r, ..] · q (x row-major, rows × cols)
+///     cos_sim, T: Float in [f32, f64],
+///     (x: v(T, rows * cols), q: v(T, cols), rows: d, cols: d) -> (sim: o(T, rows)),
+///     blocks = rows, threads = 256, block_rule = warps, shared = erlcuda_kernel::BLOCK_SHARED_BYTES,
+///     gpu(k, block) { /* x: *const T, q: *const T, rows: u32, cols: u32, sim: *mut T, block: u64 */ }
+///     cpu(k) { /* x: &[T], q: &[T], rows: u32, cols: u32, sim: &mut [T] */ }
+/// }
+/// ```
+///
+/// * Type: `T: Bound in [types]`, Bound one of [`crate::Element`],
+///   [`crate::Numeric`], [`crate::Int`], [`crate::Float`], the types among
+///   `u8`, `s32`, `u32`, `s64`, `f32`, `f64` (one entry `NAME_TY` each;
+///   the bodies see only the bound's methods on T); or `[]` for a kernel
+///   with no T (one entry, `NAME`).
+/// * Arguments, in the order callers pass them: `name: v(TY, LEN)` a
+///   vector, `name: io(TY, LEN)` a device buffer updated in place,
+///   `name: s(TY)` a scalar, `name: d` a dimension. Outputs, in the order
+///   callers get them: `name: o(TY, LEN)` a vector, `name: s(TY)` one
+///   element given back as a number; `-> ()` for none (the kernel then
+///   has an io argument). TY is `T` or an element type; LEN a length of
+///   the signature language (`n`, `rows * cols`, `n / cols`, `256`:
+///   `c_src/erlcuda_ring.h`, "Signatures"). Every output starts zeroed.
+/// * `blocks`: virtual blocks per job, `elements(LEN)` (LEN / (threads ·
+///   4), rounded up), `chunks(LEN)` (LEN / (threads · 256)) or `LEN`;
+///   `threads` (the default block size) and `shared` (dynamic shared
+///   bytes) are constant expressions; `block_rule` (`any`, `warps`,
+///   `pow2`) is which `{block, B}` the GPU body is correct for.
+/// * Bindings, by name, with R the element type's Rust type (T, `u8`,
+///   `i32` for s32, `u32`, `i64` for s64, `f32`, `f64`):
+///
+///   | | GPU body | CPU body |
+///   |---|---|---|
+///   | `v` | `*const R` | `&[R]` (the job's length) |
+///   | `io` | `*mut R` | `&mut [R]` |
+///   | `o`, output `s` | `*mut R` | `&mut [R]` (one element for `s`) |
+///   | `s` argument | `R` | `R` |
+///   | `d` | `u32` | `u32` |
+///
+///   A float scalar is the caller's number rounded to R, an integer one
+///   the caller's integer. `k` is the job's [`crate::Args`] (raw job,
+///   `len(slot)`, `ptr`, `param`, ...), `block` (GPU) the virtual block's
+///   index within its job, a `u64`.
+/// * The GPU body sees [`crate::device`]'s functions by their plain names;
+///   both see the methods of the element traits on every element type
+///   (`u8::load_nc(p)`, `x.to_f64()`). Both bodies run in an unsafe
+///   context. The GPU body must reach every barrier with all the block's
+///   threads; a barrier follows each call.
+///
+/// The declaration is checked at compile time by the parser gpud reads
+/// the manifest with; a broken rule is a compile error naming it.
+#[macro_export]
+macro_rules! kernel {
+    (
+        $(#[$m:meta])*
+        $name:ident, T : $bound:ident in [$($ty:ident),+ $(,)?],
+        ($($an:ident : $ak:ident $(( $($as:tt)* ))?),* $(,)?) -> ($($on:ident : $ok:ident $(( $($os:tt)* ))?),* $(,)?),
+        blocks = $($rest:tt)+
+    ) => {
+        $crate::__kernel_blocks!(
+            [$(#[$m])* $name, [$bound], [$($ty),+],
+             ($($an : $ak $(( $($as)* ))?),*) -> ($($on : $ok $(( $($os)* ))?),*)]
+            [] $($rest)+
+        );
+    };
+    (
+        $(#[$m:meta])*
+        $name:ident, [],
+        ($($an:ident : $ak:ident $(( $($as:tt)* ))?),* $(,)?) -> ($($on:ident : $ok:ident $(( $($os:tt)* ))?),* $(,)?),
+        blocks = $($rest:tt)+
+    ) => {
+        $crate::__kernel_blocks!(
+            [$(#[$m])* $name, [], [],
+             ($($an : $ak $(( $($as)* ))?),*) -> ($($on : $ok $(( $($os)* ))?),*)]
+            [] $($rest)+
+        );
+    };
+    ($($other:tt)*) => {
+        compile_error!(
+            "erlcuda_kernel: kernel! is `NAME, T: Bound in [types] (or []), (ARGS) -> (OUTS), blocks = RULE, \
+             threads = N, block_rule = any|warps|pow2, shared = BYTES, gpu(k, block) { .. } cpu(k) { .. }`"
+        );
+    };
+}
 
 /// An elementwise kernel: `out[i] = body` over vectors of equal length `n`,
 /// with each argument bound by name (a `v` to its element at `i`, an `s` to
@@ -20,17 +113,18 @@
 /// erlcuda_kernel::elementwise!(clamp, [f32, f64], (x: v, lo: s, hi: s) => x.max(lo).min(hi));
 /// ```
 ///
-/// Arguments: 1 or 2 `v`, up to 2 `s`, in the order callers pass them (the
-/// entry's signature). Manifest: `out=n blocks=elements threads=256
-/// shared=0`. The GPU entry streams `blockDim.x · 4` elements per virtual
-/// block, with 16-byte vector loads and stores when every pointer is
-/// 16-byte aligned; the host entry is a plain loop.
+/// Arguments: at least one `v`, any `s`, in the order callers pass them.
+/// Manifest: `args=x:v:T:n,lo:s:T,hi:s:T outs=out:o:T:n blocks=elements(n)
+/// threads=256 block_rule=any shared=0`. The GPU entry streams
+/// `blockDim.x · 4` elements per virtual block, with 16-byte vector loads
+/// and stores when every pointer is 16-byte aligned; the host entry is a
+/// plain loop.
 #[macro_export]
 macro_rules! elementwise {
     ($(#[$m:meta])* $name:ident, [$($ty:ident),+ $(,)?], ($($arg:ident : $kind:ident),+ $(,)?) => $body:expr $(,)?) => {
         $(#[$m])*
         const _: () = {
-            $crate::__signature!(
+            $crate::__legacy!(
                 $name, Elementwise, [$($ty),+], ($($arg : $kind),+),
                 ("n", &[]), ("elements", &[]), $crate::job::DEFAULT_THREADS, 0
             );
@@ -40,24 +134,24 @@ macro_rules! elementwise {
     };
 }
 
-/// A reduction: `out[0] = Σ body` over i < n, each argument bound as in
-/// [`elementwise!`].
+/// A reduction: `sum = Σ body` over i < n, each argument bound as in
+/// [`elementwise!`]; the caller gets the sum as a number.
 ///
 /// ```ignore
 /// erlcuda_kernel::reduction!(sumsq, [f32, f64], (x: v) => x * x);
 /// ```
 ///
-/// Manifest: `out=1 blocks=chunks threads=256 shared=264`. On the GPU each
-/// thread adds at most `SERIAL` terms serially, the block sums its threads'
-/// partials in a tree and adds the result to the output (zeroed by gpud)
-/// with one `red.global.add`. On the host the sum follows erlcuda's stated
-/// order ([`crate::host::sum`]).
+/// Manifest: `outs=sum:s:T blocks=chunks(n) threads=256 block_rule=pow2
+/// shared=264`. On the GPU each thread adds at most `SERIAL` terms
+/// serially, the block sums its threads' partials in a tree and adds the
+/// result to the output (zeroed by gpud) with one `red.global.add`. On the
+/// host the sum follows erlcuda's stated order ([`crate::host::sum`]).
 #[macro_export]
 macro_rules! reduction {
     ($(#[$m:meta])* $name:ident, [$($ty:ident),+ $(,)?], ($($arg:ident : $kind:ident),+ $(,)?) => $body:expr $(,)?) => {
         $(#[$m])*
         const _: () = {
-            $crate::__signature!(
+            $crate::__legacy!(
                 $name, Reduction, [$($ty),+], ($($arg : $kind),+),
                 ("1", &[]), ("chunks", &[]), $crate::job::DEFAULT_THREADS, $crate::BLOCK_SHARED_BYTES
             );
@@ -67,8 +161,9 @@ macro_rules! reduction {
     };
 }
 
-/// A job-table kernel: the launch shape is yours, with a GPU body run once
-/// per virtual block and a CPU body run once per job.
+/// A job-table kernel of the fixed form: vectors of one length `n`, one
+/// output of T, a GPU body run once per virtual block and a CPU body run
+/// once per job. [`kernel!`] writes any other signature.
 ///
 /// ```ignore
 /// erlcuda_kernel::table! {
@@ -83,14 +178,17 @@ macro_rules! reduction {
 /// }
 /// ```
 ///
-/// * `out`: `n`, `1` or `n / D`; `blocks`: `elements`, `chunks`, `one` or
-///   `n / D`, D being a `d` argument's name (or `d0`, `d1`, ...);
-///   `threads` (a multiple of 32, ≤ 1024) and `shared` (bytes) are
-///   constant expressions.
+/// * `out`: `n`, `1` (given back as a number) or `n / D`; `blocks`:
+///   `elements`, `chunks`, `one` or `n / D`, D being a `d` argument's name
+///   (or `d0`, `d1`, ...); `threads` (a multiple of 32, ≤ 1024) and
+///   `shared` (bytes) are constant expressions. The manifest says
+///   `out:o:T:n` / `out:s:T` / `out:o:T:n/D`, `elements(n)` / `chunks(n)`
+///   / `1` / `n/D`, `block_rule=warps`.
 /// * In both bodies each argument is bound by name: a `v` to a `*const T`
 ///   (GPU: a device address, read with `T::ldg`/`T::ldg_nc`) or a `&[T]` of
 ///   `n` elements (CPU), an `s` to a `T`, a `d` to a `u32`; the named
-///   [`crate::Args`] gives the rest (output, `n`, `out_len`, the raw job).
+///   [`crate::Args`] gives the rest (`output()`, `output_slice()`, `n()`,
+///   `out_len()`, the raw job).
 /// * The GPU body sees [`crate::device`]'s functions by their plain names
 ///   (`thread_idx()`, `block_dim()`, `block_sum(v)`, ...).
 /// * Both bodies run in an unsafe context. The GPU body must reach every
@@ -108,7 +206,7 @@ macro_rules! table {
     ) => {
         $(#[$m])*
         const _: () = {
-            $crate::__signature!(
+            $crate::__legacy!(
                 $name, Table, [$($ty),+], ($($arg : $kind),+),
                 (stringify!($o), &[$(stringify!($od))?]), (stringify!($b), &[$(stringify!($bd))?]),
                 $threads, $shared
@@ -121,60 +219,332 @@ macro_rules! table {
                 // The device primitives by their plain names in the body.
                 #[allow(unused_imports)]
                 use $crate::device::*;
-                let (mut __vi, mut __si, mut __di) = (0usize, 0usize, 0usize);
-                $( let $arg = $crate::__bind!(gpu $kind, $gk, __vi, __si, __di); )+
+                let (mut __vi, mut __pi) = (0usize, 0usize);
+                $( let $arg = $crate::__bind!(gpu $kind, $gk, __vi, __pi); )+
                 unsafe { $gbody }
             }
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
             unsafe fn __cpu<T: $crate::Float>($ck: $crate::Args<'_, T>) {
-                let (mut __vi, mut __si, mut __di) = (0usize, 0usize, 0usize);
-                $( let $arg = $crate::__bind!(cpu $kind, $ck, __vi, __si, __di); )+
+                let (mut __vi, mut __pi) = (0usize, 0usize);
+                $( let $arg = $crate::__bind!(cpu $kind, $ck, __vi, __pi); )+
                 unsafe { $cbody }
             }
 
-            $( $crate::__table_entries!($name, $ty); )+
+            $( $crate::__entries!($name, [Float], $ty); )+
         };
     };
 }
 
 // ------------------------------------------------------------ internals
 
-/// The signature constants of a kernel (`__SIG`, `__LAYOUT`, `__NV`,
-/// `__NS`, `__OFFS`) and its manifest line `__LINE`, evaluated (so checked)
-/// on every target and stored in the host library's manifest section.
+/// `kernel!`'s `blocks = RULE`: its tokens, up to the comma before
+/// `threads` (a rule holds no comma outside its parentheses).
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __signature {
-    ($name:ident, $shape:ident, [$($ty:ident),+], ($($arg:ident : $kind:ident),+),
-     $out:expr, $blocks:expr, $threads:expr, $shared:expr) => {
+macro_rules! __kernel_blocks {
+    (
+        [$($head:tt)*] [$($b:tt)*]
+        , threads = $threads:expr, block_rule = $rule:ident, shared = $shared:expr,
+        gpu($gk:ident, $gb:ident) $gbody:block
+        cpu($ck:ident) $cbody:block
+        $(,)?
+    ) => {
+        $crate::__kernel_expand!(
+            $($head)* ; [$($b)*] ; $threads ; $rule ; $shared ;
+            gpu($gk, $gb) $gbody cpu($ck) $cbody
+        );
+    };
+    ([$($head:tt)*] [$($b:tt)*] $t:tt $($rest:tt)*) => {
+        $crate::__kernel_blocks!([$($head)*] [$($b)* $t] $($rest)*);
+    };
+    ([$($head:tt)*] [$($b:tt)*]) => {
+        compile_error!(
+            "erlcuda_kernel: after the signature, kernel! takes `blocks = RULE, threads = N, \
+             block_rule = any|warps|pow2, shared = BYTES, gpu(k, block) { .. } cpu(k) { .. }`"
+        );
+    };
+}
+
+/// The expansion of a parsed `kernel!`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kernel_expand {
+    (
+        $(#[$m:meta])* $name:ident, [$($bound:ident)?], [$($ty:ident),*],
+        ($($an:ident : $ak:ident $(( $($as:tt)* ))?),*) -> ($($on:ident : $ok:ident $(( $($os:tt)* ))?),*) ;
+        [$($b:tt)*] ; $threads:expr ; $rule:ident ; $shared:expr ;
+        gpu($gk:ident, $gb:ident) $gbody:block cpu($ck:ident) $cbody:block
+    ) => {
+        $(#[$m])*
+        const _: () = {
+            const __K: $crate::manifest::Kernel = match $crate::manifest::kernel(&$crate::manifest::Decl {
+                name: stringify!($name),
+                bound: concat!("" $(, stringify!($bound))?),
+                types: &[$(stringify!($ty)),*],
+                args: &[$($crate::__item!(arg $an $ak [$($($as)*)?])),*],
+                outs: &[$($crate::__item!(out $on $ok [$($($os)*)?])),*],
+                blocks: stringify!($($b)*),
+                threads: $threads,
+                block_rule: stringify!($rule),
+                shared: $shared,
+            }) {
+                Ok(k) => k,
+                Err(e) => panic!("{}", e.as_str()),
+            };
+            $crate::__manifest!(__K);
+
+            $crate::__kernel_fn!(
+                gpu [$($bound)?] ($gk, $gb) {
+                    // The device primitives by their plain names in the body,
+                    // and the element traits' methods on any element type.
+                    #[allow(unused_imports)]
+                    use $crate::device::*;
+                    #[allow(unused_imports)]
+                    use $crate::{Element as _, Float as _, Int as _, Numeric as _};
+                    let (mut __vi, mut __pi, mut __oi) = (0usize, 0usize, 0usize);
+                    $( let $an = $crate::__arg!(gpu $ak [$($($as)*)?], $gk, __vi, __pi); )*
+                    $( let $on = $crate::__out!(gpu $ok [$($($os)*)?], $gk, __oi); )*
+                    unsafe { $gbody }
+                }
+            );
+            $crate::__kernel_fn!(
+                cpu [$($bound)?] ($ck) {
+                    #[allow(unused_imports)]
+                    use $crate::{Element as _, Float as _, Int as _, Numeric as _};
+                    let (mut __vi, mut __pi, mut __oi) = (0usize, 0usize, 0usize);
+                    $( let $an = $crate::__arg!(cpu $ak [$($($as)*)?], $ck, __vi, __pi); )*
+                    $( let $on = $crate::__out!(cpu $ok [$($($os)*)?], $ck, __oi); )*
+                    unsafe { $cbody }
+                }
+            );
+
+            $crate::__kernel_entries!($name, [$($bound)?], [$($ty),*]);
+        };
+    };
+}
+
+/// One `kernel!` item as a [`crate::manifest::Item`]; a malformed one gets
+/// a kind `manifest::kernel` refuses, with the rule in its message.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __item {
+    ($side:ident $n:ident $k:ident [$ty:ident, $($len:tt)+]) => {
+        $crate::manifest::Item { name: stringify!($n), kind: stringify!($k), ty: stringify!($ty), len: stringify!($($len)+) }
+    };
+    ($side:ident $n:ident $k:ident [$ty:ident]) => {
+        $crate::manifest::Item { name: stringify!($n), kind: stringify!($k), ty: stringify!($ty), len: "" }
+    };
+    ($side:ident $n:ident $k:ident []) => {
+        $crate::manifest::Item { name: stringify!($n), kind: stringify!($k), ty: "", len: "" }
+    };
+    ($side:ident $n:ident $k:ident [$($other:tt)*]) => {
+        $crate::manifest::Item { name: stringify!($n), kind: "?", ty: "", len: "" }
+    };
+}
+
+/// The Rust type of an element type name (T stays T).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __rty {
+    (T) => { T };
+    (u8) => { u8 };
+    (s32) => { i32 };
+    (u32) => { u32 };
+    (s64) => { i64 };
+    (f32) => { f32 };
+    (f64) => { f64 };
+    ($other:ident) => { () };
+}
+
+/// A `kernel!` body as a function: generic over `T: Bound`, or not (no T,
+/// `Args<'_, ()>`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kernel_fn {
+    (gpu [$bound:ident] ($k:ident, $b:ident) $body:tt) => {
+        #[cfg(target_arch = "nvptx64")]
+        #[inline(always)]
+        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
+        unsafe fn __gpu<T: $crate::$bound>($k: $crate::Args<'_, T>, $b: u64) $body
+    };
+    (gpu [] ($k:ident, $b:ident) $body:tt) => {
+        #[cfg(target_arch = "nvptx64")]
+        #[inline(always)]
+        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
+        unsafe fn __gpu($k: $crate::Args<'_, ()>, $b: u64) $body
+    };
+    (cpu [$bound:ident] ($k:ident) $body:tt) => {
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
+        unsafe fn __cpu<T: $crate::$bound>($k: $crate::Args<'_, T>) $body
+    };
+    (cpu [] ($k:ident) $body:tt) => {
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
+        unsafe fn __cpu($k: $crate::Args<'_, ()>) $body
+    };
+}
+
+/// A `kernel!` argument's binding: v and io take the next vector slot, s
+/// and d the next parameter (the order `Sig::parse` numbers them in).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __arg {
+    (gpu v [$ty:ident, $($len:tt)+], $k:ident, $vi:ident, $pi:ident) => {{
+        let x = $k.ptr::<$crate::__rty!($ty)>($vi) as *const $crate::__rty!($ty);
+        $vi += 1;
+        x
+    }};
+    (gpu io [$ty:ident, $($len:tt)+], $k:ident, $vi:ident, $pi:ident) => {{
+        let x = $k.ptr::<$crate::__rty!($ty)>($vi);
+        $vi += 1;
+        x
+    }};
+    (cpu v [$ty:ident, $($len:tt)+], $k:ident, $vi:ident, $pi:ident) => {{
+        let x = $k.slice::<$crate::__rty!($ty)>($vi);
+        $vi += 1;
+        x
+    }};
+    (cpu io [$ty:ident, $($len:tt)+], $k:ident, $vi:ident, $pi:ident) => {{
+        // SAFETY: an io argument is a buffer of its own (gpud refuses one
+        // that overlaps another argument), bound once.
+        let x = unsafe { $k.slice_mut::<$crate::__rty!($ty)>($vi) };
+        $vi += 1;
+        x
+    }};
+    ($side:ident s [$ty:ident], $k:ident, $vi:ident, $pi:ident) => {{
+        let x = $k.param_as::<$crate::__rty!($ty)>($pi);
+        $pi += 1;
+        x
+    }};
+    ($side:ident d [], $k:ident, $vi:ident, $pi:ident) => {{
+        let x = $k.param($pi) as u32;
+        $pi += 1;
+        x
+    }};
+    ($($other:tt)*) => {
+        ()
+    };
+}
+
+/// A `kernel!` output's binding: the next output slot.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __out {
+    (gpu $kind:ident [$ty:ident $(, $($len:tt)+)?], $k:ident, $oi:ident) => {{
+        let x = $k.ptr::<$crate::__rty!($ty)>($crate::manifest::out_slot($oi));
+        $oi += 1;
+        x
+    }};
+    (cpu $kind:ident [$ty:ident $(, $($len:tt)+)?], $k:ident, $oi:ident) => {{
+        // SAFETY: outputs overlap nothing, and each is bound once.
+        let x = unsafe { $k.slice_mut::<$crate::__rty!($ty)>($crate::manifest::out_slot($oi)) };
+        $oi += 1;
+        x
+    }};
+    ($($other:tt)*) => {
+        ()
+    };
+}
+
+/// The entries of a `kernel!`: one per type (`NAME_TY`), or one
+/// (`NAME`) for a kernel with no T.
+#[doc(hidden)]
+#[macro_export]
+#[allow_internal_unstable(abi_ptx)]
+macro_rules! __kernel_entries {
+    ($name:ident, [$bound:ident], [$($ty:ident),+]) => {
+        $( $crate::__entries!($name, [$bound], $ty); )+
+    };
+    ($name:ident, [], []) => {
+        const _: () = {
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(export_name = stringify!($name))]
+            unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+
+            #[cfg(not(target_arch = "nvptx64"))]
+            #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name)))]
+            unsafe extern "C" fn __host(job: *const $crate::Job) {
+                $crate::host::run::<()>(&*job, &__LAYOUT, |k| __cpu(k))
+            }
+        };
+    };
+}
+
+/// The entries of a `kernel!` or `table!` for one type.
+#[doc(hidden)]
+#[macro_export]
+#[allow_internal_unstable(abi_ptx)]
+macro_rules! __entries {
+    ($name:ident, [$bound:ident], $ty:ident) => {
+        const _: () = {
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(export_name = concat!(stringify!($name), "_", stringify!($ty)))]
+            unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+
+            #[cfg(not(target_arch = "nvptx64"))]
+            #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]
+            unsafe extern "C" fn __host(job: *const $crate::Job) {
+                $crate::host::run::<$crate::__rty!($ty)>(&*job, &__LAYOUT, |k| __cpu::<$crate::__rty!($ty)>(k))
+            }
+        };
+    };
+}
+
+/// `__LAYOUT` of the checked kernel `$k`, its evaluation forced on every
+/// target (so a bad declaration fails the GPU build too), and on the host
+/// its manifest line in the section, at the line's own length.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __manifest {
+    ($k:ident) => {
         #[allow(dead_code)]
-        const __SIG: &str = concat!($(stringify!($kind)),+);
-        #[allow(dead_code)]
-        const __LAYOUT: $crate::manifest::Layout = $crate::manifest::Layout::of(__SIG);
-        #[allow(dead_code)]
-        const __NV: usize = __LAYOUT.vectors;
-        #[allow(dead_code)]
-        const __NS: usize = __LAYOUT.scalars;
-        #[allow(dead_code)]
-        const __OFFS: [usize; __NS] = __LAYOUT.scalar_offsets::<__NS>();
-        const __LINE: $crate::manifest::Line = $crate::manifest::line(&$crate::manifest::Decl {
-            name: stringify!($name),
-            shape: $crate::manifest::Shape::$shape,
-            args: &[$((stringify!($arg), stringify!($kind))),+],
-            types: &[$(stringify!($ty)),+],
-            out: $out,
-            blocks: $blocks,
-            threads: $threads,
-            shared: $shared,
-        });
-        const _: usize = __LINE.len;
+        const __LAYOUT: $crate::manifest::Layout = $k.layout;
+        const _: usize = $k.line.len();
         // The section name is manifest::SECTION (an attribute takes a literal).
         #[cfg(not(target_arch = "nvptx64"))]
         #[used]
         #[unsafe(link_section = "erlcuda_manifest")]
-        static __MANIFEST: [u8; $crate::manifest::LINE_MAX] = __LINE.bytes;
+        static __MANIFEST: [u8; $k.line.len()] = $k.line.exact();
+    };
+}
+
+/// The checked kernel of an `elementwise!`, `reduction!` or `table!`
+/// ([`crate::manifest::legacy`]), and the constants their entries use:
+/// `__NV` vectors, `__NS` scalars.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __legacy {
+    ($name:ident, $shape:ident, [$($ty:ident),+], ($($arg:ident : $kind:ident),+),
+     $out:expr, $blocks:expr, $threads:expr, $shared:expr) => {
+        const __K: $crate::manifest::Kernel = match $crate::manifest::legacy(
+            stringify!($name),
+            $crate::manifest::Shape::$shape,
+            &[$(stringify!($ty)),+],
+            &[$((stringify!($arg), stringify!($kind))),+],
+            $out,
+            $blocks,
+            $threads,
+            $shared,
+        ) {
+            Ok(k) => k,
+            Err(e) => panic!("{}", e.as_str()),
+        };
+        $crate::__manifest!(__K);
+        #[allow(dead_code)]
+        const __NV: usize = __LAYOUT.vectors as usize;
+        #[allow(dead_code)]
+        const __NS: usize = __LAYOUT.scalars as usize;
     };
 }
 
@@ -216,31 +586,32 @@ macro_rules! __pick {
     };
 }
 
-/// Argument binding of the `table!` bodies.
+/// Argument binding of the `table!` bodies: a `v` the next vector slot, an
+/// `s` or `d` the next parameter.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __bind {
-    (gpu v, $k:ident, $vi:ident, $si:ident, $di:ident) => {{
+    (gpu v, $k:ident, $vi:ident, $pi:ident) => {{
         let x = $k.input($vi);
         $vi += 1;
         x
     }};
-    (cpu v, $k:ident, $vi:ident, $si:ident, $di:ident) => {{
+    (cpu v, $k:ident, $vi:ident, $pi:ident) => {{
         let x = $k.input_slice($vi);
         $vi += 1;
         x
     }};
-    ($side:ident s, $k:ident, $vi:ident, $si:ident, $di:ident) => {{
-        let x = $k.scalar($si);
-        $si += 1;
+    ($side:ident s, $k:ident, $vi:ident, $pi:ident) => {{
+        let x = $k.param_as::<T>($pi);
+        $pi += 1;
         x
     }};
-    ($side:ident d, $k:ident, $vi:ident, $si:ident, $di:ident) => {{
-        let x = $k.dim($di);
-        $di += 1;
+    ($side:ident d, $k:ident, $vi:ident, $pi:ident) => {{
+        let x = $k.param($pi) as u32;
+        $pi += 1;
         x
     }};
-    ($side:ident $other:ident, $k:ident, $vi:ident, $si:ident, $di:ident) => {
+    ($side:ident $other:ident, $k:ident, $vi:ident, $pi:ident) => {
         ()
     };
 }
@@ -255,37 +626,13 @@ macro_rules! __pointwise_entries {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(export_name = concat!(stringify!($name), "_", stringify!($ty)))]
             unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
-                $crate::gpu::$shape::<$ty, __NV, __NS>(jobs, njobs, total_blocks, &__OFFS, __body::<$ty>)
+                $crate::gpu::$shape::<$ty, __NV, __NS>(jobs, njobs, total_blocks, __body::<$ty>)
             }
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]
             unsafe extern "C" fn __host(job: *const $crate::Job) {
-                $crate::host::$shape::<$ty, __NV, __NS>(&*job, &__OFFS, __body::<$ty>)
-            }
-        };
-    };
-}
-
-/// The entries of a table kernel for one element type.
-#[doc(hidden)]
-#[macro_export]
-#[allow_internal_unstable(abi_ptx)]
-macro_rules! __table_entries {
-    ($name:ident, $ty:ident) => {
-        const _: () = {
-            #[cfg(target_arch = "nvptx64")]
-            #[unsafe(export_name = concat!(stringify!($name), "_", stringify!($ty)))]
-            unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
-                $crate::gpu::table(jobs, njobs, total_blocks, |job, block| {
-                    __gpu::<$ty>($crate::Args::new(job, &__LAYOUT), block)
-                })
-            }
-
-            #[cfg(not(target_arch = "nvptx64"))]
-            #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]
-            unsafe extern "C" fn __host(job: *const $crate::Job) {
-                $crate::host::table::<$ty>(&*job, &__LAYOUT, |k| __cpu::<$ty>(k))
+                $crate::host::$shape::<$ty, __NV, __NS>(&*job, __body::<$ty>)
             }
         };
     };

@@ -1,127 +1,78 @@
-//! A kernel's declared signature, checked and written as its manifest line
+//! A kernel's declaration, checked and written as its manifest line
 //! ([`crate::job::MANIFEST_MAGIC`] gives the format) at compile time.
 //!
-//! The macros turn their arguments into a [`Decl`] and evaluate [`line`] in
-//! a constant: a declaration that breaks a rule is a compile error whose
-//! message says which rule ("erlcuda_kernel: ..."). On the host build the
-//! line is stored in the `erlcuda_manifest` section of the library, where
+//! The macros pass their arguments as a [`Decl`] (`kernel!`) or to
+//! [`legacy`] (`elementwise!`, `reduction!`, `table!`, which write their
+//! signature themselves) and evaluate the result in a constant: a
+//! declaration that breaks a rule is a compile error whose message names
+//! the kernel and the rule ("erlcuda_kernel: NAME: ..."). The signature is
+//! read by the very parser gpud uses ([`Sig::parse`], [`Blocks::parse`]),
+//! so what compiles is what gpud accepts. On the host build the line is
+//! stored in the `erlcuda_manifest` section of the library, where
 //! `priv/erlcuda-build` reads it: the manifest comes from the same macro
 //! invocation as the code, so there is no second list of kernels.
 
-use crate::job::{param_offsets, Blocks, MAX_SHARED_BYTES, MAX_THREADS, PARAM_BYTES};
+// A refusal carries its message as text (const code has no allocation and
+// no formatting): large, but only ever built at compile time.
+#![allow(clippy::result_large_err)]
 
-/// Bytes reserved per manifest line in the section (zero-padded; the build
-/// command drops the padding).
-pub const LINE_MAX: usize = 256;
+use crate::job::{BlockRule, Blocks, Job, DEFAULT_THREADS, MAX_SHARED_BYTES, MAX_THREADS};
+use crate::signature::{Kind, Sig, Ty, MAX_PARAMS};
+
+/// The longest manifest line, `\n` included. Each line is stored at its
+/// own length (no padding), one after the other; the build command also
+/// drops any zero bytes the linker puts between them.
+pub const LINE_MAX: usize = 4096;
 
 /// The name of the host library's section holding the manifest lines.
 pub const SECTION: &str = "erlcuda_manifest";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shape {
-    Elementwise,
-    Reduction,
-    Table,
+/// Text built at compile time: `bytes[..len]`, at most [`LINE_MAX`]
+/// bytes (`overflow` when more were pushed; the checks refuse it).
+#[derive(Clone, Copy)]
+pub struct Text {
+    bytes: [u8; LINE_MAX],
+    len: usize,
+    overflow: bool,
 }
 
-/// The output's length rule (`out=`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Out {
-    /// `n`: the vectors' length.
-    N,
-    /// `1`: one element.
-    One,
-    /// `n/dI`: n divided by dimension argument I.
-    PerDim(u8),
-}
+impl Text {
+    pub const EMPTY: Text = Text { bytes: [0; LINE_MAX], len: 0, overflow: false };
 
-/// A rule as written in the macro: `n`, `1`, `elements`, ... with an
-/// optional divisor (`n / cols` is `("n", &["cols"])`).
-pub type RuleTokens<'a> = (&'a str, &'a [&'a str]);
-
-/// A kernel declaration as the macros pass it.
-pub struct Decl<'a> {
-    pub name: &'a str,
-    pub shape: Shape,
-    /// `(name, kind)` per argument, in order; kind is `v`, `s` or `d`.
-    pub args: &'a [(&'a str, &'a str)],
-    pub types: &'a [&'a str],
-    pub out: RuleTokens<'a>,
-    pub blocks: RuleTokens<'a>,
-    pub threads: u32,
-    pub shared: u32,
-}
-
-/// Where a signature's arguments live in a [`crate::Job`]: vector `i` in
-/// `vec[i]`, scalar `i` (as f64) and dimension `i` (as u32) at these byte
-/// offsets of `params` ([`crate::job::param_offsets`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
-    pub vectors: usize,
-    pub scalars: usize,
-    pub dims: usize,
-    pub scalar_at: [usize; PARAM_BYTES / 4],
-    pub dim_at: [usize; PARAM_BYTES / 4],
-}
-
-impl Layout {
-    /// The layout of signature `sig` (`"vss"`, ...); a compile error when
-    /// it holds another letter or does not fit the parameter area.
-    pub const fn of(sig: &str) -> Layout {
-        let s = sig.as_bytes();
-        let Some((offs, _, _)) = param_offsets(s) else {
-            panic!("erlcuda_kernel: the s and d arguments do not fit the 16-byte parameter area (an s takes 8 bytes, 8-aligned; a d 4)");
-        };
-        let mut l = Layout { vectors: 0, scalars: 0, dims: 0, scalar_at: [0; PARAM_BYTES / 4], dim_at: [0; PARAM_BYTES / 4] };
-        let (mut i, mut p) = (0, 0);
-        while i < s.len() {
-            match s[i] {
-                b'v' => l.vectors += 1,
-                b's' => {
-                    l.scalar_at[l.scalars] = offs[p];
-                    l.scalars += 1;
-                    p += 1;
-                }
-                _ => {
-                    l.dim_at[l.dims] = offs[p];
-                    l.dims += 1;
-                    p += 1;
-                }
-            }
-            i += 1;
-        }
-        l
+    pub const fn len(&self) -> usize {
+        self.len
     }
-
-    /// The offsets of the first `N` scalars (`N` = `self.scalars`).
-    pub const fn scalar_offsets<const N: usize>(&self) -> [usize; N] {
-        let mut a = [0; N];
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub const fn as_bytes(&self) -> &[u8] {
+        self.bytes.split_at(self.len).0
+    }
+    pub const fn as_str(&self) -> &str {
+        match core::str::from_utf8(self.as_bytes()) {
+            Ok(s) => s,
+            // Only whole &strs are pushed (and whitespace dropped), so the
+            // text is always UTF-8.
+            Err(_) => "",
+        }
+    }
+    /// The text as an array of exactly its length (the section's bytes).
+    pub const fn exact<const N: usize>(&self) -> [u8; N] {
+        let mut a = [0u8; N];
         let mut i = 0;
-        while i < N {
-            a[i] = self.scalar_at[i];
+        while i < N && i < self.len {
+            a[i] = self.bytes[i];
             i += 1;
         }
         a
     }
-}
 
-/// A finished manifest line: `bytes[..len]`, ending in `\n`, zero-padded.
-#[derive(Clone, Copy)]
-pub struct Line {
-    pub bytes: [u8; LINE_MAX],
-    pub len: usize,
-}
-
-impl Line {
-    pub const fn as_bytes(&self) -> &[u8] {
-        self.bytes.split_at(self.len).0
-    }
-
-    const fn push(mut self, s: &[u8]) -> Line {
+    const fn push(mut self, s: &[u8]) -> Text {
         let mut i = 0;
         while i < s.len() {
-            if self.len == LINE_MAX - 1 {
-                panic!("erlcuda_kernel: the manifest line is longer than 255 bytes (shorten the kernel name)");
+            if self.len == LINE_MAX {
+                self.overflow = true;
+                return self;
             }
             self.bytes[self.len] = s[i];
             self.len += 1;
@@ -130,7 +81,25 @@ impl Line {
         self
     }
 
-    const fn push_u32(self, mut v: u32) -> Line {
+    const fn push_str(self, s: &str) -> Text {
+        self.push(s.as_bytes())
+    }
+
+    /// `s` without its ASCII whitespace: a length or rule as `stringify!`
+    /// spells it (`rows * cols`) becomes the manifest's `rows*cols`.
+    const fn push_compact(mut self, s: &str) -> Text {
+        let s = s.as_bytes();
+        let mut i = 0;
+        while i < s.len() {
+            if !s[i].is_ascii_whitespace() {
+                self = self.push(s.split_at(i).1.split_at(1).0);
+            }
+            i += 1;
+        }
+        self
+    }
+
+    const fn push_u32(self, mut v: u32) -> Text {
         let mut digits = [0u8; 10];
         let mut at = digits.len();
         loop {
@@ -145,211 +114,453 @@ impl Line {
     }
 }
 
-/// Checks `d` and writes its manifest line:
-/// `kernel NAME shape=S args=SIG types=T,.. out=O blocks=B threads=N shared=BYTES`.
-pub const fn line(d: &Decl) -> Line {
-    check_name(d.name);
-    let sig = signature(d.args);
-    let layout = Layout::of(sig.as_str());
-    check_args(d.shape, &layout);
-    check_types(d.types);
-    let out = out_rule(d.out, d.args, layout.dims);
-    let blocks = blocks_rule(d.blocks, d.args, layout.dims);
-    check_launch(d.shape, d.threads, d.shared);
-    let mut l = Line { bytes: [0; LINE_MAX], len: 0 };
-    l = l.push(b"kernel ").push(d.name.as_bytes());
-    l = l.push(b" shape=").push(shape_name(d.shape));
-    l = l.push(b" args=").push(sig.as_str().as_bytes());
-    l = l.push(b" types=");
+/// Why a declaration is refused: `erlcuda_kernel: NAME: RULE`.
+#[derive(Clone, Copy)]
+pub struct Error {
+    text: Text,
+}
+
+impl Error {
+    const fn new(kernel: &str, rule: &str) -> Error {
+        Error { text: Text::EMPTY.push_str("erlcuda_kernel: ").push_str(kernel).push_str(": ").push_str(rule) }
+    }
+    pub const fn as_str(&self) -> &str {
+        self.text.as_str()
+    }
+}
+
+impl core::fmt::Debug for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a kernel's arguments are in a [`Job`], for [`crate::Args`]: the
+/// `s` arguments and the `d` arguments, each counted among its own kind,
+/// by their index in `param`. Small on purpose: GPU code reads it (folded
+/// to constants once inlined), never the whole [`Sig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// v and io arguments (job slots `0..vectors`).
+    pub vectors: u8,
+    /// Outputs (job slots `MAX_VECTORS..MAX_VECTORS + outputs`).
+    pub outputs: u8,
+    pub scalars: u8,
+    pub dims: u8,
+    pub scalar_at: [u8; MAX_PARAMS],
+    pub dim_at: [u8; MAX_PARAMS],
+}
+
+impl Layout {
+    pub const fn of(sig: &Sig) -> Layout {
+        let mut l = Layout {
+            vectors: sig.nvec,
+            outputs: sig.nouts,
+            scalars: 0,
+            dims: 0,
+            scalar_at: [0; MAX_PARAMS],
+            dim_at: [0; MAX_PARAMS],
+        };
+        let mut i = 0;
+        while i < sig.nargs as usize {
+            let a = &sig.args[i];
+            match a.kind {
+                Kind::Scalar => {
+                    l.scalar_at[l.scalars as usize] = a.slot;
+                    l.scalars += 1;
+                }
+                Kind::Dim => {
+                    l.dim_at[l.dims as usize] = a.slot;
+                    l.dims += 1;
+                }
+                Kind::Vector | Kind::Inout => {}
+            }
+            i += 1;
+        }
+        l
+    }
+}
+
+/// A checked kernel: its manifest line (ending in `\n`), its signature
+/// and the [`Layout`] its bodies read the job with.
+#[derive(Clone, Copy)]
+pub struct Kernel {
+    pub line: Text,
+    pub sig: Sig,
+    pub layout: Layout,
+}
+
+impl core::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.line.as_str())
+    }
+}
+
+/// One argument or output of a `kernel!` as written: `x: v(T, rows *
+/// cols)` is `Item { name: "x", kind: "v", ty: "T", len: "rows * cols" }`
+/// (`ty` and `len` empty where the kind takes none).
+#[derive(Clone, Copy, Debug)]
+pub struct Item<'a> {
+    pub name: &'a str,
+    pub kind: &'a str,
+    pub ty: &'a str,
+    pub len: &'a str,
+}
+
+/// A `kernel!` declaration.
+#[derive(Clone, Copy, Debug)]
+pub struct Decl<'a> {
+    pub name: &'a str,
+    /// The bound of T (`Element`, `Numeric`, `Int`, `Float`), or `""` for
+    /// a kernel with no T (then `types` is empty).
+    pub bound: &'a str,
+    pub types: &'a [&'a str],
+    pub args: &'a [Item<'a>],
+    pub outs: &'a [Item<'a>],
+    /// `elements(LEN)`, `chunks(LEN)` or `LEN`, spaces allowed.
+    pub blocks: &'a str,
+    pub threads: u32,
+    pub block_rule: &'a str,
+    pub shared: u32,
+}
+
+/// Checks a `kernel!` declaration and writes its line.
+pub const fn kernel(d: &Decl) -> Result<Kernel, Error> {
+    let mut args = Text::EMPTY;
     let mut i = 0;
-    while i < d.types.len() {
+    while i < d.args.len() {
+        if i > 0 {
+            args = args.push(b",");
+        }
+        args = match item(args, &d.args[i], false) {
+            Some(t) => t,
+            None => {
+                return Err(Error::new(
+                    d.name,
+                    "an argument is `NAME: v(TYPE, LEN)`, `NAME: io(TYPE, LEN)`, `NAME: s(TYPE)` or `NAME: d`",
+                ))
+            }
+        };
+        i += 1;
+    }
+    let mut outs = Text::EMPTY;
+    let mut i = 0;
+    while i < d.outs.len() {
+        if i > 0 {
+            outs = outs.push(b",");
+        }
+        outs = match item(outs, &d.outs[i], true) {
+            Some(t) => t,
+            None => return Err(Error::new(d.name, "an output is `NAME: o(TYPE, LEN)` or `NAME: s(TYPE)`")),
+        };
+        i += 1;
+    }
+    if args.is_empty() {
+        args = args.push(b"-");
+    }
+    if outs.is_empty() {
+        outs = outs.push(b"-");
+    }
+    let blocks = Text::EMPTY.push_compact(d.blocks);
+    finish(d.name, d.bound, d.types, &args, &outs, &blocks, d.threads, d.block_rule, d.shared)
+}
+
+/// `NAME:KIND[:TYPE[:LEN]]` of one item; `None` when its parts do not fit
+/// its kind (the grammar's own checks come after, in [`Sig::parse`]).
+const fn item(t: Text, it: &Item, output: bool) -> Option<Text> {
+    let k = it.kind.as_bytes();
+    let (ty, len) = if output {
+        match k {
+            b"o" => (true, true),
+            b"s" => (true, false),
+            _ => return None,
+        }
+    } else {
+        match k {
+            b"v" | b"io" => (true, true),
+            b"s" => (true, false),
+            b"d" => (false, false),
+            _ => return None,
+        }
+    };
+    if ty == it.ty.is_empty() || len == it.len.is_empty() {
+        return None;
+    }
+    let mut t = t.push_str(it.name).push(b":").push(k);
+    if ty {
+        t = t.push(b":").push_str(it.ty);
+    }
+    if len {
+        t = t.push(b":").push_compact(it.len);
+    }
+    Some(t)
+}
+
+/// The checks every kernel goes through, and its line:
+/// `kernel NAME types=TYPES args=ARGS outs=OUTS blocks=RULE threads=N block_rule=R shared=BYTES`.
+#[allow(clippy::too_many_arguments)]
+const fn finish(
+    name: &str,
+    bound: &str,
+    types: &[&str],
+    args: &Text,
+    outs: &Text,
+    blocks: &Text,
+    threads: u32,
+    block_rule: &str,
+    shared: u32,
+) -> Result<Kernel, Error> {
+    if let Err(r) = check_name(name) {
+        return err(name, r);
+    }
+    if let Err(r) = check_types(bound, types) {
+        return err(name, r);
+    }
+    let sig = match Sig::parse(args.as_str(), outs.as_str()) {
+        Ok(s) => s,
+        Err(r) => return err(name, r),
+    };
+    if sig.uses_t && types.is_empty() {
+        return err(name, "a kernel declared with [] (no T) has no argument or output of type T");
+    }
+    if !sig.uses_t && !types.is_empty() {
+        return err(name, "no argument or output has type T: declare the kernel with [] instead of T: ... in [...]");
+    }
+    if let Err(r) = Blocks::parse(&sig, blocks.as_str()) {
+        return err(name, r);
+    }
+    let Some(rule) = BlockRule::parse(block_rule) else {
+        return err(name, "block_rule is any, warps or pow2");
+    };
+    if !rule.allows(threads) {
+        return err(name, match rule {
+            BlockRule::Any => "threads is 1 to 1024",
+            BlockRule::Warps => "threads is a multiple of 32 from 32 to 1024 (block_rule = warps)",
+            BlockRule::Pow2 => "threads is a power of two from 32 to 1024 (block_rule = pow2)",
+        });
+    }
+    if shared > MAX_SHARED_BYTES {
+        return err(name, "shared is at most 49152 bytes");
+    }
+    let mut l = Text::EMPTY.push(b"kernel ").push_str(name).push(b" types=");
+    if types.is_empty() {
+        l = l.push(b"-");
+    }
+    let mut i = 0;
+    while i < types.len() {
         if i > 0 {
             l = l.push(b",");
         }
-        l = l.push(d.types[i].as_bytes());
+        l = l.push_str(types[i]);
         i += 1;
     }
-    l = push_out(l.push(b" out="), out);
-    l = push_blocks(l.push(b" blocks="), blocks);
-    l = l.push(b" threads=").push_u32(d.threads);
-    l = l.push(b" shared=").push_u32(d.shared);
-    l.push(b"\n")
-}
-
-/// The signature letters of `args` (at most 8: the parameter area holds
-/// no more than 4 scalars/dims and a kernel at most 2 vectors).
-#[derive(Clone, Copy)]
-pub struct Sig {
-    bytes: [u8; 8],
-    len: usize,
-}
-
-impl Sig {
-    pub const fn as_str(&self) -> &str {
-        match core::str::from_utf8(self.bytes.split_at(self.len).0) {
-            Ok(s) => s,
-            Err(_) => panic!("unreachable: signature letters are ASCII"),
-        }
+    l = l.push(b" args=").push(args.as_bytes());
+    l = l.push(b" outs=").push(outs.as_bytes());
+    l = l.push(b" blocks=").push(blocks.as_bytes());
+    l = l.push(b" threads=").push_u32(threads);
+    l = l.push(b" block_rule=").push_str(rule.name());
+    l = l.push(b" shared=").push_u32(shared);
+    l = l.push(b"\n");
+    if l.overflow || args.overflow || outs.overflow || blocks.overflow {
+        return err(name, "the manifest line is longer than 4095 bytes");
     }
+    Ok(Kernel { line: l, sig, layout: Layout::of(&sig) })
 }
 
-const fn signature(args: &[(&str, &str)]) -> Sig {
-    if args.len() > 8 {
-        panic!("erlcuda_kernel: too many arguments (at most 2 v and 4 s/d)");
-    }
-    let mut s = Sig { bytes: [0; 8], len: 0 };
-    while s.len < args.len() {
-        let k = args[s.len].1.as_bytes();
-        if k.len() != 1 || !(k[0] == b'v' || k[0] == b's' || k[0] == b'd') {
-            panic!("erlcuda_kernel: an argument is `name: v` (vector), `name: s` (scalar) or `name: d` (dimension)");
-        }
-        s.bytes[s.len] = k[0];
-        s.len += 1;
-    }
-    s
-}
-
-const fn check_name(name: &str) {
+const fn check_name(name: &str) -> Result<(), &'static str> {
     let b = name.as_bytes();
     if b.is_empty() || b[0].is_ascii_digit() {
-        panic!("erlcuda_kernel: a kernel name is an identifier");
+        return Err("a kernel name is an identifier");
     }
     let mut i = 0;
     while i < b.len() {
         if !(b[i].is_ascii_alphanumeric() || b[i] == b'_') {
-            panic!("erlcuda_kernel: a kernel name has only ASCII letters, digits and _");
+            return Err("a kernel name has only ASCII letters, digits and _");
         }
         i += 1;
     }
+    Ok(())
 }
 
-const fn check_args(shape: Shape, l: &Layout) {
-    if l.vectors < 1 || l.vectors > 2 {
-        panic!("erlcuda_kernel: a kernel takes 1 or 2 vector (v) arguments");
-    }
-    if l.dims > 0 && !matches!(shape, Shape::Table) {
-        panic!("erlcuda_kernel: elementwise! and reduction! take v and s arguments only (d is for table!)");
-    }
-}
-
-const fn check_types(types: &[&str]) {
+/// T's bound and its types: each an element type the bound admits, none
+/// twice.
+const fn check_types(bound: &str, types: &[&str]) -> Result<(), &'static str> {
+    let (ints, floats) = match bound.as_bytes() {
+        b"" => return if types.is_empty() { Ok(()) } else { Err("a kernel with no T lists no types") },
+        b"Element" | b"Numeric" => (true, true),
+        b"Int" => (true, false),
+        b"Float" => (false, true),
+        _ => return Err("T's bound is Element, Numeric, Int or Float"),
+    };
     if types.is_empty() {
-        panic!("erlcuda_kernel: list at least one element type: [f32], [f64] or [f32, f64]");
+        return Err("T: BOUND in [TYPES] lists at least one type (or declare the kernel with [] for no T)");
     }
     let mut i = 0;
     while i < types.len() {
-        if !(eq(types[i], "f32") || eq(types[i], "f64")) {
-            panic!("erlcuda_kernel: the element types are f32 and f64");
+        let t = match Ty::parse(types[i].as_bytes()) {
+            Some(Ty::T) | None => return Err("T's types are among u8, s32, u32, s64, f32, f64"),
+            Some(t) => t,
+        };
+        if t.is_float() && !floats {
+            return Err("T: Int takes u8, s32, u32, s64");
+        }
+        if !t.is_float() && !ints {
+            return Err("T: Float takes f32, f64");
         }
         let mut j = 0;
         while j < i {
             if eq(types[i], types[j]) {
-                panic!("erlcuda_kernel: an element type is listed twice");
+                return Err("a type is listed twice");
             }
             j += 1;
         }
         i += 1;
     }
+    Ok(())
 }
 
-const fn check_launch(shape: Shape, threads: u32, shared: u32) {
-    if threads < 32 || threads > MAX_THREADS || !threads.is_multiple_of(32) {
-        panic!("erlcuda_kernel: threads is a multiple of 32 from 32 to 1024");
-    }
-    if shared > MAX_SHARED_BYTES {
-        panic!("erlcuda_kernel: shared is at most 49152 bytes");
-    }
-    if matches!(shape, Shape::Reduction) && shared < crate::BLOCK_SHARED_BYTES {
-        panic!("erlcuda_kernel: a reduction needs BLOCK_SHARED_BYTES of shared memory");
-    }
+// ------------------------------------------------ elementwise!, reduction!, table!
+
+/// Which of the three fixed-shape macros a [`legacy`] declaration is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    Elementwise,
+    Reduction,
+    Table,
 }
 
-const fn out_rule(r: RuleTokens, args: &[(&str, &str)], dims: usize) -> Out {
-    if r.1.is_empty() {
-        if eq(r.0, "n") {
-            return Out::N;
-        }
-        if eq(r.0, "1") {
-            return Out::One;
-        }
-    } else if eq(r.0, "n") && r.1.len() == 1 {
-        return Out::PerDim(dim_index(r.1[0], args, dims));
-    }
-    panic!("erlcuda_kernel: out is n, 1 or n / D (D a d argument's name, or d0, d1, ...)")
-}
+/// A rule as `table!` writes it: `n`, `1`, `elements`, ... with an
+/// optional divisor (`n / cols` is `("n", &["cols"])`).
+pub type RuleTokens<'a> = (&'a str, &'a [&'a str]);
 
-const fn blocks_rule(r: RuleTokens, args: &[(&str, &str)], dims: usize) -> Blocks {
-    if r.1.is_empty() {
-        if eq(r.0, "elements") {
-            return Blocks::Elements;
-        }
-        if eq(r.0, "chunks") {
-            return Blocks::Chunks;
-        }
-        if eq(r.0, "one") {
-            return Blocks::One;
-        }
-    } else if eq(r.0, "n") && r.1.len() == 1 {
-        return Blocks::PerDim(dim_index(r.1[0], args, dims));
+/// The signature the three fixed-shape macros stand for, checked as any
+/// `kernel!`: every `v` is `NAME:v:T:n` (one length `n`), every `s`
+/// `NAME:s:T`, every `d` (table! only) `NAME:d`; T is Float over `types`.
+/// * elementwise!: `out:o:T:n`, `blocks=elements(n)`, 256 threads,
+///   `block_rule=any`, no shared memory;
+/// * reduction!: `sum:s:T`, `blocks=chunks(n)`, 256 threads,
+///   `block_rule=pow2`, [`crate::BLOCK_SHARED_BYTES`];
+/// * table!: `out` = `n` → `out:o:T:n`, `1` → `out:s:T`, `n / D` →
+///   `out:o:T:n/D`; `blocks` = `elements` → `elements(n)`, `chunks` →
+///   `chunks(n)`, `one` → `1`, `n / D` → `n/D` (D a d argument's name, or
+///   `dI`, the I-th d); `block_rule=warps`.
+#[allow(clippy::too_many_arguments)]
+pub const fn legacy(
+    name: &str,
+    shape: Shape,
+    types: &[&str],
+    args: &[(&str, &str)],
+    out: RuleTokens,
+    blocks: RuleTokens,
+    threads: u32,
+    shared: u32,
+) -> Result<Kernel, Error> {
+    if types.is_empty() {
+        return err(name, "list at least one element type: [f32], [f64] or [f32, f64]");
     }
-    panic!("erlcuda_kernel: blocks is elements, chunks, one or n / D (D a d argument's name, or d0, d1, ...)")
-}
-
-/// The index among the `d` arguments of `d`'s name, or of `dI`.
-const fn dim_index(name: &str, args: &[(&str, &str)], dims: usize) -> u8 {
-    let (mut i, mut di) = (0, 0u8);
-    while i < args.len() {
-        if eq(args[i].1, "d") {
-            if eq(args[i].0, name) {
-                return di;
-            }
-            di += 1;
+    let mut i = 0;
+    while i < types.len() {
+        if !(eq(types[i], "f32") || eq(types[i], "f64")) {
+            return err(name, "the element types are f32 and f64");
         }
         i += 1;
     }
-    let b = name.as_bytes();
-    if b.len() == 2 && b[0] == b'd' && b[1].is_ascii_digit() && ((b[1] - b'0') as usize) < dims {
-        return b[1] - b'0';
+    let mut sig = Text::EMPTY;
+    let (mut vectors, mut i) = (0, 0);
+    while i < args.len() {
+        let (n, k) = args[i];
+        if eq(n, "n") {
+            return err(name, "an argument is never named n (n is the vectors' length)");
+        }
+        if i > 0 {
+            sig = sig.push(b",");
+        }
+        sig = sig.push_str(n);
+        sig = match k.as_bytes() {
+            b"v" => {
+                vectors += 1;
+                sig.push(b":v:T:n")
+            }
+            b"s" => sig.push(b":s:T"),
+            b"d" if matches!(shape, Shape::Table) => sig.push(b":d"),
+            b"d" => return err(name, "elementwise! and reduction! take v and s arguments only (d is for table!)"),
+            _ => return err(name, "an argument is `name: v` (vector), `name: s` (scalar) or `name: d` (dimension)"),
+        };
+        i += 1;
     }
-    panic!("erlcuda_kernel: in n / D, D names no d argument of the kernel")
+    if vectors == 0 {
+        return err(name, "a kernel takes at least one vector (v) argument");
+    }
+    let (outs, rule, blocks, threads, shared) = match shape {
+        Shape::Elementwise => (Text::EMPTY.push(b"out:o:T:n"), "any", Text::EMPTY.push(b"elements(n)"), DEFAULT_THREADS, 0),
+        Shape::Reduction => {
+            (Text::EMPTY.push(b"sum:s:T"), "pow2", Text::EMPTY.push(b"chunks(n)"), DEFAULT_THREADS, crate::BLOCK_SHARED_BYTES)
+        }
+        Shape::Table => {
+            let o = match (out.0.as_bytes(), out.1) {
+                (b"n", []) => Text::EMPTY.push(b"out:o:T:n"),
+                (b"1", []) => Text::EMPTY.push(b"out:s:T"),
+                (b"n", [d]) => match dim_name(d, args) {
+                    Some(d) => Text::EMPTY.push(b"out:o:T:n/").push_str(d),
+                    None => return err(name, "in n / D, D names no d argument of the kernel"),
+                },
+                _ => return err(name, "out is n, 1 or n / D (D a d argument's name, or d0, d1, ...)"),
+            };
+            let b = match (blocks.0.as_bytes(), blocks.1) {
+                (b"elements", []) => Text::EMPTY.push(b"elements(n)"),
+                (b"chunks", []) => Text::EMPTY.push(b"chunks(n)"),
+                (b"one", []) => Text::EMPTY.push(b"1"),
+                (b"n", [d]) => match dim_name(d, args) {
+                    Some(d) => Text::EMPTY.push(b"n/").push_str(d),
+                    None => return err(name, "in n / D, D names no d argument of the kernel"),
+                },
+                _ => return err(name, "blocks is elements, chunks, one or n / D (D a d argument's name, or d0, d1, ...)"),
+            };
+            if threads > MAX_THREADS || !threads.is_multiple_of(32) {
+                return err(name, "threads is a multiple of 32 from 32 to 1024");
+            }
+            (o, "warps", b, threads, shared)
+        }
+    };
+    finish(name, "Float", types, &sig, &outs, &blocks, threads, rule, shared)
 }
 
-const fn shape_name(s: Shape) -> &'static [u8] {
-    match s {
-        Shape::Elementwise => b"elementwise",
-        Shape::Reduction => b"reduction",
-        Shape::Table => b"table",
+/// The d argument `d` stands for: one of that name, else `dI` as the I-th
+/// d (as table! has always allowed).
+const fn dim_name<'a>(d: &'a str, args: &[(&'a str, &str)]) -> Option<&'a str> {
+    let mut i = 0;
+    while i < args.len() {
+        if eq(args[i].1, "d") && eq(args[i].0, d) {
+            return Some(d);
+        }
+        i += 1;
     }
+    let b = d.as_bytes();
+    if b.len() == 2 && b[0] == b'd' && b[1].is_ascii_digit() {
+        let (want, mut seen, mut i) = (b[1] - b'0', 0, 0);
+        while i < args.len() {
+            if eq(args[i].1, "d") {
+                if seen == want {
+                    return Some(args[i].0);
+                }
+                seen += 1;
+            }
+            i += 1;
+        }
+    }
+    None
 }
 
-const fn push_out(l: Line, o: Out) -> Line {
-    match o {
-        Out::N => l.push(b"n"),
-        Out::One => l.push(b"1"),
-        Out::PerDim(i) => l.push(b"n/d").push_u32(i as u32),
-    }
-}
-
-const fn push_blocks(l: Line, b: Blocks) -> Line {
-    match b {
-        Blocks::Elements => l.push(b"elements"),
-        Blocks::Chunks => l.push(b"chunks"),
-        Blocks::One => l.push(b"one"),
-        Blocks::PerDim(i) => l.push(b"n/d").push_u32(i as u32),
-    }
+const fn err<T>(kernel: &str, rule: &str) -> Result<T, Error> {
+    Err(Error::new(kernel, rule))
 }
 
 const fn eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
+    crate::signature::eq(a.as_bytes(), b.as_bytes())
+}
+
+/// Job slot of output `j` (for the macros' bindings).
+#[doc(hidden)]
+pub const fn out_slot(j: usize) -> usize {
+    Job::out_slot(j)
 }

@@ -2,13 +2,16 @@
 //! entries (raw pointers and sizes, no job table), each exercising one
 //! primitive, built to PTX by `build.sh` and launched and checked against
 //! NumPy by `run.py`. Entry names and parameter orders are run.py's to
-//! match.
+//! match. The kernels of the macros, with erlcuda's job table, are
+//! [`jobs`] (shared with the kit's host tests).
 //!
 //! Conventions: `n` elements; thread `i = global_x()`; outputs written by
 //! every thread that has an element.
 
 #![no_std]
 #![feature(abi_ptx)]
+
+mod jobs;
 
 use erlcuda_kernel::atomic::{self, AtomicAdd, AtomicBits, AtomicMinMax};
 use erlcuda_kernel::device::{block_dim, block_idx, global_x, global_y, sync_threads, thread_idx};
