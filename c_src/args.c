@@ -1,11 +1,10 @@
 /*
- * args.c: term conversion. A kernel's Args list into checked vectors
- * (parse_args), those vectors into the arena (copy_vec), and a finished job's
- * output into its result term (result_term). The kernel table's Erlang face
- * (the kernel rows, builtin_kernel, kernels_term) and a device buffer as a
- * term (new_buffer, buffer_unusable) are here too; the rest of the NIF uses
- * only the functions declared for args.c in erlcuda_nif.h. It calls no
- * file above it: parsing a launch must not depend on how one is published.
+ * args.c: term conversion in. A call's Args against its kernel's signature
+ * (parse_args: the one checker of built-in and users' kernels alike), its
+ * vectors into the arena (copy_vec), and a device buffer as a term
+ * (new_buffer, buffer_unusable). The rest of the NIF uses only the
+ * functions declared for args.c in erlcuda_nif.h. It calls no file above
+ * it: parsing a launch must not depend on how one is published.
  */
 #define _GNU_SOURCE
 #include "erlcuda_nif.h"
@@ -20,166 +19,18 @@
 #define LIST_ELEMS_ON_SCHEDULER 20000u
 #define BINARY_BYTES_ON_SCHEDULER (1u << 20)
 
-/* The kernel table (erlcuda_ring.h) as the NIF uses it: one entry per row,
- * made once at load. Parsing, checking and result building below read only
- * this (or a user's kernel described the same way); no code here names a
- * kernel. */
-static struct kernel_info KERNELS[EC_KERNEL_COUNT];
-
 /* The resource types of the terms that are a result binary in the arena
  * and a device buffer; made by load with their destructors (device.c,
  * buffers.c). */
 ErlNifResourceType *REGION_RT;
 ErlNifResourceType *BUFFER_RT;
 
-/* The live generation of each module slot (0: none). */
-static uint32_t MODULE_GEN[EC_MODULE_SLOTS];
-
 static const unsigned TYPE_BYTES[EC_TYPE_COUNT] = {
 #define TYPE_BYTES_ROW(NAME, ID, ATOM, BYTES) [ID] = BYTES,
     EC_TYPES(TYPE_BYTES_ROW)
 #undef TYPE_BYTES_ROW
 };
-void args_load(ErlNifEnv *env)
-{
-#define KERNEL_INFO(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY)                       \
-    KERNELS[ID] = (struct kernel_info){.atom = enif_make_atom(env, #ATOM), .signature = SIG,  \
-                                       .shape = EC_SHAPE_##SHAPE, .output = EC_OUTPUT_##OUTPUT, \
-                                       .types = TYPES, .entry = ENTRY, .id = ID};
-    EC_KERNELS(KERNEL_INFO)
-#undef KERNEL_INFO
-    for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++) {
-        for (const char *c = KERNELS[k].signature; *c; c++)
-            KERNELS[k].nvec += *c == 'v';
-    }
-}
-
-const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM atom)
-{
-    if (!enif_is_atom(env, atom))
-        return NULL;
-    for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++)
-        if (enif_is_identical(atom, KERNELS[k].atom))
-            return &KERNELS[k];
-    return NULL;
-}
-
-uint32_t module_gen(uint32_t slot)
-{
-    return slot < EC_MODULE_SLOTS ? __atomic_load_n(&MODULE_GEN[slot], __ATOMIC_SEQ_CST) : 0;
-}
-
-void set_module_gen(uint32_t slot, uint32_t gen)
-{
-    if (slot < EC_MODULE_SLOTS)
-        __atomic_store_n(&MODULE_GEN[slot], gen, __ATOMIC_SEQ_CST);
-}
-
-/* A dimension index: -1 for `none`, -2 for `one` (an output of one
- * element), else 0 .. EC_PARAM_BYTES/4 - 1. */
-static int get_dim_index(ErlNifEnv *env, ERL_NIF_TERM t, int *out)
-{
-    int i;
-    if (enif_is_identical(t, ATOM_none)) {
-        *out = -1;
-        return 1;
-    }
-    if (enif_is_identical(t, ATOM_one)) {
-        *out = -2;
-        return 1;
-    }
-    if (!enif_get_int(env, t, &i) || i < 0 || i >= (int)(EC_PARAM_BYTES / 4))
-        return 0;
-    *out = i;
-    return 1;
-}
-
-/* {Id, Slot, Gen, Signature, Output, OutDim, DivDim, Types, Opts} (OutDim:
- * none for n, one, or a dim index; DivDim: none or a dim index), Opts =
- * {Given, Grid, Block, SharedBytes}: built by erlcuda_modules from the
- * manifest, checked here again (a wrong one must not reach gpud). */
-int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki)
-{
-    const ERL_NIF_TERM *e, *o;
-    int arity, oarity;
-    unsigned id, slot, gen, types, given, grid, block, shared;
-    ErlNifBinary sig;
-    memset(ki, 0, sizeof *ki);
-    if (!enif_get_tuple(env, t, &arity, &e) || arity != 9 || !enif_get_uint(env, e[0], &id) ||
-        !enif_get_uint(env, e[1], &slot) || !enif_get_uint(env, e[2], &gen) ||
-        !enif_inspect_binary(env, e[3], &sig) || !get_dim_index(env, e[5], &ki->out_dim) ||
-        !get_dim_index(env, e[6], &ki->div_dim) || !enif_get_uint(env, e[7], &types) ||
-        !enif_get_tuple(env, e[8], &oarity, &o) || oarity != 4 || !enif_get_uint(env, o[0], &given) ||
-        !enif_get_uint(env, o[1], &grid) || !enif_get_uint(env, o[2], &block) ||
-        !enif_get_uint(env, o[3], &shared))
-        return 0;
-    if (slot >= EC_MODULE_SLOTS || gen == 0 || ki->div_dim == -2 ||
-        id < EC_USER_KERNEL_BASE || (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS != slot ||
-        sig.size == 0 || sig.size >= sizeof ki->sig ||
-        types == 0 || types >= (1u << EC_TYPE_COUNT) ||
-        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES)) != 0)
-        return 0;
-    if (enif_is_identical(e[4], ATOM_scalar))
-        ki->output = EC_OUTPUT_SCALAR;
-    else if (enif_is_identical(e[4], ATOM_vector))
-        ki->output = EC_OUTPUT_VECTOR;
-    else
-        return 0;
-    memcpy(ki->sig, sig.data, sig.size);
-    for (size_t i = 0; i < sig.size; i++) {
-        char c = ki->sig[i];
-        if (c != 'v' && c != 's' && c != 'd')
-            return 0;
-        ki->nvec += c == 'v';
-    }
-    if (ki->nvec < 1 || ki->nvec > EC_MAX_VECTORS)
-        return 0;
-    ki->signature = ki->sig;
-    ki->shape = SHAPE_USER;
-    ki->types = types;
-    ki->entry = "";
-    ki->user = 1;
-    ki->id = id;
-    ki->slot = slot;
-    ki->gen = gen;
-    ki->opts.given = given;
-    ki->opts.grid = given & EC_OPT_GRID ? grid : 0;
-    ki->opts.block = given & EC_OPT_BLOCK ? block : 0;
-    ki->opts.shared_bytes = given & EC_OPT_SHARED_BYTES ? shared : 0;
-    return 1;
-}
-
 unsigned type_bytes(uint8_t type) { return TYPE_BYTES[type]; }
-
-/* kernels(): one map per kernel, from the table. */
-ERL_NIF_TERM kernels_term(ErlNifEnv *env)
-{
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    for (uint32_t k = EC_KERNEL_COUNT - 1; k > 0; k--) {
-        const struct kernel_info *ki = &KERNELS[k];
-        ERL_NIF_TERM args = enif_make_list(env, 0), types = enif_make_list(env, 0);
-        for (size_t i = strlen(ki->signature); i > 0; i--) {
-            char c = ki->signature[i - 1];
-            args = enif_make_list_cell(
-                env, c == 'v' ? ATOM_vector : c == 's' ? ATOM_scalar : ATOM_dim, args);
-        }
-        for (int t = EC_TYPE_COUNT - 1; t >= 0; t--)
-            if (ki->types & (1u << t))
-                types = enif_make_list_cell(env, TYPE_ATOMS[t], types);
-        ERL_NIF_TERM entry;
-        size_t elen = strlen(ki->entry);
-        memcpy(enif_make_new_binary(env, elen, &entry), ki->entry, elen);
-        ERL_NIF_TERM keys[] = {ATOM_name, ATOM_id, ATOM_args, ATOM_types,
-                               ATOM_shape, ATOM_output, ATOM_entry, ATOM_accumulate};
-        /* Sums accumulate in the element type on every backend (the header). */
-        ERL_NIF_TERM vals[] = {ki->atom, enif_make_uint(env, k), args, types,
-                               SHAPE_ATOMS[ki->shape], OUTPUT_ATOMS[ki->output], entry, ATOM_type};
-        ERL_NIF_TERM map;
-        enif_make_map_from_arrays(env, keys, vals, sizeof keys / sizeof keys[0], &map);
-        list = enif_make_list_cell(env, map, list);
-    }
-    return list;
-}
 
 /* ------------------------------------------------------------- buffers --
  * A device buffer as a term (buffers.c does the rest). */
@@ -224,17 +75,8 @@ ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res
 
 /* ---------------------------------------------------------------- terms -- */
 
-static ERL_NIF_TERM float_term(ErlNifEnv *env, double f)
-{
-    if (isnan(f))
-        return ATOM_nan;
-    if (isinf(f))
-        return f > 0 ? ATOM_infinity : ATOM_neg_infinity;
-    return enif_make_double(env, f);
-}
-
 /* A number (or nan, infinity, neg_infinity) as a double. */
-static int term_to_double(ErlNifEnv *env, ERL_NIF_TERM t, double *out)
+int term_to_double(ErlNifEnv *env, ERL_NIF_TERM t, double *out)
 {
     ErlNifSInt64 i;
     if (enif_get_double(env, t, out))
@@ -258,14 +100,27 @@ static int term_to_double(ErlNifEnv *env, ERL_NIF_TERM t, double *out)
     return 0;
 }
 
-static int term_to_f32(ErlNifEnv *env, ERL_NIF_TERM t, float *out)
+/* An integer of element type `type` (not a float: a float is no integer
+ * argument). */
+static int term_to_int(ErlNifEnv *env, ERL_NIF_TERM t, uint8_t type, int64_t *out)
 {
-    double d;
-    if (!term_to_double(env, t, &d))
+    ErlNifSInt64 i;
+    ErlNifUInt64 u;
+    if (type == EC_TYPE_U32 || type == EC_TYPE_U8) {
+        if (!enif_get_uint64(env, t, &u) || u > (type == EC_TYPE_U8 ? 255u : UINT32_MAX))
+            return 0;
+        *out = (int64_t)u;
+        return 1;
+    }
+    if (!enif_get_int64(env, t, &i))
         return 0;
-    *out = (float)d;
+    if (type == EC_TYPE_S32 && (i < INT32_MIN || i > INT32_MAX))
+        return 0;
+    *out = i;
     return 1;
 }
+
+static int is_float_type(uint8_t type) { return type == EC_TYPE_F32 || type == EC_TYPE_F64; }
 
 /* Classifies a vector argument: a list of numbers (f32), a binary (f32), or
  * {Type, Binary}. Lists are measured only up to `limit` cells so that a
@@ -343,21 +198,46 @@ static int find_in_arena(struct device *d, struct vec *v)
     return 0;
 }
 
-/* Copies a vector into the arena, converting list elements (lists are
- * f32). Returns 0 if an element is not a number (the region is then partly
- * written; the caller frees it). */
+/* Copies a vector into the arena, converting list elements to its type.
+ * Returns 0 if an element is no number of that type (the region is then
+ * partly written; the caller frees it). */
 int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst)
 {
     if (v->is_binary) {
         copy_bytes(dst, v->bin.data, v->bin.size);
         return 1;
     }
-    float *f = dst;
     ERL_NIF_TERM head, tail = v->list;
     uint64_t i = 0;
+    double x;
+    int64_t n;
     while (enif_get_list_cell(env, tail, &head, &tail)) {
-        if (!term_to_f32(env, head, &f[i++]))
-            return 0;
+        switch (v->type) {
+        case EC_TYPE_F32:
+            if (!term_to_double(env, head, &x))
+                return 0;
+            ((float *)dst)[i] = (float)x;
+            break;
+        case EC_TYPE_F64:
+            if (!term_to_double(env, head, &x))
+                return 0;
+            ((double *)dst)[i] = x;
+            break;
+        default:
+            if (!term_to_int(env, head, v->type, &n))
+                return 0;
+            switch (TYPE_BYTES[v->type]) {
+            case 1:
+                ((uint8_t *)dst)[i] = (uint8_t)n;
+                break;
+            case 4:
+                ((uint32_t *)dst)[i] = (uint32_t)n;
+                break;
+            default:
+                ((int64_t *)dst)[i] = n;
+            }
+        }
+        i++;
     }
     return 1;
 }
@@ -378,188 +258,263 @@ int parse_vector(ErlNifEnv *env, ERL_NIF_TERM t, int dirty, struct vec *v, ERL_N
     return 0;
 }
 
-static ERL_NIF_TERM arg_error(ErlNifEnv *env, ERL_NIF_TERM what, unsigned i)
+
+/* The first argument (1-based) found wrong so far, and how: the checker
+ * answers {badarg, {What, I}} for the lowest I, whatever order it checks
+ * in. */
+struct first_bad {
+    unsigned at;
+    ERL_NIF_TERM what;
+};
+
+static void mark_bad(struct first_bad *b, unsigned i, ERL_NIF_TERM what)
 {
-    return make_badarg(env, enif_make_tuple2(env, what, enif_make_uint(env, i)));
+    if (b->at == 0 || i + 1 < b->at) {
+        b->at = i + 1;
+        b->what = what;
+    }
 }
 
-/* Parses Args by the kernel's row: one argument per signature letter ('v' a
- * vector, 's' a number, 'd' a dimension), every vector of one element type
- * the kernel runs on, lengths by the shape rule; scalars and dimensions are
- * packed into the descriptor's parameter area as gpud reads them. Returns 0
- * and fills spec, 1 when the job is too large for a normal scheduler, or
+/* The position in Args of the d or s argument in param index `slot`. */
+static unsigned param_position(const struct sig *sig, uint32_t slot)
+{
+    for (unsigned i = 0; i < sig->nargs; i++) {
+        const struct sig_arg *a = &sig->arg[i];
+        if ((a->kind == SIG_SCALAR || a->kind == SIG_DIM) && a->slot == slot)
+            return i;
+    }
+    return 0;
+}
+
+static uint8_t resolve(uint8_t type, uint8_t t) { return type == SIG_TYPE_T ? t : type; }
+
+/* A scalar or dimension argument into its param slot (as ec_job_args holds
+ * it). */
+static int parse_param(ErlNifEnv *env, const struct sig_arg *a, uint8_t t, ERL_NIF_TERM term,
+                       uint64_t *param)
+{
+    if (a->kind == SIG_DIM) {
+        ErlNifUInt64 dim;
+        if (!enif_get_uint64(env, term, &dim) || dim > UINT32_MAX)
+            return 0;
+        *param = dim;
+        return 1;
+    }
+    uint8_t ty = resolve(a->type, t);
+    if (is_float_type(ty)) {
+        double x;
+        if (!term_to_double(env, term, &x))
+            return 0;
+        memcpy(param, &x, 8);
+        return 1;
+    }
+    int64_t n;
+    if (!term_to_int(env, term, ty, &n))
+        return 0;
+    *param = (uint64_t)n;
+    return 1;
+}
+
+/* A built-in's parameter area, packed from its params in signature order:
+ * an s takes the next 8-aligned f64, a d the next u32 (erlcuda_ring.h). */
+static void pack_builtin_params(const struct sig *sig, struct job_spec *s)
+{
+    size_t at = 0;
+    memset(&s->p, 0, sizeof s->p);
+    for (unsigned i = 0; i < sig->nargs; i++) {
+        const struct sig_arg *a = &sig->arg[i];
+        if (a->kind == SIG_SCALAR) {
+            at = (at + 7) & ~(size_t)7;
+            memcpy(s->p.bytes + at, &s->param[a->slot], 8);
+            at += 8;
+        } else if (a->kind == SIG_DIM) {
+            uint32_t d32 = (uint32_t)s->param[a->slot];
+            memcpy(s->p.bytes + at, &d32, 4);
+            at += 4;
+        }
+    }
+}
+
+/* Parses Args against the kernel's signature (erlcuda_ring.h,
+ * "Signatures"): T from the first T argument given as {Type, Binary} or a
+ * buffer (else f32), each vector of its type and of the length its
+ * expression gives, scalars and dimensions in range, outputs sized. Returns
+ * 0 and fills spec, 1 when the job is too large for a normal scheduler, or
  * sets *err and returns -1. */
 int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
                struct job_spec *s, ERL_NIF_TERM *err)
 {
     const struct kernel_info *ki = s->ki;
-    size_t nargs = strlen(ki->signature);
-    ERL_NIF_TERM cell[EC_PARAM_BYTES / 4 + EC_MAX_VECTORS], head, tail = args;
+    const struct sig *sig = &ki->sig;
+    ERL_NIF_TERM cell[SIG_MAX_ARGS + 1], head, tail = args;
     unsigned got = 0;
-    while (got <= nargs && got < sizeof cell / sizeof cell[0] &&
+    while (got <= sig->nargs && got < sizeof cell / sizeof cell[0] &&
            enif_get_list_cell(env, tail, &head, &tail))
         cell[got++] = head;
-    if (got != nargs || !enif_is_empty_list(env, tail)) {
+    if (got != sig->nargs || !enif_is_empty_list(env, tail)) {
         *err = make_badarg(env, ATOM_args);
         return -1;
     }
     uint64_t list_limit = dirty ? UINT64_MAX : LIST_ELEMS_ON_SCHEDULER;
-    uint64_t list_elems = 0, bin_bytes = 0;
-    int too_big = 0;
-    unsigned first_vec = 0, ndims = 0;
-    uint64_t dims[EC_PARAM_BYTES / 4];
-    size_t at = 0; /* the parameter area is filled in signature order */
-    s->nin = 0;
-    memset(&s->p, 0, sizeof s->p);
-    for (unsigned i = 0; i < nargs; i++) {
-        char c = ki->signature[i];
-        if (c == 'v') {
-            struct vec *v = &s->in[s->nin];
-            if (!inspect_vec(env, cell[i], list_limit, v)) {
-                *err = arg_error(env, ATOM_arg, i + 1);
+    struct first_bad bad = {0, 0};
+    s->nin = sig->nvec;
+    memset(s->param, 0, sizeof s->param);
+
+    /* The vectors as given, and T. */
+    uint8_t t = SIG_TYPE_NONE;
+    unsigned t_at = 0, first_t = SIG_MAX_ARGS;
+    for (unsigned i = 0; i < sig->nargs; i++) {
+        const struct sig_arg *a = &sig->arg[i];
+        if (a->kind != SIG_VECTOR && a->kind != SIG_INOUT)
+            continue;
+        struct vec *v = &s->in[a->slot];
+        if (!inspect_vec(env, cell[i], list_limit, v)) {
+            mark_bad(&bad, i, ATOM_arg);
+            v->type = SIG_TYPE_NONE;
+            continue;
+        }
+        if (v->buf) {
+            ERL_NIF_TERM why = buffer_unusable(env, d, v->buf);
+            if (why) {
+                *err = make_error(env, why);
                 return -1;
             }
-            if (v->buf) {
-                ERL_NIF_TERM why = buffer_unusable(env, d, v->buf);
-                if (why) {
-                    *err = make_error(env, why);
-                    return -1;
-                }
+        } else if (a->kind == SIG_INOUT) {
+            mark_bad(&bad, i, ATOM_arg); /* only a buffer is updated in place */
+        }
+        if (a->type == SIG_TYPE_T) {
+            first_t = first_t < i ? first_t : i;
+            if (t == SIG_TYPE_NONE && (v->typed || v->buf)) {
+                t = v->type;
+                t_at = i;
             }
-            if (s->nin == 0) {
-                first_vec = i + 1;
-                s->type = v->type;
-                /* A buffer's result comes back as get/1's: a binary for
-                 * f32, else {Type, Binary}. */
-                s->form = v->typed || (v->buf && v->type != EC_TYPE_F32) ? FORM_TYPED
-                          : v->is_binary || v->buf                       ? FORM_BINARY
-                                                                         : FORM_LIST;
-            } else if (v->type != s->type) {
-                *err = arg_error(env, ATOM_type, i + 1);
-                return -1;
-            }
-            s->nin++;
-            if (!v->len_known)
-                too_big = 1;
-            else if (v->buf)
-                ; /* nothing to copy */
-            else if (v->is_binary && !find_in_arena(d, v))
-                bin_bytes += v->bin.size;
-            else if (!v->is_binary)
-                list_elems += v->len;
-        } else if (c == 's') {
-            double x;
-            if (!term_to_double(env, cell[i], &x)) {
-                *err = arg_error(env, ATOM_arg, i + 1);
-                return -1;
-            }
-            at = (at + 7) & ~(size_t)7;
-            memcpy(s->p.bytes + at, &x, 8);
-            at += 8;
-        } else {
-            ErlNifUInt64 dim;
-            if (!enif_get_uint64(env, cell[i], &dim) || dim > UINT32_MAX) {
-                *err = arg_error(env, ATOM_arg, i + 1);
-                return -1;
-            }
-            uint32_t d32 = (uint32_t)dim;
-            at = (at + 3) & ~(size_t)3;
-            memcpy(s->p.bytes + at, &d32, 4);
-            at += 4;
-            dims[ndims++] = dim;
         }
     }
-    if (!(ki->types & (1u << s->type))) {
-        *err = arg_error(env, ATOM_type, first_vec);
+    if (t == SIG_TYPE_NONE) {
+        t = EC_TYPE_F32;
+        t_at = first_t < SIG_MAX_ARGS ? first_t : 0;
+    }
+    if (sig->uses_t && !(ki->types & (1u << t)))
+        mark_bad(&bad, t_at, ATOM_type);
+    if (!sig->uses_t)
+        t = EC_TYPE_F32; /* what the descriptor carries for a kernel with no T */
+
+    /* Each argument against its declared type. */
+    uint64_t list_elems = 0, bin_bytes = 0;
+    int too_big = 0;
+    for (unsigned i = 0; i < sig->nargs; i++) {
+        const struct sig_arg *a = &sig->arg[i];
+        if (a->kind == SIG_SCALAR || a->kind == SIG_DIM) {
+            if (!parse_param(env, a, t, cell[i], &s->param[a->slot]))
+                mark_bad(&bad, i, ATOM_arg);
+            continue;
+        }
+        struct vec *v = &s->in[a->slot];
+        uint8_t ty = resolve(a->type, t);
+        if (v->type == SIG_TYPE_NONE)
+            continue; /* no vector at all: marked */
+        if (v->typed || v->buf) {
+            if (v->type != ty)
+                mark_bad(&bad, i, ATOM_type);
+        } else if (v->is_binary) {
+            /* A plain binary holds elements of the argument's type. */
+            if (v->bin.size % TYPE_BYTES[ty] != 0)
+                mark_bad(&bad, i, ATOM_arg);
+            v->type = ty;
+            v->len = v->bin.size / TYPE_BYTES[ty];
+        } else {
+            v->type = ty; /* a list: converted as it is copied */
+        }
+        if (!v->len_known)
+            too_big = 1;
+        else if (v->buf)
+            ; /* nothing to copy */
+        else if (v->is_binary && !find_in_arena(d, v))
+            bin_bytes += v->bin.size;
+        else if (!v->is_binary)
+            list_elems += v->len;
+    }
+    if (bad.at) {
+        *err = make_badarg(env, enif_make_tuple2(env, bad.what, enif_make_uint(env, bad.at)));
         return -1;
     }
-    s->elem = TYPE_BYTES[s->type];
     if (!dirty && (too_big || list_elems > LIST_ELEMS_ON_SCHEDULER ||
                    bin_bytes > BINARY_BYTES_ON_SCHEDULER))
         return 1;
+
+    /* Lengths: every vector's against its expression, then the outputs'. */
+    uint64_t freev[SIG_MAX_FREE] = {0};
+    for (unsigned f = 0; f < sig->nfree; f++)
+        freev[f] = s->in[sig->free_slot[f]].len;
+    for (unsigned i = 0; i < sig->nargs; i++) {
+        const struct sig_arg *a = &sig->arg[i];
+        if (a->kind != SIG_VECTOR && a->kind != SIG_INOUT)
+            continue;
+        const struct vec *v = &s->in[a->slot];
+        uint64_t want;
+        const struct sig_factor *bd;
+        int r = sig_eval(&a->len, s->param, freev, &want, &bd);
+        if (r == 2)
+            mark_bad(&bad, param_position(sig, bd->v), ATOM_arg);
+        else if (r != 0 || want != v->len)
+            mark_bad(&bad, i, ATOM_arg);
+        /* Naming a buffer twice where one is updated in place would let
+         * the kernel read what it writes. */
+        for (unsigned j = 0; a->kind == SIG_INOUT && j < sig->nargs; j++) {
+            const struct sig_arg *b = &sig->arg[j];
+            if (j != i && (b->kind == SIG_VECTOR || b->kind == SIG_INOUT) &&
+                s->in[b->slot].buf == v->buf)
+                mark_bad(&bad, i > j ? i : j, ATOM_arg);
+        }
+    }
+    s->nout = sig->nouts;
+    uint64_t off = 0;
+    for (unsigned k = 0; k < sig->nouts; k++) {
+        const struct sig_out *o = &sig->out[k];
+        uint64_t len;
+        const struct sig_factor *bd;
+        int r = sig_eval(&o->len, s->param, freev, &len, &bd);
+        if (r == 2) {
+            mark_bad(&bad, param_position(sig, bd->v), ATOM_arg);
+            continue;
+        }
+        if (r == 1 || len > UINT32_MAX) {
+            *err = make_badarg(env, ATOM_too_large);
+            return -1;
+        }
+        struct out_spec *os = &s->outs[k];
+        os->type = resolve(o->type, t);
+        os->scalar = o->scalar;
+        os->len = (uint32_t)len;
+        os->off = off;
+        off += arena_round(len * TYPE_BYTES[os->type]);
+    }
+    if (ki->has_blocks) {
+        /* The kernel's blocks divide its work exactly, or it cannot run. */
+        uint64_t n;
+        const struct sig_factor *bd;
+        if (sig_eval(&ki->blocks, s->param, freev, &n, &bd) == 2)
+            mark_bad(&bad, param_position(sig, bd->v), ATOM_arg);
+    }
+    if (bad.at) {
+        *err = make_badarg(env, enif_make_tuple2(env, bad.what, enif_make_uint(env, bad.at)));
+        return -1;
+    }
     for (unsigned i = 0; i < s->nin; i++) {
         if (s->in[i].len > UINT32_MAX) {
             *err = make_badarg(env, ATOM_too_large);
             return -1;
         }
     }
-    if (ki->shape == EC_SHAPE_MATMUL) {
-        uint64_t m = dims[0], n = dims[1], k = dims[2];
-        /* Each factor < 2^32, so the products fit in 64 bits. */
-        if (m * k != s->in[0].len || k * n != s->in[1].len) {
-            *err = make_badarg(env, ATOM_shape);
-            return -1;
-        }
-        if (m * n > UINT32_MAX) {
-            *err = make_badarg(env, ATOM_too_large);
-            return -1;
-        }
-        s->out_len = m * n;
-    } else {
-        for (unsigned i = 1; i < s->nin; i++) {
-            if (s->in[i].len != s->in[0].len) {
-                *err = make_badarg(env, ATOM_length_mismatch);
-                return -1;
-            }
-        }
-        s->out_len = ki->shape == EC_SHAPE_ELEMENTWISE ? s->in[0].len : 1;
-        if (ki->user) {
-            /* By the manifest: n, 1 (a scalar), or n / dim; a dimension the
-             * kernel divides by is at least 1 and divides n. A dimension
-             * index past the signature's dims is an Erlang-side bug: shape. */
-            uint64_t n = s->in[0].len;
-            int dd[2] = {ki->div_dim, ki->out_dim};
-            for (int i = 0; i < 2; i++) {
-                if (dd[i] >= 0 && (dd[i] >= (int)ndims || dims[dd[i]] == 0 || n % dims[dd[i]] != 0)) {
-                    *err = make_badarg(env, ATOM_shape);
-                    return -1;
-                }
-            }
-            s->out_len = ki->out_dim >= 0 ? n / dims[ki->out_dim] : ki->out_dim == -2 ? 1 : n;
-        }
-    }
+    s->type = t;
+    s->elem = TYPE_BYTES[t];
+    /* The results' form: the first vector argument's. A buffer's comes
+     * back as get/1's: a binary for f32, else {Type, Binary}. */
+    const struct vec *v0 = s->nin ? &s->in[0] : NULL;
+    s->form = !v0 ? FORM_LIST : v0->typed ? FORM_TYPED : v0->is_binary || v0->buf ? FORM_BINARY : FORM_LIST;
     s->shape = ki->shape;
-    s->output = ki->output;
+    s->out_len = s->nout ? s->outs[0].len : 0;
+    if (!ki->user)
+        pack_builtin_params(sig, s);
     return 0;
-}
-
-ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j)
-{
-    const uint8_t *out = region_ptr(d, &j->out);
-    size_t bytes = (size_t)j->out_len * TYPE_BYTES[j->type];
-    if (j->output == EC_OUTPUT_SCALAR) {
-        double x;
-        if (j->type == EC_TYPE_F64)
-            memcpy(&x, out, 8);
-        else
-            x = *(const float *)out;
-        return float_term(env, x);
-    }
-    ERL_NIF_TERM bin;
-    if (j->form == FORM_LIST) {
-        const float *f = (const float *)out;
-        ERL_NIF_TERM list = enif_make_list(env, 0);
-        for (uint64_t i = j->out_len; i > 0; i--)
-            list = enif_make_list_cell(env, float_term(env, f[i - 1]), list);
-        return list;
-    }
-    bin = 0;
-    if (j->zero_copy) {
-        struct region_res *rr = enif_alloc_resource(REGION_RT, sizeof *rr);
-        if (rr) {
-            rr->d = d;
-            rr->r = j->out;
-            enif_keep_resource(d);
-            __atomic_add_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
-            j->out_taken = 1;
-            bin = enif_make_resource_binary(env, rr, out, bytes);
-            enif_release_resource(rr);
-        }
-    }
-    if (!bin) {
-        unsigned char *p = enif_make_new_binary(env, bytes, &bin);
-        if (p)
-            memcpy(p, out, bytes);
-    }
-    return j->form == FORM_TYPED ? enif_make_tuple2(env, TYPE_ATOMS[j->type], bin) : bin;
 }

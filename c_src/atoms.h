@@ -1,7 +1,7 @@
 /*
  * atoms.h: every atom the NIF uses, written once. X(name) in EC_NIF_ATOMS
  * declares ATOM_name, the atom `name`; the atoms of the ring header's lists
- * (element types, shapes, outputs, gpud's statuses) come from those lists,
+ * (element types, shapes, gpud's statuses) come from those lists,
  * indexed by id. atoms.c defines them all and makes them once, in load (as
  * jiffy and exile do), so no NIF call builds an atom from text.
  *
@@ -17,7 +17,7 @@
 #define EC_NIF_ATOMS(X)                                                                        \
     /* answers and error reasons (the erlcuda module's docs list them) */                     \
     X(ok) X(error) X(erlcuda) X(badarg) X(busy) X(closed) X(unknown_kernel) X(args) X(arg)      \
-    X(length_mismatch) X(shape) X(too_large) X(gpud) X(timeout) X(peer) X(oom) X(enomem)       \
+    X(shape) X(too_large) X(gpud) X(timeout) X(peer) X(oom) X(enomem)       \
     X(stale_kernel) X(module) X(buffer) X(freed) X(lost) X(live) X(device)                     \
     /* floats that are no numbers */                                                           \
     X(nan) X(infinity) X(neg_infinity)                                                          \
@@ -29,7 +29,8 @@
     X(ring_entries) X(arena_bytes) X(arena_max_bytes) X(spin_us) X(busy_spin_us)                \
     X(zero_copy_bytes) X(pipeline_bytes) X(poison_outputs) X(prefault_arena) X(sync_spin_us)    \
     /* kernels/0's keys and values */                                                          \
-    X(name) X(id) X(types) X(output) X(entry) X(vector) X(scalar) X(dim) X(type) X(accumulate)
+    X(name) X(id) X(types) X(outputs) X(entry) X(vector) X(scalar) X(dim) X(inout) X(type)      \
+    X(accumulate) X(kind) X(length) X(T)
 
 #define EC_NIF_ATOM_DECLARE(name) extern ERL_NIF_TERM ATOM_##name;
 EC_NIF_ATOMS(EC_NIF_ATOM_DECLARE)
@@ -37,7 +38,7 @@ EC_NIF_ATOMS(EC_NIF_ATOM_DECLARE)
 
 /* The atoms of erlcuda_ring.h's lists, by id or code. */
 extern ERL_NIF_TERM TYPE_ATOMS[EC_TYPE_COUNT], SHAPE_ATOMS[EC_SHAPE_COUNT],
-    OUTPUT_ATOMS[EC_OUTPUT_COUNT], STATUS_ATOMS[EC_STATUS_COUNT];
+    STATUS_ATOMS[EC_STATUS_COUNT];
 
 /* Makes every atom above; called by load and upgrade. */
 void atoms_load(ErlNifEnv *env);

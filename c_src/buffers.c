@@ -125,7 +125,7 @@ void flush_frees(struct device *d)
             .in0_len = n,
         };
         sq_lock(d);
-        sq_push_locked(d, idx, &sqe, NULL);
+        sq_push_locked(d, idx, &sqe);
         sq_unlock(d);
         count(&d->c.buffer_frees, n);
         published = 1;
@@ -155,6 +155,9 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
     j->ref = enif_make_copy(j->env, ref);
     enif_self(env, &j->pid);
     j->out_len = len;
+    /* A get answers its buffer's contents as a kernel's one output does. */
+    j->nout = 1;
+    j->outs[0] = (struct out_spec){.type = type, .scalar = 0, .len = len, .off = 0};
     sqe->user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx;
     sqe->kernel = (uint16_t)kernel;
     sqe->type = type;
@@ -303,7 +306,7 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, 
         .out = region_addr(&j->out),
         .out_len = b->len,
     };
-    ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, EC_OUTPUT_VECTOR, buf,
+    ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, OUTPUT_KERNEL, buf,
                                  &sqe, 1, NULL, ref);
     flush_frees(d);
     enif_rwlock_runlock(d->life);

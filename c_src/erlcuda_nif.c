@@ -221,7 +221,7 @@ static ERL_NIF_TERM nif_await_spin(ErlNifEnv *env, int argc, const ERL_NIF_TERM 
     return await_spin(env, d, argv[1]);
 }
 
-/* kernels() -> [{Atom, Id, VectorInputs}]: the kernel table, for Erlang. */
+/* kernels() -> [map()]: the built-in kernels (kernels.c). */
 static ERL_NIF_TERM nif_kernels(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -229,11 +229,19 @@ static ERL_NIF_TERM nif_kernels(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
     return kernels_term(env);
 }
 
+/* signature(Args, Outs): a user's signature as the NIF reads it (kernels.c). */
+static ERL_NIF_TERM nif_signature(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    return signature_term(env, argv[0], argv[1]);
+}
+
 static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
 {
     (void)priv;
     atoms_load(env);
-    args_load(env);
+    if (kernels_load(env) != 0)
+        return 1; /* a built-in row that does not parse: this build is broken */
     /* The destructors: device.c's (a device, a result binary in its arena)
      * and buffers.c's. members counts the callbacks set, from the top of
      * the struct: with 0 the VM would never call the destructor. */
@@ -286,6 +294,7 @@ static ErlNifFunc nif_funcs[] = {
     {"in_flight", 1, nif_in_flight, 0},
     {"await_spin", 2, nif_await_spin, 0},
     {"kernels", 0, nif_kernels, 0},
+    {"signature", 2, nif_signature, 0},
     {"module_op", 4, nif_module_op, 0},
     {"module_gen", 2, nif_module_gen, 0},
     {"put", 2, nif_put, 0},

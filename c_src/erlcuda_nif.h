@@ -15,8 +15,11 @@
  *                  in parts as its inputs are copied in
  *   submit.c       the ring producer: slots, regions, the SQ push
  *   slot_cache.c   per-thread caches of free slots
- *   args.c         terms: a kernel's Args into vectors, vectors into the
- *                  arena, results and buffers as terms
+ *   args.c         terms in: a call's Args checked against its kernel's
+ *                  signature, vectors into the arena, buffers as terms
+ *   results.c      terms out: a finished job's outputs
+ *   kernels.c      the kernels: built-in rows, users' kernels, kernels/0
+ *   signature.c    the signature language's reader (signature.h; a leaf)
  *   atoms.h        every atom; with erlcuda_ring.h, the bottom floor
  *   copy.c, arena.c, shm.c, prefault.c   leaves that call no other file
  *
@@ -55,6 +58,7 @@
 #include "atoms.h"
 #include "erlcuda_ring.h"
 #include "prefault.h"
+#include "signature.h"
 #include "profile.h"
 #include "shm.h"
 #include "slot_cache.h"
@@ -90,14 +94,24 @@ struct region {
  * that use the allocator. */
 #define INLINE_BYTES (16u << 10)
 
+/* An output of a job: its element type, length, byte offset in the job's
+ * output region, and whether it is given back as a number. */
+struct out_spec {
+    uint8_t type, scalar;
+    uint32_t len;
+    uint64_t off;
+};
+
 struct job {
     uint32_t gen;
     int out_buf;          /* the output is a new device buffer: buf_term, in env */
     ERL_NIF_TERM buf_term;
     int state; /* enum job_state, accessed with __atomic */
     uint32_t kernel;
-    uint8_t type;   /* enum ec_type of the output */
-    uint8_t output; /* enum ec_output */
+    uint8_t type;   /* enum ec_type of the output (the first, for a kernel) */
+    uint8_t output; /* OUTPUT_KERNEL or a NIF-private kind */
+    uint8_t nout;   /* a kernel's outputs (0: only io arguments) */
+    struct out_spec outs[EC_MAX_OUTPUTS];
     int form;       /* enum vec_form of the first vector argument: the result's */
     int zero_copy;   /* deliver the output as a resource binary over its region */
     int out_taken;   /* the output region now belongs to a resource binary */
@@ -240,29 +254,34 @@ struct vec {
 
 /* A kernel as the NIF uses it: a row of the table (erlcuda_ring.h), made
  * once at load, or a user's kernel, described by the Erlang side from its
- * module's manifest on every submit (user_kernel in args.c). */
+ * module's manifest on every submit (user_kernel in kernels.c). Either way
+ * its signature is a struct sig (signature.h), and parse_args checks a
+ * call against it alone. */
 struct kernel_info {
-    ERL_NIF_TERM atom;     /* built-ins: the name */
-    const char *signature; /* 'v', 's', 'd' per argument */
-    unsigned shape, output;
-    uint32_t types;
+    ERL_NIF_TERM atom; /* built-ins: the name */
+    struct sig sig;
+    /* Users' kernels: the length in their `blocks` rule, checked as an
+     * output's is (has_blocks 0: none to check). */
+    struct sig_len blocks;
+    int has_blocks;
+    unsigned shape;    /* built-ins: an EC_SHAPE_*; users' kernels: SHAPE_USER */
+    uint32_t types;    /* the set T ranges over (EC_TYPE_BIT mask); 0: no T */
     const char *entry;
-    unsigned nvec;
+    const char *args_text, *outs_text; /* built-ins: the row's signature */
     /* Users' kernels only (user != 0): the id, the module slot and the
      * generation it was loaded as (a submit checks it is still the live
-     * one), the output length rule (out_dim < 0: n, or 1 for a scalar
-     * output; else n / dim out_dim), a dimension that must divide n
-     * (div_dim >= 0), and the launch options. */
+     * one), and the launch options (EC_OPT_* in `given`). */
     int user;
     uint32_t id, slot, gen;
-    int out_dim, div_dim;
-    struct ec_launch_opts opts;
-    char sig[EC_PARAM_BYTES / 4 + EC_MAX_VECTORS + 1];
+    uint32_t grid, block, shared_bytes, given;
 };
 
-/* The shape of a user's kernel, past the table's shapes: lengths by its
- * out_dim and div_dim. */
+/* A user's kernel's shape, past the table's: its job travels as an
+ * ec_job_args record (EC_FLAG_ARGS). */
 #define SHAPE_USER EC_SHAPE_COUNT
+/* What a finished job answers (struct job.output): the kernel's outputs, or
+ * NIF-private kinds below. */
+#define OUTPUT_KERNEL 0u
 /* A NIF-private output kind: a control descriptor (load or unload a
  * module), answered `ok` or {error, {module, Why}}; Why comes back in the
  * job's output region, at most CONTROL_MSG_BYTES. */
@@ -273,18 +292,24 @@ struct kernel_info {
 /* A free descriptor: answered to nobody. */
 #define OUTPUT_FREE 0xfdu
 
-/* A checked job: what submit has learned from the arguments. */
+/* A checked job: what submit has learned from the arguments. Vector
+ * arguments (v, io) are in[0 .. nin) in slot order, the outputs
+ * outs[0 .. nout), the s and d arguments param[0 .. sig.nparams) as
+ * ec_job_args holds them; a built-in's are packed into `p` as well. */
 struct job_spec {
     const struct kernel_info *ki;
     uint32_t kernel;
     unsigned nin;
     struct vec in[EC_MAX_VECTORS];
-    uint8_t type;  /* enum ec_type of every vector */
-    unsigned elem; /* its bytes */
-    int form;      /* enum vec_form of the first vector */
-    unsigned shape, output;
+    uint8_t type;  /* T: the built-ins' element type of every vector */
+    unsigned elem; /* bytes of T */
+    int form;      /* enum vec_form of the first vector: the results' */
+    unsigned shape;
+    unsigned nout;
+    struct out_spec outs[EC_MAX_OUTPUTS];
+    uint64_t param[EC_MAX_PARAMS];
     union ec_params p;
-    uint64_t out_len;
+    uint64_t out_len; /* outs[0].len: a built-in's one output */
 };
 
 /* -------------------------------------------------------- small helpers -- */
@@ -394,19 +419,6 @@ uint32_t copy_threads(void);
 extern ErlNifResourceType *REGION_RT;
 /* The resource type of a device buffer (struct buffer_res). */
 extern ErlNifResourceType *BUFFER_RT;
-/* Makes the kernel rows; called by load/upgrade, after atoms_load. */
-void args_load(ErlNifEnv *env);
-/* The built-in kernel an atom names, or NULL when it names none. */
-const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
-/* Reads a user's kernel as the Erlang side describes it (erlcuda_modules):
- * {Id, Slot, Gen, Signature, Output, OutDim, DivDim, Types, Opts}. Returns 0
- * when the term is not one. */
-int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki);
-/* The live generation of module slot `slot` (0: none); set by
- * erlcuda_nif:module_gen/2. A submit of a user's kernel publishes only while
- * its generation is live, checked under sq_lock (publish_checked). */
-uint32_t module_gen(uint32_t slot);
-void set_module_gen(uint32_t slot, uint32_t gen);
 /* Parses the Args of kernel s->kernel (the caller sets it, from kernel_id)
  * into s, s->nin included. Returns 0 when s is filled, 1 when the job is too
  * large for a normal scheduler (only when !dirty), or -1 with *err set to the
@@ -422,12 +434,8 @@ int parse_vector(ErlNifEnv *env, ERL_NIF_TERM t, int dirty, struct vec *v, ERL_N
 int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst);
 /* Bytes per element of an enum ec_type. */
 unsigned type_bytes(uint8_t type);
-/* The result of a finished job, built in env: a float, a list, a binary, or
- * (j->zero_copy) a resource binary over the output region. */
-ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j);
-/* kernels(): one map per kernel of the table (name, id, args, types,
- * shape, output, entry, accumulate). */
-ERL_NIF_TERM kernels_term(ErlNifEnv *env);
+/* A number (or nan, infinity, neg_infinity) as a double. */
+int term_to_double(ErlNifEnv *env, ERL_NIF_TERM t, double *out);
 /* The buffer a term is, or NULL. */
 struct buffer_res *get_buffer(ErlNifEnv *env, ERL_NIF_TERM t);
 /* Makes a new buffer of device d (a fresh id, the current epoch): its
@@ -436,6 +444,38 @@ ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t
 /* Why buffer b cannot be used on device d now ({buffer, freed | lost |
  * {device, D}}), or 0 when it can (buffer_state). */
 ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b);
+
+/* ------------------------------------------ results.c: term conversion out */
+
+/* A double as a term: a float, or nan, infinity, neg_infinity. */
+ERL_NIF_TERM float_term(ErlNifEnv *env, double f);
+/* The answer of a finished kernel job, built in env: `ok` (no outputs),
+ * its one output, or a tuple of them; (j->zero_copy) a single output as a
+ * resource binary over the output region. */
+ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j);
+
+/* ---------------------------------------------- kernels.c: the kernels --- */
+
+/* Parses the built-in rows; called by load/upgrade, after atoms_load.
+ * Returns -1 when a row does not parse (a build that cannot load). */
+int kernels_load(ErlNifEnv *env);
+/* The built-in kernel an atom names, or NULL when it names none. */
+const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
+/* Reads a user's kernel as the Erlang side describes it (erlcuda_modules):
+ * {Id, Slot, Gen, Args, Outs, Blocks, Types, {Given, Grid, Block, SharedBytes}}.
+ * Returns 0 when the term is not one. */
+int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki);
+/* The live generation of module slot `slot` (0: none); set by
+ * erlcuda_nif:module_gen/2. A submit of a user's kernel publishes only while
+ * its generation is live, checked under sq_lock (publish_checked). */
+uint32_t module_gen(uint32_t slot);
+void set_module_gen(uint32_t slot, uint32_t gen);
+/* kernels(): one map per built-in (name, id, args, outputs, types, shape,
+ * entry, accumulate). */
+ERL_NIF_TERM kernels_term(ErlNifEnv *env);
+/* signature(Args, Outs) -> {ok, ArgMaps, OutMaps, UsesT} | {error, Why}:
+ * a user's manifest line read as the NIF reads it. */
+ERL_NIF_TERM signature_term(ErlNifEnv *env, ERL_NIF_TERM args, ERL_NIF_TERM outs);
 
 /* ------------------------------------------- submit.c: the ring producer --
  * Slots, regions and the SQ. */
@@ -459,11 +499,9 @@ void free_slot_locked(struct device *d, uint32_t idx);
 /* Frees job idx's env, regions (unless exported) and slots. Caller holds
  * d->lock. */
 void release_job_locked(struct device *d, uint32_t idx);
-/* The one SQ write: slot idx INFLIGHT, its descriptor (and a user's launch
- * options when opts is not NULL) at the tail, then the tail stored with
- * release, as erlcuda_ring.h orders it. Caller holds sq_lock; no wake-up. */
-void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
-                    const struct ec_launch_opts *opts);
+/* The one SQ write: slot idx INFLIGHT, its descriptor at the tail, then the
+ * tail stored with release, as erlcuda_ring.h orders it. Caller holds sq_lock; no wake-up. */
+void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
 /* Publishes one descriptor of slot idx (sq_push_locked) and wakes gpud. */
 void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
 /* publish, unless an input buffer of s (may be NULL) was freed or lost

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 7u
+#define EC_ABI_VERSION 8u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -89,11 +89,14 @@
  * with the `fault-injection` feature fault the device on purpose (the test of
  * crash isolation); any other gpud refuses it with BAD_FLAGS. */
 #define EC_FLAG_FAULT (1u << 7)
-/* EC_FLAG_OPTS: the SQ entry after this one is this job's struct
- * ec_launch_opts (one job, two entries, published by one tail store). Only
- * users' kernels take launch options. */
-#define EC_FLAG_OPTS (1u << 0)
-/* Device buffers: the address field the flag names (in0, in1, out) holds a
+/* EC_FLAG_ARGS: a job of a user's kernel. Its arguments are a struct
+ * ec_job_args in the arena (see "Signatures" below); the descriptor names
+ * it: in0 = its arena address, in0_len = EC_JOB_ARGS_BYTES (type U8 for the
+ * bounds check; `type` says the kernel's T), every other address, length
+ * and parameter 0. Users' kernels take only this form, built-ins never. */
+#define EC_FLAG_ARGS (1u << 0)
+/* Device buffers (built-ins; a user's job says the same per slot in
+ * ec_job_args.buffers): the address field the flag names (in0, in1, out) holds a
  * buffer id, not an arena address. A buffer is memory gpud owns (device
  * memory on cuda, gpud's own heap on cpu) and keeps across jobs; the VM
  * assigns its ids (free-running per device, never reused while gpud lives,
@@ -130,11 +133,11 @@ enum { EC_TYPE_COUNT = 0 EC_TYPES(EC_ROW_PLUS_ONE) };
 #define EC_TYPE_BIT(NAME) (1u << EC_TYPE_##NAME)
 #define EC_FLOATS (EC_TYPE_BIT(F32) | EC_TYPE_BIT(F64))
 
-/* Shape rules: how the lengths of a job's vectors relate. `n` is the length
- * of the first vector; m, n, k are the kernel's three 'd' arguments.
- *   ELEMENTWISE  every vector and the output have the same length
- *   REDUCTION    every vector has the same length; the output is one element
- *   MATMUL       in0 is m*k, in1 is k*n, the output m*n (row-major)
+/* The built-in kernels' families: which of gpud's ops runs one (its
+ * lengths are the signature's; this says only how the work is done).
+ *   ELEMENTWISE  one output element per input element
+ *   REDUCTION    one scalar from every element
+ *   MATMUL       a row-major matrix product
  * X(NAME, id, erlang_atom) */
 #define EC_SHAPES(X)               \
     X(ELEMENTWISE, 0, elementwise) \
@@ -148,39 +151,22 @@ enum ec_shape {
 };
 enum { EC_SHAPE_COUNT = 0 EC_SHAPES(EC_ROW_PLUS_ONE) };
 
-/* Output rules: what the caller gets back.
- *   VECTOR  a vector, in the form of the first vector argument (a list gives
- *           a list, a binary a binary, {Type, Binary} gives {Type, Binary})
- *   SCALAR  one number (an Erlang float)
- * X(NAME, id, erlang_atom) */
-#define EC_OUTPUTS(X)      \
-    X(VECTOR, 0, vector)   \
-    X(SCALAR, 1, scalar)
-
-enum ec_output {
-#define EC_OUTPUT_ENUM(NAME, ID, ATOM) EC_OUTPUT_##NAME = ID,
-    EC_OUTPUTS(EC_OUTPUT_ENUM)
-#undef EC_OUTPUT_ENUM
-};
-enum { EC_OUTPUT_COUNT = 0 EC_OUTPUTS(EC_ROW_PLUS_ONE) };
-
 /* Kernels: the one table. Everything about a kernel that the VM and gpud
  * share is its row here; the NIF parses Args and builds results from it, gpud
  * validates and coalesces by it (and generates its kernel list from this very
  * text at build time), erlcuda:kernels/0 reports it.
  *
- *   X(NAME, id, erlang_atom, signature, shape, output, types, entry)
+ *   X(NAME, id, erlang_atom, args, outs, shape, types, entry)
  *
- * signature  the Args list, one letter per argument, in order:
- *              v  a vector (at most EC_MAX_VECTORS; all of one element type)
- *              s  a scalar: any Erlang number, carried as an f64 in the
- *                 descriptor's parameter area (the kernel rounds it to its
- *                 element type)
- *              d  a dimension: an integer in 0..2^32-1, carried as a u32
- * shape      an EC_SHAPE_*, output an EC_OUTPUT_*
- * types      the element types the kernel runs on (EC_TYPE_BIT mask)
+ * args, outs the kernel's signature, in the signature language below (the
+ *            same text a user's module declares in its manifest)
+ * shape      an EC_SHAPE_*: which of gpud's ops runs it
+ * types      the set the kernel's T ranges over (EC_TYPE_BIT mask)
  * entry      the device code: PTX entry "<entry>_<type>" (kernels/src/<entry>.rs),
  *            and gpud/src/ops/<erlang_atom>.rs for the host side
+ *
+ * A built-in job travels in its descriptor alone: vectors in in0, in1, the
+ * output in out, its scalars and dimensions in the parameter area `p`.
  *
  * Accumulation, the same on every backend: sums are accumulated in the
  * element type (f32 jobs in f32, f64 jobs in f64). A reduction of n terms
@@ -204,15 +190,19 @@ enum { EC_OUTPUT_COUNT = 0 EC_OUTPUTS(EC_ROW_PLUS_ONE) };
  *
  * Adding a kernel: one row here, gpud/src/ops/<atom>.rs, kernels/src/<entry>.rs
  * and its f64 reference in test/erlcuda_ref.erl. */
-#define EC_KERNELS(X)                                                                 \
-    X(VECTOR_ADD, 1, vector_add, "vv", ELEMENTWISE, VECTOR, EC_FLOATS, "vector_add")   \
-    X(REDUCE, 2, reduce, "v", REDUCTION, SCALAR, EC_FLOATS, "reduce")                  \
-    X(DOT_PRODUCT, 3, dot_product, "vv", REDUCTION, SCALAR, EC_FLOATS, "dot")          \
-    X(MATMUL, 4, matmul, "vvddd", MATMUL, VECTOR, EC_FLOATS, "matmul")                 \
-    X(SAXPY, 5, saxpy, "svv", ELEMENTWISE, VECTOR, EC_FLOATS, "saxpy")
+#define EC_KERNELS(X)                                                                   \
+    X(VECTOR_ADD, 1, vector_add, "x:v:T:n,y:v:T:n", "sum:o:T:n", ELEMENTWISE, EC_FLOATS,  \
+      "vector_add")                                                                      \
+    X(REDUCE, 2, reduce, "x:v:T:n", "sum:s:T", REDUCTION, EC_FLOATS, "reduce")           \
+    X(DOT_PRODUCT, 3, dot_product, "x:v:T:n,y:v:T:n", "dot:s:T", REDUCTION, EC_FLOATS,   \
+      "dot")                                                                             \
+    X(MATMUL, 4, matmul, "a:v:T:m*k,b:v:T:k*n,m:d,n:d,k:d", "c:o:T:m*n", MATMUL,         \
+      EC_FLOATS, "matmul")                                                               \
+    X(SAXPY, 5, saxpy, "alpha:s:T,x:v:T:n,y:v:T:n", "out:o:T:n", ELEMENTWISE, EC_FLOATS, \
+      "saxpy")
 
 enum ec_kernel {
-#define EC_KERNEL_ENUM(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY) EC_KERNEL_##NAME = ID,
+#define EC_KERNEL_ENUM(NAME, ID, ATOM, ARGS, OUTS, SHAPE, TYPES, ENTRY) EC_KERNEL_##NAME = ID,
     EC_KERNELS(EC_KERNEL_ENUM)
 #undef EC_KERNEL_ENUM
 };
@@ -224,7 +214,7 @@ enum ec_kernel {
  * EC_MODULE_KERNELS kernels, kernel i of it has the id
  *     EC_USER_KERNEL_BASE + s * EC_MODULE_KERNELS + i.
  * Their signatures come from the module's manifest (kernels/kit/src/job.rs),
- * not from this table; the VM and gpud each read it.
+ * in the signature language below, not from this table.
  *
  * Control descriptors load and unload a module, in order with the jobs
  * around them (gpud finishes every job before one first):
@@ -276,8 +266,42 @@ enum ec_kernel {
 #define EC_CONTROL_FREE 0xff04u
 #define EC_FREE_MAX_IDS 512u
 
-/* Limits of a signature: vectors (in0, in1) and the parameter area. */
-#define EC_MAX_VECTORS 2u
+/* Signatures: the one language of every kernel's arguments, built-in
+ * (the rows above) or a user's (its manifest line). `args` and `outs` are
+ * comma-separated items ("-" for none), in the order callers pass them
+ * and get them back:
+ *   args  NAME:v:TYPE:LEN   a vector (a list, binary, {Type, Binary} or buffer)
+ *         NAME:io:TYPE:LEN  an inout vector: only a device buffer, updated
+ *                           in place
+ *         NAME:s:TYPE       a scalar: an Erlang number (an integer type takes
+ *                           an integer)
+ *         NAME:d            a dimension: an integer in 0 .. 2^32-1
+ *   outs  NAME:o:TYPE:LEN   a vector output
+ *         NAME:s:TYPE       a one-element output given back as a number
+ * TYPE is u8, s32, u32, s64, f32, f64 (EC_TYPES) or T, the kernel's type
+ * variable over its declared set (fixed by the first T argument given as
+ * {Type, Binary} or a buffer, else f32); a scalar's TYPE is never u8. LEN is
+ *   FREE               a name that is no dimension: the length of the call's
+ *                      vectors so declared (every vector with that LEN has
+ *                      the same length; an input fixes it, an output may
+ *                      only use one an input fixed)
+ *   F*F*..[/F]         a product of dimension names and decimal constants,
+ *                      divided exactly by one more (a divisor must be >= 1
+ *                      and divide the product; a FREE name may stand in
+ *                      an output's product too)
+ * Every length is at most 2^32-1 elements. Limits per kernel:
+ * EC_MAX_VECTORS v and io items, EC_MAX_OUTPUTS outs, EC_MAX_PARAMS s and d
+ * args (a name is an identifier of at most 31 bytes, unique in the
+ * signature). Every output starts zeroed. Parsed by the VM
+ * (c_src/signature.c) and by gpud and the kit (kernels/kit/src/job.rs, the
+ * same grammar); the layout test checks that both read each built-in row
+ * alike. */
+#define EC_MAX_VECTORS 8u
+#define EC_MAX_OUTPUTS 4u
+#define EC_MAX_SLOTS (EC_MAX_VECTORS + EC_MAX_OUTPUTS)
+#define EC_MAX_PARAMS 8u
+#define EC_MAX_NAME 31u
+/* A built-in's parameter area (ec_sqe.p). */
 #define EC_PARAM_BYTES 16u
 /* The accumulation depths stated above. */
 #define EC_SUM_SERIAL 256u
@@ -316,7 +340,6 @@ enum { EC_STATUS_COUNT = 0 EC_STATUSES(EC_ROW_PLUS_ONE) };
     ((0 LIST(EC_ID_BIT)) == (((UINT64_C(1) << (COUNT)) - 1) & ~((UINT64_C(1) << (FIRST)) - 1)))
 _Static_assert(EC_IDS_DENSE(EC_TYPES, 0, EC_TYPE_COUNT), "EC_TYPES ids run 0, 1, ...");
 _Static_assert(EC_IDS_DENSE(EC_SHAPES, 0, EC_SHAPE_COUNT), "EC_SHAPES ids run 0, 1, ...");
-_Static_assert(EC_IDS_DENSE(EC_OUTPUTS, 0, EC_OUTPUT_COUNT), "EC_OUTPUTS ids run 0, 1, ...");
 _Static_assert(EC_IDS_DENSE(EC_KERNELS, 1, EC_KERNEL_COUNT), "EC_KERNELS ids run 1, 2, ...");
 _Static_assert(EC_IDS_DENSE(EC_STATUSES, 0, EC_STATUS_COUNT), "EC_STATUSES codes run 0, 1, ...");
 
@@ -354,19 +377,42 @@ struct ec_sqe {
     uint8_t flags;   /* EC_FLAG_*; must be 0 otherwise */
 };
 
-/* The launch options of a job of a user's kernel: the SQ entry after its
- * descriptor when that has EC_FLAG_OPTS. `given` says which fields count
- * (EC_OPT_* bits); the others, and `reserved`, must be 0. */
+/* The arguments of one job of a user's kernel (EC_FLAG_ARGS), in the
+ * arena, 8-aligned. The very same layout is the job record the kernel
+ * reads (kernels/kit/src/job.rs, `Job`), where gpud has put device (or
+ * host) addresses in `addr`, set `block_start` and cleared `buffers`.
+ *   addr, len  slot i < EC_MAX_VECTORS: the i-th v or io argument;
+ *              slot EC_MAX_VECTORS + j: the j-th output. An arena address
+ *              (or, with bit i of `buffers`, a device buffer id: an io
+ *              argument's must be, and an output's names the new buffer
+ *              made for it) and a length in elements of the slot's type.
+ *              Unused slots: 0, 0.
+ *   param      the s and d arguments in declared order: a float scalar as
+ *              f64 bits (the kernel rounds an f32 or T one), an integer
+ *              scalar as a two's complement s64, a dimension as u64.
+ *              Unused: 0.
+ *   grid, block, shared_bytes  the launch options that `given` names
+ *              (EC_OPT_* bits; the others, and `reserved`, are 0).
+ * gpud checks every length against the signature and T, every region
+ * (inputs may overlap each other; an output overlaps nothing), and the
+ * options, before anything runs. */
 #define EC_OPT_GRID 1u         /* grid.x: 1 .. 2^31-1 */
 #define EC_OPT_BLOCK 2u        /* threads per block: 1 .. 1024 */
 #define EC_OPT_SHARED_BYTES 4u /* dynamic shared memory: 0 .. 48 KiB */
-struct ec_launch_opts {
+struct ec_job_args {
+    uint64_t addr[EC_MAX_SLOTS];
+    uint32_t len[EC_MAX_SLOTS];
+    uint64_t param[EC_MAX_PARAMS];
+    uint64_t block_start;
+    uint32_t buffers;
     uint32_t grid;
     uint32_t block;
     uint32_t shared_bytes;
     uint32_t given;
-    uint8_t reserved[48];
+    uint32_t reserved[5];
 };
+#define EC_JOB_ARGS_BYTES 256u
+_Static_assert(sizeof(struct ec_job_args) == EC_JOB_ARGS_BYTES, "ec_job_args is 256 bytes");
 
 /* A completion: 16 bytes. */
 struct ec_cqe {

@@ -47,7 +47,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
                            ERL_NIF_TERM ref, ERL_NIF_TERM *result, int64_t t[5])
 {
     uint8_t flags = enif_is_identical(argv[3], ATOM_fault) ? EC_FLAG_FAULT : 0;
-    /* `buffer`: the output stays on the device, a new buffer. */
+    /* `buffer`: the outputs stay on the device, new buffers. */
     int out_buf = enif_is_identical(argv[3], ATOM_buffer);
     struct job_spec s;
     struct kernel_info user;
@@ -55,14 +55,14 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     s.ki = builtin_kernel(env, argv[1]);
     if (!s.ki && user_kernel(env, argv[1], &user) && flags == 0) {
         s.ki = &user;
-        if (user.opts.given)
-            flags = EC_FLAG_OPTS;
+        flags = EC_FLAG_ARGS;
     }
     if (!s.ki) {
         *result = make_error(env, enif_make_tuple2(env, ATOM_unknown_kernel, argv[1]));
         return 0;
     }
     s.kernel = s.ki->id;
+    int users = s.ki->user;
 
     /* The mapping is read from parse_args on (arena lookups): hold it. */
     enif_rwlock_rlock(d->life);
@@ -81,34 +81,38 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     }
     STAMP(t, 1);
 
-    /* Inputs not in the arena yet share one region; the output has its own,
-     * which a large binary result keeps after the job. */
-    uint64_t in_off[2] = {0, 0}, in_bytes = 0;
+    /* Inputs not in the arena yet share one region (after a user's job
+     * record, which opens it); the outputs share another, which a large
+     * binary result keeps after the job. */
+    uint64_t in_off[EC_MAX_VECTORS] = {0}, in_bytes = users ? EC_JOB_ARGS_BYTES : 0;
     for (unsigned i = 0; i < s.nin; i++) {
         if (s.in[i].in_arena || s.in[i].buf)
             continue;
         in_off[i] = in_bytes;
-        in_bytes += arena_round(s.in[i].len * s.elem);
+        in_bytes += arena_round(s.in[i].len * type_bytes(s.in[i].type));
     }
-    /* A job with launch options, a fault or a buffer output is never
-     * pipelined; a pipelined reduction's output holds its partials. */
+    /* A job with a fault or buffer outputs is never pipelined; a pipelined
+     * reduction's output holds its partials. */
     struct pipe_plan plan;
-    if (flags == 0 && !out_buf)
+    if (!users && flags == 0 && !out_buf)
         pipeline_plan(d, &s, &plan);
     else
         pipeline_unplan(&s, &plan);
-    uint64_t out_bytes = out_buf ? 0 : arena_round(plan.out_elems * s.elem);
+    uint64_t out_bytes = 0;
+    if (!out_buf && users && s.nout)
+        out_bytes = s.outs[s.nout - 1].off + arena_round(s.outs[s.nout - 1].len * type_bytes(s.outs[s.nout - 1].type));
+    else if (!out_buf && !users)
+        out_bytes = arena_round(plan.out_elems * s.elem);
     if (in_bytes > d->arena_max || out_bytes > d->arena_max || in_bytes + out_bytes > d->arena_max) {
         enif_rwlock_runlock(d->life);
         *result = make_badarg(env, ATOM_too_large);
         return 0;
     }
     /* A binary vector result this large stays in the arena as the answer. */
-    int zero_copy = !out_buf && s.in[0].is_binary && s.output == EC_OUTPUT_VECTOR &&
-                    s.out_len * s.elem >= d->zero_copy_bytes;
-    /* A job with launch options takes a second SQ entry: one credit slot. */
-    uint32_t credits = flags & EC_FLAG_OPTS ? 1 : plan.parts - 1;
-    int64_t idx = reserve_job(d, in_bytes, out_bytes, credits, zero_copy);
+    int zero_copy = !out_buf && s.nout == 1 && !s.outs[0].scalar && s.form != FORM_LIST &&
+                    s.nin && s.in[0].is_binary &&
+                    (uint64_t)s.outs[0].len * type_bytes(s.outs[0].type) >= d->zero_copy_bytes;
+    int64_t idx = reserve_job(d, in_bytes, out_bytes, plan.parts - 1, zero_copy);
     if (idx < 0 && plan.parts > 1) {
         /* not enough free slots for the extra descriptors: one is fine (a
          * reduction's output region is then larger than it needs) */
@@ -131,14 +135,15 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     }
     STAMP(t, 2);
     struct job *j = &d->jobs[idx];
-    uint64_t addr[2] = {0, 0};
+    uint64_t addr[EC_MAX_VECTORS] = {0};
+    uint32_t bufs = 0;
     for (unsigned i = 0; i < s.nin; i++) {
         if (s.in[i].buf) {
             /* Named by id; the term in the job's env keeps the buffer (so
              * no free of it) until the job is answered. */
             enif_make_copy(j->env, s.in[i].term);
             addr[i] = s.in[i].buf->id;
-            flags |= i == 0 ? EC_FLAG_IN0_BUF : EC_FLAG_IN1_BUF;
+            bufs |= 1u << i;
             continue;
         }
         if (s.in[i].in_arena) {
@@ -154,35 +159,37 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         if (!copy_vec(env, &s.in[i], region_ptr(d, &j->in) + in_off[i])) {
             unreserve_job(d, (uint32_t)idx);
             enif_rwlock_runlock(d->life);
-            *result =
-                make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
+            *result = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
             return 0;
         }
     }
-    if (d->poison && !out_buf)
-        memset(region_ptr(d, &j->out), 0xff, plan.out_elems * s.elem); /* all NaN, f32 or f64 */
+    if (d->poison && !out_buf && out_bytes)
+        memset(region_ptr(d, &j->out), 0xff, out_bytes); /* all NaN, f32 or f64; gpud zeroes a user's */
     j->out_buf = out_buf;
+    j->nout = (uint8_t)s.nout;
+    memcpy(j->outs, s.outs, sizeof j->outs);
+    uint64_t out_ids[EC_MAX_OUTPUTS] = {0};
     if (out_buf) {
-        ERL_NIF_TERM bt = new_buffer(j->env, d, s.type, (uint32_t)s.out_len);
-        if (!bt) {
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result = make_error(env, ATOM_enomem);
-            return 0;
+        ERL_NIF_TERM bt[EC_MAX_OUTPUTS];
+        for (unsigned k = 0; k < s.nout; k++) {
+            bt[k] = new_buffer(j->env, d, s.outs[k].type, s.outs[k].len);
+            if (!bt[k]) {
+                unreserve_job(d, (uint32_t)idx);
+                enif_rwlock_runlock(d->life);
+                *result = make_error(env, ATOM_enomem);
+                return 0;
+            }
+            out_ids[k] = get_buffer(j->env, bt[k])->id;
         }
-        struct buffer_res *ob;
-        enif_get_resource(j->env, bt, BUFFER_RT, (void **)&ob);
-        j->buf_term = bt;
-        flags |= EC_FLAG_OUT_BUF;
-        j->out_len = (uint32_t)s.out_len;
+        j->buf_term = s.nout == 1 ? bt[0] : enif_make_tuple_from_array(j->env, bt, s.nout);
     }
     int given_ref = ref != 0; /* launch_sync's: await_spin may follow */
     if (!ref)
         ref = enif_make_ref(env);
     j->gen++;
     j->kernel = s.kernel;
-    j->type = s.type;
-    j->output = (uint8_t)s.output;
+    j->type = s.nout ? s.outs[0].type : s.type;
+    j->output = OUTPUT_KERNEL;
     j->form = s.form;
     j->zero_copy = zero_copy;
     j->ref = enif_make_copy(j->env, ref);
@@ -194,14 +201,41 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         .kernel = (uint16_t)s.kernel,
         .type = s.type,
         .flags = flags,
-        .in0 = addr[0],
-        .in1 = addr[1],
-        .out = out_buf ? 0 : region_addr(&j->out),
-        .p = s.p,
-        .in0_len = (uint32_t)s.in[0].len,
-        .in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0,
-        .out_len = (uint32_t)s.out_len,
     };
+    if (users) {
+        /* The job record opens the input region (8-aligned: regions are
+         * EC_ARENA_ALIGN-aligned). */
+        struct ec_job_args *ja = (struct ec_job_args *)region_ptr(d, &j->in);
+        memset(ja, 0, sizeof *ja);
+        for (unsigned i = 0; i < s.nin; i++) {
+            ja->addr[i] = addr[i];
+            ja->len[i] = (uint32_t)s.in[i].len;
+        }
+        for (unsigned k = 0; k < s.nout; k++) {
+            ja->addr[EC_MAX_VECTORS + k] = out_buf ? out_ids[k] : region_addr(&j->out) + s.outs[k].off;
+            ja->len[EC_MAX_VECTORS + k] = s.outs[k].len;
+            if (out_buf)
+                bufs |= 1u << (EC_MAX_VECTORS + k);
+        }
+        memcpy(ja->param, s.param, sizeof ja->param);
+        ja->buffers = bufs;
+        ja->given = s.ki->given;
+        ja->grid = s.ki->grid;
+        ja->block = s.ki->block;
+        ja->shared_bytes = s.ki->shared_bytes;
+        sqe.in0 = region_addr(&j->in);
+        sqe.in0_len = EC_JOB_ARGS_BYTES;
+    } else {
+        sqe.flags |= (bufs & 1 ? EC_FLAG_IN0_BUF : 0) | (bufs & 2 ? EC_FLAG_IN1_BUF : 0) |
+                     (out_buf ? EC_FLAG_OUT_BUF : 0);
+        sqe.in0 = addr[0];
+        sqe.in1 = addr[1];
+        sqe.out = out_buf ? out_ids[0] : region_addr(&j->out);
+        sqe.p = s.p;
+        sqe.in0_len = (uint32_t)s.in[0].len;
+        sqe.in1_len = s.nin > 1 ? (uint32_t)s.in[1].len : 0;
+        sqe.out_len = (uint32_t)s.out_len;
+    }
     STAMP(t, 3);
     if (plan.parts > 1) {
         uint8_t *dst[2] = {region_ptr(d, &j->in) + in_off[0], region_ptr(d, &j->in) + in_off[1]};
@@ -216,11 +250,6 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         }
         count(&d->c.pipelined, 1);
     } else {
-        if (out_buf) {
-            struct buffer_res *ob;
-            enif_get_resource(j->env, j->buf_term, BUFFER_RT, (void **)&ob);
-            sqe.out = ob->id;
-        }
         int pr = publish_checked(d, (uint32_t)idx, &sqe, &s);
         if (pr != 0) {
             /* -1: its module was replaced or unloaded meanwhile: the caller

@@ -357,7 +357,7 @@ void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *w
 
 void pipeline_finish(struct device *d, struct job *j, uint32_t parts)
 {
-    if (j->output != EC_OUTPUT_SCALAR || parts < 2)
+    if (j->output != OUTPUT_KERNEL || j->nout != 1 || !j->outs[0].scalar || parts < 2)
         return;
     uint8_t *at = region_ptr(d, &j->out);
     if (j->type == EC_TYPE_F64)

@@ -215,25 +215,17 @@ static int buffers_live_locked(const struct device *d, const struct job_spec *s)
 
 /* The producer's half of the ring protocol (erlcuda_ring.h, "Rings"): the
  * slot is INFLIGHT before its descriptor can be seen (its completion can
- * only follow), the entries are written, then one store-release of the tail
- * makes them visible to gpud's load-acquire. `opts`, a user's launch options
- * (EC_FLAG_OPTS; the job holds a credit slot for the entry), go in the entry
- * after the descriptor under the same tail store, so gpud always drains the
- * two together. The one place that writes the SQ. Caller holds sq_lock. */
-void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
-                    const struct ec_launch_opts *opts)
+ * only follow), the entry is written, then one store-release of the tail
+ * makes it visible to gpud's load-acquire. The one place that writes the
+ * SQ. Caller holds sq_lock. */
+void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe)
 {
     struct ec_header *h = d->shm.hdr;
     uint32_t mask = d->nslots - 1;
     __atomic_store_n(&d->jobs[idx].state, JOB_INFLIGHT, __ATOMIC_RELEASE);
     uint32_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_RELAXED);
     d->shm.sq[tail & mask] = *sqe;
-    uint32_t n = 1;
-    if (opts) {
-        memcpy(&d->shm.sq[(tail + 1) & mask], opts, sizeof *opts);
-        n = 2;
-    }
-    __atomic_store_n(&h->sq_tail, tail + n, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->sq_tail, tail + 1, __ATOMIC_RELEASE);
 }
 
 /* Publishes the job's descriptor and wakes gpud if it sleeps. A user's
@@ -257,7 +249,7 @@ int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
         return -2;
     }
     d->jobs[idx].t_pub = prof_timing ? mono_ns() : 0;
-    sq_push_locked(d, idx, sqe, ki && (sqe->flags & EC_FLAG_OPTS) ? &ki->opts : NULL);
+    sq_push_locked(d, idx, sqe);
     sq_unlock(d);
     wake_gpud(d);
     return 0;

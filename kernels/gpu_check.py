@@ -73,10 +73,12 @@ BN = ABI["MATMUL_BN"]
 MM_ROWS = (ABI["MATMUL_NARROW_BM"], ABI["MATMUL_BM"], ABI["MATMUL_WIDE_BM"])
 
 TYPES = {"f32": (np.float32, 2.0 ** -24), "f64": (np.float64, 2.0 ** -53)}
-# kit Job (64 bytes): vec[2], out, n, out_len, block_start, params[16] (saxpy, "svv": alpha at 0)
-SAXPY_DT = np.dtype([("x", "<u8"), ("y", "<u8"), ("out", "<u8"), ("n", "<u8"), ("out_len", "<u8"),
-                     ("block_start", "<u8"), ("alpha", "<f8"), ("pad", "<u8")])
-assert SAXPY_DT.itemsize == 64
+# kit Job (256 bytes, ec_job_args): addr[12] (x slot 0, y slot 1, out slot 8),
+# len[12] u32, param[8] (saxpy: alpha's f64 bits in param[0]), block_start,
+# then the wire's buffers and launch options (0 here).
+SAXPY_DT = np.dtype([("addr", "<u8", 12), ("len", "<u4", 12), ("alpha", "<f8"), ("param", "<u8", 7),
+                     ("block_start", "<u8"), ("wire", "<u4", 10)])
+assert SAXPY_DT.itemsize == 256
 
 mod = cp.RawModule(path=PTX)
 
@@ -207,7 +209,10 @@ def saxpy_case(t, lens, misalign, grid=None, label="", check=True):
         alpha = float(rng.standard_normal()) * (1 + 3 * (i % 2))
         keep += [dx, dy, do]
         hs.append((hx.copy(), hy.copy(), alpha, do, off))
-        table[i] = (px, py, po, n, n, acc, alpha, 0)
+        addr, lens = [0] * 12, [0] * 12
+        addr[0], addr[1], addr[8] = px, py, po
+        lens[0], lens[1], lens[8] = n, n, n
+        table[i] = (addr, lens, alpha, [0] * 7, acc, [0] * 10)
         acc += cdiv(n, SAXPY_EPB)
     total = acc
     dt_dev = cp.asarray(table.view(np.uint8))

@@ -41,21 +41,21 @@
 %% <dl>
 %% <dt>`{badarg, args}'</dt><dd>Args is not a proper list of as many
 %%     arguments as the kernel's signature has.</dd>
-%% <dt>`{badarg, {arg, I}}'</dt><dd>Argument I (1-based) is not what its
-%%     place in the signature takes: a vector (a list of numbers, a binary,
-%%     `{Type, Binary}' or a buffer), a number, or a dimension (an integer
-%%     from 0 to 2^32-1). For `put/1,2', I is 1: not a vector.</dd>
+%% <dt>`{badarg, {arg, I}}'</dt><dd>Argument I (1-based, the first that does
+%%     not fit) is not what its place in the kernel's signature takes: a
+%%     vector of the length its expression gives (a list of numbers, or of
+%%     integers for an integer type; a binary; `{Type, Binary}'; a buffer),
+%%     an `io' argument that is no buffer (or names a buffer another
+%%     argument names too), a number (an integer for an integer type, in
+%%     its range), or a dimension (an integer from 0 to 2^32-1; one that
+%%     divides a length must be at least 1 and divide it). For
+%%     `put/1,2', I is 1: not a vector.</dd>
 %% <dt>`{badarg, {type, I}}'</dt><dd>Vector I has another element type than
-%%     the first vector, or one the kernel does not run on (the built-ins
-%%     run on `f32' and `f64').</dd>
-%% <dt>`{badarg, length_mismatch}'</dt><dd>Vectors that must have one
-%%     length (`vector_add', `dot_product', `saxpy', a user's kernel) do
-%%     not.</dd>
-%% <dt>`{badarg, shape}'</dt><dd>`matmul''s A is not M×K or B not K×N; a
-%%     user's kernel's dimension is 0 or does not divide the vector
-%%     length.</dd>
-%% <dt>`{badarg, too_large}'</dt><dd>The job can never fit: a vector or a
-%%     `matmul' output of more than 2^32-1 elements, inputs and output larger
+%%     its signature declares (for `T': than the argument that fixed T), or
+%%     fixes T to a type the kernel does not run on (the built-ins run on
+%%     `f32' and `f64').</dd>
+%% <dt>`{badarg, too_large}'</dt><dd>The job can never fit: a vector or an
+%%     output of more than 2^32-1 elements, inputs and output larger
 %%     than `arena_max_bytes', or a buffer larger than
 %%     `device_memory_limit'. Also in the message of a `put' or an
 %%     `{output, buffer}' job that gpud finds larger than its limit.</dd>
@@ -64,7 +64,8 @@
 %%     `shared_bytes').</dd>
 %% <dt>`{badarg, {opt, O}}'</dt><dd>Option O is unknown or out of range
 %%     (`{timeout, Ms}' above 2^32-1; `{block, B}' not a multiple of 32 for
-%%     a `table!' kernel, or not a power of two from 32 for a reduction), or
+%%     a kernel whose `block_rule' is `warps', or not a power of two from
+%%     32 for `pow2'), or
 %%     is a launch option (`grid', `block', `shared_bytes') given for a
 %%     built-in kernel.</dd>
 %% <dt>`{badarg, {buffer, node_local}}'</dt><dd>A job naming a device
@@ -176,13 +177,20 @@
 %% A device buffer: data that stays on the device (see put/2). A resource,
 %% so garbage collection frees it.
 -opaque buffer() :: reference().
--type result() :: vector() | float() | nan | infinity | neg_infinity | buffer().
+%% One output: a vector or a number; several: a tuple of them in declared
+%% order; `ok' when a kernel has only inout arguments.
+-type result() :: vector() | number() | nan | infinity | neg_infinity | buffer() | tuple() | ok.
+-type arg_info() :: #{name := atom(), kind := vector | inout | scalar | dim,
+                      type := elem_type() | 'T', length := binary() | none}.
+-type output_info() :: #{name := atom(), kind := vector | scalar,
+                         type := elem_type() | 'T', length := binary()}.
 -type kernel_info() :: #{name := kernel(), id := pos_integer(),
-                         args := [vector | scalar | dim], types := [elem_type()],
-                         shape := elementwise | reduction | matmul | table,
-                         output := vector | scalar, entry := binary(),
-                         accumulate := type, threads => pos_integer(),
-                         shared => non_neg_integer()}.
+                         args := [arg_info()], outputs := [output_info()],
+                         types := [elem_type()],
+                         shape := elementwise | reduction | matmul | user,
+                         entry := binary(), accumulate := type,
+                         blocks => binary(), threads => pos_integer(),
+                         block_rule => any | warps | pow2, shared => non_neg_integer()}.
 -type option() :: {device, non_neg_integer() | {node(), non_neg_integer()} | any}
                 | {timeout, timeout()} | {output, buffer | host}
                 | {grid, pos_integer()} | {block, pos_integer()}
@@ -399,11 +407,17 @@ stats(N) ->
             end
     end.
 
-%% @doc The kernels, one map per row of the kernel table: `name', `id',
-%% `args' (the signature: `vector', `scalar' or `dim' per argument),
-%% `types' (the element types it runs on), `shape' (how the vector lengths
-%% relate), `output' (`vector' or `scalar'), `entry' (the PTX entry prefix)
-%% and `accumulate' (`type': sums are accumulated in the element type).
+%% @doc The kernels, built-in and loaded, one map each: `name', `id',
+%% `args' (one map per argument: `name', `kind' (`vector', `inout',
+%% `scalar' or `dim'), `type' (an element type, `'T'', or `u32' for a
+%% dimension) and `length' (its expression as text, `none' for a scalar
+%% or dimension)), `outputs' (one map per output: `name', `kind' (`vector',
+%% or `scalar' for one given back as a number), `type', `length'),
+%% `types' (the set `T' ranges over; `[]' when no argument is of type T),
+%% `shape' (which of gpud's ops runs a built-in; `user' for a loaded one),
+%% `entry' (the PTX entry prefix) and `accumulate' (`type': sums are
+%% accumulated in the element type). A loaded kernel's map adds `blocks',
+%% `threads', `block_rule' and `shared' from its manifest.
 -spec kernels() -> [kernel_info()].
 kernels() ->
     erlcuda_nif:kernels() ++ erlcuda_modules:kernel_infos().
@@ -457,8 +471,8 @@ submit_user(H, {Mod, K} = Kernel, Args, Launch, {Flags, Ref} = FR, Tries) ->
     case erlcuda_modules:lookup(Mod, K) of
         undefined ->
             {error, {unknown_kernel, Kernel}};
-        {Row, Shape} ->
-            case launch_opts(Launch, Shape) of
+        {Row, BlockRule} ->
+            case launch_opts(Launch, BlockRule) of
                 {ok, Opts} ->
                     case nif_submit(H, erlang:append_element(Row, Opts), Args, Flags, Ref) of
                         {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, FR, Tries - 1);
@@ -472,14 +486,15 @@ submit_user(H, {Mod, K} = Kernel, Args, Launch, {Flags, Ref} = FR, Tries) ->
 submit_user(_H, Kernel, _Args, _Launch, _FR, _Tries) ->
     {error, {unknown_kernel, Kernel}}.
 
-%% {Given, Grid, Block, SharedBytes} (bits as the header's EC_OPT_*). A
-%% reduction's block tree needs a power of two from 32 threads; a table
-%% kernel's block-wide helpers whole warps (a multiple of 32).
-launch_opts(Launch, Shape) ->
-    BadBlock = fun(B) -> case Shape of
-                             reduction -> B < 32 orelse B band (B - 1) =/= 0;
-                             table -> B rem 32 =/= 0;
-                             elementwise -> false
+%% {Given, Grid, Block, SharedBytes} (bits as the header's EC_OPT_*). The
+%% kernel's block rule says which blocks its code allows: a block tree a
+%% power of two from 32 threads (pow2), block-wide helpers whole warps
+%% (warps).
+launch_opts(Launch, BlockRule) ->
+    BadBlock = fun(B) -> case BlockRule of
+                             pow2 -> B < 32 orelse B band (B - 1) =/= 0;
+                             warps -> B rem 32 =/= 0;
+                             any -> false
                          end
                end,
     lists:foldl(

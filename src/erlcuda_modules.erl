@@ -53,12 +53,12 @@ load(Name, _) ->
 unload(Name) ->
     call({unload, Name}).
 
-%% @doc The NIF's description of kernel `K' of module `Name' and its shape,
+%% @doc The NIF's description of kernel `K' of module `Name' and its block rule,
 %% or `undefined'.
--spec lookup(term(), term()) -> {tuple(), elementwise | reduction | table} | undefined.
+-spec lookup(term(), term()) -> {tuple(), any | warps | pow2} | undefined.
 lookup(Name, K) ->
     case persistent_term:get({?MODULE, Name}, undefined) of
-        #{K := {Row, #{shape := Shape}}} -> {Row, Shape};
+        #{K := {Row, #{block_rule := Rule}}} -> {Row, Rule};
         _ -> undefined
     end.
 
@@ -88,7 +88,7 @@ call(Msg) ->
 -spec parse_manifest(binary()) -> {ok, [map()]} | {error, term()}.
 parse_manifest(Text) ->
     case [L || L <- binary:split(Text, <<"\n">>, [global]), string:trim(L) =/= <<>>] of
-        [<<"erlcuda-module 1">> | Lines] when Lines =/= [], length(Lines) =< ?MODULE_KERNELS ->
+        [<<"erlcuda-module 2">> | Lines] when Lines =/= [], length(Lines) =< ?MODULE_KERNELS ->
             try {ok, [parse_line(L) || L <- Lines]}
             catch throw:Why -> {error, {manifest, Why}}
             end;
@@ -96,55 +96,79 @@ parse_manifest(Text) ->
             {error, {manifest, bad_header_or_no_kernels}}
     end.
 
+%% One kernel's line (format: kernels/kit/src/job.rs, MANIFEST_MAGIC). The
+%% signature is read by the NIF's reader of the language (the one the
+%% launches are checked with), so a kernel that loads is one whose every
+%% call can be judged.
 parse_line(Line) ->
     case string:lexemes(Line, " ") of
         [<<"kernel">>, Name | KVs] ->
             M = maps:from_list([list_to_tuple(binary:split(KV, <<"=">>)) || KV <- KVs]),
             Get = fun(K) -> case M of #{K := V} -> V; _ -> throw({Name, {missing, K}}) end end,
-            Args = [arg(C, Name) || <<C>> <= Get(<<"args">>)],
-            #{name => binary_to_atom(Name), args => Args, sig => Get(<<"args">>),
-              shape => binary_to_atom(Get(<<"shape">>)),
-              types => [binary_to_atom(T) || T <- binary:split(Get(<<"types">>), <<",">>, [global])],
-              out => rule(Get(<<"out">>), Name), blocks => rule(Get(<<"blocks">>), Name),
-              threads => binary_to_integer(Get(<<"threads">>)),
-              shared => binary_to_integer(Get(<<"shared">>))};
+            {ArgsText, OutsText} = {Get(<<"args">>), Get(<<"outs">>)},
+            {Args, Outs, UsesT} =
+                case erlcuda_nif:signature(ArgsText, OutsText) of
+                    {ok, A, O, U} -> {A, O, U};
+                    {error, Why} -> throw({Name, {signature, Why}})
+                end,
+            Types = types(Get(<<"types">>), Name),
+            (Types =/= []) =:= UsesT orelse throw({Name, {types, Get(<<"types">>)}}),
+            #{name => binary_to_atom(Name), args => Args, outputs => Outs,
+              args_text => ArgsText, outs_text => OutsText, types => Types,
+              blocks => Get(<<"blocks">>),
+              threads => int(Get(<<"threads">>), Name),
+              block_rule => block_rule(Get(<<"block_rule">>), Name),
+              shared => int(Get(<<"shared">>), Name)};
         _ ->
             throw({bad_line, Line})
     end.
 
-arg($v, _) -> vector;
-arg($s, _) -> scalar;
-arg($d, _) -> dim;
-arg(C, Name) -> throw({Name, {bad_arg, <<C>>}}).
+types(<<"-">>, _) -> [];
+types(Text, Name) ->
+    Known = [u8, s32, u32, s64, f32, f64],
+    [case lists:member(T = binary_to_atom(B), Known) of
+         true -> T;
+         false -> throw({Name, {bad_type, B}})
+     end || B <- binary:split(Text, <<",">>, [global])].
 
-rule(<<"n/d", I/binary>>, _) -> {dim, binary_to_integer(I)};
-rule(<<"1">>, _) -> one;
-rule(<<"n">>, _) -> n;
-rule(Word, _) when Word =:= <<"elements">>; Word =:= <<"chunks">>; Word =:= <<"one">> ->
-    binary_to_atom(Word);
-rule(Other, Name) -> throw({Name, {bad_rule, Other}}).
+block_rule(B, _) when B =:= <<"any">>; B =:= <<"warps">>; B =:= <<"pow2">> -> binary_to_atom(B);
+block_rule(B, Name) -> throw({Name, {bad_block_rule, B}}).
 
-%% The NIF's row of one kernel, and its erlcuda:kernels/0 map.
-row(Name, Slot, Gen, I, #{name := K, sig := Sig, shape := Shape, types := Types,
-                          out := Out, blocks := Blocks} = D) ->
+int(B, Name) ->
+    try binary_to_integer(B)
+    catch error:badarg -> throw({Name, {not_an_integer, B}})
+    end.
+
+%% The row the NIF takes ({Id, Slot, Gen, Args, Outs, BlocksLength,
+%% TypesMask}, to which a launch appends its options) and the map kernels/0
+%% shows.
+row(Name, Slot, Gen, I, #{name := K, args_text := A, outs_text := O, types := Types,
+                          blocks := Blocks} = D) ->
     Id = ?USER_KERNEL_BASE + Slot * ?MODULE_KERNELS + I,
-    Output = case Shape of reduction -> scalar; _ -> vector end,
-    OutDim = case Out of n -> none; one -> one; {dim, OD} -> OD end,
-    DivDim = case {Out, Blocks} of
-                 {{dim, A}, _} -> A;
-                 {_, {dim, B}} -> B;
-                 _ -> none
-             end,
-    Mask = lists:foldl(fun(f32, A) -> A bor 1; (f64, A) -> A bor 2 end, 0, Types),
-    Row = {Id, Slot, Gen, Sig, Output, OutDim, DivDim, Mask},
-    Info = #{name => {Name, K}, id => Id, args => maps:get(args, D), types => Types,
-             shape => Shape, output => Output, entry => atom_to_binary(K),
-             accumulate => type, threads => maps:get(threads, D), shared => maps:get(shared, D)},
+    Mask = lists:foldl(fun(T, Acc) -> Acc bor (1 bsl type_id(T)) end, 0, Types),
+    Row = {Id, Slot, Gen, A, O, blocks_length(Blocks), Mask},
+    Info = #{name => {Name, K}, id => Id, args => maps:get(args, D),
+             outputs => maps:get(outputs, D), types => Types, shape => user,
+             entry => atom_to_binary(K), accumulate => type,
+             blocks => maps:get(blocks, D), threads => maps:get(threads, D),
+             block_rule => maps:get(block_rule, D), shared => maps:get(shared, D)},
     {K, {Row, Info}}.
 
-%%% gen_server: loads and unloads one at a time
+%% The length inside a `blocks' rule: `elements(L)', `chunks(L)' or `L'.
+blocks_length(B) ->
+    case binary:split(B, <<"(">>) of
+        [_, Rest] -> binary:part(Rest, 0, byte_size(Rest) - 1);
+        [L] -> L
+    end.
 
-%% State: #{Name => #{slot, gen, dir}}, plus next_gen.
+%% EC_TYPES's ids (erlcuda_ring.h).
+type_id(f32) -> 0;
+type_id(f64) -> 1;
+type_id(s32) -> 2;
+type_id(u32) -> 3;
+type_id(s64) -> 4;
+type_id(u8) -> 5.
+
 init([]) ->
     %% terminate/2 runs at shutdown: the lookups in persistent_term go too.
     process_flag(trap_exit, true),

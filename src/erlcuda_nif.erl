@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, put/2, put/3, get/1, get/2, free/1,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, signature/2, put/2, put/3, get/1, get/2, free/1,
          buffer_info/1]).
 
 -on_load(init/0).
@@ -115,6 +115,11 @@ module_gen(_Slot, _Gen) -> ?NOT_LOADED.
 %% @doc The kernel table of `c_src/erlcuda_ring.h': `{Name, Id, VectorInputs}'.
 -spec kernels() -> [map()].
 kernels() -> ?NOT_LOADED.
+
+%% A signature (erlcuda_ring.h, "Signatures") as the NIF reads it: its
+%% arguments and outputs as kernels/0 describes them, and whether it uses T.
+-spec signature(binary(), binary()) -> {ok, [map()], [map()], boolean()} | {error, binary()}.
+signature(_Args, _Outs) -> ?NOT_LOADED.
 
 %% @doc Queues a put: the vector goes to a new device buffer; the answer is
 %% `{erlcuda, Ref, {ok, Buf} | {error, Reason}}'.

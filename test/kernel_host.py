@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Runs the host (CPU backend) entries of built users' kernel modules through
-ctypes, as gpud's CPU backend calls them: one `Job` (kernels/kit/src/job.rs)
-per call, host addresses, the scalar/dimension arguments packed in the
-parameter area.
+ctypes, as gpud's CPU backend calls them: one `Job` (kernels/kit/src/job.rs,
+the layout of ec_job_args) per call, host addresses, vectors in slots 0..8
+and outputs from slot 8, the scalar/dimension arguments one per param.
 
     python3 test/kernel_host.py EXAMPLE_OUT FAULTY_OUT
 
@@ -22,11 +22,14 @@ import sys
 
 
 class Job(ctypes.Structure):
-    _fields_ = [("vec", ctypes.c_uint64 * 2), ("out", ctypes.c_uint64), ("n", ctypes.c_uint64),
-                ("out_len", ctypes.c_uint64), ("block_start", ctypes.c_uint64), ("params", ctypes.c_uint8 * 16)]
+    _fields_ = [("addr", ctypes.c_uint64 * 12), ("len", ctypes.c_uint32 * 12), ("param", ctypes.c_uint64 * 8),
+                ("block_start", ctypes.c_uint64), ("buffers", ctypes.c_uint32), ("grid", ctypes.c_uint32),
+                ("block", ctypes.c_uint32), ("shared_bytes", ctypes.c_uint32), ("given", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint32 * 5)]
 
 
-assert ctypes.sizeof(Job) == 64
+assert ctypes.sizeof(Job) == 256
+OUT_SLOT = 8  # the first output's slot (MAX_VECTORS)
 CTYPE = {"f32": ctypes.c_float, "f64": ctypes.c_double}
 
 
@@ -36,18 +39,15 @@ def fail(msg):
 
 
 def params(sig, scalars, dims):
-    """The parameter area: an s at the next 8-aligned offset (f64), a d at
-    the next 4 bytes (u32), in signature order (job.rs, param_offsets)."""
-    area, at, s, d = bytearray(16), 0, iter(scalars), iter(dims)
+    """The params in signature order: a float scalar as its f64 bits, a
+    dimension as a u64 (job.rs)."""
+    out, s, d = [], iter(scalars), iter(dims)
     for c in sig:
         if c == "s":
-            at = (at + 7) // 8 * 8
-            struct.pack_into("=d", area, at, next(s))
-            at += 8
+            out.append(struct.unpack("=Q", struct.pack("=d", next(s)))[0])
         elif c == "d":
-            struct.pack_into("=I", area, at, next(d))
-            at += 4
-    return area
+            out.append(next(d))
+    return out
 
 
 def run(lib, kernel, ty, sig, ins, out_len, scalars=(), dims=()):
@@ -56,9 +56,10 @@ def run(lib, kernel, ty, sig, ins, out_len, scalars=(), dims=()):
     out = (CTYPE[ty] * out_len)(*([float("nan")] * out_len))
     job = Job()
     for i, a in enumerate(arrays):
-        job.vec[i] = ctypes.addressof(a)
-    job.out, job.n, job.out_len = ctypes.addressof(out), len(ins[0]), out_len
-    job.params[:] = params(sig, scalars, dims)
+        job.addr[i], job.len[i] = ctypes.addressof(a), len(ins[i])
+    job.addr[OUT_SLOT], job.len[OUT_SLOT] = ctypes.addressof(out), out_len
+    for i, p in enumerate(params(sig, scalars, dims)):
+        job.param[i] = p
     fn = getattr(lib, f"erlcuda_host_{kernel}_{ty}")
     fn.argtypes, fn.restype = [ctypes.POINTER(Job)], None
     fn(ctypes.byref(job))

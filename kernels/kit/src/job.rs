@@ -3,10 +3,12 @@
 //! device code, the host (CPU) code and gpud agree on.
 //!
 //! Plain `#[repr(C)]` Rust with no dependencies and nothing target-specific,
-//! so gpud includes this very file (`#[path = ".../kernels/kit/src/job.rs"]`).
+//! so gpud includes this very file (`#[path = ".../kernels/kit/src/job.rs"]`,
+//! beside `signature.rs` as a sibling module named `signature`).
 //!
 //! # Entries
-//! A kernel `NAME` declared for element type `TY` (`f32`, `f64`) yields
+//! A kernel `NAME` declared for element type `TY` (each of its `types`;
+//! a kernel with no T has one entry, `NAME`, and `erlcuda_host_NAME`) yields
 //! * the PTX entry `NAME_TY(jobs: u64 -> [Job; njobs], njobs: u32, total_blocks: u32)`:
 //!   parameters of sizes 8, 4, 4 at offsets 0, 8, 12 (gpud checks them with
 //!   `cuFuncGetParamInfo` before it runs the module);
@@ -18,53 +20,99 @@
 //! One launch serves every coalesced job of one kernel, element type and
 //! launch options. Virtual blocks are numbered across the launch: job `j`
 //! owns `[jobs[j].block_start, jobs[j+1].block_start)` (its count comes from
-//! the kernel's `blocks` rule, [`blocks_of`]). Every entry is grid-stride over
+//! the kernel's `blocks` rule, [`Blocks::of`]). Every entry is grid-stride over
 //! `0..total_blocks` with stride `gridDim.x`, so any `grid.x >= 1` is correct;
 //! `block = (threads, 1, 1)`; a launch with `total_blocks == 0` is skipped.
 //! Outputs of different jobs never overlap; an output never overlaps an input.
 
-/// The first line of a manifest: `erlcuda-module 1`. Each further line is
-/// `kernel NAME shape=S args=SIG types=T,.. out=O blocks=B threads=N shared=BYTES`:
-/// * `shape`: `elementwise` | `reduction` | `table`;
-/// * `args`: one letter per Erlang argument, in order: `v` vector, `s` scalar
-///   (f64 in the parameter area), `d` dimension (u32); 1 or 2 `v`;
-/// * `types`: the element types (`f32`, `f64`), one entry each;
-/// * `out`: the output's length: `n` (the vectors' length), `1`, or `n/dI`
-///   (n divided by dimension argument I, counted among the `d`s from 0);
-/// * `blocks`: virtual blocks per job: `elements` (ceil(n / (threads ·
-///   [`ELEMS_PER_THREAD`]))), `chunks` (ceil(n / (threads · [`SERIAL`]))),
-///   `one`, or `n/dI`;
-/// * `threads`: the block size unless the launch says `{block, B}`;
-/// * `shared`: dynamic shared memory bytes unless the launch says
-///   `{shared_bytes, S}`.
-/// Every vector of a job has the same length `n`; when `out` or `blocks` is
-/// `n/dI`, dimension I is at least 1 and divides `n`.
-pub const MANIFEST_MAGIC: &str = "erlcuda-module 1";
+use super::signature::{eq, split, Len, Sig, MAX_FREE, MAX_PARAMS, MAX_SLOTS, MAX_VECTORS};
 
-/// One job of a launch: 64 bytes. On the device the addresses are device
+/// The first line of a manifest: `erlcuda-module 2`. Each further line is
+/// `kernel NAME types=TYPES args=ARGS outs=OUTS blocks=RULE threads=N block_rule=R shared=BYTES`:
+/// * `types`: the set the kernel's T ranges over (`f32,f64`, any of the
+///   six element types), or `-` when no argument or output is of type T;
+/// * `args`, `outs`: the signature (language: `c_src/erlcuda_ring.h`,
+///   "Signatures"; parsed by [`super::signature::Sig::parse`]);
+/// * `blocks`: virtual blocks per job: `elements(LEN)` (ceil(LEN /
+///   (threads · [`ELEMS_PER_THREAD`]))), `chunks(LEN)` (ceil(LEN /
+///   (threads · [`SERIAL`]))), or `LEN` itself, LEN as an output's length;
+/// * `threads`: the block size unless the launch says `{block, B}`;
+/// * `block_rule`: which `{block, B}` the kernel's code allows: `any`,
+///   `warps` (a multiple of 32) or `pow2` (a power of two from 32);
+/// * `shared`: dynamic shared memory bytes unless the launch says
+///   `{shared_bytes, S}` (never less than this).
+pub const MANIFEST_MAGIC: &str = "erlcuda-module 2";
+
+/// One job of a launch: 256 bytes, the layout of `struct ec_job_args`
+/// (gpud's layout test checks it). On the device the addresses are device
 /// addresses; on the host (the CPU backend) host addresses and
-/// `block_start == 0`.
+/// `block_start == 0`. `buffers` and the launch options are the wire's
+/// (gpud clears `buffers`; a kernel need not read any of them).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Job {
-    /// Vector arguments in signature order (0 when the kernel takes one).
-    pub vec: [u64; 2],
-    /// The output: `out_len` elements.
-    pub out: u64,
-    /// Length of every vector argument, in elements.
-    pub n: u64,
-    pub out_len: u64,
+    /// Slot `i < MAX_VECTORS`: the i-th v or io argument; slot
+    /// `MAX_VECTORS + j`: the j-th output (zeroed before the kernel runs).
+    pub addr: [u64; MAX_SLOTS],
+    /// Each slot's length in elements of its type.
+    pub len: [u32; MAX_SLOTS],
+    /// The s and d arguments in declared order: a float scalar as f64
+    /// bits, an integer scalar as an s64, a dimension as a u64.
+    pub param: [u64; MAX_PARAMS],
     /// This job's first virtual block in the launch.
     pub block_start: u64,
-    /// The scalar and dimension arguments, packed in signature order exactly
-    /// as in the submission's parameter area: an `s` takes the next 8-aligned
-    /// f64, a `d` the next u32 ([`param_offsets`]).
-    pub params: [u8; PARAM_BYTES],
+    pub buffers: u32,
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+    pub given: u32,
+    pub reserved: [u32; 5],
 }
 
-const _: () = assert!(core::mem::size_of::<Job>() == 64);
+const _: () = assert!(core::mem::size_of::<Job>() == 256);
 
-pub const PARAM_BYTES: usize = 16;
+impl Default for Job {
+    fn default() -> Job {
+        Job {
+            addr: [0; MAX_SLOTS],
+            len: [0; MAX_SLOTS],
+            param: [0; MAX_PARAMS],
+            block_start: 0,
+            buffers: 0,
+            grid: 0,
+            block: 0,
+            shared_bytes: 0,
+            given: 0,
+            reserved: [0; 5],
+        }
+    }
+}
+
+impl Job {
+    /// Output `j`'s slot.
+    pub const fn out_slot(j: usize) -> usize {
+        MAX_VECTORS + j
+    }
+    /// Float scalar parameter `i`.
+    pub fn param_f64(&self, i: usize) -> f64 {
+        f64::from_bits(self.param[i])
+    }
+    /// Integer scalar parameter `i`.
+    pub fn param_i64(&self, i: usize) -> i64 {
+        self.param[i] as i64
+    }
+    /// The free lengths of signature `sig` in this job.
+    pub fn free_lens(&self, sig: &Sig) -> [u64; MAX_FREE] {
+        let mut f = [0u64; MAX_FREE];
+        let mut i = 0;
+        while i < sig.nfree as usize {
+            f[i] = self.len[sig.free_slot[i] as usize] as u64;
+            i += 1;
+        }
+        f
+    }
+}
+
 /// Elements per thread per virtual block of an `elementwise` kernel.
 pub const ELEMS_PER_THREAD: u64 = 4;
 /// Terms each thread of a `reduction` adds serially per virtual block; a
@@ -77,82 +125,103 @@ pub const DEFAULT_THREADS: u32 = 256;
 pub const MAX_THREADS: u32 = 1024;
 pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
 
-/// Byte offsets in [`Job::params`] of the signature's `s` and `d` arguments
-/// in order (`v`s take none), and the bytes used; `None` when the signature
-/// does not fit [`PARAM_BYTES`] or holds another letter.
-pub const fn param_offsets(sig: &[u8]) -> Option<([usize; PARAM_BYTES / 4], usize, usize)> {
-    let mut offs = [0usize; PARAM_BYTES / 4];
-    let (mut at, mut count, mut i) = (0usize, 0usize, 0usize);
-    while i < sig.len() {
-        match sig[i] {
-            b'v' => {}
-            b's' => {
-                at = (at + 7) / 8 * 8;
-                if at + 8 > PARAM_BYTES {
-                    return None;
-                }
-                offs[count] = at;
-                count += 1;
-                at += 8;
-            }
-            b'd' => {
-                if at + 4 > PARAM_BYTES {
-                    return None;
-                }
-                offs[count] = at;
-                count += 1;
-                at += 4;
-            }
-            _ => return None,
-        }
-        i += 1;
-    }
-    Some((offs, count, at))
-}
-
-impl Job {
-    /// The f64 at byte `off` of the parameter area.
-    pub fn param_f64(&self, off: usize) -> f64 {
-        let mut b = [0u8; 8];
-        let mut i = 0;
-        while i < 8 {
-            b[i] = self.params[off + i];
-            i += 1;
-        }
-        f64::from_ne_bytes(b)
-    }
-    /// The u32 at byte `off` of the parameter area.
-    pub fn param_u32(&self, off: usize) -> u32 {
-        u32::from_ne_bytes([self.params[off], self.params[off + 1], self.params[off + 2], self.params[off + 3]])
-    }
-}
-
 /// `ceil(a / b)` (b > 0).
 pub const fn div_ceil(a: u64, b: u64) -> u64 {
     a / b + (a % b != 0) as u64
 }
 
-/// How many virtual blocks a job takes.
+/// How many virtual blocks a job takes (the manifest's `blocks`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Blocks {
-    /// ceil(n / (threads · ELEMS_PER_THREAD))
-    Elements,
-    /// ceil(n / (threads · SERIAL))
-    Chunks,
-    /// one per job
-    One,
-    /// n / dim I (one per row of length dim I)
-    PerDim(u8),
+    /// `elements(LEN)`: ceil(LEN / (threads · ELEMS_PER_THREAD))
+    Elements(Len),
+    /// `chunks(LEN)`: ceil(LEN / (threads · SERIAL))
+    Chunks(Len),
+    /// `LEN`: that many
+    Count(Len),
 }
 
-/// Virtual blocks of one job of length `n` with `threads` per block and
-/// dimension arguments `dims`; dims named by the rule are ≥ 1 (validated).
-pub const fn blocks_of(rule: Blocks, n: u64, threads: u32, dims: &[u32]) -> u64 {
-    match rule {
-        Blocks::Elements => div_ceil(n, threads as u64 * ELEMS_PER_THREAD),
-        Blocks::Chunks => div_ceil(n, threads as u64 * SERIAL),
-        Blocks::One => 1,
-        Blocks::PerDim(i) => n / dims[i as usize] as u64,
+impl Blocks {
+    /// Reads a `blocks` rule against the kernel's signature.
+    pub const fn parse(sig: &Sig, text: &str) -> Result<Blocks, &'static str> {
+        let t = text.as_bytes();
+        let (head, rest) = split(t, b'(');
+        if rest.is_empty() {
+            return match sig.parse_len(t) {
+                Ok(l) => Ok(Blocks::Count(l)),
+                Err(e) => Err(e),
+            };
+        }
+        if rest[rest.len() - 1] != b')' {
+            return Err("blocks is elements(LEN), chunks(LEN) or LEN");
+        }
+        let len = match sig.parse_len(rest.split_at(rest.len() - 1).0) {
+            Ok(l) => l,
+            Err(e) => return Err(e),
+        };
+        if eq(head, b"elements") {
+            Ok(Blocks::Elements(len))
+        } else if eq(head, b"chunks") {
+            Ok(Blocks::Chunks(len))
+        } else {
+            Err("blocks is elements(LEN), chunks(LEN) or LEN")
+        }
+    }
+
+    /// Virtual blocks of `job` with `threads` per block; `None` when a
+    /// length does not evaluate (validation refused such jobs already).
+    pub fn of(&self, sig: &Sig, job: &Job, threads: u32) -> Option<u64> {
+        let free = job.free_lens(sig);
+        let (l, per) = match self {
+            Blocks::Elements(l) => (l, threads as u64 * ELEMS_PER_THREAD),
+            Blocks::Chunks(l) => (l, threads as u64 * SERIAL),
+            Blocks::Count(l) => (l, 1),
+        };
+        match l.eval(&job.param, &free) {
+            Ok(Some(v)) => Some(div_ceil(v, per)),
+            _ => None,
+        }
+    }
+}
+
+/// Which `{block, B}` a kernel's code allows (the manifest's `block_rule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockRule {
+    Any,
+    /// a multiple of 32 (whole warps: the block-wide helpers)
+    Warps,
+    /// a power of two from 32 (a block tree)
+    Pow2,
+}
+
+impl BlockRule {
+    pub const fn parse(t: &str) -> Option<BlockRule> {
+        let t = t.as_bytes();
+        if eq(t, b"any") {
+            Some(BlockRule::Any)
+        } else if eq(t, b"warps") {
+            Some(BlockRule::Warps)
+        } else if eq(t, b"pow2") {
+            Some(BlockRule::Pow2)
+        } else {
+            None
+        }
+    }
+    pub const fn name(self) -> &'static str {
+        match self {
+            BlockRule::Any => "any",
+            BlockRule::Warps => "warps",
+            BlockRule::Pow2 => "pow2",
+        }
+    }
+    pub const fn allows(self, b: u32) -> bool {
+        b >= 1
+            && b <= MAX_THREADS
+            && match self {
+                BlockRule::Any => true,
+                BlockRule::Warps => b % 32 == 0,
+                BlockRule::Pow2 => b >= 32 && b.is_power_of_two(),
+            }
     }
 }
 

@@ -1,0 +1,194 @@
+/*
+ * kernels.c: the kernels as the NIF knows them. The built-in rows of the
+ * ring header, parsed once at load; a user's kernel as erlcuda_modules
+ * describes it on each submit; module generations; and both as Erlang
+ * terms (kernels/0, signature/2). Every signature goes through
+ * sig_parse (signature.c), the VM's one reader of the language.
+ */
+#define _GNU_SOURCE
+#include "erlcuda_nif.h"
+
+#include <string.h>
+
+static struct kernel_info KERNELS[EC_KERNEL_COUNT];
+
+/* The live generation of each module slot (0: none). */
+static uint32_t MODULE_GEN[EC_MODULE_SLOTS];
+
+int kernels_load(ErlNifEnv *env)
+{
+    const char *why = NULL;
+#define KERNEL_INFO(NAME, ID, ATOM, ARGS, OUTS, SHAPE, TYPES, ENTRY)                                 \
+    KERNELS[ID] = (struct kernel_info){.atom = enif_make_atom(env, #ATOM), .shape = EC_SHAPE_##SHAPE, \
+                                       .types = TYPES, .entry = ENTRY, .args_text = ARGS,            \
+                                       .outs_text = OUTS, .id = ID};                                 \
+    if (sig_parse(ARGS, strlen(ARGS), OUTS, strlen(OUTS), &KERNELS[ID].sig, &why) != 0)              \
+        return -1;
+    EC_KERNELS(KERNEL_INFO)
+#undef KERNEL_INFO
+    return 0;
+}
+
+const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM atom)
+{
+    if (!enif_is_atom(env, atom))
+        return NULL;
+    for (uint32_t k = 1; k < EC_KERNEL_COUNT; k++)
+        if (enif_is_identical(atom, KERNELS[k].atom))
+            return &KERNELS[k];
+    return NULL;
+}
+
+uint32_t module_gen(uint32_t slot)
+{
+    return slot < EC_MODULE_SLOTS ? __atomic_load_n(&MODULE_GEN[slot], __ATOMIC_SEQ_CST) : 0;
+}
+
+void set_module_gen(uint32_t slot, uint32_t gen)
+{
+    if (slot < EC_MODULE_SLOTS)
+        __atomic_store_n(&MODULE_GEN[slot], gen, __ATOMIC_SEQ_CST);
+}
+
+/* {Id, Slot, Gen, Args, Outs, Blocks, Types, {Given, Grid, Block,
+ * SharedBytes}}: built by erlcuda_modules from the manifest (Blocks: the
+ * length inside its `blocks` rule), checked here again (a wrong one must
+ * not reach gpud). */
+int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki)
+{
+    const ERL_NIF_TERM *e, *o;
+    int arity, oarity;
+    unsigned id, slot, gen, types, given, grid, block, shared;
+    ErlNifBinary args, outs, blocks;
+    const char *why;
+    if (!enif_get_tuple(env, t, &arity, &e) || arity != 8 || !enif_get_uint(env, e[0], &id) ||
+        !enif_get_uint(env, e[1], &slot) || !enif_get_uint(env, e[2], &gen) ||
+        !enif_inspect_binary(env, e[3], &args) || !enif_inspect_binary(env, e[4], &outs) ||
+        !enif_inspect_binary(env, e[5], &blocks) ||
+        !enif_get_uint(env, e[6], &types) || !enif_get_tuple(env, e[7], &oarity, &o) ||
+        oarity != 4 || !enif_get_uint(env, o[0], &given) || !enif_get_uint(env, o[1], &grid) ||
+        !enif_get_uint(env, o[2], &block) || !enif_get_uint(env, o[3], &shared))
+        return 0;
+    if (slot >= EC_MODULE_SLOTS || gen == 0 || id < EC_USER_KERNEL_BASE ||
+        (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS != slot || types >= (1u << EC_TYPE_COUNT) ||
+        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES)) != 0)
+        return 0;
+    if (sig_parse((const char *)args.data, args.size, (const char *)outs.data, outs.size, &ki->sig,
+                  &why) != 0 ||
+        (ki->sig.uses_t != (types != 0)))
+        return 0;
+    ki->has_blocks = blocks.size > 0;
+    if (ki->has_blocks &&
+        sig_parse_len(&ki->sig, (const char *)blocks.data, blocks.size, &ki->blocks, &why) != 0)
+        return 0;
+    ki->atom = 0;
+    ki->shape = SHAPE_USER;
+    ki->types = types;
+    ki->entry = "";
+    ki->args_text = ki->outs_text = NULL;
+    ki->user = 1;
+    ki->id = id;
+    ki->slot = slot;
+    ki->gen = gen;
+    ki->given = given;
+    ki->grid = given & EC_OPT_GRID ? grid : 0;
+    ki->block = given & EC_OPT_BLOCK ? block : 0;
+    ki->shared_bytes = given & EC_OPT_SHARED_BYTES ? shared : 0;
+    return 1;
+}
+
+static ERL_NIF_TERM type_term(uint8_t type)
+{
+    return type == SIG_TYPE_T ? ATOM_T : type < EC_TYPE_COUNT ? TYPE_ATOMS[type] : TYPE_ATOMS[EC_TYPE_U32];
+}
+
+static ERL_NIF_TERM len_term(ErlNifEnv *env, const struct sig *s, const struct sig_len *l)
+{
+    char buf[8 * (EC_MAX_NAME + 2)];
+    size_t n = sig_len_text(s, l, buf, sizeof buf);
+    ERL_NIF_TERM t;
+    memcpy(enif_make_new_binary(env, n, &t), buf, n);
+    return t;
+}
+
+static ERL_NIF_TERM name_term(ErlNifEnv *env, const char *name)
+{
+    return enif_make_atom(env, name);
+}
+
+/* The signature's arguments and outputs as lists of maps:
+ * #{name, kind, type, length} each (length `none` for s and d; a d's type
+ * is u32, its range). */
+static void sig_terms(ErlNifEnv *env, const struct sig *s, ERL_NIF_TERM *args, ERL_NIF_TERM *outs)
+{
+    static ERL_NIF_TERM *const KIND[] = {[SIG_VECTOR] = &ATOM_vector, [SIG_INOUT] = &ATOM_inout,
+                                         [SIG_SCALAR] = &ATOM_scalar, [SIG_DIM] = &ATOM_dim};
+    ERL_NIF_TERM keys[] = {ATOM_name, ATOM_kind, ATOM_type, ATOM_length};
+    *args = enif_make_list(env, 0);
+    for (unsigned i = s->nargs; i > 0; i--) {
+        const struct sig_arg *a = &s->arg[i - 1];
+        int vec = a->kind == SIG_VECTOR || a->kind == SIG_INOUT;
+        ERL_NIF_TERM vals[] = {name_term(env, a->name), *KIND[a->kind], type_term(a->type),
+                               vec ? len_term(env, s, &a->len) : ATOM_none};
+        ERL_NIF_TERM m;
+        enif_make_map_from_arrays(env, keys, vals, 4, &m);
+        *args = enif_make_list_cell(env, m, *args);
+    }
+    *outs = enif_make_list(env, 0);
+    for (unsigned i = s->nouts; i > 0; i--) {
+        const struct sig_out *o = &s->out[i - 1];
+        ERL_NIF_TERM vals[] = {name_term(env, o->name), o->scalar ? ATOM_scalar : ATOM_vector,
+                               type_term(o->type), len_term(env, s, &o->len)};
+        ERL_NIF_TERM m;
+        enif_make_map_from_arrays(env, keys, vals, 4, &m);
+        *outs = enif_make_list_cell(env, m, *outs);
+    }
+}
+
+static ERL_NIF_TERM types_term(ErlNifEnv *env, uint32_t mask)
+{
+    ERL_NIF_TERM types = enif_make_list(env, 0);
+    for (int t = EC_TYPE_COUNT - 1; t >= 0; t--)
+        if (mask & (1u << t))
+            types = enif_make_list_cell(env, TYPE_ATOMS[t], types);
+    return types;
+}
+
+ERL_NIF_TERM kernels_term(ErlNifEnv *env)
+{
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (uint32_t k = EC_KERNEL_COUNT - 1; k > 0; k--) {
+        const struct kernel_info *ki = &KERNELS[k];
+        ERL_NIF_TERM args, outs, entry;
+        sig_terms(env, &ki->sig, &args, &outs);
+        size_t elen = strlen(ki->entry);
+        memcpy(enif_make_new_binary(env, elen, &entry), ki->entry, elen);
+        ERL_NIF_TERM keys[] = {ATOM_name, ATOM_id, ATOM_args, ATOM_outputs, ATOM_types,
+                               ATOM_shape, ATOM_entry, ATOM_accumulate};
+        /* Sums accumulate in the element type on every backend (the header). */
+        ERL_NIF_TERM vals[] = {ki->atom, enif_make_uint(env, k), args, outs,
+                               types_term(env, ki->types), SHAPE_ATOMS[ki->shape], entry, ATOM_type};
+        ERL_NIF_TERM map;
+        enif_make_map_from_arrays(env, keys, vals, sizeof keys / sizeof keys[0], &map);
+        list = enif_make_list_cell(env, map, list);
+    }
+    return list;
+}
+
+ERL_NIF_TERM signature_term(ErlNifEnv *env, ERL_NIF_TERM args_text, ERL_NIF_TERM outs_text)
+{
+    ErlNifBinary a, o;
+    struct sig s;
+    const char *why = NULL;
+    if (!enif_inspect_binary(env, args_text, &a) || !enif_inspect_binary(env, outs_text, &o))
+        return enif_make_badarg(env);
+    if (sig_parse((const char *)a.data, a.size, (const char *)o.data, o.size, &s, &why) != 0) {
+        ERL_NIF_TERM msg;
+        size_t n = strlen(why);
+        memcpy(enif_make_new_binary(env, n, &msg), why, n);
+        return make_error(env, msg);
+    }
+    ERL_NIF_TERM args, outs;
+    sig_terms(env, &s, &args, &outs);
+    return enif_make_tuple4(env, ATOM_ok, args, outs, s.uses_t ? ATOM_true : ATOM_false);
+}

@@ -1,0 +1,95 @@
+/*
+ * results.c: term conversion out. A finished job's outputs as the caller
+ * gets them (erlcuda_ring.h, "Signatures"; DESIGN's result forms): one
+ * output alone, several as a tuple in declared order, `ok` for none; each
+ * in the form of the job's first vector argument.
+ */
+#define _GNU_SOURCE
+#include "erlcuda_nif.h"
+
+#include <math.h>
+#include <string.h>
+
+ERL_NIF_TERM float_term(ErlNifEnv *env, double f)
+{
+    if (isnan(f))
+        return ATOM_nan;
+    if (isinf(f))
+        return f > 0 ? ATOM_infinity : ATOM_neg_infinity;
+    return enif_make_double(env, f);
+}
+
+/* Element i of a vector of `type` at p, as a number. */
+static ERL_NIF_TERM elem_term(ErlNifEnv *env, const uint8_t *p, uint8_t type, uint64_t i)
+{
+    switch (type) {
+    case EC_TYPE_F32:
+        return float_term(env, ((const float *)p)[i]);
+    case EC_TYPE_F64: {
+        double x;
+        memcpy(&x, p + i * 8, 8);
+        return float_term(env, x);
+    }
+    case EC_TYPE_U8:
+        return enif_make_uint(env, p[i]);
+    case EC_TYPE_S32:
+        return enif_make_int(env, ((const int32_t *)p)[i]);
+    case EC_TYPE_U32:
+        return enif_make_uint(env, ((const uint32_t *)p)[i]);
+    default: {
+        int64_t x;
+        memcpy(&x, p + i * 8, 8);
+        return enif_make_int64(env, x);
+    }
+    }
+}
+
+/* Output k of job j. `whole`: the job's only output, which may be handed
+ * over as a resource binary on its region (j->zero_copy). */
+static ERL_NIF_TERM output_term(ErlNifEnv *env, struct device *d, struct job *j, unsigned k, int whole)
+{
+    const struct out_spec *o = &j->outs[k];
+    const uint8_t *out = region_ptr(d, &j->out) + o->off;
+    size_t bytes = (size_t)o->len * type_bytes(o->type);
+    if (o->scalar)
+        return elem_term(env, out, o->type, 0);
+    if (j->form == FORM_LIST) {
+        ERL_NIF_TERM list = enif_make_list(env, 0);
+        for (uint64_t i = o->len; i > 0; i--)
+            list = enif_make_list_cell(env, elem_term(env, out, o->type, i - 1), list);
+        return list;
+    }
+    ERL_NIF_TERM bin = 0;
+    if (whole && j->zero_copy) {
+        struct region_res *rr = enif_alloc_resource(REGION_RT, sizeof *rr);
+        if (rr) {
+            rr->d = d;
+            rr->r = j->out;
+            enif_keep_resource(d);
+            __atomic_add_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
+            j->out_taken = 1;
+            bin = enif_make_resource_binary(env, rr, out, bytes);
+            enif_release_resource(rr);
+        }
+    }
+    if (!bin) {
+        unsigned char *p = enif_make_new_binary(env, bytes, &bin);
+        if (p)
+            memcpy(p, out, bytes);
+    }
+    /* A plain binary in gives a plain binary out for f32 only. */
+    int typed = j->form == FORM_TYPED || o->type != EC_TYPE_F32;
+    return typed ? enif_make_tuple2(env, TYPE_ATOMS[o->type], bin) : bin;
+}
+
+ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j)
+{
+    if (j->nout == 0)
+        return ATOM_ok;
+    if (j->nout == 1)
+        return output_term(env, d, j, 0, 1);
+    ERL_NIF_TERM t[EC_MAX_OUTPUTS];
+    for (unsigned k = 0; k < j->nout; k++)
+        t[k] = output_term(env, d, j, k, 0);
+    return enif_make_tuple_from_array(env, t, j->nout);
+}
