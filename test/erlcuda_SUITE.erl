@@ -121,10 +121,12 @@ element_types(_) ->
 kernel_table(_) ->
     Ks = erlcuda:kernels(),
     [vector_add, reduce, dot_product, matmul, saxpy] = [N || #{name := N} <- Ks],
-    [#{args := [scalar, vector, vector], types := [f32, f64], shape := elementwise,
-       output := vector, entry := <<"saxpy">>, accumulate := type}] =
+    [#{args := [#{kind := scalar, type := 'T'}, #{kind := vector}, #{kind := vector}],
+       outputs := [#{kind := vector, type := 'T', length := <<"n">>}],
+       types := [f32, f64], shape := elementwise, entry := <<"saxpy">>, accumulate := type}] =
         [K || K = #{name := saxpy} <- Ks],
-    [#{args := [vector, vector, dim, dim, dim], shape := matmul}] = [K || K = #{name := matmul} <- Ks],
+    [#{args := [#{length := <<"m*k">>}, #{length := <<"k*n">>}, #{kind := dim}, #{kind := dim},
+                #{kind := dim}], shape := matmul}] = [K || K = #{name := matmul} <- Ks],
     [ok = run_checked(N, erlcuda_ref:args(N, 7, f64)) || #{name := N} <- Ks],
     ok.
 
@@ -315,9 +317,9 @@ bad_arguments(_) ->
      end || {K, A, O} <- Bad],
     ?assertEqual({error, {unknown_kernel, transpose}}, erlcuda:launch(transpose, [[1.0]])),
     ?assertEqual({error, {no_device, 7}}, erlcuda:launch(reduce, [[1.0]], [{device, 7}])),
-    ?assertEqual({error, {badarg, length_mismatch}}, erlcuda:launch(vector_add, [[1.0], []])),
+    ?assertEqual({error, {badarg, {arg, 2}}}, erlcuda:launch(vector_add, [[1.0], []])),
     ?assertEqual({error, {badarg, {arg, 1}}}, erlcuda:launch(reduce, [[1.0, foo]])),
-    ?assertEqual({error, {badarg, shape}}, erlcuda:launch(matmul, [[1.0], [1.0], 2, 1, 1])),
+    ?assertEqual({error, {badarg, {arg, 1}}}, erlcuda:launch(matmul, [[1.0], [1.0], 2, 1, 1])),
     ?assert(lists:keymember(erlcuda, 1, application:which_applications())),
     ?assertEqual({ok, 6.0}, erlcuda:launch_sync(reduce, [[1, 2, 3]])),
     %% The completion thread frees a job's slot just after sending its answer.

@@ -147,7 +147,7 @@ errors_at_once(Config) ->
     {error, {no_device, {B, 7}}} = erlcuda:launch_sync(vector_add, Args, [{device, {B, 7}}]),
     {error, {badarg, {arg, 2}}} = erlcuda:launch(vector_add, [[1.0], [foo]], [{device, {B, 0}}]),
     {error, {badarg, {arg, 2}}} = erlcuda:launch_sync(vector_add, [[1.0], [foo]], [{device, {B, 0}}]),
-    {error, {badarg, length_mismatch}} = erlcuda:launch(vector_add, [[1.0], [1.0, 2.0]], [{device, {B, 0}}]),
+    {error, {badarg, {arg, 2}}} = erlcuda:launch(vector_add, [[1.0], [1.0, 2.0]], [{device, {B, 0}}]),
     {error, {unknown_kernel, nope}} = erlcuda:launch(nope, Args, [{device, {B, 0}}]),
     {error, {badarg, {opt, {grid, 4}}}} = erlcuda:launch(vector_add, Args, [{device, {B, 0}}, {grid, 4}]),
     {error, {badarg, {opt, {device, {B, -1}}}}} = erlcuda:launch(vector_add, Args, [{device, {B, -1}}]),

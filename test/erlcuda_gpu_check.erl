@@ -402,6 +402,8 @@ user_checks() ->
              check("user softmax (table), f32 and f64", fun() -> erlcuda_user_check:softmax(all) end),
              check("user row_sums (table)", fun() -> erlcuda_user_check:row_sums(all) end),
              check("user sumsq (reduction), every size", fun() -> erlcuda_user_check:sumsq(all) end),
+             check("the ten example kernels, every type and odd size",
+                   fun() -> example_check:run(example) end),
              check("user kernels: bad calls refused", fun erlcuda_user_check:bad_calls/0),
              check("user kernels: launch options", fun erlcuda_user_check:launch_options/0),
              check("user module refused: PTX unlike its manifest",

@@ -35,7 +35,7 @@ shape(matmul, N) -> {1, N, 2}.
 
 %% @doc Random arguments of `Kernel' at `Size', with vectors as lists,
 %% binaries (f32), or `{f64, Binary}' (Form `f64'), following the kernel's
-%% signature in `erlcuda:kernels()' ('scalar' arguments are random numbers).
+%% signature in `erlcuda:kernels()' (scalar arguments are random numbers).
 -spec args(atom(), non_neg_integer(), list | binary | f64) -> [term()].
 args(matmul, Size, Form) ->
     {M, N, K} = shape(matmul, Size),
@@ -43,8 +43,8 @@ args(matmul, Size, Form) ->
 args(Kernel, Size, Form) ->
     [#{args := Sig}] = [I || I = #{name := Name} <- erlcuda:kernels(), Name =:= Kernel],
     [case A of
-         vector -> conv(Form, random_vector(Size));
-         scalar -> rand:uniform_real() * 4 - 2
+         #{kind := vector} -> conv(Form, random_vector(Size));
+         #{kind := scalar} -> rand:uniform_real() * 4 - 2
      end || A <- Sig].
 
 conv(list, L) -> L;

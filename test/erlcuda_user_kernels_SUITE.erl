@@ -24,10 +24,15 @@ end_per_suite(_Config) ->
 
 kernels_listed(_) ->
     Ks = erlcuda:kernels(),
-    [#{args := [vector, scalar, scalar], types := [f32, f64], shape := elementwise,
-       output := vector}] = [K || K = #{name := {example, clamp}} <- Ks],
-    [#{args := [vector, dim], shape := table}] = [K || K = #{name := {example, softmax}} <- Ks],
-    [#{output := scalar, shape := reduction}] = [K || K = #{name := {example, sumsq}} <- Ks],
+    [#{args := [#{name := x, kind := vector, type := 'T', length := <<"n">>},
+                #{kind := scalar, type := 'T'}, #{kind := scalar, type := 'T'}],
+       outputs := [#{kind := vector, type := 'T', length := <<"n">>}],
+       types := [f32, f64], shape := user, block_rule := any}] =
+        [K || K = #{name := {example, clamp}} <- Ks],
+    [#{args := [#{kind := vector}, #{name := cols, kind := dim}], block_rule := warps}] =
+        [K || K = #{name := {example, softmax}} <- Ks],
+    [#{outputs := [#{kind := scalar}], block_rule := pow2}] =
+        [K || K = #{name := {example, sumsq}} <- Ks],
     %% The built-ins are still there, first.
     #{name := vector_add} = hd(Ks),
     ok.

@@ -39,7 +39,7 @@ for line in sys.stdin:
 cp target/release/gpud-bench "$out/gpud-bench"
 cp _build/default/lib/erlcuda/ebin/* "$out/lib/erlcuda/ebin/"
 erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl \
-    test/erlcuda_user_check.erl
+    test/erlcuda_user_check.erl examples/kernels/example_check.erl
 # Users' kernel modules, prebuilt (the GPU machine has no Rust).
 make user-modules
 mkdir -p "$out/user_modules"
