@@ -15,6 +15,8 @@
          cold_start/1, large/0, matmul/0]).
 %% Concurrent callers, for erlcuda_ab and erlcuda_cluster_bench too.
 -export([callers/3, collect/1]).
+%% Records and the JSON, for erlcuda_examples_bench (the section `examples').
+-export([record/7, json/1]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -32,8 +34,11 @@ main() ->
 
 %% Only the sections named in Which (all: every one), in their usual order,
 %% with the same JSON at the end: startup, idle_cpu, latency, other_latency,
-%% throughput, profile, large, matmul, buffers, restart. For a short run
-%% where the device time does not allow the whole benchmark.
+%% throughput, profile, large, matmul, buffers, examples, restart. For a
+%% short run where the device time does not allow the whole benchmark.
+%% `examples' (bench/erlcuda_examples_bench.erl) times the example kernels
+%% of examples/kernels; where their module is not found it is skipped,
+%% and meta.skipped of the JSON says why.
 main(Which) ->
     Run = fun(Section, F) -> (Which =:= all orelse lists:member(Section, Which)) andalso F() end,
     %% Errors only from the VM side, but every line of gpud's: its device,
@@ -47,6 +52,8 @@ main(Which) ->
     io:format("erlcuda benchmarks, ~s, ~p schedulers, ~p cores~n",
               [Date, erlang:system_info(schedulers_online), erlang:system_info(logical_processors)]),
     put(records, []),
+    put(skipped, []),
+    put(errors, []),
     Run(startup, fun() -> startup(5) end),
     start(),
     [#{backend := Be, name := Name}] = erlcuda:devices(),
@@ -59,14 +66,16 @@ main(Which) ->
     Run(large, fun large/0),
     Run(matmul, fun matmul/0),
     Run(buffers, fun buffers/0),
+    Run(examples, fun erlcuda_examples_bench:run/0),
     Run(restart, fun() -> restart(5) end),
     application:stop(erlcuda),
     {ok, Host} = inet:gethostname(),
-    Meta = #{producer => <<"bench/erlcuda_bench.erl">>, date => list_to_binary(Date),
-             host => list_to_binary(Host), backend => Be, device => Name,
-             schedulers => erlang:system_info(schedulers_online),
-             cores => erlang:system_info(logical_processors),
-             otp => list_to_binary(erlang:system_info(otp_release))},
+    Meta0 = #{producer => <<"bench/erlcuda_bench.erl">>, date => list_to_binary(Date),
+              host => list_to_binary(Host), backend => Be, device => Name,
+              schedulers => erlang:system_info(schedulers_online),
+              cores => erlang:system_info(logical_processors),
+              otp => list_to_binary(erlang:system_info(otp_release))},
+    Meta = maps:merge(Meta0, maps:from_list([{K, get(K)} || K <- [skipped, errors], get(K) =/= []])),
     Out = case os:getenv("ERLCUDA_BENCH_JSON") of false -> "erlang.json"; F -> F end,
     ok = file:write_file(Out, json(#{meta => Meta, records => lists:reverse(get(records))})),
     io:format("~nwrote ~s (~p records)~n", [Out, length(get(records))]).

@@ -38,6 +38,11 @@ What the figures mean (all wall-clock unless said otherwise):
   max_rel_err_f64_rows = the same against f64 on 16 sampled rows; bound 1e-4).
 * matmul.end_to_end.nS (TFLOP/s, extra.ms): host A, B -> upload -> matmul
   (TF32 off) -> download -> synchronize, median wall time.
+* examples.K.device (ms, pytorch_cuda): the op of example kernel K
+  (examples/kernels) at DESIGN.md's size on tensors already on the device,
+  median of 50 with CUDA events (sec_examples); extra.bytes = bytes moved,
+  extra.copy_speed_ms = those bytes at examples.d2d_copy's speed (GB/s of
+  a 1 GiB device-to-device copy, reads and writes counted).
 
 Why pageable vs pinned: a copy from ordinary (pageable) host memory cannot be
 DMA'd directly; the driver stages it through its own pinned buffer (an extra
@@ -70,7 +75,7 @@ LARGE_SIZES = [65536, 1048576, 16777216, 67108864]
 LARGE_KERNELS = ["vector_add", "reduce", "dot_product"]
 MATMUL_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 MATMUL_TOL = 1e-4  # max |C - C_ref| / (|A| |B|) for erlcuda's matmul
-SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e", "device_resident"]
+SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e", "device_resident", "examples"]
 
 STATE = {"out": "peers.json", "meta": {}, "records": []}
 
@@ -599,6 +604,149 @@ def sec_device_resident(c):
             (ts[0] * 1e3, ts[-1] * 1e3), len(ts), {"checked": ok})
     free_gpu(c)
 
+# ---------------------------------------------------------------- 7. the example kernels' peers
+# The ten example kernels of examples/kernels (DESIGN.md, "The example
+# kernels"), in DESIGN's order; bench/erlcuda_examples_bench.erl times
+# erlcuda's at the same sizes (its size texts and byte counts are these).
+EXAMPLE_KERNELS = ["cos_sim", "argmax_rows", "histogram", "topk_rows", "gelu", "gather",
+                   "log_softmax_rows", "u8_to_unit", "scatter_add", "axpbypcz"]
+D2D_BYTES = 1 << 30  # the copy that gives HBM's speed: 1 GiB read, 1 GiB written
+
+
+def example_case(c, k, unif, ints):
+    """(size text, bytes moved, fn, how, variants, extra) of example kernel k
+    at DESIGN's size, its tensors made on the device now. Bytes moved count
+    the reads and writes a kernel cannot avoid (gather: the indices and the
+    output, not the table's scattered lines; scatter_add: index, value and
+    the accumulator's read-modify-write per update). variants: other ways
+    to do it, timed too, into extra[name + "_ms"]."""
+    torch = c.torch
+    F = torch.nn.functional
+    if k in ("cos_sim", "argmax_rows"):
+        r, cols = 16384, 1024
+        x = unif(r, cols)
+        size = f"{r}x{cols} f32"
+        if k == "cos_sim":
+            q = unif(cols)
+            return (size, 4 * r * cols + 4 * cols + 4 * r,
+                    lambda: (x @ q) / (x.norm(dim=1) * q.norm()),
+                    "(x @ q) / (x.norm(dim=1) * q.norm())", {}, {})
+        return size, 4 * r * cols + 4 * r, lambda: torch.argmax(x, 1), "torch.argmax(x, 1)", {}, {}
+    if k == "histogram":
+        n = 1 << 26
+        p = ints(256, n, torch.uint8)
+        pi = p.int()
+        variants = {"without_conversion": lambda: torch.bincount(pi, minlength=256),
+                    "uint8_direct": lambda: torch.bincount(p, minlength=256)}
+        return ("2^26 u8", n + 1024, lambda: torch.bincount(p.int(), minlength=256),
+                "torch.bincount(p.int(), minlength=256), p uint8 (the int conversion included; "
+                "without it: extra.without_conversion_ms)", variants, {})
+    if k == "topk_rows":
+        r, cols, kk = 4096, 4096, 8
+        x = unif(r, cols)
+        return (f"{r}x{cols} f32, K {kk}", 4 * r * cols + 8 * r * kk,
+                lambda: torch.topk(x, kk, dim=1), "torch.topk(x, 8, dim=1)", {}, {})
+    if k == "gelu":
+        n = 1 << 26
+        x = unif(n)
+        return "2^26 f32", 8 * n, lambda: F.gelu(x), "F.gelu(x) (exact erf form)", {}, {}
+    if k == "gather":
+        n, m = 1 << 26, 1 << 24
+        table = unif(n)
+        idx = ints(n, m, torch.int32)
+        try:
+            table[idx]
+            dtype = "int32"
+        except Exception:  # an older torch indexes with int64 only
+            idx = idx.long()
+            dtype = "int64"
+        return ("2^24 s32 of 2^26 f32", 8 * m, lambda: table[idx], f"x[idx], idx {dtype}",
+                {"index_select": lambda: torch.index_select(table, 0, idx)}, {"index_dtype": dtype})
+    if k == "log_softmax_rows":
+        r, cols = 4096, 4096
+        x = unif(r, cols)
+        return f"{r}x{cols} f32", 8 * r * cols, lambda: F.log_softmax(x, 1), "F.log_softmax(x, 1)", {}, {}
+    if k == "u8_to_unit":
+        n = 1 << 26
+        p = ints(256, n, torch.uint8)
+        return "2^26 u8", 5 * n, lambda: p.float() / 255, "p.float() / 255", {}, {}
+    if k == "scatter_add":
+        n, m = 1 << 20, 1 << 24
+        acc = torch.zeros(n, device="cuda", dtype=torch.float32)
+        idx = ints(n, m, torch.int32)
+        vals = unif(m)
+        try:
+            acc.index_add_(0, idx, vals)
+            dtype = "int32"
+        except Exception:
+            idx = idx.long()
+            dtype = "int64"
+        return ("2^24 f32 into 2^20", 12 * m, lambda: acc.index_add_(0, idx, vals),
+                f"acc.index_add_(0, idx, vals), idx {dtype}", {}, {"index_dtype": dtype})
+    if k == "axpbypcz":
+        n = 1 << 26
+        x, y, z = unif(n), unif(n), unif(n)
+        a, b, cc = 0.5, -1.25, 2.0
+        return "2^26 f32", 16 * n, lambda: a * x + b * y + cc * z, "a*x + b*y + c*z", {}, {}
+    raise ValueError(k)
+
+
+def sec_examples(c):
+    """The example kernels' peers: PyTorch doing each op at the same size on
+    tensors already on the device, median of 50 with CUDA events (records
+    examples.K.device, pytorch_cuda); and the device-to-device copy speed
+    (examples.d2d_copy, bytes read and written), so that each op's bytes at
+    copy speed (extra.copy_speed_ms) and GB/s can be shown beside it."""
+    need(c, "torch")
+    torch = c.torch
+    tf32_off(c)
+    reps, warm = (10, 3) if c.quick else (50, 10)
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(c.rng.integers(0, 2 ** 62)))
+
+    def unif(*shape):  # floats in [-2, 2)
+        return torch.empty(*shape, device="cuda", dtype=torch.float32).uniform_(-2.0, 2.0, generator=g)
+
+    def ints(hi, n, dtype):
+        return torch.randint(0, hi, (n,), device="cuda", dtype=dtype, generator=g)
+
+    copy_gbps = None
+    try:
+        src = unif(D2D_BYTES // 4)
+        dst = torch.empty_like(src)
+        med, lo, hi = summary(torch_events(c, lambda: dst.copy_(src), reps, warm))
+        nb = 2 * D2D_BYTES
+        copy_gbps = nb / med / 1e9
+        add("examples.d2d_copy", "pytorch_cuda", copy_gbps, "GB/s", (nb / hi / 1e9, nb / lo / 1e9), reps,
+            {"bytes": nb, "ms": med * 1e3, "timing": "cuda_events",
+             "how": "dst.copy_(src), 1 GiB of f32 on the device; bytes = read + written"})
+    except Exception as e:
+        error("examples.d2d_copy", e)
+    src = dst = None
+    free_gpu(c)
+
+    for k in EXAMPLE_KERNELS:
+        try:
+            size, nbytes, fn, how, variants, extra = example_case(c, k, unif, ints)
+            med, lo, hi = summary(torch_events(c, fn, reps, warm))
+            ex = {"bytes": nbytes, "size": size, "how": how, "timing": "cuda_events",
+                  "gbps": nbytes / med / 1e9, **extra}
+            if copy_gbps:
+                ex["copy_speed_ms"] = nbytes / copy_gbps / 1e6
+            for name, vfn in variants.items():
+                try:
+                    vmed, _, _ = summary(torch_events(c, vfn, reps, warm))
+                    ex[name + "_ms"] = vmed * 1e3
+                except Exception as e:  # a variant this torch lacks: noted, not an error
+                    ex[name + "_ms"] = None
+                    ex[name + "_error"] = repr(e)[:200]
+            add(f"examples.{k}.device", "pytorch_cuda", med * 1e3, "ms", (lo * 1e3, hi * 1e3), reps, ex)
+        except Exception as e:
+            error(f"examples.{k}.device", e)
+        fn = variants = None
+        free_gpu(c)
+
+
 def sec_matmul_kernel(c):
     need(c, "torch")
     np, torch = c.np, c.torch
@@ -914,7 +1062,8 @@ def main(argv):
              "large": ("large vectors, host to host", sec_large),
              "matmul_kernel": ("matmul kernel alone, device-resident f32", sec_matmul_kernel),
              "matmul_e2e": ("matmul end to end, host to host", sec_matmul_e2e),
-             "device_resident": ("tensors on the device (erlcuda's device buffers' peer)", sec_device_resident)}
+             "device_resident": ("tensors on the device (erlcuda's device buffers' peer)", sec_device_resident),
+             "examples": ("the example kernels' ops, tensors on the device", sec_examples)}
     secs = {}
     for name in SECTIONS:
         if name not in only:

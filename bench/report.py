@@ -44,6 +44,8 @@ GOALS = {
              "the matmul against cuBLAS and PyTorch, gpud's start",
     "buffers": "data that stays on the GPU (device buffers against PyTorch, cuBLAS and pinned PCIe)",
     "base": "kept from the first benchmarks (arena inputs, gpud idle)",
+    "kernels": "the example kernels (examples/kernels) from device buffers against PyTorch on the same GPU, "
+               "and their small jobs against the built-in vector_add in the same loop",
 }
 Target = collections.namedtuple("Target", "name op limit desc goal of record field")
 
@@ -90,8 +92,24 @@ TARGETS = [
     T("buffers.get.256MiB", ">=", 0.8, "get of 256 MiB vs pinned PCIe device to host", "buffers",
       of="pcie_pinned", record="pcie.d2h"),
 ]
+
+# The example kernels of examples/kernels (DESIGN.md, "The example kernels"),
+# in DESIGN's order, with the sizes both sides run (bench/peers.py's
+# sec_examples, bench/erlcuda_examples_bench.erl). The first six have a
+# speed target against PyTorch on the device; every one a small-job target.
+EXAMPLES = [("cos_sim", "16384x1024 f32"), ("argmax_rows", "16384x1024 f32"), ("histogram", "2^26 u8"),
+            ("topk_rows", "4096x4096 f32, K 8"), ("gelu", "2^26 f32"), ("gather", "2^24 s32 of 2^26 f32"),
+            ("log_softmax_rows", "4096x4096 f32"), ("u8_to_unit", "2^26 u8"),
+            ("scatter_add", "2^24 f32 into 2^20"), ("axpbypcz", "2^26 f32")]
+EXAMPLE_ORDER = [k for k, _ in EXAMPLES]
+EXAMPLE_TARGETED = EXAMPLE_ORDER[:6]
+TARGETS += [T("examples.{}.device".format(k), "<=", 1.25, "{} {} from device buffers vs PyTorch".format(k, size),
+              "kernels", of="pytorch_cuda") for k, size in EXAMPLES if k in EXAMPLE_TARGETED]
+TARGETS += [T("examples.{}.small_p50".format(k), "<=", 1.1,
+              "{} small job p50 vs vector_add 1000 in the same loop".format(k), "kernels", field="ratio")
+            for k in EXAMPLE_ORDER]
 # Units of the derived fields a target may name.
-FIELD_UNITS = {"avg_batch": "jobs/batch"}
+FIELD_UNITS = {"avg_batch": "jobs/batch", "ratio": "x"}
 
 OPS = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b,
        "<": lambda a, b: a < b, ">": lambda a, b: a > b}
@@ -115,6 +133,10 @@ KNOWN = [
     (r"buffers\.matmul\.n\d+", ("TFLOP/s",)),
     (r"device\.vector_add\.n\d+", ("ms",)),
     (r"device\.chain_add_saxpy_dot\.n\d+\.(from_pinned|on_device)", ("ms",)),
+    (r"examples\.[a-z0-9_]+\.device", ("ms",)),
+    (r"examples\.[a-z0-9_]+\.small_p50", ("us",)),
+    (r"examples\.round_trip\.p50", ("us",)),
+    (r"examples\.d2d_copy", ("GB/s",)),
 ]
 
 LARGE_RE = re.compile(r"^large\.([a-z_]+)\.([a-z_]+)\.n(\d+)$")
@@ -132,6 +154,7 @@ GROUPS = [  # (name prefix, section title)
     ("matmul", "Matmul"),
     ("buffers", "Device buffers"),
     ("device", "PyTorch, tensors on the device"),
+    ("examples", "Example kernels vs PyTorch (examples/kernels, from device buffers)"),
     ("gpud", "gpud"),
     ("pcie", "PCIe (pinned copies, 256 MiB)"),
 ]
@@ -343,6 +366,50 @@ def derive(figures):
             c = f["peers"].get("cublas_sgemm")
             if c:
                 f["extra"]["ratio_cublas"] = f["value"] / c
+        elif EXAMPLE_DEVICE_RE.match(f["name"]):
+            derive_example(f, by)
+
+
+EXAMPLE_DEVICE_RE = re.compile(r"^examples\.([a-z0-9_]+)\.device$")
+EXAMPLE_SMALL_RE = re.compile(r"^examples\.([a-z0-9_]+)\.small_p50$")
+PYT = "pytorch_cuda"
+
+
+def derive_example(f, by):
+    """GB/s of each system (extra.gbps, extra.peer_gbps), erlcuda over PyTorch
+    (extra.ratio_pytorch), and the bytes at HBM copy speed (extra.copy_speed_ms,
+    from pytorch_cuda's examples.d2d_copy) with the fraction of it reached
+    (extra.copy_fraction)."""
+    ex = f["extra"]
+    pex = f.get("peer_extra", {})
+    b = ex.get("bytes") or next((e.get("bytes") for e in pex.values() if e.get("bytes")), None)
+    if b and "bytes" not in ex:
+        ex["bytes"] = b
+    g = gbps(b, f["value"])
+    if g is not None:
+        ex["gbps"] = g
+    pg = {}
+    for s, v in f["peers"].items():
+        x = gbps((pex.get(s) or {}).get("bytes") or b, v)
+        if x is not None:
+            pg[s] = x
+    if pg:
+        ex["peer_gbps"] = pg
+    pt = f["peers"].get(PYT)
+    if f["system"] == OWN and pt:
+        ex["ratio_pytorch"] = f["value"] / pt
+        psize = (pex.get(PYT) or {}).get("size")
+        if psize and ex.get("size") and psize != ex["size"]:
+            # (a scaled run, ERLCUDA_BENCH_EXAMPLES_SCALE): no ratio, its target not evaluated
+            ex["size_mismatch"] = "erlcuda ran {}, {} ran {}".format(ex["size"], PYT, psize)
+            del ex["ratio_pytorch"]
+            warn("{}: {}".format(f["name"], ex["size_mismatch"]))
+    cp = by.get("examples.d2d_copy")
+    cv = value_of(cp, PYT) if cp else None
+    if cv and b:
+        ex["copy_speed_ms"] = b / (cv * 1e6)
+        if g is not None:
+            ex["copy_fraction"] = g / cv
 
 
 def target_unit(t, fig=None):
@@ -400,6 +467,8 @@ def evaluate_target(t, figs):
         base = value_of(bf, t.of) if bf else None
         if not base:
             return not_eval("no {} record".format(target_base(t) if t.record else t.of))
+        if bf is fig and fig["extra"].get("size_mismatch"):
+            return not_eval(fig["extra"]["size_mismatch"])
         lim = t.limit * base
         res["base"] = base
         res["text"] = "{}: {} {} {} x {} ({} {}) = {} {}".format(
@@ -739,6 +808,95 @@ def matmul_extra_cols(figs):
     return cols
 
 
+def example_order(k):
+    return (EXAMPLE_ORDER.index(k), k) if k in EXAMPLE_ORDER else (len(EXAMPLE_ORDER), k)
+
+
+def example_target_text(t, figs):
+    r = evaluate_target(t, figs)
+    if r is None:
+        return "not measured"
+    if r.get("met") is None:
+        return "{} {}×: not evaluated".format(OP_SIGN[t.op], fmt_limit(t.limit))
+    return "{} {}×: {}".format(OP_SIGN[t.op], fmt_limit(t.limit), "met" if r["met"] else "missed")
+
+
+def examples_tables(gf):
+    """The example kernels: erlcuda against PyTorch from device buffers (ms, GB/s, the
+    bytes at HBM copy speed), then each kernel's small jobs against vector_add 1000."""
+    figs = {f["name"]: f for f in gf}
+    dev = sorted((f for f in gf if EXAMPLE_DEVICE_RE.match(f["name"])),
+                 key=lambda f: example_order(EXAMPLE_DEVICE_RE.match(f["name"]).group(1)))
+    small = sorted((f for f in gf if EXAMPLE_SMALL_RE.match(f["name"])),
+                   key=lambda f: example_order(EXAMPLE_SMALL_RE.match(f["name"]).group(1)))
+    rest = [f for f in gf if f not in dev and f not in small]
+    L = []
+    if dev:
+        rows = []
+        variants = []
+        for f in dev:
+            k = EXAMPLE_DEVICE_RE.match(f["name"]).group(1)
+            own = f["system"] == OWN
+            fx = f["extra"]                  # the figure's, with the derived fields
+            ex = fx if own else {}           # erlcuda's
+            pex = extra_of(f, PYT)           # PyTorch's
+            size = ex.get("size") or pex.get("size") or dict(EXAMPLES).get(k, "")
+            if own and pex.get("size") and pex["size"] != size:
+                size += " (PyTorch: {})".format(pex["size"])
+            pt = value_of(f, PYT)
+            ratio = ex.get("ratio_pytorch")
+            gpud = ex.get("gpud_run_ms")
+            pg = ex.get("gbps")
+            ptg = (fx.get("peer_gbps") or {}).get(PYT) if own else fx.get("gbps")
+            tg = [t for t in TARGETS if t.name == f["name"] and t.of == PYT]
+            rows.append([k, size, cell(f, OWN), fmt(gpud) if isinstance(gpud, (int, float)) else "",
+                         cell(f, PYT), fmt(ratio) + "×" if ratio else "", fmt(pg), fmt(ptg),
+                         fmt(fx.get("copy_speed_ms")),
+                         "; ".join(example_target_text(t, figs) for t in tg) or "—"])
+            for key, v in sorted(pex.items()):
+                if key.endswith("_ms") and key != "copy_speed_ms" and isinstance(v, (int, float)):
+                    variants.append("{} {} ms".format("`{}` {}".format(k, key[:-3].replace("_", " ")), fmt(v)))
+        L += table(["kernel", "size", "erlcuda ms", "gpud run ms", "PyTorch ms", "erlcuda / PyTorch",
+                    "erlcuda GB/s", "PyTorch GB/s", "bytes at copy speed, ms", "target"], rows)
+        L += wrong_note(dev)
+        notes = ["erlcuda ms: the median wall time of `launch_sync` from Erlang, inputs and output device "
+                 "buffers, one in flight, so it includes the round trip"]
+        rt = figs.get("examples.round_trip.p50")
+        if rt and value_of(rt, OWN) is not None:
+            notes[-1] += " (`examples.round_trip.p50`: {} us for a 1,000-element job)".format(fmt(value_of(rt, OWN)))
+        notes[-1] += ("; gpud run ms: gpud's own time per launch, from its submit to the poll that saw it "
+                      "done. PyTorch ms: the same op on tensors on the device, CUDA events (the expression is "
+                      "extra.how of the merged JSON). GB/s = bytes moved / time")
+        cp = figs.get("examples.d2d_copy")
+        if cp and value_of(cp, PYT):
+            notes[-1] += "; bytes at copy speed = bytes moved at the device-to-device copy's {} GB/s " \
+                         "(`examples.d2d_copy`, reads and writes)".format(fmt(value_of(cp, PYT)))
+        notes[-1] += ". Target: erlcuda ≤ 1.25× PyTorch (the kernels goal)."
+        if variants:
+            notes.append("PyTorch done another way: " + "; ".join(variants) + ".")
+        L += [""] + notes
+    if small:
+        rows = []
+        for f in small:
+            k = EXAMPLE_SMALL_RE.match(f["name"]).group(1)
+            ex = f["extra"] if f["system"] == OWN else {}
+            tg = [t for t in TARGETS if t.name == f["name"] and t.field == "ratio"]
+            lo, hi = ex.get("ratio_min"), ex.get("ratio_max")
+            rows.append([k, ex.get("size", ""), cell(f, OWN), fmt(ex.get("p99")), fmt(ex.get("vector_add_p50")),
+                         fmt(ex.get("ratio")) + "×" if isinstance(ex.get("ratio"), (int, float)) else "",
+                         "{}–{}".format(fmt(lo), fmt(hi)) if lo is not None and hi is not None else "",
+                         "; ".join(example_target_text(t, figs) for t in tg) or "—"])
+        L += ([""] if L else []) + table(["small job", "size", "p50 us", "p99 us", "vector_add 1000 p50 us",
+                                          "ratio", "per block", "target"], rows)
+        L += ["", "Small jobs: `launch_sync` from binaries, one in flight, each job paired with a built-in "
+              "`vector_add` of 1000 in the same loop (which goes first alternates); ratio = the kernel's "
+              "p50 over vector_add's; per block: the same ratio in each block of 1,000 pairs. Target: "
+              "ratio ≤ 1.1 (the kernels goal)."]
+    if rest:
+        L += ([""] if L else []) + generic_table(sorted(rest, key=lambda f: natural_key(f["name"])))
+    return L
+
+
 def plot_links(merged, out_dir, md_dir):
     links = []
     name = merged["machine"]
@@ -823,6 +981,8 @@ def machine_section(merged, out_dir, md_dir):
                     and not any(f["name"].startswith(p) for p, _, _ in CHAIN_WAYS)]
             if rest:
                 L += [""] + generic_table(rest)
+        elif prefix == "examples":
+            L += examples_tables(gf)
         elif prefix == "matmul":
             kinds = {}
             for f in gf:

@@ -48,6 +48,10 @@ names += ["buffers.put.256MiB", "buffers.get.256MiB", "buffers.vector_add.2^26",
           "buffers.matmul.n4096", "buffers.matmul.n8192"]
 names += ["device.vector_add.n67108864"] + ["device.chain_add_saxpy_dot.n67108864." + w
                                            for w in ("from_pinned", "on_device")]
+EXAMPLES = ["cos_sim", "argmax_rows", "histogram", "topk_rows", "gelu", "gather", "log_softmax_rows",
+            "u8_to_unit", "scatter_add", "axpbypcz"]
+names += ["examples.%s.%s" % (k, w) for k in EXAMPLES for w in ("device", "small_p50")]
+names += ["examples.round_trip.p50", "examples.d2d_copy"]
 for n in names:
     check(n in figs, "no figure for " + n)
 check(len(figs) == len(merged["figures"]), "duplicate figure names")
@@ -64,7 +68,7 @@ for r in recs:
 for n, f in figs.items():
     if n.startswith("pcie."):
         check(f["system"] == "pcie_pinned" and f["peers"] == {}, "%s: pcie figure" % n)
-    elif n.startswith("device."):
+    elif n.startswith("device.") or n == "examples.d2d_copy":
         check(f["system"] == "pytorch_cuda" and f["peers"] == {}, "%s: device figure" % n)
     else:
         check(f["system"] == "erlcuda", "%s: own system %s" % (n, f["system"]))
@@ -73,15 +77,15 @@ check(set(lat) == {"erlcuda_lists", "in_process", "pytorch_pageable", "pytorch_p
 check(set(figs["matmul.kernel.n4096"]["peers"]) == {"cublas_sgemm"}, "matmul kernel peers")
 check(set(figs["matmul.end_to_end.n4096"]["peers"]) == {"pytorch_pinned", "pytorch_pageable"}, "matmul e2e peers")
 
-# targets: 22 on 18 records, all evaluated; the fixtures make 9 of them miss
+# targets: 38 on 34 records, all evaluated; the fixtures make 12 of them miss
 t = {n: f["targets"] for n, f in figs.items() if "targets" in f}
 flat = [(n, x) for n, xs in t.items() for x in xs]
-check(len(flat) == 22 and len(t) == 18, "expected 22 targets on 18 records, got %d on %d" % (len(flat), len(t)))
+check(len(flat) == 38 and len(t) == 34, "expected 38 targets on 34 records, got %d on %d" % (len(flat), len(t)))
 check(all(isinstance(x["met"], bool) and x["op"] in ("<=", ">=", "<") and isinstance(x["value"], (int, float))
-          and isinstance(x["reached"], (int, float)) and x["text"] and x["goal"] in ("speed", "buffers", "base")
-          for _, x in flat), "target fields")
-check(sum(x["goal"] == "speed" for _, x in flat) == 14 and sum(x["goal"] == "buffers" for _, x in flat) == 6,
-      "targets per goal")
+          and isinstance(x["reached"], (int, float)) and x["text"]
+          and x["goal"] in ("speed", "buffers", "base", "kernels") for _, x in flat), "target fields")
+check(sum(x["goal"] == "speed" for _, x in flat) == 14 and sum(x["goal"] == "buffers" for _, x in flat) == 6
+      and sum(x["goal"] == "kernels" for _, x in flat) == 16, "targets per goal")
 missed = sorted((n, x["desc"]) for n, x in flat if not x["met"])
 want_missed = sorted([
     ("throughput.callers_10000", "average batch at 10,000 callers"),
@@ -92,7 +96,10 @@ want_missed = sorted([
     ("gpud.cold_start_ready", "gpud cold start to ready"),
     ("buffers.vector_add.2^26", "vector_add 2^26 between device buffers, vs PyTorch CUDA"),
     ("buffers.matmul.n8192", "matmul 8192 from device buffers vs cuBLAS SGEMM"),
-    ("buffers.put.256MiB", "put of 256 MiB vs pinned PCIe host to device")])
+    ("buffers.put.256MiB", "put of 256 MiB vs pinned PCIe host to device"),
+    ("examples.argmax_rows.device", "argmax_rows 16384x1024 f32 from device buffers vs PyTorch"),
+    ("examples.gather.device", "gather 2^24 s32 of 2^26 f32 from device buffers vs PyTorch"),
+    ("examples.topk_rows.small_p50", "topk_rows small job p50 vs vector_add 1000 in the same loop")])
 check(missed == want_missed, "missed targets %s" % missed)
 def one(name, **kw):
     xs = [x for x in t.get(name, []) if all(x.get(k) == v for k, v in kw.items())]
@@ -149,6 +156,28 @@ dv = figs["device.vector_add.n67108864"]["value"]
 check(bv[1]["relative_to"] == {"system": "pytorch_cuda", "record": "device.vector_add.n67108864"}
       and close(bv[1]["value"], 1.2 * dv) and bv[1]["met"] is False, "buffers vector_add <= 1.2x pytorch_cuda")
 check("target" not in mk, "old single 'target' field written")
+# the example kernels: <= 1.25x pytorch_cuda's value of the same record (six of them), and the
+# small jobs' extra.ratio <= 1.1 (all ten); derived GB/s, ratio and the bytes at copy speed
+copy = figs["examples.d2d_copy"]["value"]
+for k in EXAMPLES:
+    f = figs["examples.%s.device" % k]
+    ex, pt = f["extra"], f["peers"]["pytorch_cuda"]
+    check(close(ex["gbps"], ex["bytes"] / (f["value"] * 1e6)) and close(ex["ratio_pytorch"], f["value"] / pt)
+          and close(ex["peer_gbps"]["pytorch_cuda"], ex["bytes"] / (pt * 1e6))
+          and close(ex["copy_speed_ms"], ex["bytes"] / (copy * 1e6))
+          and close(ex["copy_fraction"], ex["gbps"] / copy), "derived fields of examples.%s.device: %s" % (k, ex))
+    dt = t.get("examples.%s.device" % k, [])
+    if k in EXAMPLES[:6]:
+        check(len(dt) == 1 and dt[0]["relative_to"] == {"system": "pytorch_cuda", "record": "examples.%s.device" % k}
+              and dt[0]["limit"] == 1.25 and close(dt[0]["value"], 1.25 * pt)
+              and dt[0]["met"] is (f["value"] <= 1.25 * pt), "examples.%s.device target %s" % (k, dt))
+    else:
+        check(dt == [], "no target on examples.%s.device" % k)
+    s = figs["examples.%s.small_p50" % k]
+    x = one("examples.%s.small_p50" % k, field="ratio")
+    check(x["value"] == 1.1 and close(x["reached"], s["value"] / s["extra"]["vector_add_p50"])
+          and x["met"] is (k != "topk_rows"), "examples.%s.small_p50 target %s" % (k, x))
+check(figs["examples.cos_sim.device"]["extra"]["bytes"] == 4 * 16384 * 1024 + 4 * 1024 + 4 * 16384, "cos_sim bytes")
 
 # derived: GB/s, PCIe fraction, cuBLAS ratio
 for n, f in figs.items():
@@ -188,13 +217,13 @@ grep -q '^## fake-h200$' "$md" || fail "Markdown machine section"
 grep -q 'FAKE DATA' "$md" || fail "Markdown does not flag fake data"
 grep -q '^### Targets$' "$md" || fail "no Targets section"
 grep -q '^| target | goal | record | wanted | reached | result | by |$' "$md" || fail "no Targets table header"
-[ "$(grep -c '\*\*met\*\*' "$md")" -eq 13 ] || fail "expected 13 met targets in the Markdown"
-[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 9 ] || fail "expected 9 missed targets in the Markdown"
-grep -q '^22 targets: 13 met, 9 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
-grep -q '^targets: 13 met, 9 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
+[ "$(grep -c '\*\*met\*\*' "$md")" -eq 26 ] || fail "expected 26 met targets in the Markdown"
+[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 12 ] || fail "expected 12 missed targets in the Markdown"
+grep -q '^38 targets: 26 met, 12 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
+grep -q '^targets: 26 met, 12 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
 secs=$(grep '^### ' "$md" | sed 's/ (.*//' | tr '\n' '|')
-[ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### gpud|### PCIe|### Plots|" ] \
-    || [ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### gpud|### PCIe|" ] \
+[ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### gpud|### PCIe|### Plots|" ] \
+    || [ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### gpud|### PCIe|" ] \
     || fail "sections: $secs"
 # the target rows: absolute, relative to another record (erlcuda's own, a peer's), two on one record
 grep -qF '| vector_add 1000 round trip, p99 | speed | `latency.vector_add_1000.p99` | ≤ 30 us | 22.5 us | **met** | 25% under |' "$md" \
@@ -235,6 +264,21 @@ grep -q '| record | erlcuda | erlcuda_lists | in_process | pytorch_pinned | pyto
     || fail "latency table lacks peer columns"
 grep -q '| `throughput.callers_10000` | 1,121,400 | jobs/s' "$md" || fail "jobs/s not formatted with separators"
 grep -q '| vector_add | 67,108,864 | 805 | 26.9 ' "$md" || fail "large vector table row"
+# the example kernels: the side-by-side table, the small jobs, the notes, their targets
+grep -qF '| kernel | size | erlcuda ms | gpud run ms | PyTorch ms | erlcuda / PyTorch | erlcuda GB/s | PyTorch GB/s | bytes at copy speed, ms | target |' "$md" \
+    || fail "examples table header"
+grep -qF '| cos_sim | 16384x1024 f32 | 0.0412 | 0.0251 | 0.102 | 0.404× | 1,631 | 658 | 0.0162 | ≤ 1.25×: met |' "$md" || fail "examples cos_sim row"
+grep -qF '| argmax_rows | 16384x1024 f32 | 0.0551 | 0.0384 | 0.0402 | 1.37× | 1,219 | 1,671 | 0.0162 | ≤ 1.25×: missed |' "$md" \
+    || fail "examples argmax_rows row"
+grep -qF '| axpbypcz | 2^26 f32 | 0.278 | 0.264 | 0.805 | 0.345× | 3,861 | 1,334 | 0.260 | — |' "$md" || fail "examples axpbypcz row"
+grep -qF '(`examples.round_trip.p50`: 14.2 us for a 1,000-element job)' "$md" || fail "examples round trip note"
+grep -qF "the device-to-device copy's 4,135 GB/s" "$md" || fail "examples copy speed note"
+grep -qF 'PyTorch done another way: `histogram` without conversion 0.399 ms; `gather` index select 0.441 ms.' "$md" \
+    || fail "examples PyTorch variants note"
+grep -qF '| topk_rows | 10x100, K 8 | 14.5 | 23.2 | 12.5 | 1.16× | 1.13–1.21 | ≤ 1.1×: missed |' "$md" || fail "small jobs row"
+grep -qF '| gather 2^24 s32 of 2^26 f32 from device buffers vs PyTorch | kernels | `examples.gather.device` | ≤ 1.25 × pytorch_cuda = 0.608 ms | 0.653 ms = 1.34× | **missed** | 7% over |' "$md" \
+    || fail "examples device target row"
+grep -qF '| `examples.topk_rows.small_p50` ratio | ≤ 1.1 x | 1.16 x | **missed** | 5% over |' "$md" || fail "small job target row"
 grep -q 'command: `bash bench/testdata/check_report.sh`' "$md" || fail "command not in header"
 grep -q 'device: cuda NVIDIA H200' "$md" || fail "device not in header"
 
@@ -299,14 +343,35 @@ grep -q 'PTX matmul kernel 4096 vs cuBLAS SGEMM.*not measured' "$T/cpu-section.m
 grep -qF '| ≤ 1.2 × pytorch_cuda `device.vector_add.n67108864` | 0.251 ms | not evaluated | no pytorch_cuda `device.vector_add.n67108864` record |' "$T/cpu-section.md" \
     || fail "relative target without its base not 'not evaluated'"
 grep -qF '| ≤ 0.5 ms | 0.251 ms | **met** |' "$T/cpu-section.md" || fail "the other target of the same record evaluated"
-grep -q '^22 targets: 11 met, 4 missed, 6 not evaluated, 1 not measured\.$' "$T/cpu-section.md" \
-    || fail "CPU targets summary: $(grep '^22 targets' "$T/cpu-section.md")"
-grep -q '^targets: 11 met, 4 missed, 6 not evaluated, 1 not measured$' "$T/out3.txt" || fail "CPU targets line on stdout"
+grep -q '^38 targets: 20 met, 5 missed, 12 not evaluated, 1 not measured\.$' "$T/cpu-section.md" \
+    || fail "CPU targets summary: $(grep '^38 targets' "$T/cpu-section.md")"
+grep -q '^targets: 20 met, 5 missed, 12 not evaluated, 1 not measured$' "$T/out3.txt" || fail "CPU targets line on stdout"
 grep -q 'set for an H200; here they are for reference only' "$T/cpu-section.md" || fail "CPU targets note"
+grep -qF '| `examples.cos_sim.device` | ≤ 1.25 × pytorch_cuda | 0.0412 ms | not evaluated | no pytorch_cuda record |' "$T/cpu-section.md" \
+    || fail "CPU: example target without PyTorch not 'not evaluated'"
 grep -q '^- \*\*erlang: 1 error\*\* (meta.errors):$' "$T/cpu-section.md" || fail "meta.errors not shown"
 grep -q 'timeout after 5000 ms' "$T/cpu-section.md" || fail "meta.errors text not shown"
 grep -q '^| `latency.reduce_1000.p50` | 18.5 ✗ |' "$T/cpu-section.md" || fail "checked=false not marked"
 grep -q '✗' "$T/fake-h200-section.md" && fail "fake-h200 section marks a result as wrong"
+
+# 4. a scaled run of the example kernels (ERLCUDA_BENCH_EXAMPLES_SCALE) beside full-size peers:
+# no ratio, the target not evaluated, a warning; the other targets as before
+python3 - "$HERE/erlang.json" "$T/scaled.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["records"]:
+    if r["name"] == "examples.cos_sim.device":
+        r["extra"].update(size="16x1024 f32", scale=1024)
+json.dump(d, open(sys.argv[2], "w"))
+EOF
+python3 "$BENCH/report.py" --machine scaled-h200 --erlang "$T/scaled.json" --peers "$HERE/peers.json" \
+    --out-dir "$T/r4" --md "$T/R4.md" >"$T/out4.txt" 2>"$T/err4.txt" || { cat "$T/err4.txt"; fail "report.py on the scaled run"; }
+grep -q 'examples.cos_sim.device: erlcuda ran 16x1024 f32, pytorch_cuda ran 16384x1024 f32' "$T/err4.txt" \
+    || fail "no warning for a scaled run: $(cat "$T/err4.txt")"
+grep -qF '| `examples.cos_sim.device` | ≤ 1.25 × pytorch_cuda | 0.0412 ms | not evaluated | erlcuda ran 16x1024 f32, pytorch_cuda ran 16384x1024 f32 |' "$T/R4.md" \
+    || fail "scaled run's target row"
+grep -qF '| cos_sim | 16x1024 f32 (PyTorch: 16384x1024 f32) | 0.0412 | 0.0251 | 0.102 |  |' "$T/R4.md" || fail "scaled run's row"
+grep -q '^targets: 25 met, 12 missed, 1 not evaluated, 0 not measured$' "$T/out4.txt" || fail "scaled run's targets line"
 
 after=$(snapshot)
 [ "$before" = "$after" ] || fail "bench/results or bench/RESULTS.md changed"
