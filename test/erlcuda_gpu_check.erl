@@ -404,6 +404,8 @@ user_checks() ->
              check("user sumsq (reduction), every size", fun() -> erlcuda_user_check:sumsq(all) end),
              check("the ten example kernels, every type and odd size",
                    fun() -> example_check:run(example) end),
+             check("user kernels: 1,000 callers' jobs coalesced",
+                   fun() -> erlcuda_user_check:coalesced(1000) end),
              check("user kernels: bad calls refused", fun erlcuda_user_check:bad_calls/0),
              check("user kernels: launch options", fun erlcuda_user_check:launch_options/0),
              check("user module refused: PTX unlike its manifest",

@@ -11,7 +11,8 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([dir/1, load_example/0, clamp/1, softmax/1, row_sums/1, sumsq/1, bad_calls/0,
-         launch_options/0, reference/3, refused_ptx/1, growth_under_load/0]).
+         launch_options/0, reference/3, refused_ptx/1, growth_under_load/0,
+         coalesced/1]).
 
 -define(SIZES, [0, 1, 7, 1023, 4097, 1 bsl 20 + 7]).
 
@@ -240,4 +241,38 @@ growth_worker(I, Left, Failed) ->
         {ok, Want} -> growth_worker(I, Left - 1, Failed);
         {ok, {T, B}} -> growth_worker(I, Left - 1, [{I, Left, N, {wrong, T, byte_size(B)}} | Failed]);
         Other -> growth_worker(I, Left - 1, [{I, Left, N, Other} | Failed])
+    end.
+
+%% @doc Callers jobs of a user's kernel at once (each caller one
+%% `launch_sync' of `axpbypcz' on 1000 f32 elements, with its own
+%% scalars): every answer right, and the batches gpud ran them in
+%% (stats/1's `batch_hist', by bucket 2^i) from this burst alone.
+%% Coalescing works whatever the signature: jobs of one kernel, type and
+%% launch shape share launches, so there are fewer launches than jobs.
+-spec coalesced(pos_integer()) -> {ok, string()} | {error, term()}.
+coalesced(Callers) ->
+    #{batch_hist := H0, launches := L0} = erlcuda:stats(0),
+    Self = self(),
+    Go = make_ref(),
+    Pids = [spawn_link(fun() ->
+                               X = [float(I rem 17) || I <- lists:seq(1, 1000)],
+                               Y = [float(I rem 5) || I <- lists:seq(1, 1000)],
+                               Z = [1.0 || _ <- lists:seq(1, 1000)],
+                               A = float(C),
+                               receive Go -> ok end,
+                               R = erlcuda:launch_sync({example, axpbypcz}, [A, X, 2.0, Y, -1.0, Z],
+                                                       [{timeout, 60000}]),
+                               Want = [A * Xi + 2.0 * Yi - 1.0 || {Xi, Yi} <- lists:zip(X, Y)],
+                               Self ! {self(), R =:= {ok, Want} orelse {C, R}}
+                       end) || C <- lists:seq(1, Callers)],
+    [P ! Go || P <- Pids],
+    Bad = [B || P <- Pids, B <- [receive {P, Ok} -> Ok after 120000 -> {stuck, P} end], B =/= true],
+    #{batch_hist := H1, launches := L1} = erlcuda:stats(0),
+    Hist = [B - A || {A, B} <- lists:zip(H0, H1)],
+    Launches = L1 - L0,
+    Shown = lists:flatten([io_lib:format("~b:~b ", [1 bsl I, N]) || {I, N} <- lists:enumerate(0, Hist), N > 0]),
+    if
+        Bad =/= [] -> {error, {wrong_answers, length(Bad), hd(Bad)}};
+        Launches >= Callers -> {error, {not_coalesced, Launches, Hist}};
+        true -> {ok, io_lib:format("~b jobs in ~b launches; drains by size: ~s", [Callers, Launches, Shown])}
     end.

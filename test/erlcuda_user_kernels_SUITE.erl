@@ -11,6 +11,7 @@
 
 all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, coalesced,
+     coalesced_1000_callers,
      replace_while_in_flight, unload, back_after_restart, load_errors, host_panic, host_segfault,
      growth_under_load].
 
@@ -61,6 +62,38 @@ coalesced(_) ->
     [receive {erlcuda, R, {ok, [V, 0.0]}} -> ?assertEqual(float(min(I, 10)), V) end || {R, I} <- Refs],
     #{max_batch := Max} = erlcuda:stats(0),
     ?assert(Max >= 200 orelse Max0 >= 200, {max_batch, Max}),
+    ok.
+
+%% 1,000 callers, each with one job of a six-argument kernel (three
+%% scalars, three vectors), queued while gpud is stopped: gpud takes them in
+%% one drain and runs them in one launch, and stats/1's batch histogram
+%% shows that drain (bucket 512..1023) with every answer right.
+coalesced_1000_callers(_) ->
+    #{batch_hist := H0} = erlcuda:stats(0),
+    OsPid = os_pid(),
+    Self = self(),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Pids = try
+               Ps = [spawn_link(fun() ->
+                                        X = [float(C + I) || I <- lists:seq(1, 64)],
+                                        {ok, R} = erlcuda:launch({example, axpbypcz},
+                                                                 [2.0, X, 0.5, X, -1.0, X]),
+                                        Self ! {queued, self()},
+                                        receive {erlcuda, R, Result} ->
+                                                Self ! {self(), Result, [V * 1.5 || V <- X]}
+                                        end
+                                end) || C <- lists:seq(1, 1000)],
+               %% Every job is in the SQ before gpud runs again.
+               [receive {queued, P} -> ok after 30000 -> error({not_queued, P}) end || P <- Ps],
+               Ps
+           after
+               os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+           end,
+    [receive {P, Result, Want} -> ?assertEqual({ok, Want}, Result) end || P <- Pids],
+    #{batch_hist := H1} = erlcuda:stats(0),
+    Hist = [B - A || {A, B} <- lists:zip(H0, H1)],
+    ct:pal("drains by size (bucket i: 2^i ..): ~p", [Hist]),
+    ?assert(lists:nth(10, Hist) >= 1, {no_drain_of_512_or_more, Hist}),
     ok.
 
 %% Loading the same name again while jobs of it are queued: they finish on

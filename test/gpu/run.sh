@@ -89,13 +89,14 @@ case "${1:-check}" in
         python3 "$here/bench/peers.py" "$out/peers.json" --ptx "$here/erlcuda_kernels.ptx" \
             --abi "$here/bench/abi.rs" 2>&1 | tee "$out/peers.log"
         ERLCUDA_BENCH_JSON="$out/erlang.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
+            ERLCUDA_USER_MODULES="$here/user_modules" \
             erl "logger:set_primary_config(level, error), erlcuda_bench:main(), halt()" 2>&1 \
             | tee "$out/erlang.log"
         python3 "$here/bench/report.py" --machine "$machine" --erlang "$out/erlang.json" \
             --peers "$out/peers.json" --out-dir "$out" --md "$out/RESULTS.md" \
             --command "make gpu-bundle; bash .gpu-bundle/run.sh bench" || true
         ;;
-    eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" erl "logger:set_primary_config(level, error), $2, halt()" ;;
+    eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
     kernels)
         # The kernels' PTX alone, through CuPy: both modules, every entry of
         # both types against f64 references; matmul_f64 against DGEMM.
