@@ -2,11 +2,29 @@
 //! `priv/erlcuda-build examples/kernels OUT_DIR` (see README.md).
 //!
 //! Each macro invocation is a whole kernel: its GPU entries, its CPU
-//! entries and its signature. Bodies are generic over `T` (f32 or f64).
+//! entries and its signature. The four here use the fixed-shape macros
+//! (`elementwise!`, `reduction!`, `table!`; bodies generic over f32/f64);
+//! the ten in the modules below use `kernel!`, with typed arguments of
+//! their own:
+//! * [`rows`]: `cos_sim`, `argmax_rows`, `topk_rows`, `log_softmax_rows`;
+//! * [`maps`]: `gather`, `axpbypcz`, `gelu`, `u8_to_unit`;
+//! * [`scatter`]: `histogram`, `scatter_add`.
 
 // The GPU build has no std; the host build (the CPU backend's library)
 // keeps it.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
+
+pub mod maps;
+pub mod math;
+pub mod order;
+pub mod rows;
+pub mod scatter;
+
+#[cfg(target_arch = "nvptx64")]
+mod group;
+
+#[cfg(test)]
+mod tests;
 
 use erlcuda_kernel::{elementwise, reduction, table, BLOCK_SHARED_BYTES};
 
