@@ -41,16 +41,31 @@ check_entries() {
 example="$tmp/example"
 "$build" "$root/examples/kernels" "$example" >/dev/null
 cat >"$tmp/want" <<'EOF'
-erlcuda-module 1
-kernel clamp shape=elementwise args=vss types=f32,f64 out=n blocks=elements threads=256 shared=0
-kernel row_sums shape=table args=vd types=f32,f64 out=n/d0 blocks=n/d0 threads=256 shared=264
-kernel softmax shape=table args=vd types=f32,f64 out=n blocks=n/d0 threads=256 shared=264
-kernel sumsq shape=reduction args=v types=f32,f64 out=1 blocks=chunks threads=256 shared=264
+erlcuda-module 2
+kernel argmax_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d outs=index:o:u32:rows blocks=rows threads=128 block_rule=warps shared=0
+kernel axpbypcz types=s32,u32,s64,f32,f64 args=a:s:T,x:v:T:n,b:s:T,y:v:T:n,c:s:T,z:v:T:n outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0
+kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0
+kernel cos_sim types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d outs=sim:o:T:rows blocks=rows threads=128 block_rule=warps shared=0
+kernel gather types=u8,s32,u32,s64,f32,f64 args=table:v:T:n,index:v:s32:m outs=out:o:T:m blocks=elements(m) threads=256 block_rule=any shared=0
+kernel gelu types=f32,f64 args=x:v:T:n outs=y:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0
+kernel histogram types=- args=p:v:u8:n outs=counts:o:u32:256 blocks=chunks(n) threads=256 block_rule=any shared=0
+kernel log_softmax_rows types=f32,f64 args=x:v:T:n,cols:d outs=y:o:T:n blocks=n/cols threads=256 block_rule=warps shared=0
+kernel row_sums types=f32,f64 args=x:v:T:n,cols:d outs=out:o:T:n/cols blocks=n/cols threads=256 block_rule=warps shared=264
+kernel scatter_add types=s32,u32,s64,f32,f64 args=acc:io:T:n,index:v:u32:m,vals:v:T:m outs=- blocks=elements(m) threads=256 block_rule=any shared=0
+kernel softmax types=f32,f64 args=x:v:T:n,cols:d outs=out:o:T:n blocks=n/cols threads=256 block_rule=warps shared=264
+kernel sumsq types=f32,f64 args=x:v:T:n outs=sum:s:T blocks=chunks(n) threads=256 block_rule=pow2 shared=264
+kernel topk_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d,k:d outs=values:o:T:rows*k,indices:o:u32:rows*k blocks=rows threads=256 block_rule=warps shared=0
+kernel u8_to_unit types=- args=p:v:u8:n outs=unit:o:f32:n blocks=elements(n) threads=256 block_rule=any shared=0
 EOF
 diff -u "$tmp/want" "$example/manifest" || fail "examples/kernels: unexpected manifest (diff above)"
-check_entries "$example" clamp_f32 clamp_f64 sumsq_f32 sumsq_f64 softmax_f32 softmax_f64 row_sums_f32 row_sums_f64
-[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 8 ]] || fail "examples/kernels: not exactly 8 PTX entries"
-ok "examples/kernels: manifest, 8 PTX entries, 8 host entries"
+# Every kernel's entries: NAME_TYPE per type of its T, or NAME alone.
+entries=($(awk '$1 == "kernel" { for (i = 3; i <= NF; i++) if ($i ~ /^types=/) {
+    if ($i == "types=-") { print $2; continue }
+    n = split(substr($i, 7), t, ","); for (j = 1; j <= n; j++) print $2 "_" t[j] } }' "$tmp/want"))
+[[ "${#entries[@]}" == 44 ]] || fail "examples/kernels: ${#entries[@]} entries declared, want 44"
+check_entries "$example" "${entries[@]}"
+[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 44 ]] || fail "examples/kernels: not exactly 44 PTX entries"
+ok "examples/kernels: manifest, 44 PTX entries, 44 host entries"
 
 touch -d '2000-01-01' "$example"/*
 "$build" "$root/examples/kernels" "$example" >/dev/null
@@ -59,9 +74,9 @@ ok "re-run: incremental, outputs untouched"
 
 faulty="$tmp/faulty"
 "$build" "$root/test/kernels_faulty" "$faulty" >/dev/null
-grep -qx "kernel oob shape=table args=v types=f32 out=n blocks=one threads=32 shared=0" "$faulty/manifest" \
+grep -qx "kernel oob types=f32 args=x:v:T:n outs=out:o:T:n blocks=1 threads=32 block_rule=warps shared=0" "$faulty/manifest" \
   || fail "test/kernels_faulty: no line for oob in its manifest"
-grep -qx "kernel boom shape=table args=v types=f32 out=n blocks=one threads=32 shared=0" "$faulty/manifest" \
+grep -qx "kernel boom types=f32 args=x:v:T:n outs=out:o:T:n blocks=1 threads=32 block_rule=warps shared=0" "$faulty/manifest" \
   || fail "test/kernels_faulty: no line for boom in its manifest"
 check_entries "$faulty" oob_f32 boom_f32
 grep -q "trap;" "$faulty/module.ptx" || fail "test/kernels_faulty: boom's PTX does not trap"
@@ -127,7 +142,7 @@ erlcuda_kernel::elementwise!(twice, [f32], (x: v) => x + x);
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn foo(p: *mut f32) { *p = 1.0; }'
 refused "a hand-written PTX kernel" \
-  "erlcuda-build: kernel foo has no signature: declare it with erlcuda_kernel::elementwise!/reduction!/table!" \
+  "erlcuda-build: kernel foo has no signature: declare it with erlcuda_kernel::kernel! (or elementwise!/reduction!/table!)" \
   -- "$tmp/handwritten" "$tmp/o"
 
 crate hosthand '#![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -136,7 +151,7 @@ erlcuda_kernel::elementwise!(twice, [f32], (x: v) => x + x);
 #[no_mangle]
 pub extern "C" fn erlcuda_host_bar_f64(_job: *const erlcuda_kernel::Job) {}'
 refused "a hand-written host entry" \
-  "erlcuda-build: kernel bar has no signature: declare it with erlcuda_kernel::elementwise!/reduction!/table!" \
+  "erlcuda-build: kernel bar has no signature: declare it with erlcuda_kernel::kernel! (or elementwise!/reduction!/table!)" \
   -- "$tmp/hosthand" "$tmp/o"
 
 crate hostonly '#![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -150,7 +165,7 @@ refused "a declared kernel without its PTX entry" \
 crate empty '#![cfg_attr(target_arch = "nvptx64", no_std)]
 use erlcuda_kernel as _;'
 refused "a crate without kernels" \
-  "erlcuda-build: $tmp/empty declares no kernels: declare them with erlcuda_kernel::elementwise!/reduction!/table!" \
+  "erlcuda-build: $tmp/empty declares no kernels: declare them with erlcuda_kernel::kernel! (or elementwise!/reduction!/table!)" \
   -- "$tmp/empty" "$tmp/o"
 
 refused "no crate" "erlcuda-build: no Cargo.toml in $tmp/nowhere (CRATE_DIR is the kernel crate's folder)" \

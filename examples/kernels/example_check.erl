@@ -227,6 +227,7 @@ tie_vec(T, R, C) ->
      end || Row <- lists:seq(0, R - 1), _ <- lists:seq(1, C)].
 
 scalar(T) when T =:= f32; T =:= f64 -> rand_elem(T);
+scalar(u32) -> rand:uniform(4) - 1;
 scalar(_) -> rand:uniform(7) - 4.
 
 zero_row(T, X, C, R) ->
