@@ -2,9 +2,11 @@
 //! PTX to `backend/cuda.rs` through `$OUT_DIR/erlcuda_kernels.ptx`.
 //!
 //! Also turns the kernel table of `c_src/erlcuda_ring.h` (the `EC_KERNELS`
-//! X-macro, the one definition of every kernel) into Rust:
-//! `$OUT_DIR/kernel_table.rs` (the `Kernel` enum and its rows, included by
-//! `layout.rs`) and `$OUT_DIR/ops_table.rs` (one module per kernel,
+//! X-macro, the one definition of every kernel; a row may span lines) into
+//! Rust: `$OUT_DIR/kernel_table.rs` (the `Kernel` enum, its rows, and each
+//! row's signature parsed and laid out by slot at compile time, included
+//! by `layout.rs`; a row whose signature does not parse fails the build
+//! here, with the parser's reason) and `$OUT_DIR/ops_table.rs` (one module per kernel,
 //! `src/ops/<atom>.rs`, and the table of their `KernelOp`s, included by
 //! `ops/mod.rs`). The layout probe test checks the result against the C
 //! compiler's reading of the same rows.
@@ -15,6 +17,12 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+
+// The signature language's parser, the very one gpud and the kit use: a
+// row that does not parse fails the build here, with the reason.
+#[path = "../kernels/kit/src/signature.rs"]
+#[allow(dead_code)]
+mod signature;
 
 fn main() {
     let entries = kernel_table();
@@ -113,9 +121,11 @@ struct Row {
     c_name: String,
     id: u16,
     atom: String,
-    signature: String,
+    args: String,
+    outs: String,
+    /// Its v and io arguments, from the parsed signature.
+    vectors: u8,
     shape: String,
-    output: String,
     types: u32,
     entry: String,
 }
@@ -142,24 +152,49 @@ fn type_mask(expr: &str, type_ids: &[(String, u32)]) -> u32 {
     mask
 }
 
-/// The `X(...)` rows of the X-macro `#define NAME(X) ...`.
+/// The body of the X-macro `#define NAME(X) ...`: its continued lines
+/// joined, the `\`s dropped.
+fn xmacro_body(header: &str, name: &str) -> String {
+    let head = format!("#define {name}(X)");
+    let start = header.find(&head).unwrap_or_else(|| panic!("erlcuda_ring.h: no {name}"));
+    let mut body = String::new();
+    for line in header[start + head.len()..].lines() {
+        let line = line.trim_end();
+        match line.strip_suffix('\\') {
+            Some(cont) => {
+                body.push_str(cont);
+                body.push(' ');
+            }
+            None => {
+                body.push_str(line);
+                break;
+            }
+        }
+    }
+    body
+}
+
+/// The `X(...)` rows of the X-macro `#define NAME(X) ...` (a row may span
+/// lines), each split into its columns: commas inside parentheses (the
+/// types column's `F(X)` calls) and inside string literals (signatures)
+/// do not split.
 fn xmacro_rows(header: &str, name: &str) -> Vec<Vec<String>> {
-    let start = header
-        .find(&format!("#define {name}(X)"))
-        .unwrap_or_else(|| panic!("erlcuda_ring.h: no {name}"));
+    let body = xmacro_body(header, name);
     let mut rows = Vec::new();
-    for line in header[start..].lines().skip(1) {
-        let t = line.trim().trim_end_matches('\\').trim();
-        let Some(body) = t.strip_prefix("X(").and_then(|b| b.strip_suffix(')')) else {
-            break;
-        };
-        // Split on top-level commas (the types column may hold `F(X)` calls).
-        let (mut cols, mut depth, mut cur) = (Vec::new(), 0, String::new());
-        for c in body.chars() {
+    let mut rest = body.as_str();
+    while let Some(at) = rest.find("X(") {
+        let (mut cols, mut depth, mut cur, mut quoted) = (Vec::new(), 0usize, String::new(), false);
+        let mut end = None;
+        for (i, c) in rest[at + 2..].char_indices() {
             match c {
-                '(' => depth += 1,
-                ')' => depth -= 1,
-                ',' if depth == 0 => {
+                '"' => quoted = !quoted,
+                '(' if !quoted => depth += 1,
+                ')' if !quoted && depth == 0 => {
+                    end = Some(at + 2 + i + 1);
+                    break;
+                }
+                ')' if !quoted => depth -= 1,
+                ',' if !quoted && depth == 0 => {
                     cols.push(cur.trim().to_string());
                     cur.clear();
                     continue;
@@ -168,11 +203,10 @@ fn xmacro_rows(header: &str, name: &str) -> Vec<Vec<String>> {
             }
             cur.push(c);
         }
+        let end = end.unwrap_or_else(|| panic!("erlcuda_ring.h: a row of {name} is not closed"));
         cols.push(cur.trim().to_string());
         rows.push(cols);
-        if !line.trim_end().ends_with('\\') {
-            break;
-        }
+        rest = &rest[end..];
     }
     rows
 }
@@ -205,13 +239,20 @@ fn kernel_table() -> Vec<String> {
         .into_iter()
         .map(|c| {
             assert_eq!(c.len(), 8, "erlcuda_ring.h: an EC_KERNELS row has 8 columns: {c:?}");
+            let (args, outs) = (unquote(&c[3]), unquote(&c[4]));
+            // The row's signature must read as the language says: the
+            // generated table evaluates the same parser at compile time,
+            // where a failure could not say why.
+            let sig = signature::Sig::parse(&args, &outs)
+                .unwrap_or_else(|e| panic!("erlcuda_ring.h: kernel {}: signature {args:?} -> {outs:?}: {e}", c[0]));
             Row {
                 c_name: c[0].clone(),
                 id: c[1].parse().expect("kernel id"),
                 atom: c[2].clone(),
-                signature: unquote(&c[3]),
-                shape: camel(&c[4]),
-                output: camel(&c[5]),
+                vectors: sig.nvec,
+                args,
+                outs,
+                shape: camel(&c[5]),
                 types: type_mask(&c[6], &type_ids),
                 entry: unquote(&c[7]),
             }
@@ -233,16 +274,34 @@ fn kernel_table() -> Vec<String> {
     t += "}\n\n/// Every row of `EC_KERNELS`, in id order (`KERNEL_ROWS[id - 1]`).\npub const KERNEL_ROWS: &[KernelRow] = &[\n";
     for r in &rows {
         t += &format!(
-            "    KernelRow {{ kernel: Kernel::{}, c_name: {:?}, atom: {:?}, signature: {:?}, vectors: {}, shape: Shape::{}, output: Output::{}, types: {:#x}, entry: {:?} }},\n",
-            camel(&r.c_name), r.c_name, r.atom, r.signature, r.signature.matches('v').count(), r.shape, r.output, r.types, r.entry
+            "    KernelRow {{ kernel: Kernel::{}, c_name: {:?}, atom: {:?}, args: {:?}, outs: {:?}, vectors: {}, shape: Shape::{}, types: {:#x}, entry: {:?} }},\n",
+            camel(&r.c_name), r.c_name, r.atom, r.args, r.outs, r.vectors, r.shape, r.types, r.entry
         );
+    }
+    t += "];\n\n/// Every row's signature, parsed at compile time (`KERNEL_SIGS[id - 1]`).\n";
+    t += &format!("pub static KERNEL_SIGS: [Sig; {}] = [\n", rows.len());
+    for r in &rows {
+        t += &format!("    row_sig({:?}, {:?}),\n", r.args, r.outs);
+    }
+    t += "];\n\n/// Every row's signature by slot (`KERNEL_PLANS[id - 1]`).\n";
+    t += &format!("pub static KERNEL_PLANS: [Plan; {}] = [\n", rows.len());
+    for r in &rows {
+        t += &format!("    row_plan({:?}, {:?}),\n", r.args, r.outs);
     }
     t += "];\n\nimpl Kernel {\n    /// Every kernel, in id order.\n    pub const ALL: [Kernel; ";
     t += &format!("{}] = [", rows.len());
     for r in &rows {
         t += &format!("Kernel::{}, ", camel(&r.c_name));
     }
-    t += "];\n}\n";
+    t += "];\n\n";
+    t += "    /// `w` done with the kernel's plan as a compile-time constant: each\n";
+    t += "    /// kernel is an arm of its own, calling `w`'s own copy for it, so that\n";
+    t += "    /// validating a built-in compiles to that kernel's checks alone.\n";
+    t += "    #[inline(always)]\n    pub fn with_plan<W: WithPlan>(self, w: W) -> W::Out {\n        match self {\n";
+    for (i, r) in rows.iter().enumerate() {
+        t += &format!("            Kernel::{} => w.with::<{i}>(),\n", camel(&r.c_name));
+    }
+    t += "        }\n    }\n}\n";
 
     let mut o = String::from("// Generated by gpud/build.rs from c_src/erlcuda_ring.h (EC_KERNELS). Do not edit.\n\n");
     for r in &rows {

@@ -5,8 +5,8 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use crate::descriptor::Region;
-use crate::layout::EC_MAX_SEGMENTS;
+use crate::descriptor::{ArgsMemory, Region};
+use crate::layout::{JobArgs, EC_MAX_SEGMENTS};
 
 /// The arena as the backends see it: every mapped segment's base pointer
 /// and size, borrowed from the mappings for `'a`.
@@ -121,5 +121,18 @@ impl<'a> Arena<'a> {
     pub unsafe fn output<T>(&self, r: Region) -> &mut [T] {
         // SAFETY: as for `input`, and exclusive per the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.typed::<T>(r), r.len()) }
+    }
+}
+
+impl ArgsMemory for Arena<'_> {
+    fn copy_args(&self, r: Region) -> JobArgs {
+        assert_eq!(r.bytes(), std::mem::size_of::<JobArgs>() as u64, "a record region is one ec_job_args");
+        let p = self.host_ptr(r);
+        assert_eq!(p as usize % std::mem::align_of::<JobArgs>(), 0, "record {r:?} misaligned");
+        // SAFETY: in bounds (host_ptr) and aligned (asserted); any bytes
+        // are a JobArgs (Pod). One volatile read of the whole record: the
+        // VM may write the arena meanwhile, and what is validated is this
+        // copy, never the memory again.
+        unsafe { std::ptr::read_volatile(p.cast::<JobArgs>()) }
     }
 }

@@ -60,7 +60,7 @@ pub fn run(kind: BackendKind, device: u32) -> Result<()> {
         let mut reply = Vec::new();
         if let Some((kernel, n, jobs)) = parsed {
             let (a, bv) = (rng.vec(n), rng.vec(n));
-            let scalars: Vec<f64> = kernel.row().signature.chars().filter(|&c| c == 's').map(|_| 1.5).collect();
+            let scalars: Vec<f64> = kernel.sig().args().iter().filter(|a| a.kind == crate::signature::Kind::Scalar).map(|_| 1.5).collect();
             let sqe = Sqe {
                 in0: pa,
                 in1: pb,

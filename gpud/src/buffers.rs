@@ -237,6 +237,16 @@ impl Buffers {
         true
     }
 
+    /// Undoes [`Buffers::create`] of `id` for a job refused before any
+    /// launch could use it: the block goes straight back to the cache.
+    pub fn discard(&mut self, id: u64) {
+        if let Some(b) = self.live.remove(&id) {
+            self.used -= b.class;
+            self.cache.entry(b.class).or_default().push(b.addr);
+            self.cached += b.class;
+        }
+    }
+
     /// Frees buffer `id` (unknown ids are skipped: a buffer whose put failed
     /// is freed too), complete or still filling, and forgets a failed put
     /// of the id. Its block is reused once no launch of a drain <= `drain`

@@ -106,8 +106,9 @@ pub fn hist_bucket(size: u64) -> usize {
     (size.ilog2() as usize).min(EC_BATCH_HIST_BUCKETS - 1)
 }
 
-/// True when no job's output overlaps a region (input or output) of another
-/// job, so the jobs can run concurrently without a data race.
+/// True when no region a job writes (an output, or an io argument updated
+/// in place) overlaps a region (read or written) of another job, so the
+/// jobs can run concurrently without a data race.
 ///
 /// The VM allocates every output separately, so this holds for anything it
 /// sends; checking it anyway keeps gpud memory-safe when it does not (the
@@ -121,7 +122,7 @@ pub fn independent(jobs: &[Job]) -> bool {
     let mut outs: Vec<(Region, usize)> = jobs
         .iter()
         .enumerate()
-        .map(|(i, j)| (j.out(), i))
+        .flat_map(|(i, j)| j.writes().map(move |r| (r, i)))
         .filter(|(r, _)| !r.is_empty())
         .collect();
     outs.sort_unstable_by_key(|(r, _)| (r.segment(), r.offset()));
@@ -133,7 +134,7 @@ pub fn independent(jobs: &[Job]) -> bool {
     // before the input ends; if that one ends at or before the input's start
     // (or lies in a lower segment), so do all earlier ones.
     for (i, job) in jobs.iter().enumerate() {
-        for input in job.inputs() {
+        for &input in job.inputs() {
             if input.is_empty() {
                 continue;
             }
@@ -143,7 +144,8 @@ pub fn independent(jobs: &[Job]) -> bool {
                 continue;
             }
             let (r, owner) = outs[before - 1];
-            // Validation already proved a job's own output clear of its inputs.
+            // Validation already proved a job's own outputs clear of its
+            // inputs (and an io argument is its own written region).
             if owner != i && r.overlaps(&input) {
                 return false;
             }
@@ -289,5 +291,78 @@ mod tests {
             });
             assert_eq!(independent(&jobs), brute, "{jobs:?}");
         }
+    }
+
+    /// A job of user kernel `i` of a module in slot 0: its record (`y`
+    /// written, `acc` updated) as validation copies it.
+    fn user_job(i: usize, user_data: u64, y: u64, acc: u64, block: u32) -> Job {
+        use crate::descriptor::{validate_bufs, ArgsMemory, BufferTable};
+        use crate::layout::{JobArgs, EC_FLAG_ARGS, EC_JOB_ARGS_BYTES, EC_OPT_BLOCK};
+        use crate::modules::{kernel_id, parse_manifest, Registry, UserKernel};
+        struct Record(JobArgs);
+        impl ArgsMemory for Record {
+            fn copy_args(&self, _: Region) -> JobArgs {
+                self.0
+            }
+        }
+        /// Every id is a live buffer of 4 f32.
+        struct Bufs;
+        impl BufferTable for Bufs {
+            fn lookup(&self, id: u64, ty: ElemType, len: u32) -> Result<Region, crate::layout::Status> {
+                Ok(Region::buffer(id << 12, len, ty))
+            }
+            fn create(&mut self, _: u64, _: ElemType, _: u32) -> Result<Region, crate::layout::Status> {
+                Err(crate::layout::Status::BadBuffer)
+            }
+            fn discard(&mut self, _: u64) {}
+        }
+        let manifest = "erlcuda-module 2\n\
+            kernel a types=f32,f64 args=x:v:T:n,acc:io:T:n outs=y:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0\n\
+            kernel b types=f32 args=x:v:T:n,acc:io:T:n outs=y:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0\n";
+        let mut r = Registry::default();
+        let kernels = parse_manifest(manifest).unwrap().into_iter().enumerate();
+        r.install(0, kernels.map(|(i, d)| std::sync::Arc::new(UserKernel::new(kernel_id(0, i), d))).collect());
+        let mut a = JobArgs::default();
+        for (slot, addr) in [(0, 0), (1, acc), (8, y)] {
+            (a.addr[slot], a.len[slot]) = (addr, 4);
+        }
+        a.buffers = 0b10;
+        if block > 0 {
+            (a.given, a.block) = (EC_OPT_BLOCK, block);
+        }
+        let sqe = Sqe {
+            user_data,
+            kernel: kernel_id(0, i),
+            flags: EC_FLAG_ARGS,
+            in0: 0x800,
+            in0_len: EC_JOB_ARGS_BYTES,
+            ..Sqe::default()
+        };
+        validate_bufs(&sqe, ARENA, &r, &mut Bufs, &Record(a)).unwrap()
+    }
+
+    #[test]
+    fn users_jobs_group_by_kernel_type_and_geometry() {
+        let mut c = Coalescer::new();
+        c.push(user_job(0, 1, 0x100, 7, 0));
+        c.push(user_job(1, 2, 0x200, 8, 0));
+        c.push(user_job(0, 3, 0x300, 9, 0));
+        c.push(user_job(0, 4, 0x400, 10, 64));
+        c.push(job(Kernel::VectorAdd, 0, 16, 0x500, 4));
+        let g: Vec<(u16, u32, Vec<u64>)> =
+            c.user_groups().map(|(k, jobs)| (k.id, k.geometry.threads, jobs.iter().map(Job::user_data).collect())).collect();
+        let (a, b) = (crate::modules::kernel_id(0, 0), crate::modules::kernel_id(0, 1));
+        assert_eq!(g, vec![(a, 256, vec![1, 3]), (b, 256, vec![2]), (a, 64, vec![4])]);
+        assert_eq!(c.len(), 5);
+    }
+
+    #[test]
+    fn io_buffers_are_written_regions() {
+        // Two jobs updating one buffer in place must not run together; on
+        // distinct buffers, with distinct outputs, they may.
+        assert!(!independent(&[user_job(0, 1, 0x100, 7, 0), user_job(0, 2, 0x200, 7, 0)]));
+        assert!(independent(&[user_job(0, 1, 0x100, 7, 0), user_job(0, 2, 0x200, 8, 0)]));
+        // A user's output read by another job's input.
+        assert!(!independent(&[user_job(0, 1, 0x100, 7, 0), job(Kernel::VectorAdd, 0x100, 0x400, 0x500, 4)]));
     }
 }

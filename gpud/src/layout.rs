@@ -14,9 +14,22 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
+use crate::sigplan::{Packed, Plan};
+use crate::signature::{self, Sig};
+
+// The signature language's limits are the header's.
+const _: () = assert!(
+    signature::MAX_VECTORS == EC_MAX_VECTORS as usize
+        && signature::MAX_OUTPUTS == EC_MAX_OUTPUTS as usize
+        && signature::MAX_SLOTS == EC_MAX_SLOTS as usize
+        && signature::MAX_PARAMS == EC_MAX_PARAMS as usize
+        && signature::MAX_NAME == EC_MAX_NAME as usize
+        && crate::sigplan::PACKED_BYTES == EC_PARAM_BYTES
+);
+
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 7;
+pub const EC_ABI_VERSION: u32 = 8;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -27,8 +40,9 @@ pub const EC_SEGMENT_MAGIC: u64 = 0x544e_454d_4745_5343;
 /// `ec_sqe.flags`: fault the device on purpose (only a gpud built with the
 /// `fault-injection` feature accepts it; any other refuses it with BAD_FLAGS).
 pub const EC_FLAG_FAULT: u8 = 1 << 7;
-/// `ec_sqe.flags`: the next SQ entry is this job's [`LaunchOpts`].
-pub const EC_FLAG_OPTS: u8 = 1 << 0;
+/// `ec_sqe.flags`: a job of a user's kernel, its arguments a [`JobArgs`]
+/// record in the arena that `in0` names (see the header).
+pub const EC_FLAG_ARGS: u8 = 1 << 0;
 /// `ec_sqe.flags`: in0 / in1 / out holds a device buffer id (see the header).
 pub const EC_FLAG_IN0_BUF: u8 = 1 << 1;
 pub const EC_FLAG_IN1_BUF: u8 = 1 << 2;
@@ -46,7 +60,7 @@ pub const EC_MODULE_SLOTS: u16 = 1000;
 /// Control descriptors: load / unload a module (see the header).
 pub const EC_CONTROL_LOAD_MODULE: u16 = 0xff00;
 pub const EC_CONTROL_UNLOAD_MODULE: u16 = 0xff01;
-/// `ec_launch_opts.given` bits.
+/// `ec_job_args.given` bits.
 pub const EC_OPT_GRID: u32 = 1;
 pub const EC_OPT_BLOCK: u32 = 2;
 pub const EC_OPT_SHARED_BYTES: u32 = 4;
@@ -58,8 +72,17 @@ pub const EC_KERNEL_COUNT: u32 = KERNEL_ROWS.len() as u32 + 1;
 pub const EC_STATUS_COUNT: u32 = 13;
 pub const EC_TYPE_COUNT: u32 = 6;
 pub const EC_SHAPE_COUNT: u32 = 3;
-pub const EC_OUTPUT_COUNT: u32 = 2;
-pub const EC_MAX_VECTORS: u32 = 2;
+/// A job's slots (`ec_job_args.addr`, `len`): vector and io arguments
+/// first, then the outputs; its scalar and dimension arguments
+/// (`ec_job_args.param`).
+pub const EC_MAX_VECTORS: u32 = 8;
+pub const EC_MAX_OUTPUTS: u32 = 4;
+pub const EC_MAX_SLOTS: u32 = EC_MAX_VECTORS + EC_MAX_OUTPUTS;
+pub const EC_MAX_PARAMS: u32 = 8;
+/// Bytes of a name in a signature.
+pub const EC_MAX_NAME: u32 = 31;
+pub const EC_JOB_ARGS_BYTES: u32 = 256;
+/// A built-in's parameter area (`ec_sqe.p`).
 pub const EC_PARAM_BYTES: usize = 16;
 pub const EC_SUM_SERIAL: u32 = 256;
 pub const EC_SUM_CHUNK: u32 = 65536;
@@ -216,46 +239,26 @@ const _: () = assert!(std::mem::size_of::<Params>() == EC_PARAM_BYTES);
 unsafe impl Pod for Params {}
 
 impl Params {
-    /// Calls `f(letter, byte offset)` for each scalar ('s') and dimension
-    /// ('d') argument of `signature`, in order; false if they do not fit.
-    pub fn walk(signature: &str, mut f: impl FnMut(char, usize)) -> bool {
-        let mut at = 0usize;
-        for c in signature.chars() {
-            let size = match c {
-                's' => 8,
-                'd' => 4,
-                _ => continue,
+    /// Where each parameter of a kernel lies in the area (its `plan`'s
+    /// `packed`, listed: for tests and tools); `None` when they do not fit.
+    pub fn offsets(plan: &Plan) -> Option<Vec<Packed>> {
+        Some(plan.packed?[..usize::from(plan.nparams)].to_vec())
+    }
+
+    /// The scalar and dimension arguments of a kernel laid out as `plan`
+    /// as a job's `param` (a scalar's f64 bits, a dimension widened).
+    #[inline]
+    pub fn decode(&self, plan: &Plan) -> [u64; EC_MAX_PARAMS as usize] {
+        let mut p = [0u64; EC_MAX_PARAMS as usize];
+        let Some(packed) = &plan.packed else { return p };
+        for (v, at) in p.iter_mut().zip(&packed[..usize::from(plan.nparams)]) {
+            *v = match *at {
+                Packed::F64(off) => self.get::<u64>(usize::from(off)),
+                Packed::U32(off) => u64::from(self.u32_at(usize::from(off))),
+                Packed::Unused => 0,
             };
-            at = at.next_multiple_of(size);
-            if at + size > EC_PARAM_BYTES {
-                return false;
-            }
-            f(c, at);
-            at += size;
         }
-        true
-    }
-
-    /// The offsets [`Params::walk`] visits, collected (for tests and tools).
-    pub fn offsets(signature: &str) -> Option<Vec<(char, usize)>> {
-        let mut v = Vec::new();
-        Params::walk(signature, |c, at| v.push((c, at))).then_some(v)
-    }
-
-    /// The scalar and dimension arguments of a kernel with `signature`.
-    pub fn decode(&self, signature: &str) -> ([f64; EC_PARAM_BYTES / 8], [u32; EC_PARAM_BYTES / 4]) {
-        let (mut s, mut d) = ([0f64; EC_PARAM_BYTES / 8], [0u32; EC_PARAM_BYTES / 4]);
-        let (mut ns, mut nd) = (0, 0);
-        Params::walk(signature, |c, at| {
-            if c == 's' {
-                s[ns] = self.f64_at(at);
-                ns += 1;
-            } else {
-                d[nd] = self.u32_at(at);
-                nd += 1;
-            }
-        });
-        (s, d)
+        p
     }
 
     /// The `T` at byte `off` of the area (any alignment). Panics if it
@@ -295,16 +298,19 @@ impl Params {
         self.set(off, v)
     }
 
-    /// The area of a kernel with the given scalar and dimension arguments,
-    /// in signature order: what the NIF writes.
-    pub fn pack(signature: &str, scalars: &[f64], dims: &[u32]) -> Params {
+    /// The area of a kernel laid out as `plan` with the given scalar and
+    /// dimension arguments, each in its own order: what the NIF writes.
+    pub fn pack(plan: &Plan, scalars: &[f64], dims: &[u32]) -> Params {
         let mut p = Params::default();
         let (mut s, mut d) = (scalars.iter(), dims.iter());
-        let fits = Params::walk(signature, |c, off| match c {
-            's' => p.set_f64(off, *s.next().expect("a scalar per 's'")),
-            _ => p.set_u32(off, *d.next().expect("a dimension per 'd'")),
-        });
-        assert!(fits, "signature {signature} does not fit the parameter area");
+        let packed = plan.packed.expect("a built-in's parameters fit the parameter area");
+        for at in &packed[..usize::from(plan.nparams)] {
+            match *at {
+                Packed::F64(off) => p.set_f64(usize::from(off), *s.next().expect("a scalar per 's'")),
+                Packed::U32(off) => p.set_u32(usize::from(off), *d.next().expect("a dimension per 'd'")),
+                Packed::Unused => {}
+            }
+        }
         p
     }
 }
@@ -468,17 +474,39 @@ pub struct KernelRow {
     pub c_name: &'static str,
     /// The Erlang atom naming the kernel.
     pub atom: &'static str,
-    /// One letter per argument: `v` vector, `s` scalar, `d` dimension.
-    pub signature: &'static str,
-    /// The `v`s of the signature, counted at build time (validation asks
-    /// for every job).
-    pub vectors: u32,
+    /// The signature's arguments and outputs, in the signature language
+    /// (parsed: [`Kernel::sig`]).
+    pub args: &'static str,
+    pub outs: &'static str,
+    /// The signature's v and io arguments, counted at build time.
+    pub vectors: u8,
     pub shape: Shape,
-    pub output: Output,
-    /// Bit `t` set: the kernel runs on element type `t`.
+    /// Bit `t` set: the kernel's T may be element type `t`.
     pub types: u32,
     /// PTX entry prefix: the entry for type `t` is `<entry>_<t>`.
     pub entry: &'static str,
+}
+
+/// A row's signature, for the generated [`KERNEL_SIGS`]: build.rs has
+/// parsed every row already, naming the reason of any failure, so this
+/// never fails.
+const fn row_sig(args: &str, outs: &str) -> Sig {
+    match Sig::parse(args, outs) {
+        Ok(s) => s,
+        Err(_) => panic!("an EC_KERNELS row does not parse (build.rs says why)"),
+    }
+}
+
+/// Work done with a built-in's plan known at compile time
+/// ([`Kernel::with_plan`]): `with::<K>` reads `KERNEL_PLANS[K]`.
+pub trait WithPlan {
+    type Out;
+    fn with<const K: usize>(self) -> Self::Out;
+}
+
+/// A row's signature by slot, for the generated [`KERNEL_PLANS`].
+const fn row_plan(args: &str, outs: &str) -> Plan {
+    Plan::of(&row_sig(args, outs))
 }
 
 impl Kernel {
@@ -495,6 +523,17 @@ impl Kernel {
         &KERNEL_ROWS[self as usize - 1]
     }
 
+    /// The kernel's signature, parsed once, at compile time.
+    pub fn sig(self) -> &'static Sig {
+        &KERNEL_SIGS[self as usize - 1]
+    }
+
+    /// The kernel's signature by slot (validation's view), made at compile
+    /// time.
+    pub fn plan(self) -> &'static Plan {
+        &KERNEL_PLANS[self as usize - 1]
+    }
+
     pub fn c_name(self) -> &'static str {
         self.row().c_name
     }
@@ -505,7 +544,7 @@ impl Kernel {
 
     /// How many vector arguments the kernel reads.
     pub fn vector_inputs(self) -> u32 {
-        self.row().vectors
+        u32::from(self.row().vectors)
     }
 
     pub fn runs_on(self, ty: ElemType) -> bool {
@@ -574,26 +613,6 @@ impl Shape {
 
     pub fn atom(self) -> &'static str {
         ["elementwise", "reduction", "matmul"][self as usize]
-    }
-}
-
-/// `enum ec_output`: what the caller gets back.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Output {
-    Vector = 0,
-    Scalar = 1,
-}
-
-impl Output {
-    pub const ALL: [Output; 2] = [Output::Vector, Output::Scalar];
-
-    pub fn c_name(self) -> &'static str {
-        ["VECTOR", "SCALAR"][self as usize]
-    }
-
-    pub fn atom(self) -> &'static str {
-        ["vector", "scalar"][self as usize]
     }
 }
 
@@ -679,27 +698,33 @@ impl Status {
 }
 
 c_struct! {
-    /// `struct ec_launch_opts`: a job's launch options, the SQ entry after a
-    /// descriptor with [`EC_FLAG_OPTS`] (read as the bytes of that entry).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct LaunchOpts: Pod {
+    /// `struct ec_job_args`: the arguments of one job of a user's kernel
+    /// ([`EC_FLAG_ARGS`]), in the arena, 8-aligned; the very layout of the
+    /// job record its kernel reads (`kitjob::Job`). gpud copies it out of
+    /// the arena once and validates the copy (`descriptor.rs`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct JobArgs: Pod {
+        /// Slot `i < EC_MAX_VECTORS`: the i-th v or io argument; slot
+        /// `EC_MAX_VECTORS + j`: the j-th output. An arena address, or a
+        /// buffer id with bit `i` of `buffers`.
+        pub addr: [u64; EC_MAX_SLOTS as usize],
+        pub len: [u32; EC_MAX_SLOTS as usize],
+        /// The s and d arguments in declared order.
+        pub param: [u64; EC_MAX_PARAMS as usize],
+        /// gpud's to set: 0 on the wire.
+        pub block_start: u64,
+        pub buffers: u32,
         pub grid: u32,
         pub block: u32,
         pub shared_bytes: u32,
+        /// `EC_OPT_*` bits: which of grid, block, shared_bytes are given.
         pub given: u32,
-        pub reserved: [u8; 48],
-    }
-}
-
-impl LaunchOpts {
-    /// The entry `e` read as launch options.
-    pub fn from_sqe(e: &Sqe) -> LaunchOpts {
-        LaunchOpts::from_bytes(as_bytes(e)).expect("both are 64 bytes")
+        pub reserved: [u32; 5],
     }
 }
 
 // Cheap compile-time guards; the probe test below is the real proof.
-const _: () = assert!(std::mem::size_of::<LaunchOpts>() == 64);
+const _: () = assert!(std::mem::size_of::<JobArgs>() == EC_JOB_ARGS_BYTES as usize);
 const _: () = assert!(std::mem::size_of::<Sqe>() == 64);
 const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
 const _: () = assert!(std::mem::size_of::<Hello>() == 32);
@@ -710,6 +735,7 @@ const _: () = assert!(std::mem::align_of::<Header>() == EC_CACHELINE as usize);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::signature::Kind;
     use std::collections::BTreeMap;
     use std::mem::{offset_of, size_of};
     use std::process::Command;
@@ -720,7 +746,9 @@ mod tests {
     const PROBE_C: &str = r#"
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 #include "erlcuda_ring.h"
+#include "signature.h"
 
 #define P(name, v) printf("%s %lld\n", name, (long long)(v))
 #define SZ(S) P("sizeof." #S, sizeof(struct S))
@@ -728,13 +756,14 @@ mod tests {
 #define OF(S, f) P("offsetof." #S "." #f, offsetof(struct S, f)); \
                  P("sizeof." #S "." #f, sizeof(((struct S *)0)->f))
 #define C(name) P("const." #name, name)
-#define KERNEL(NAME, ID, ATOM, SIG, SHAPE, OUTPUT, TYPES, ENTRY) \
+#define KERNEL(NAME, ID, ATOM, ARGS, OUTS, SHAPE, TYPES, ENTRY) \
     P("kernel." #NAME ".id", EC_KERNEL_##NAME); \
     P("kernel." #NAME ".id_column", ID); \
     printf("kernel.%s.atom %s\n", #NAME, #ATOM); \
-    printf("kernel.%s.signature %s\n", #NAME, SIG); \
+    printf("kernel.%s.args %s\n", #NAME, ARGS); \
+    printf("kernel.%s.outs %s\n", #NAME, OUTS); \
+    print_sig(#NAME, ARGS, OUTS); \
     P("kernel." #NAME ".shape", EC_SHAPE_##SHAPE); \
-    P("kernel." #NAME ".output", EC_OUTPUT_##OUTPUT); \
     P("kernel." #NAME ".types", TYPES); \
     printf("kernel.%s.entry %s\n", #NAME, ENTRY);
 #define TYPE(NAME, ID, ATOM, BYTES) \
@@ -745,13 +774,55 @@ mod tests {
 #define SHAPE(NAME, ID, ATOM) \
     P("shape." #NAME ".id", EC_SHAPE_##NAME); \
     printf("shape.%s.atom %s\n", #NAME, #ATOM);
-#define OUTPUT(NAME, ID, ATOM) \
-    P("output." #NAME ".id", EC_OUTPUT_##NAME); \
-    printf("output.%s.atom %s\n", #NAME, #ATOM);
 #define STATUS(NAME, CODE, ATOM) \
     P("status." #NAME ".code", EC_STATUS_##NAME); \
     P("status." #NAME ".code_column", CODE); \
     printf("status.%s.atom %s\n", #NAME, #ATOM);
+
+/* A length as `nf:KV*KV/KV` (K: d dimension, c constant, f free). */
+static void print_len(const struct sig_len *l)
+{
+    printf("%u", l->nf);
+    for (unsigned i = 0; i < l->nf; i++)
+        printf("%c%c%u", i ? '*' : ':', "dcf"[l->f[i].kind], (unsigned)l->f[i].v);
+    if (l->has_div)
+        printf("/%c%u", "dcf"[l->div.kind], (unsigned)l->div.v);
+}
+
+/* What signature.c reads in a row: the same text layout.rs prints from
+ * the Rust parser's Sig. */
+static void print_sig(const char *name, const char *args, const char *outs)
+{
+    static const char *const kinds[] = {"v", "io", "s", "d"};
+    struct sig s;
+    const char *why = "";
+    memset(&s, 0, sizeof s);
+    if (sig_parse(args, strlen(args), outs, strlen(outs), &s, &why) != 0) {
+        printf("kernel.%s.sig error: %s\n", name, why);
+        return;
+    }
+    printf("kernel.%s.sig n%u v%u p%u o%u f%u t%u", name, s.nargs, s.nvec, s.nparams, s.nouts, s.nfree,
+           s.uses_t ? 1u : 0u);
+    for (unsigned i = 0; i < s.nfree; i++)
+        printf(" free=%s@%u", s.free_name[i], s.free_slot[i]);
+    for (unsigned i = 0; i < s.nargs; i++) {
+        const struct sig_arg *a = &s.arg[i];
+        printf(" %s:%s:%u@%u", a->name, kinds[a->kind], a->type, a->slot);
+        if (a->kind == SIG_VECTOR || a->kind == SIG_INOUT) {
+            printf("=");
+            print_len(&a->len);
+        }
+    }
+    for (unsigned i = 0; i < s.nouts; i++) {
+        const struct sig_out *o = &s.out[i];
+        printf(" ->%s:%s:%u", o->name, o->scalar ? "s" : "o", o->type);
+        if (!o->scalar) {
+            printf("=");
+            print_len(&o->len);
+        }
+    }
+    printf("\n");
+}
 
 int main(void)
 {
@@ -764,10 +835,13 @@ int main(void)
     P("sizeof.ec_params.u64", sizeof(((union ec_params *)0)->u64));
     P("offsetof.ec_params.u64", offsetof(union ec_params, u64));
 
-    SZ(ec_launch_opts); AL(ec_launch_opts);
-    OF(ec_launch_opts, grid); OF(ec_launch_opts, block); OF(ec_launch_opts, shared_bytes);
-    OF(ec_launch_opts, given); OF(ec_launch_opts, reserved);
-    C(EC_FLAG_OPTS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES);
+    SZ(ec_job_args); AL(ec_job_args);
+    OF(ec_job_args, addr); OF(ec_job_args, len); OF(ec_job_args, param);
+    OF(ec_job_args, block_start); OF(ec_job_args, buffers); OF(ec_job_args, grid);
+    OF(ec_job_args, block); OF(ec_job_args, shared_bytes); OF(ec_job_args, given);
+    OF(ec_job_args, reserved);
+    C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES);
+    C(EC_JOB_ARGS_BYTES); C(EC_MAX_OUTPUTS); C(EC_MAX_SLOTS); C(EC_MAX_PARAMS); C(EC_MAX_NAME);
     C(EC_USER_KERNEL_BASE); C(EC_MODULE_KERNELS); C(EC_MODULE_SLOTS);
     C(EC_CONTROL_LOAD_MODULE); C(EC_CONTROL_UNLOAD_MODULE);
     C(EC_FLAG_IN0_BUF); C(EC_FLAG_IN1_BUF); C(EC_FLAG_OUT_BUF);
@@ -809,7 +883,7 @@ int main(void)
     P("const.EC_ADDR_OFFSET_MASK_HI", EC_ADDR_OFFSET_MASK >> 32);
     P("const.EC_ADDR_OFFSET_MASK_LO", EC_ADDR_OFFSET_MASK & 0xffffffffu);
     C(EC_KERNEL_COUNT); C(EC_STATUS_COUNT); C(EC_MAX_SEGMENTS);
-    C(EC_TYPE_COUNT); C(EC_SHAPE_COUNT); C(EC_OUTPUT_COUNT);
+    C(EC_TYPE_COUNT); C(EC_SHAPE_COUNT);
     C(EC_MAX_VECTORS); C(EC_PARAM_BYTES); C(EC_SUM_SERIAL); C(EC_SUM_CHUNK);
     C(EC_SUM_GROUPS);
     P("const.EC_SEGMENT_MAGIC_HI", EC_SEGMENT_MAGIC >> 32);
@@ -820,10 +894,56 @@ int main(void)
     EC_STATUSES(STATUS)
     EC_TYPES(TYPE)
     EC_SHAPES(SHAPE)
-    EC_OUTPUTS(OUTPUT)
     return 0;
 }
 "#;
+
+    /// A parsed signature as the probe's `print_sig` writes it.
+    fn sig_text(s: &Sig) -> String {
+        use crate::signature::{Factor, Len};
+        fn factor(f: Factor) -> String {
+            match f {
+                Factor::Dim(i) => format!("d{i}"),
+                Factor::Const(c) => format!("c{c}"),
+                Factor::Free(i) => format!("f{i}"),
+            }
+        }
+        fn len(l: &Len) -> String {
+            let mut t = l.nf.to_string();
+            for (i, f) in l.factors[..usize::from(l.nf)].iter().enumerate() {
+                t += if i == 0 { ":" } else { "*" };
+                t += &factor(*f);
+            }
+            if let Some(d) = l.div {
+                t += &format!("/{}", factor(d));
+            }
+            t
+        }
+        let mut t = format!("n{} v{} p{} o{} f{} t{}", s.nargs, s.nvec, s.nparams, s.nouts, s.nfree, u8::from(s.uses_t));
+        for i in 0..usize::from(s.nfree) {
+            t += &format!(" free={}@{}", s.free[i].as_str(), s.free_slot[i]);
+        }
+        for a in s.args() {
+            let kind = match a.kind {
+                Kind::Vector => "v",
+                Kind::Inout => "io",
+                Kind::Scalar => "s",
+                Kind::Dim => "d",
+            };
+            let ty = a.ty.map_or(0xfe, |t| t as u8);
+            t += &format!(" {}:{kind}:{ty}@{}", a.name.as_str(), a.slot);
+            if matches!(a.kind, Kind::Vector | Kind::Inout) {
+                t += &format!("={}", len(&a.len));
+            }
+        }
+        for o in s.outs() {
+            t += &format!(" ->{}:{}:{}", o.name.as_str(), if o.scalar { "s" } else { "o" }, o.ty as u8);
+            if !o.scalar {
+                t += &format!("={}", len(&o.len));
+            }
+        }
+        t
+    }
 
     fn rust_side() -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
@@ -873,9 +993,14 @@ int main(void)
         put("sizeof.ec_params.u64", (EC_PARAM_BYTES / 8 * 8).to_string());
         put("offsetof.ec_params.u64", "0".to_string());
 
-        sz!("ec_launch_opts", LaunchOpts);
-        fields!("ec_launch_opts", LaunchOpts);
-        put("const.EC_FLAG_OPTS", EC_FLAG_OPTS.to_string());
+        sz!("ec_job_args", JobArgs);
+        fields!("ec_job_args", JobArgs);
+        put("const.EC_FLAG_ARGS", EC_FLAG_ARGS.to_string());
+        put("const.EC_JOB_ARGS_BYTES", EC_JOB_ARGS_BYTES.to_string());
+        put("const.EC_MAX_OUTPUTS", EC_MAX_OUTPUTS.to_string());
+        put("const.EC_MAX_SLOTS", EC_MAX_SLOTS.to_string());
+        put("const.EC_MAX_PARAMS", EC_MAX_PARAMS.to_string());
+        put("const.EC_MAX_NAME", EC_MAX_NAME.to_string());
         put("const.EC_OPT_GRID", EC_OPT_GRID.to_string());
         put("const.EC_OPT_BLOCK", EC_OPT_BLOCK.to_string());
         put("const.EC_OPT_SHARED_BYTES", EC_OPT_SHARED_BYTES.to_string());
@@ -938,7 +1063,6 @@ int main(void)
         put("const.EC_MAX_SEGMENTS", EC_MAX_SEGMENTS.to_string());
         put("const.EC_TYPE_COUNT", EC_TYPE_COUNT.to_string());
         put("const.EC_SHAPE_COUNT", EC_SHAPE_COUNT.to_string());
-        put("const.EC_OUTPUT_COUNT", EC_OUTPUT_COUNT.to_string());
         put("const.EC_MAX_VECTORS", EC_MAX_VECTORS.to_string());
         put("const.EC_PARAM_BYTES", EC_PARAM_BYTES.to_string());
         put("const.EC_SUM_SERIAL", EC_SUM_SERIAL.to_string());
@@ -954,9 +1078,10 @@ int main(void)
             put(&format!("{p}.id_column"), k.id().to_string());
             put(&format!("{p}.atom"), k.atom().to_string());
             let r = k.row();
-            put(&format!("{p}.signature"), r.signature.to_string());
+            put(&format!("{p}.args"), r.args.to_string());
+            put(&format!("{p}.outs"), r.outs.to_string());
+            put(&format!("{p}.sig"), sig_text(k.sig()));
             put(&format!("{p}.shape"), (r.shape as u8).to_string());
-            put(&format!("{p}.output"), (r.output as u8).to_string());
             put(&format!("{p}.types"), r.types.to_string());
             put(&format!("{p}.entry"), r.entry.to_string());
         }
@@ -971,11 +1096,6 @@ int main(void)
             let p = format!("shape.{}", s.c_name());
             put(&format!("{p}.id"), (s as u8).to_string());
             put(&format!("{p}.atom"), s.atom().to_string());
-        }
-        for o in Output::ALL {
-            let p = format!("output.{}", o.c_name());
-            put(&format!("{p}.id"), (o as u8).to_string());
-            put(&format!("{p}.atom"), o.atom().to_string());
         }
         for s in Status::ALL {
             let p = format!("status.{}", s.c_name());
@@ -1006,10 +1126,14 @@ int main(void)
         let exe = dir.join("probe");
         std::fs::write(&src, PROBE_C).unwrap();
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+        // signature.c: the VM's reader of the signature language, held to
+        // the same answers as gpud's on every built-in row.
+        let sig_c = format!("{header_dir}/signature.c");
         let out = Command::new(&cc)
             .args(["-std=c11", "-Wall", "-Werror", "-I", header_dir, "-o"])
             .arg(&exe)
             .arg(&src)
+            .arg(&sig_c)
             .output()
             .unwrap_or_else(|e| {
                 panic!(
@@ -1075,18 +1199,26 @@ int main(void)
             assert_eq!(ElemType::from_id(t.id()), Some(t));
         }
         assert_eq!(ElemType::from_id(EC_TYPE_COUNT as u8), None);
-        // Every signature's parameters fit the area, and vectors the SQE.
+        // A built-in travels in one SQE: its parameters fit the area, its
+        // vectors in0 and in1, its one output out, and no io argument.
         for r in KERNEL_ROWS {
-            assert!(Params::offsets(r.signature).is_some(), "{}", r.atom);
-            assert!(r.kernel.vector_inputs() >= 1 && r.kernel.vector_inputs() <= EC_MAX_VECTORS, "{}", r.atom);
-            assert!(r.signature.chars().all(|c| "vsd".contains(c)), "{}", r.atom);
-            assert_eq!(r.vectors as usize, r.signature.matches('v').count(), "{}", r.atom);
+            let sig = r.kernel.sig();
+            assert_eq!(*r.kernel.plan(), Plan::of(sig), "{}", r.atom);
+            assert!(Params::offsets(r.kernel.plan()).is_some(), "{}", r.atom);
+            assert!((1..=2).contains(&r.kernel.vector_inputs()), "{}", r.atom);
+            assert_eq!(r.vectors, sig.nvec, "{}", r.atom);
+            assert_eq!(sig.nouts, 1, "{}", r.atom);
+            assert_eq!(r.kernel.plan().io, 0, "{}", r.atom);
         }
-        assert_eq!(Params::offsets("svv"), Some(vec![('s', 0)]));
-        assert_eq!(Params::offsets("vvddd"), Some(vec![('d', 0), ('d', 4), ('d', 8)]));
+        let offsets = |a: &str, o: &str| Params::offsets(&Plan::of(&Sig::parse(a, o).unwrap()));
+        assert_eq!(offsets("alpha:s:T,x:v:T:n,y:v:T:n", "out:o:T:n"), Some(vec![Packed::F64(0)]));
+        assert_eq!(
+            offsets("a:v:T:m*k,b:v:T:k*n,m:d,n:d,k:d", "c:o:T:m*n"),
+            Some(vec![Packed::U32(0), Packed::U32(4), Packed::U32(8)])
+        );
         // d at 0, s aligned up to 8, then d at 16: past the 16 bytes.
-        assert_eq!(Params::offsets("dsd"), None);
-        assert_eq!(Params::offsets("ds"), Some(vec![('d', 0), ('s', 8)]));
+        assert_eq!(offsets("x:v:T:n,a:d,b:s:T,c:d", "y:o:T:n"), None);
+        assert_eq!(offsets("x:v:T:n,a:d,b:s:T", "y:o:T:n"), Some(vec![Packed::U32(0), Packed::F64(8)]));
         for s in Status::ALL {
             assert_eq!(Status::from_code(s.code()), Some(s));
         }
@@ -1099,7 +1231,7 @@ int main(void)
     fn layout_byte_codecs_round_trip() {
         let h = Hello {
             magic: EC_MAGIC,
-            abi_version: 7,
+            abi_version: EC_ABI_VERSION,
             device: 3,
             total_bytes: 1 << 40,
             segments: 2,
@@ -1126,7 +1258,7 @@ int main(void)
             p,
             kernel: 0x1234,
             ty: 5,
-            flags: EC_FLAG_OPTS,
+            flags: EC_FLAG_ARGS,
             ..Sqe::default()
         };
         let b = e.to_bytes();
@@ -1135,11 +1267,44 @@ int main(void)
         assert_eq!(b[32..40], 2.5f64.to_ne_bytes());
         assert_eq!(b[40..44], 7u32.to_ne_bytes());
         assert_eq!(b[60..62], 0x1234u16.to_ne_bytes());
-        assert_eq!((b[62], b[63]), (5, EC_FLAG_OPTS));
+        assert_eq!((b[62], b[63]), (5, EC_FLAG_ARGS));
         assert_eq!((e.p.f64_at(0), e.p.u32_at(8)), (2.5, 7));
-        // An options entry is the same 64 bytes read as ec_launch_opts.
-        let o = LaunchOpts::from_sqe(&e);
-        assert_eq!((o.grid, o.block), (3, 9));
-        assert_eq!(o.reserved[..], b[16..]);
+        assert_eq!(e.p.decode(Kernel::Saxpy.plan())[..2], [2.5f64.to_bits(), 0]);
+        // A job's arguments: slots, lengths, params, options, by the C offsets.
+        let mut a = JobArgs { buffers: 0x101, given: EC_OPT_BLOCK, block: 64, ..JobArgs::default() };
+        a.addr[11] = 0x1122_3344_5566_7788;
+        a.len[0] = 7;
+        a.param[7] = u64::MAX;
+        let b = a.to_bytes();
+        assert_eq!(JobArgs::from_bytes(&b), Some(a));
+        assert_eq!(b[88..96], 0x1122_3344_5566_7788u64.to_ne_bytes());
+        assert_eq!(b[96..100], 7u32.to_ne_bytes());
+        assert_eq!(b[200..208], [0xff; 8]);
+        assert_eq!(b[216..220], 0x101u32.to_ne_bytes());
+        assert_eq!(b[224..228], 64u32.to_ne_bytes());
+        assert_eq!(b[232..236], EC_OPT_BLOCK.to_ne_bytes());
+        assert_eq!(JobArgs::from_bytes(&b[1..]), None);
+    }
+
+    /// The kernel reads the record gpud writes: the kit's `Job` is
+    /// `ec_job_args`, field for field.
+    #[test]
+    fn layout_kit_job_is_job_args() {
+        use crate::kitjob::Job;
+        assert_eq!(size_of::<Job>(), size_of::<JobArgs>());
+        assert_eq!(std::mem::align_of::<Job>(), std::mem::align_of::<JobArgs>());
+        let kit = [
+            ("addr", offset_of!(Job, addr), size_of::<[u64; EC_MAX_SLOTS as usize]>()),
+            ("len", offset_of!(Job, len), size_of::<[u32; EC_MAX_SLOTS as usize]>()),
+            ("param", offset_of!(Job, param), size_of::<[u64; EC_MAX_PARAMS as usize]>()),
+            ("block_start", offset_of!(Job, block_start), 8),
+            ("buffers", offset_of!(Job, buffers), 4),
+            ("grid", offset_of!(Job, grid), 4),
+            ("block", offset_of!(Job, block), 4),
+            ("shared_bytes", offset_of!(Job, shared_bytes), 4),
+            ("given", offset_of!(Job, given), 4),
+            ("reserved", offset_of!(Job, reserved), 20),
+        ];
+        assert_eq!(&kit[..], JobArgs::FIELDS);
     }
 }

@@ -9,27 +9,30 @@
 //! The modules form floors, bottom to top; a module uses only modules on
 //! floors below its own (`tests/layers.rs` checks it against this list):
 //!
-//! 1. [`log`], [`error`], [`startup`], [`kitjob`]: diagnostics on stderr
-//!    (one `<level>`-prefixed line each, which the VM turns into OTP logger
-//!    events), gpud's error type, the startup profile, and the job ABI of
-//!    kernels declared with `kernels/kit` (shared verbatim with their code);
-//! 2. [`layout`]: the mirror of the ring header, and the kernel table;
-//! 3. [`handshake`]: socket, peer check, fds, mapping, header validation;
-//! 4. [`modules`]: users' kernels, loaded at run time;
-//! 5. [`descriptor`]: validation of untrusted submissions;
-//! 6. [`arena`], [`buffers`], [`coalesce`]: the arena as host code reads
+//! 1. [`log`], [`error`], [`startup`], [`signature`]: diagnostics on
+//!    stderr (one `<level>`-prefixed line each, which the VM turns into OTP
+//!    logger events), gpud's error type, the startup profile, and the
+//!    signature language of every kernel (shared verbatim with the kit);
+//! 2. [`kitjob`], [`sigplan`]: the job ABI of kernels declared with
+//!    `kernels/kit` (shared verbatim with their code); a signature laid out
+//!    by job slot, for validation;
+//! 3. [`layout`]: the mirror of the ring header, and the kernel table;
+//! 4. [`handshake`]: socket, peer check, fds, mapping, header validation;
+//! 5. [`modules`]: users' kernels, loaded at run time;
+//! 6. [`descriptor`]: validation of untrusted submissions;
+//! 7. [`arena`], [`buffers`], [`coalesce`]: the arena as host code reads
 //!    it, device buffers (their caching allocator and accounting), grouping
 //!    by kernel;
-//! 7. [`ring`], [`ops`]: SQ consumer, CQ producer and NEED_WAKEUP; the
+//! 8. [`ring`], [`ops`]: SQ consumer, CQ producer and NEED_WAKEUP; the
 //!    host side of every kernel;
-//! 8. [`backend`]: the backends (`cpu`, `cuda`);
-//! 9. [`segment`], [`cli`]: arena segments sent after the handshake,
-//!    registered with the backend; the command line;
-//! 10. [`daemon`]: the main loop tying them together;
-//! 11. [`testvec`]: with the `testkit` feature only (tests and benchmarks,
+//! 9. [`backend`]: the backends (`cpu`, `cuda`);
+//! 10. [`segment`], [`cli`]: arena segments sent after the handshake,
+//!     registered with the backend; the command line;
+//! 11. [`daemon`]: the main loop tying them together;
+//! 12. [`testvec`]: with the `testkit` feature only (tests and benchmarks,
 //!     never in the gpud the VM runs): shared test vectors, the descriptor
 //!     builder, `gpud-bench --bench-backend`;
-//! 12. [`baseline`]: `gpud-bench --baseline`, the benchmarks' in-process
+//! 13. [`baseline`]: `gpud-bench --baseline`, the benchmarks' in-process
 //!     baseline (`testkit` too).
 //!
 //! Unit tests (`#[cfg(test)]`) may use [`testvec`] from any floor, as
@@ -60,6 +63,12 @@ pub mod modules;
 pub mod ops;
 pub mod ring;
 pub mod segment;
+pub mod sigplan;
+// The signature language (c_src/erlcuda_ring.h, "Signatures"): the one
+// parser of the built-in rows and of users' manifests, the kit's own.
+#[path = "../../kernels/kit/src/signature.rs"]
+#[allow(dead_code, clippy::all)]
+pub mod signature;
 pub mod startup;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testvec;

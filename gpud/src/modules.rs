@@ -3,10 +3,13 @@
 //!
 //! A module directory holds three files, all from one build of the user's
 //! crate:
-//! - `manifest`: the kernels' signatures (format: `kernels/kit/src/job.rs`);
-//! - `module.ptx`: the device code, entries `NAME_TY`;
+//! - `manifest`: each kernel's signature, types and launch (format:
+//!   `kernels/kit/src/job.rs`; the signature language:
+//!   `c_src/erlcuda_ring.h`, "Signatures");
+//! - `module.ptx`: the device code, entries `NAME_TY` for each type of the
+//!   kernel's T (`NAME` alone for a kernel with no T);
 //! - `host.so`: the same crate built for the host, symbols
-//!   `erlcuda_host_NAME_TY`, the CPU backend's code.
+//!   `erlcuda_host_NAME_TY` (`erlcuda_host_NAME`), the CPU backend's code.
 //!
 //! Loading checks everything it can before any of the module's code runs:
 //! the manifest line by line, every declared host symbol, and (on the GPU)
@@ -21,28 +24,22 @@ use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::kitjob::{self, BlockRule, Blocks, Job as KitJob};
 use crate::layout::{ElemType, EC_MODULE_KERNELS, EC_MODULE_SLOTS, EC_TYPE_COUNT, EC_USER_KERNEL_BASE};
-use crate::kitjob::{self, Blocks, Job as KitJob};
+use crate::sigplan::Plan;
+use crate::signature::{Sig, Ty};
 
 /// A kernel's host code: runs one whole job (host addresses).
 pub type HostFn = unsafe extern "C" fn(*const KitJob);
 
-/// How a user's kernel relates its lengths and what it computes.
+/// Which element types a kernel's T ranges over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UserShape {
-    Elementwise,
-    /// The output (one element) is accumulated atomically on the GPU: it
-    /// starts at zero.
-    Reduction,
-    Table,
-}
-
-/// The output's length, from the vectors' length `n` and the dimensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutRule {
-    N,
-    One,
-    PerDim(u8),
+pub enum Types {
+    /// Bit `t` set: T may be element type `t`.
+    Set(u32),
+    /// No argument or output is of type T (`types=-`): one entry, no
+    /// suffix, and its jobs say F32 where a T would go.
+    NoT,
 }
 
 /// One kernel of a loaded module, as its manifest line declares it.
@@ -50,46 +47,64 @@ pub enum OutRule {
 pub struct UserKernel {
     pub name: String,
     pub id: u16,
-    pub shape: UserShape,
-    /// One letter per argument: `v`, `s`, `d`.
-    pub signature: String,
-    pub vectors: u32,
-    /// Bit `t` set: runs on element type `t`.
-    pub types: u32,
-    pub out: OutRule,
+    pub sig: Sig,
+    /// The signature by job slot: what validation reads.
+    pub plan: Plan,
+    pub types: Types,
     pub blocks: Blocks,
-    /// A dimension that must be ≥ 1 and divide `n` (from `out` or `blocks`).
-    pub divides: Option<u8>,
+    /// The block size unless a launch says `{block, B}`.
     pub threads: u32,
+    /// Which `{block, B}` the kernel's code allows.
+    pub block_rule: BlockRule,
+    /// Dynamic shared memory unless a launch asks for more.
     pub shared: u32,
-    /// `host[type id]`: the host code of each declared type.
+    /// `host[type id]`: the host code of each type T may be (a kernel with
+    /// no T: at F32's place).
     pub host: [Option<HostFn>; EC_TYPE_COUNT as usize],
 }
 
 impl UserKernel {
-    pub fn runs_on(&self, ty: ElemType) -> bool {
-        self.types & (1 << ty as u32) != 0
-    }
-
-    /// `NAME_TY`: the PTX entry of type `ty`.
-    pub fn entry(&self, ty: ElemType) -> String {
-        format!("{}_{}", self.name, ty.atom())
-    }
-
-    /// The output length for vectors of length `n` and dimensions `dims`;
-    /// `None` when the dimensions do not fit the rule.
-    pub fn out_len(&self, n: u64, dims: &[u32]) -> Option<u64> {
-        if let Some(i) = self.divides {
-            let d = u64::from(dims[i as usize]);
-            if d == 0 || !n.is_multiple_of(d) {
-                return None;
-            }
+    /// Kernel `id` as `d` declares it, its host code not looked up yet.
+    pub fn new(id: u16, d: Decl) -> UserKernel {
+        UserKernel {
+            id,
+            name: d.name,
+            plan: Plan::of(&d.sig),
+            sig: d.sig,
+            types: d.types,
+            blocks: d.blocks,
+            threads: d.threads,
+            block_rule: d.block_rule,
+            shared: d.shared,
+            host: [None; EC_TYPE_COUNT as usize],
         }
-        Some(match self.out {
-            OutRule::N => n,
-            OutRule::One => 1,
-            OutRule::PerDim(i) => n / u64::from(dims[i as usize]),
-        })
+    }
+
+    /// True when a job may say `ty` as its T (a kernel with no T: F32).
+    pub fn runs_on(&self, ty: ElemType) -> bool {
+        match self.types {
+            Types::Set(mask) => mask & (1 << ty as u32) != 0,
+            Types::NoT => ty == ElemType::F32,
+        }
+    }
+
+    /// The element types its jobs may say, each one entry.
+    pub fn entry_types(&self) -> impl Iterator<Item = ElemType> + '_ {
+        ElemType::ALL.into_iter().filter(|t| self.runs_on(*t))
+    }
+
+    /// The PTX entry of jobs of type `ty`: `NAME_TY`, or `NAME` for a
+    /// kernel with no T.
+    pub fn entry(&self, ty: ElemType) -> String {
+        match self.types {
+            Types::Set(_) => format!("{}_{}", self.name, ty.atom()),
+            Types::NoT => self.name.clone(),
+        }
+    }
+
+    /// The host symbol of jobs of type `ty`: `erlcuda_host_` and the entry.
+    pub fn host_symbol(&self, ty: ElemType) -> String {
+        format!("erlcuda_host_{}", self.entry(ty))
     }
 }
 
@@ -97,12 +112,11 @@ impl UserKernel {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Decl {
     pub name: String,
-    pub shape: UserShape,
-    pub signature: String,
-    pub types: u32,
-    pub out: OutRule,
+    pub sig: Sig,
+    pub types: Types,
     pub blocks: Blocks,
     pub threads: u32,
+    pub block_rule: BlockRule,
     pub shared: u32,
 }
 
@@ -135,6 +149,9 @@ pub fn parse_manifest(text: &str) -> Result<Vec<Decl>, String> {
     Ok(decls)
 }
 
+/// The keys of a kernel line, all required.
+const KEYS: [&str; 7] = ["types", "args", "outs", "blocks", "threads", "block_rule", "shared"];
+
 fn parse_line(line: &str) -> Result<Decl, String> {
     let mut words = line.split_whitespace();
     if words.next() != Some("kernel") {
@@ -151,54 +168,36 @@ fn parse_line(line: &str) -> Result<Decl, String> {
     let mut kv: HashMap<&str, &str> = HashMap::new();
     for w in words {
         let (k, v) = w.split_once('=').ok_or_else(|| format!("{w:?} is not key=value"))?;
+        if !KEYS.contains(&k) {
+            return Err(format!("kernel {name}: unknown key {k}"));
+        }
         if kv.insert(k, v).is_some() {
-            return Err(format!("{k} given twice"));
+            return Err(format!("kernel {name}: {k} given twice"));
         }
     }
     let get = |k: &str| kv.get(k).copied().ok_or_else(|| format!("kernel {name}: no {k}="));
-    let shape = match get("shape")? {
-        "elementwise" => UserShape::Elementwise,
-        "reduction" => UserShape::Reduction,
-        "table" => UserShape::Table,
-        s => return Err(format!("kernel {name}: unknown shape {s:?}")),
-    };
-    let signature = get("args")?.to_string();
-    let vectors = signature.matches('v').count();
-    let (_, _, _) = kitjob::param_offsets(signature.as_bytes())
-        .ok_or_else(|| format!("kernel {name}: args {signature:?}: only v, s, d, and scalars and dims in 16 bytes"))?;
-    if !(1..=2).contains(&vectors) {
-        return Err(format!("kernel {name}: args {signature:?} has {vectors} vectors (1 or 2)"));
-    }
-    let ndims = signature.matches('d').count();
-    let mut types = 0u32;
-    for t in get("types")?.split(',') {
-        let ty = ElemType::ALL
-            .into_iter()
-            .find(|e| e.atom() == t && matches!(e, ElemType::F32 | ElemType::F64))
-            .ok_or_else(|| format!("kernel {name}: type {t:?} (f32 or f64)"))?;
-        types |= 1 << ty as u32;
-    }
-    let dim = |s: &str, what: &str| -> Result<u8, String> {
-        let i: u8 = s
-            .strip_prefix("n/d")
-            .and_then(|i| i.parse().ok())
-            .ok_or_else(|| format!("kernel {name}: {what}={s:?}"))?;
-        if usize::from(i) >= ndims {
-            return Err(format!("kernel {name}: {what}={s} names dimension {i}, args have {ndims}"));
+    let (args, outs) = (get("args")?, get("outs")?);
+    let sig = Sig::parse(args, outs).map_err(|e| format!("kernel {name}: args={args} outs={outs}: {e}"))?;
+    let types = match get("types")? {
+        "-" if sig.uses_t => return Err(format!("kernel {name}: types=- but its signature uses T")),
+        "-" => Types::NoT,
+        _ if !sig.uses_t => return Err(format!("kernel {name}: types given but its signature has no T (types=-)")),
+        list => {
+            let mut mask = 0u32;
+            for t in list.split(',') {
+                let ty = Ty::parse(t.as_bytes())
+                    .and_then(|ty| ElemType::from_id(ty as u8))
+                    .ok_or_else(|| format!("kernel {name}: type {t:?} (u8, s32, u32, s64, f32 or f64)"))?;
+                if mask & (1 << ty as u32) != 0 {
+                    return Err(format!("kernel {name}: type {t} listed twice"));
+                }
+                mask |= 1 << ty as u32;
+            }
+            Types::Set(mask)
         }
-        Ok(i)
     };
-    let out = match get("out")? {
-        "n" => OutRule::N,
-        "1" => OutRule::One,
-        s => OutRule::PerDim(dim(s, "out")?),
-    };
-    let blocks = match get("blocks")? {
-        "elements" => Blocks::Elements,
-        "chunks" => Blocks::Chunks,
-        "one" => Blocks::One,
-        s => Blocks::PerDim(dim(s, "blocks")?),
-    };
+    let rule = get("blocks")?;
+    let blocks = Blocks::parse(&sig, rule).map_err(|e| format!("kernel {name}: blocks={rule}: {e}"))?;
     let num = |k: &str, max: u32, min: u32| -> Result<u32, String> {
         let v: u32 = get(k)?.parse().map_err(|_| format!("kernel {name}: {k} is not a number"))?;
         if v < min || v > max {
@@ -208,13 +207,12 @@ fn parse_line(line: &str) -> Result<Decl, String> {
     };
     let threads = num("threads", kitjob::MAX_THREADS, 1)?;
     let shared = num("shared", kitjob::MAX_SHARED_BYTES, 0)?;
-    if shape == UserShape::Reduction && (out != OutRule::One || blocks != Blocks::Chunks) {
-        return Err(format!("kernel {name}: a reduction has out=1 blocks=chunks"));
+    let rule = get("block_rule")?;
+    let block_rule = BlockRule::parse(rule).ok_or_else(|| format!("kernel {name}: block_rule={rule} (any, warps or pow2)"))?;
+    if !block_rule.allows(threads) {
+        return Err(format!("kernel {name}: threads={threads} is no block size its block_rule={rule} allows"));
     }
-    if shape == UserShape::Elementwise && (out != OutRule::N || blocks != Blocks::Elements) {
-        return Err(format!("kernel {name}: an elementwise kernel has out=n blocks=elements"));
-    }
-    Ok(Decl { name, shape, signature, types, out, blocks, threads, shared })
+    Ok(Decl { name, sig, types, blocks, threads, block_rule, shared })
 }
 
 /// `host.so`, opened from a private copy so that loading a rebuilt module
@@ -287,8 +285,9 @@ impl Drop for HostLib {
 /// A loaded module.
 struct Module {
     kernels: Vec<Arc<UserKernel>>,
-    // Dropped after `kernels`: field order.
-    _host: HostLib,
+    // Dropped after `kernels`: field order. None for kernels installed by
+    // tests, whose host code is their own.
+    _host: Option<HostLib>,
 }
 
 /// The device side of users' modules: what [`Registry`] asks of a backend
@@ -343,37 +342,32 @@ impl Registry {
         let host = HostLib::open(&dir.join("host.so"))?;
         let mut kernels = Vec::with_capacity(decls.len());
         for (i, d) in decls.into_iter().enumerate() {
-            let mut fns = [None; EC_TYPE_COUNT as usize];
-            for ty in ElemType::ALL.into_iter().filter(|t| d.types & (1 << *t as u32) != 0) {
-                let sym = format!("erlcuda_host_{}_{}", d.name, ty.atom());
-                fns[ty as usize] =
+            let mut k = UserKernel::new(kernel_id(slot, i), d);
+            let types: Vec<ElemType> = k.entry_types().collect();
+            for ty in types {
+                let sym = k.host_symbol(ty);
+                k.host[ty as usize] =
                     Some(host.symbol(&sym).ok_or_else(|| format!("host.so lacks {sym}, which the manifest declares"))?);
             }
-            let divides = match (d.out, d.blocks) {
-                (OutRule::PerDim(a), _) => Some(a),
-                (_, Blocks::PerDim(b)) => Some(b),
-                _ => None,
-            };
-            kernels.push(Arc::new(UserKernel {
-                vectors: d.signature.matches('v').count() as u32,
-                id: kernel_id(slot, i),
-                name: d.name,
-                shape: d.shape,
-                signature: d.signature,
-                types: d.types,
-                out: d.out,
-                blocks: d.blocks,
-                divides,
-                threads: d.threads,
-                shared: d.shared,
-                host: fns,
-            }));
+            kernels.push(Arc::new(k));
         }
         backend.load_module(slot, &ptx, &kernels).map_err(|e| format!("module.ptx: {e}"))?;
-        if let Some(old) = self.slots.insert(slot, Module { kernels, _host: host }) {
+        if let Some(old) = self.slots.insert(slot, Module { kernels, _host: Some(host) }) {
             drop(old);
         }
         Ok(())
+    }
+
+    /// Installs kernels made by hand in `slot` (kernel `i` must have the id
+    /// `kernel_id(slot, i)`), with no module files and no device code:
+    /// tests and the fuzz targets, which build no module, give the host
+    /// code themselves.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn install(&mut self, slot: u16, kernels: Vec<Arc<UserKernel>>) {
+        for (i, k) in kernels.iter().enumerate() {
+            assert_eq!(k.id, kernel_id(slot, i), "kernel {} of slot {slot}", k.name);
+        }
+        self.slots.insert(slot, Module { kernels, _host: None });
     }
 
     /// Unloads slot `slot` (nothing when it is empty).
@@ -387,84 +381,80 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::signature::Kind;
 
-    const GOOD: &str = "erlcuda-module 1\n\
-        kernel clamp shape=elementwise args=vss types=f32,f64 out=n blocks=elements threads=256 shared=0\n\
-        kernel softmax shape=table args=vd types=f32 out=n blocks=n/d0 threads=256 shared=64\n\
-        kernel sumsq shape=reduction args=v types=f64 out=1 blocks=chunks threads=256 shared=256\n";
+    const GOOD: &str = "erlcuda-module 2\n\
+        kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=y:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0\n\
+        kernel softmax types=f32 args=x:v:T:rows*cols,rows:d,cols:d outs=y:o:T:rows*cols blocks=rows threads=256 block_rule=warps shared=64\n\
+        kernel sumsq types=f64,s32 args=x:v:T:n outs=s:s:T blocks=chunks(n) threads=256 block_rule=pow2 shared=256\n\
+        kernel hist types=- args=p:v:u8:n outs=h:o:u32:256 blocks=elements(n) threads=128 block_rule=any shared=1024\n";
 
     #[test]
     fn parses_a_good_manifest() {
         let d = parse_manifest(GOOD).unwrap();
-        assert_eq!(d.len(), 3);
+        assert_eq!(d.len(), 4);
         assert_eq!(d[0].name, "clamp");
-        assert_eq!(d[0].types, 0b11);
-        assert_eq!(d[1].blocks, Blocks::PerDim(0));
-        assert_eq!(d[1].shared, 64);
-        assert_eq!(d[2].shape, UserShape::Reduction);
-        assert_eq!(d[2].types, 0b10);
+        assert_eq!(d[0].types, Types::Set(0b11));
+        assert_eq!((d[0].sig.nvec, d[0].sig.nparams, d[0].sig.args[1].kind), (1, 2, Kind::Scalar));
+        assert_eq!(d[1].blocks, Blocks::parse(&d[1].sig, "rows").unwrap());
+        assert_eq!((d[1].shared, d[1].block_rule), (64, BlockRule::Warps));
+        assert_eq!(d[2].types, Types::Set(1 << ElemType::F64 as u32 | 1 << ElemType::S32 as u32));
+        assert!(d[2].sig.outs()[0].scalar);
+        assert_eq!((d[3].types, d[3].threads), (Types::NoT, 128));
     }
 
     #[test]
     fn refuses_bad_manifests_with_a_reason() {
+        let line = |rest: &str| format!("erlcuda-module 2\nkernel a {rest}");
+        let base = "types=f32 args=x:v:T:n outs=y:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0";
+        let with = |k: &str, v: &str| {
+            let kv: Vec<String> = base
+                .split(' ')
+                .map(|w| if w.starts_with(&format!("{k}=")) { format!("{k}={v}") } else { w.to_string() })
+                .collect();
+            line(&kv.join(" "))
+        };
         let cases = [
-            ("", "first line"),
-            ("erlcuda-module 2\nkernel a shape=table args=v types=f32 out=n blocks=one threads=1 shared=0", "first line"),
-            ("erlcuda-module 1\n", "no kernels"),
-            ("erlcuda-module 1\nkernel a shape=x args=v types=f32 out=n blocks=one threads=1 shared=0", "unknown shape"),
-            ("erlcuda-module 1\nkernel a shape=table args=vvv types=f32 out=n blocks=one threads=1 shared=0", "3 vectors"),
-            ("erlcuda-module 1\nkernel a shape=table args=sss types=f32 out=n blocks=one threads=1 shared=0", "args"),
-            ("erlcuda-module 1\nkernel a shape=table args=v types=u8 out=n blocks=one threads=1 shared=0", "type"),
-            ("erlcuda-module 1\nkernel a shape=table args=v types=f32 out=n/d0 blocks=one threads=1 shared=0", "dimension 0"),
-            ("erlcuda-module 1\nkernel a shape=table args=v types=f32 out=n blocks=one threads=2000 shared=0", "threads"),
-            ("erlcuda-module 1\nkernel a shape=table args=v types=f32 out=n blocks=one threads=1", "no shared"),
-            ("erlcuda-module 1\nkernel a shape=reduction args=v types=f32 out=n blocks=chunks threads=256 shared=0", "out=1"),
-            ("erlcuda-module 1\nkernel 9a shape=table args=v types=f32 out=n blocks=one threads=1 shared=0", "bad kernel name"),
-            (
-                "erlcuda-module 1\nkernel a shape=table args=v types=f32 out=n blocks=one threads=1 shared=0\n\
-                 kernel a shape=table args=v types=f32 out=n blocks=one threads=1 shared=0",
-                "twice",
-            ),
+            (String::new(), "first line"),
+            (format!("erlcuda-module 1\nkernel a {base}"), "first line"),
+            ("erlcuda-module 2\n".to_string(), "no kernels"),
+            (with("args", "x:v:T:n,x:v:T:n"), "two arguments have one name"),
+            (with("args", "x:v:q32:n"), "a type is"),
+            (with("outs", "y:o:T:m"), "an output's length"),
+            (with("types", "f16"), "type \"f16\""),
+            (with("types", "f32,f32"), "listed twice"),
+            (with("types", "-"), "uses T"),
+            (line("types=f32 args=p:v:u8:n outs=h:o:u32:n blocks=elements(n) threads=1 block_rule=any shared=0"), "no T"),
+            (with("blocks", "rows(n)"), "blocks="),
+            (with("blocks", "elements(k)"), "blocks="),
+            (with("threads", "2000"), "threads"),
+            (with("threads", "x"), "not a number"),
+            (with("shared", "49153"), "shared"),
+            (with("block_rule", "some"), "block_rule"),
+            (line("types=f32 args=x:v:T:n outs=y:o:T:n blocks=n threads=100 block_rule=warps shared=0"), "threads=100"),
+            (line("types=f32 args=x:v:T:n outs=y:o:T:n blocks=n threads=1 block_rule=any"), "no shared"),
+            (line(&format!("{base} shape=table")), "unknown key shape"),
+            (line(&format!("{base} threads=1")), "threads given twice"),
+            (format!("erlcuda-module 2\nkernel 9a {base}"), "bad kernel name"),
+            (format!("erlcuda-module 2\nkernel a {base}\nkernel a {base}"), "twice"),
         ];
         for (text, want) in cases {
-            let e = parse_manifest(text).unwrap_err();
+            let e = parse_manifest(&text).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e:?} lacks {want:?}");
         }
-    }
-
-    #[test]
-    fn output_lengths_follow_the_rules() {
-        let k = |out, blocks, divides| UserKernel {
-            name: "k".into(),
-            id: kernel_id(0, 0),
-            shape: UserShape::Table,
-            signature: "vd".into(),
-            vectors: 1,
-            types: 1,
-            out,
-            blocks,
-            divides,
-            threads: 256,
-            shared: 0,
-            host: [None; EC_TYPE_COUNT as usize],
-        };
-        let rows = k(OutRule::PerDim(0), Blocks::One, Some(0));
-        assert_eq!(rows.out_len(12, &[4]), Some(3));
-        assert_eq!(rows.out_len(12, &[5]), None);
-        assert_eq!(rows.out_len(12, &[0]), None);
-        assert_eq!(rows.out_len(0, &[3]), Some(0));
-        let same = k(OutRule::N, Blocks::PerDim(0), Some(0));
-        assert_eq!(same.out_len(12, &[4]), Some(12));
-        assert_eq!(same.out_len(12, &[5]), None);
-        assert_eq!(k(OutRule::One, Blocks::Chunks, None).out_len(7, &[0]), Some(1));
     }
 
     #[test]
     fn ids_map_back_to_slots() {
         assert_eq!(kernel_id(0, 0), EC_USER_KERNEL_BASE);
         assert_eq!(kernel_id(EC_MODULE_SLOTS - 1, 63), EC_USER_KERNEL_BASE + (EC_MODULE_SLOTS - 1) * 64 + 63);
-        let r = Registry::default();
+        let mut r = Registry::default();
         assert!(r.kernel(kernel_id(3, 1)).is_none());
         assert!(r.kernel(5).is_none());
+        let k: Vec<Arc<UserKernel>> =
+            parse_manifest(GOOD).unwrap().into_iter().enumerate().map(|(i, d)| Arc::new(UserKernel::new(kernel_id(3, i), d))).collect();
+        r.install(3, k);
+        assert_eq!(r.kernel(kernel_id(3, 1)).unwrap().name, "softmax");
+        assert!(r.kernel(kernel_id(3, 4)).is_none());
     }
 }

@@ -31,10 +31,10 @@ use nix::sys::time::TimeSpec;
 
 use crate::arena::Arena;
 use crate::backend::Backend;
-use crate::descriptor::SegmentSizes;
+use crate::descriptor::{ArgsMemory, Region, SegmentSizes};
 use crate::error::{Error, Result};
 use crate::handshake::{check_memfd, Mapping};
-use crate::layout::{SegmentMsg, EC_MAX_SEGMENTS, EC_SEGMENT_MAGIC};
+use crate::layout::{JobArgs, SegmentMsg, EC_MAX_SEGMENTS, EC_SEGMENT_MAGIC};
 
 /// Fills in this process's page-table entries for `bytes` at `base` on a
 /// thread of its own (madvise MADV_POPULATE_WRITE, Linux 5.14; READ where
@@ -270,6 +270,21 @@ impl Segments {
         check_memfd(&fd, msg.bytes)?;
         let m = Mapping::new_plain(&fd, msg.bytes)?;
         Ok((seg, m))
+    }
+}
+
+impl ArgsMemory for Segments {
+    /// A user's record, straight from its segment's mapping (no [`Arena`]
+    /// is built for it: validation reads one record per job).
+    fn copy_args(&self, r: Region) -> JobArgs {
+        let (base, bytes) = self.segment(r.segment()).expect("a validated region's segment is mapped");
+        assert!(r.end() <= bytes && r.bytes() == std::mem::size_of::<JobArgs>() as u64, "record {r:?}");
+        let p = base.as_ptr().wrapping_add(r.offset() as usize);
+        assert_eq!(p as usize % std::mem::align_of::<JobArgs>(), 0, "record {r:?} misaligned");
+        // SAFETY: in bounds and aligned (asserted; segment bases are page
+        // aligned); any bytes are a JobArgs (Pod). One volatile read: the
+        // copy is what gets validated and run, whatever the VM writes.
+        unsafe { std::ptr::read_volatile(p.cast::<JobArgs>()) }
     }
 }
 

@@ -150,7 +150,7 @@ pub fn shaped_sqe(kernel: Kernel, ty: ElemType, n: u32, dims: [u32; 3], scalars:
         in0_len: l0,
         in1_len: l1,
         out_len: lo,
-        p: Params::pack(kernel.row().signature, scalars, dims_used),
+        p: Params::pack(kernel.plan(), scalars, dims_used),
         ..Sqe::default()
     }
 }
@@ -322,7 +322,7 @@ const PLAIN: Placing = Placing { segs: [0, 0, 0], misalign: 0, alias: false };
 /// its shape asks for (`n`, or `dims` for a matmul), the reference from
 /// the kernel's op.
 pub fn case(ta: &mut TestArena, rng: &mut Rng, kernel: Kernel, ty: ElemType, n: usize, dims: [usize; 3], at: Placing) -> Case {
-    let nscalars = kernel.row().signature.chars().filter(|&c| c == 's').count();
+    let nscalars = kernel.sig().args().iter().filter(|a| a.kind == crate::signature::Kind::Scalar).count();
     let scalars: Vec<f64> = (0..nscalars).map(|_| rng.of(ElemType::F64)).collect();
     let d = [dims[0] as u32, dims[1] as u32, dims[2] as u32];
     let mut sqe = shaped_sqe(kernel, ty, n as u32, d, &scalars);
@@ -704,7 +704,7 @@ mod tests {
         let sizes = ta.sizes();
         let good = validate(&s, &sizes).unwrap();
         // A clean launch first: the backend works.
-        crate::backend::run_to_completion(&mut b, &ta.arena(), &Launch::builtin(Kernel::VectorAdd, ElemType::F32, &[good], true)).unwrap();
+        crate::backend::run_to_completion(&mut b, &ta.arena(), &Launch::builtin(Kernel::VectorAdd, ElemType::F32, std::slice::from_ref(&good), true)).unwrap();
         assert_eq!(ta.read(po, 16), vec![2.0; 16]);
         s.flags = crate::layout::EC_FLAG_FAULT;
         let bad = validate(&s, &sizes).unwrap();

@@ -11,8 +11,9 @@
 
 use gpud::coalesce::{independent, Coalescer};
 use gpud::descriptor::{names_unknown_segment, validate, Job, Region, SegmentSizes};
+use gpud::descriptor::NoArena;
 use gpud::layout::{
-    Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_OPTS, EC_MAX_SEGMENTS, EC_USER_KERNEL_BASE,
+    Shape, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_ARGS, EC_MAX_SEGMENTS, EC_USER_KERNEL_BASE,
     KERNEL_ROWS,
 };
 
@@ -57,7 +58,7 @@ pub fn run(data: &[u8]) {
 
     let mut co = Coalescer::new();
     for j in &jobs {
-        co.push(*j);
+        co.push(j.clone());
     }
     assert_eq!(co.len(), jobs.len());
     let mut seen = 0;
@@ -82,7 +83,7 @@ pub fn run(data: &[u8]) {
 fn check(sqe: &Sqe, sizes: &SegmentSizes) -> Option<Job> {
     let got = validate(sqe, sizes);
     let want = reference(sqe, sizes);
-    assert_eq!(got.map(|_| ()), want, "{sqe:?} with {sizes:?}");
+    assert_eq!(got.as_ref().map(|_| ()).map_err(|s| *s), want, "{sqe:?} with {sizes:?}");
     let job = got.ok()?;
     assert_ne!(want, Err(Status::Ok));
     assert_eq!(job.user_data(), sqe.user_data);
@@ -107,9 +108,9 @@ fn check(sqe: &Sqe, sizes: &SegmentSizes) -> Option<Job> {
         assert_eq!(r.end() as u128, r.offset() as u128 + r.len() as u128 * eb as u128);
     }
     for input in job.inputs() {
-        assert!(!bytes_overlap(&job.out(), &input), "{job:?}: output overlaps an input");
+        assert!(!bytes_overlap(&job.out(), input), "{job:?}: output overlaps an input");
     }
-    assert!(!names_unknown_segment(sqe, sizes));
+    assert!(!names_unknown_segment(sqe, sizes, &NoArena));
     let (m, n, k) = job.dims();
     if job.builtin().unwrap().row().shape == Shape::Matmul {
         assert_eq!((m as u32, n as u32, k as u32), (sqe.p.u32_at(0), sqe.p.u32_at(4), sqe.p.u32_at(8)));
@@ -129,30 +130,34 @@ fn bytes_overlap(a: &Region, b: &Region) -> bool {
 
 /// The contract (`c_src/erlcuda_ring.h`; SECURITY.md, "Descriptors")
 /// re-stated from the kernel table's columns: flags, kernel, element type,
-/// shape, in0, in1 (two-vector kernels only), out, then overlap.
+/// a one-vector kernel's in1 flag, shape, in0, in1 (two-vector kernels
+/// only), out, then overlap.
 pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
-    // Launch options (EC_FLAG_OPTS) are for users' kernels only; no module
-    // is loaded here, so every id from EC_USER_KERNEL_BASE is unknown.
-    // Buffer flags (EC_FLAG_IN0_BUF 2, IN1_BUF 4, OUT_BUF 8) name buffer
-    // ids; validation here knows no buffer, so each one named is BAD_BUFFER
-    // where its address would be judged.
+    // EC_FLAG_ARGS (1) is a user's job, whose kernel no module here has:
+    // every id from EC_USER_KERNEL_BASE is unknown, and a built-in never
+    // takes it. Buffer flags (EC_FLAG_IN0_BUF 2, IN1_BUF 4, OUT_BUF 8) name
+    // buffer ids; validation here knows no buffer, so each one named is
+    // BAD_BUFFER where its slot would be judged.
     let bufs = s.flags & 0x0e;
-    let rest = s.flags & !0x0e;
-    if rest != 0 && rest != EC_FLAG_OPTS {
+    if s.flags & !(0x0e | EC_FLAG_ARGS) != 0 {
         return Err(Status::BadFlags);
     }
     if s.kernel >= EC_USER_KERNEL_BASE {
         return Err(Status::BadKernel);
     }
-    if rest != 0 {
+    let row = KERNEL_ROWS.get(usize::from(s.kernel).wrapping_sub(1)).ok_or(Status::BadKernel)?;
+    if s.flags & EC_FLAG_ARGS != 0 {
         return Err(Status::BadFlags);
     }
-    let row = KERNEL_ROWS.get(usize::from(s.kernel).wrapping_sub(1)).ok_or(Status::BadKernel)?;
     if s.ty >= 6 || row.types & (1 << s.ty) == 0 {
         return Err(Status::BadType);
     }
     let eb: u128 = if s.ty == 1 || s.ty == 4 { 8 } else if s.ty == 5 { 1 } else { 4 };
-    let two = row.signature.matches('v').count() == 2;
+    let two = row.args.split(',').filter(|a| a.split(':').nth(1) == Some("v")).count() == 2;
+    // A one-vector kernel has no second slot to name a buffer in.
+    if !two && bufs & 4 != 0 {
+        return Err(Status::BadFlags);
+    }
     let (m, n, k) = (s.p.u32_at(0) as u128, s.p.u32_at(4) as u128, s.p.u32_at(8) as u128);
     let (l0, l1, lo) = (s.in0_len as u128, s.in1_len as u128, s.out_len as u128);
     let l1_ok = |want: u128| if two { l1 == want } else { l1 == 0 };
@@ -185,8 +190,7 @@ pub fn reference(s: &Sqe, sizes: &SegmentSizes) -> Result<(), Status> {
     let in1 = match (two, bufs & 4 != 0) {
         (true, true) => return Err(Status::BadBuffer),
         (true, false) => Some(region(s.in1, s.in1_len)?),
-        (false, true) => return Err(Status::BadFlags),
-        (false, false) => None,
+        (false, _) => None,
     };
     if bufs & 8 != 0 {
         return Err(Status::BadBuffer);

@@ -39,7 +39,7 @@ use gpud::daemon::Daemon;
 use gpud::descriptor::validate;
 use gpud::handshake::{validate_header, HeaderFields, Mapping};
 use gpud::layout::{EC_CONTROL_FREE, EC_CONTROL_PUT, EC_FLAG_OUT_BUF, 
-    Cqe, ElemType, Header, Kernel, SegmentMsg, Sqe, Status, EC_FLAG_OPTS, EC_HEADER_BYTES,
+    Cqe, ElemType, Header, Kernel, SegmentMsg, Sqe, Status, EC_HEADER_BYTES,
     EC_NEED_WAKEUP, EC_SEGMENT_MAGIC,
 };
 use gpud::ring::Ring;
@@ -240,31 +240,18 @@ pub fn run(data: &[u8]) {
     let drained: Vec<Sqe> = (0..take)
         .map(|i| slots[(sq_head.wrapping_add(i) & (sq_entries - 1)) as usize])
         .collect();
-    // An entry after one with EC_FLAG_OPTS is that job's launch options:
-    // consumed with it, never answered itself.
-    let mut is_opts = vec![false; take as usize];
-    let mut i = 0;
-    while i < take as usize {
-        if drained[i].flags & EC_FLAG_OPTS != 0 && i + 1 < take as usize {
-            is_opts[i + 1] = true;
-            i += 2;
-        } else {
-            i += 1;
-        }
-    }
-    let jobs = is_opts.iter().filter(|&&o| !o).count() as u32;
+    // Every entry is one job (a user's carries its arguments in the arena).
+    let jobs = take;
     // One launch per (kernel, element type).
     let verdicts: Vec<Result<(Kernel, ElemType), Status>> = drained
         .iter()
         .map(|s| validate(s, &sizes).map(|j| (j.builtin().expect("no modules are loaded here"), j.ty())))
         .collect();
     let mut group: HashMap<(Kernel, ElemType), u32> = HashMap::new();
-    for (k, _) in verdicts.iter().zip(&is_opts).filter(|(_, o)| !**o) {
-        if let Ok(k) = k {
-            *group.entry(*k).or_default() += 1;
-        }
+    for k in verdicts.iter().flatten() {
+        *group.entry(*k).or_default() += 1;
     }
-    let refused = verdicts.iter().zip(&is_opts).filter(|(v, o)| v.is_err() && !**o).count() as u64;
+    let refused = verdicts.iter().filter(|v| v.is_err()).count() as u64;
     let accepted = u64::from(jobs) - refused;
 
     // The CQEs published.
@@ -286,7 +273,6 @@ pub fn run(data: &[u8]) {
             .find(|&p| sq_head.wrapping_add(p) & (sq_entries - 1) == slot)
             .unwrap_or_else(|| panic!("CQE for slot {slot}, which was not drained: {cqe:?}"));
         assert!(!answered[pos as usize], "two CQEs for slot {slot}");
-        assert!(!is_opts[pos as usize], "a CQE for the launch options in slot {slot}");
         answered[pos as usize] = true;
         match verdicts[pos as usize] {
             Ok(k) => {
@@ -301,7 +287,7 @@ pub fn run(data: &[u8]) {
     }
     let d_stat = |i: usize| stats1[i] - stats0[i];
     if vm_alive {
-        assert!(answered.iter().zip(&is_opts).all(|(&a, &o)| a || o), "a drained job got no CQE");
+        assert!(answered.iter().all(|&a| a), "a drained job got no CQE");
         assert_eq!(published, jobs);
         // No CQ slot outside the ones answered was written.
         for s in 0..cq_entries {

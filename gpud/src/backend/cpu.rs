@@ -162,7 +162,7 @@ mod tests {
             in0_len: vecs[0].len() as u32,
             in1_len: vecs.get(1).map_or(0, |v| v.len() as u32),
             out_len: out_len as u32,
-            p: Params::pack(kernel.row().signature, scalars, dims),
+            p: Params::pack(kernel.plan(), scalars, dims),
             ..Sqe::default()
         };
         let job = validate(&sqe, &ta.sizes()).unwrap();
@@ -379,7 +379,7 @@ mod tests {
         let bad = validate(&s, 256).unwrap();
         let mut backend = CpuBackend::new(0);
         let arena = Arena::from_slice(&mut buf);
-        let jobs = [good, bad];
+        let jobs = [good.clone(), bad];
         let launch = Launch::builtin(Kernel::VectorAdd, ElemType::F32, &jobs, false);
         let e = backend.submit(&arena, &launch).unwrap_err();
         assert!(matches!(e, Error::Device(_)), "{e}");

@@ -60,8 +60,15 @@ impl Daemon {
         Ok(true)
     }
 
-    /// Writes one completion per job with `status`; batch = the launch size.
-    pub(super) fn answer(&mut self, jobs: &[Job], status: Status) -> bool {
+    /// Writes one completion per job (by its `user_data`) with `status`;
+    /// batch = the launch size.
+    pub(super) fn answer(&mut self, jobs: &[u64], status: Status) -> bool {
+        let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+        jobs.iter().all(|&u| self.complete(u, status, batch))
+    }
+
+    /// [`Daemon::answer`] for jobs not handed to the backend.
+    pub(super) fn answer_jobs(&mut self, jobs: &[Job], status: Status) -> bool {
         let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
         jobs.iter().all(|j| self.complete(j.user_data(), status, batch))
     }

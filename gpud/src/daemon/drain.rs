@@ -11,8 +11,8 @@ use crate::coalesce;
 use crate::descriptor::{names_unknown_segment, validate_bufs, BufferTable, Job, Region};
 use crate::error::Result;
 use crate::layout::{
-    ElemType, LaunchOpts, Sqe, Stats, Status, EC_CONTROL_FREE, EC_CONTROL_GET, EC_CONTROL_LOAD_MODULE,
-    EC_CONTROL_PUT, EC_CONTROL_UNLOAD_MODULE, EC_FLAG_OPTS, EC_FLAG_OUT_BUF,
+    ElemType, Sqe, Stats, Status, EC_CONTROL_FREE, EC_CONTROL_GET, EC_CONTROL_LOAD_MODULE, EC_CONTROL_PUT,
+    EC_CONTROL_UNLOAD_MODULE, EC_FLAG_ARGS, EC_FLAG_OUT_BUF,
 };
 
 impl Daemon {
@@ -36,24 +36,14 @@ impl Daemon {
         if self.sqes.is_empty() {
             return Ok(true);
         }
-        record_batch(self.ring.stats(), count_jobs(&self.sqes));
+        record_batch(self.ring.stats(), self.sqes.len() as u64);
 
         // Validate everything first; refusals are answered at once. A
         // control descriptor first runs every job before it to the end.
         self.coalescer.clear();
         let sqes = std::mem::take(&mut self.sqes);
         let mut looked_for_segments = false;
-        let mut i = 0;
-        while i < sqes.len() {
-            let sqe = &sqes[i];
-            i += 1;
-            // A job's launch options ride in the entry after it.
-            let opts = if sqe.flags & EC_FLAG_OPTS != 0 && i < sqes.len() {
-                i += 1;
-                Some(LaunchOpts::from_sqe(&sqes[i - 1]))
-            } else {
-                None
-            };
+        for sqe in &sqes {
             if matches!(sqe.kernel, EC_CONTROL_LOAD_MODULE | EC_CONTROL_UNLOAD_MODULE) {
                 if !self.control(sqe)? {
                     return Ok(false);
@@ -66,17 +56,17 @@ impl Daemon {
                 }
                 continue;
             }
-            let mut v = self.validate(sqe, opts.as_ref());
+            let mut v = self.validate(sqe);
             if v == Err(Status::Oom) && self.buffers.has_pending() {
                 // Freed blocks wait for launches: finish them and look again.
                 if !self.make_room()? {
                     return Ok(false);
                 }
-                v = self.validate(sqe, opts.as_ref());
+                v = self.validate(sqe);
             }
             if v == Err(Status::OutOfBounds)
                 && !looked_for_segments
-                && names_unknown_segment(sqe, self.segments.sizes())
+                && names_unknown_segment(sqe, self.segments.sizes(), &self.segments)
             {
                 // The VM sends a segment before naming it: it is queued on
                 // the socket. Read once per drain, then judge again.
@@ -84,7 +74,7 @@ impl Daemon {
                 if self.read_segments()? == Wake::Quit {
                     return Ok(false);
                 }
-                v = self.validate(sqe, opts.as_ref());
+                v = self.validate(sqe);
             }
             match v {
                 Ok(job) => self.coalescer.push(job),
@@ -110,12 +100,15 @@ impl Daemon {
     }
 
     /// Validates a job against the segments, the modules and the buffers
-    /// (creating its output buffer when it asks for one).
-    pub(super) fn validate(&mut self, sqe: &Sqe, opts: Option<&LaunchOpts>) -> std::result::Result<Job, Status> {
+    /// (creating its output buffers when it asks for them); a user's record
+    /// is copied out of the segments.
+    pub(super) fn validate(&mut self, sqe: &Sqe) -> std::result::Result<Job, Status> {
         let mut table = Table { bufs: &mut self.buffers, mem: self.backend.buffer_memory() };
-        let v = validate_bufs(sqe, opts, self.segments.sizes(), &self.modules, &mut table);
-        if sqe.flags & EC_FLAG_OUT_BUF != 0 && v.is_ok() {
-            self.buffers.publish(self.ring.stats());
+        let v = validate_bufs(sqe, self.segments.sizes(), &self.modules, &mut table, &self.segments);
+        if let Ok(job) = &v {
+            if makes_buffers(sqe, job) {
+                self.buffers.publish(self.ring.stats());
+            }
         }
         v
     }
@@ -150,17 +143,18 @@ impl BufferTable for Table<'_> {
     fn create(&mut self, id: u64, ty: ElemType, len: u32) -> std::result::Result<Region, Status> {
         self.bufs.create(self.mem, id, ty, len)
     }
+    fn discard(&mut self, id: u64) {
+        self.bufs.discard(id);
+    }
 }
 
-/// Jobs in a drain: entries less the launch options riding after a job
-/// with EC_FLAG_OPTS (as `process_drain` pairs them).
-fn count_jobs(sqes: &[Sqe]) -> u64 {
-    let (mut n, mut i) = (0u64, 0usize);
-    while i < sqes.len() {
-        i += if sqes[i].flags & EC_FLAG_OPTS != 0 { 2 } else { 1 };
-        n += 1;
+/// True when an accepted job made new buffers (the accounting to publish):
+/// a built-in's EC_FLAG_OUT_BUF, a user's outputs in buffers.
+fn makes_buffers(sqe: &Sqe, job: &Job) -> bool {
+    if sqe.flags & EC_FLAG_ARGS == 0 {
+        return sqe.flags & EC_FLAG_OUT_BUF != 0;
     }
-    n
+    job.outputs().iter().any(|r| r.is_buffer())
 }
 
 /// Stats for one non-empty drain of `size` jobs. gpud is the only

@@ -38,7 +38,7 @@ use crate::backend::{self, Backend, Ticket};
 use crate::buffers::{self, Buffers};
 use crate::cli::DaemonOpts;
 use crate::coalesce::Coalescer;
-use crate::descriptor::{Job, KernelRef};
+use crate::descriptor::KernelRef;
 use crate::error::{Error, Result};
 use crate::handshake;
 use crate::layout::Sqe;
@@ -145,7 +145,9 @@ pub fn announce(line: &str) -> Result<()> {
 struct InFlight {
     ticket: Ticket,
     kernel: KernelRef,
-    jobs: Vec<Job>,
+    /// Its jobs' `user_data`, all an answer needs: the backend took what
+    /// it runs at submit.
+    jobs: Vec<u64>,
     drain: u64,
     /// When its drain began, and when the backend took it (the stats'
     /// launch_* timings).

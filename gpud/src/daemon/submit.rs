@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::{Daemon, InFlight};
 use crate::backend::Launch;
 use crate::coalesce::{self, Coalescer};
-use crate::descriptor::KernelRef;
+use crate::descriptor::{Job, KernelRef};
 use crate::error::Result;
 use crate::layout::Status;
 use crate::ops::user::UserOp;
@@ -47,7 +47,7 @@ impl Daemon {
                 Ok(ticket) => self.in_flight.push(InFlight {
                     ticket,
                     kernel,
-                    jobs: jobs.to_vec(),
+                    jobs: jobs.iter().map(Job::user_data).collect(),
                     drain,
                     drained,
                     submitted: Instant::now(),
@@ -71,9 +71,9 @@ impl Daemon {
                         self.fail_all();
                         return Err(e);
                     }
-                    let mut ok = self.answer(jobs, Status::DeviceError);
+                    let mut ok = self.answer_jobs(jobs, Status::DeviceError);
                     for (_, _, rest, _) in groups.by_ref() {
-                        ok = ok && self.answer(rest, Status::DeviceError);
+                        ok = ok && self.answer_jobs(rest, Status::DeviceError);
                     }
                     self.ring.cq_publish();
                     if ok && matches!(self.reap(), Ok(true)) {

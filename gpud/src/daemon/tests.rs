@@ -231,3 +231,148 @@ fn put_slices_out_of_order_then_get_and_a_failing_put() {
     // SAFETY: allocated above with this layout; the daemon is gone.
     unsafe { dealloc(base.as_ptr(), layout) };
 }
+
+/// What the test kernel's host code saw, job by job.
+static SEEN: std::sync::Mutex<Vec<crate::kitjob::Job>> = std::sync::Mutex::new(Vec::new());
+
+/// The host code of `scale` (see the test below): adds into its outputs,
+/// so it sees whether they started zeroed.
+unsafe extern "C" fn host_scale(job: *const crate::kitjob::Job) {
+    // SAFETY: gpud hands a live record whose slots hold the lengths the
+    // signature states, at host addresses of the right types.
+    unsafe {
+        let j = *job;
+        SEEN.lock().unwrap().push(j);
+        let k = j.param[0] as i64 as f32;
+        let (x, y) = (j.addr[0] as *const f32, j.addr[8] as *mut f32);
+        for i in 0..j.len[0] as usize {
+            *y.add(i) += k * *x.add(i);
+        }
+        *(j.addr[9] as *mut u32) += j.len[0];
+        let acc = j.addr[1] as *mut i64;
+        for i in 0..j.len[1] as usize {
+            *acc.add(i) += 1;
+        }
+    }
+}
+
+/// Users' jobs through the ring on the cpu backend: one entry each, the
+/// record copied from the arena, the host code called once per job with
+/// host addresses, outputs zeroed first, the io buffer updated in place,
+/// and both jobs of one kernel in one launch.
+#[test]
+fn users_jobs_run_from_their_records() {
+    use crate::layout::{JobArgs, EC_FLAG_ARGS, EC_JOB_ARGS_BYTES};
+    use crate::modules::{kernel_id, parse_manifest, UserKernel};
+    const SQ: u32 = 8;
+    let (sq_off, cq_off) = (4096u64, 4096 + 64 * SQ as u64);
+    let arena_off = cq_off + 16 * SQ as u64;
+    let arena_bytes = 16u64 << 10;
+    let total = (arena_off + arena_bytes) as usize;
+    let layout = Layout::from_size_align(total, 4096).unwrap();
+    // SAFETY: non-zero size.
+    let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+    let fields = HeaderFields::for_geometry(SQ, SQ, sq_off, cq_off, arena_off, arena_bytes);
+    let geo = validate_header(&fields, total as u64).unwrap();
+    let at = |off: u64| base.as_ptr().wrapping_add((arena_off + off) as usize);
+    // Arena: x at 0, the jobs' y at 256 and 512, their counts at 768 and
+    // 1024, records at 1280 and 1536, acc's put at 2048, its get at 3072.
+    let manifest = "erlcuda-module 2\nkernel scale types=f32 args=x:v:T:n,acc:io:s64:m,k:s:s32 outs=y:o:T:n,cnt:s:u32 \
+                    blocks=elements(n) threads=256 block_rule=any shared=0\n";
+    let mut k = UserKernel::new(kernel_id(0, 0), parse_manifest(manifest).unwrap().remove(0));
+    k.host[ElemType::F32 as usize] = Some(host_scale);
+    let record = |y: u64, cnt: u64, scale: i64| {
+        let mut a = JobArgs::default();
+        for (slot, addr, len) in [(0, 0, 4), (1, 42, 3), (8, y, 4), (9, cnt, 1)] {
+            (a.addr[slot], a.len[slot]) = (addr, len);
+        }
+        (a.buffers, a.param[0]) = (1 << 1, scale as u64);
+        a
+    };
+    let job = |user_data, rec: u64| Sqe {
+        user_data,
+        kernel: kernel_id(0, 0),
+        ty: ElemType::F32.id(),
+        flags: EC_FLAG_ARGS,
+        in0: rec,
+        in0_len: EC_JOB_ARGS_BYTES,
+        ..Sqe::default()
+    };
+    let entries = [
+        Sqe {
+            user_data: 1,
+            kernel: EC_CONTROL_PUT,
+            ty: ElemType::S64.id(),
+            flags: EC_FLAG_OUT_BUF,
+            in0: 2048,
+            in0_len: 3,
+            out: 42,
+            out_len: 3,
+            ..Sqe::default()
+        },
+        job(2, 1280),
+        job(3, 1536),
+        // Read back once the jobs are answered, as the VM would.
+        Sqe { user_data: 4, kernel: EC_CONTROL_GET, ty: ElemType::S64.id(), flags: EC_FLAG_IN0_BUF, in0: 42, in0_len: 3, out: 3072, out_len: 3, ..Sqe::default() },
+    ];
+    // SAFETY: every write is in bounds of the buffer; no references kept.
+    unsafe {
+        for i in 0..4 {
+            at(0).cast::<f32>().add(i).write(i as f32 + 1.0);
+            // Garbage the outputs must not keep.
+            at(256).cast::<f32>().add(i).write(f32::NAN);
+            at(512).cast::<f32>().add(i).write(f32::NAN);
+        }
+        at(768).cast::<u32>().write(0xdead_beef);
+        at(1024).cast::<u32>().write(0xdead_beef);
+        at(1280).cast::<JobArgs>().write(record(256, 768, 2));
+        at(1536).cast::<JobArgs>().write(record(512, 1024, -3));
+        for (i, v) in [10i64, 20, 30].into_iter().enumerate() {
+            at(2048).cast::<i64>().add(i).write(v);
+        }
+        for (i, s) in entries.iter().enumerate() {
+            base.as_ptr().add(sq_off as usize).cast::<Sqe>().add(i).write(*s);
+        }
+        (*base.as_ptr().cast::<Header>()).sq_tail.0.store(3, Ordering::Relaxed);
+    }
+    let (mut d, _vm) = heap_daemon(base, total, geo);
+    d.modules.install(0, vec![std::sync::Arc::new(k)]);
+    SEEN.lock().unwrap().clear();
+    assert!(d.process_drain().unwrap());
+    while d.launches_in_flight() > 0 {
+        assert!(d.reap().unwrap());
+    }
+    // SAFETY: the header's tail, in bounds.
+    unsafe { (*base.as_ptr().cast::<Header>()).sq_tail.0.store(4, Ordering::Relaxed) };
+    assert!(d.process_drain().unwrap());
+    assert_eq!(d.ring().stats().launches.load(Ordering::Relaxed), 1, "one launch for both jobs");
+    drop(d);
+    // SAFETY: as above; the daemon is gone.
+    unsafe {
+        let cqes: Vec<(u64, i32, u32)> = (0..entries.len())
+            .map(|i| base.as_ptr().add(cq_off as usize).cast::<Cqe>().add(i).read())
+            .map(|c| (c.user_data, c.status, c.batch))
+            .collect();
+        let ok = Status::Ok.code();
+        assert_eq!(cqes, vec![(1, ok, 1), (2, ok, 2), (3, ok, 2), (4, ok, 1)]);
+        let read = |off: u64| (0..4).map(|i| at(off).cast::<f32>().add(i).read()).collect::<Vec<f32>>();
+        assert_eq!(read(256), vec![2.0, 4.0, 6.0, 8.0]);
+        assert_eq!(read(512), vec![-3.0, -6.0, -9.0, -12.0]);
+        assert_eq!((at(768).cast::<u32>().read(), at(1024).cast::<u32>().read()), (4, 4));
+        let acc: Vec<i64> = (0..3).map(|i| at(3072).cast::<i64>().add(i).read()).collect();
+        assert_eq!(acc, vec![12, 22, 32], "updated in place by each job");
+    }
+    let seen = SEEN.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    for (j, y) in seen.iter().zip([256u64, 512]) {
+        assert_eq!(j.addr[0], at(0) as u64);
+        assert_eq!(j.addr[8], at(y) as u64);
+        assert_ne!(j.addr[1], 42, "the io buffer's host address, not its id");
+        assert_eq!((&j.len[..2], &j.len[8..10]), (&[4, 3][..], &[4, 1][..]));
+        assert_eq!((j.buffers, j.block_start), (0, 0));
+        assert_eq!(j.addr[2..8], [0; 6]);
+    }
+    assert_eq!((seen[0].param[0] as i64, seen[1].param[0] as i64), (2, -3));
+    // SAFETY: allocated above with this layout.
+    unsafe { dealloc(base.as_ptr(), layout) };
+}

@@ -36,7 +36,7 @@ impl KernelOp for Op {
             .zip(ptrs)
             .map(|(j, p)| {
                 let (m, n, k) = j.dims();
-                abi::MatmulJob { a: p.in0, b: p.in1, c: p.out, m: m as u32, n: n as u32, k: k as u32, tiles_n: 0, tile_start: 0 }
+                abi::MatmulJob { a: p.in0(), b: p.in1(), c: p.out(), m: m as u32, n: n as u32, k: k as u32, tiles_n: 0, tile_start: 0 }
             })
             .collect();
         let launch = match jobs.first().map(Job::ty) {

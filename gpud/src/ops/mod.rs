@@ -14,7 +14,7 @@ use std::ops::{Add, AddAssign, Mul};
 use crate::arena::Arena;
 use crate::descriptor::Job;
 use crate::kitjob;
-use crate::layout::{ElemType, Kernel, EC_PARAM_BYTES, EC_SUM_CHUNK, EC_SUM_GROUPS, EC_SUM_SERIAL};
+use crate::layout::{ElemType, Kernel, EC_MAX_SLOTS, EC_MAX_VECTORS, EC_SUM_CHUNK, EC_SUM_GROUPS, EC_SUM_SERIAL};
 
 // The kernels' ABI (job-table structs, grid rules), shared verbatim with the
 // device code.
@@ -40,10 +40,8 @@ include!(concat!(env!("OUT_DIR"), "/ops_table.rs"));
 // The device code states the header's accumulation depths in abi.rs (it
 // cannot read the C header); they must be the header's.
 const _: () = assert!(abi::SUM_SERIAL == EC_SUM_SERIAL as u64 && abi::SUM_CHUNK == EC_SUM_CHUNK as u64);
-// Likewise the kit's: its parameter area is the descriptor's, and its
-// reductions (SERIAL terms per thread, one chunk per block of the default
-// size) state the header's depths.
-const _: () = assert!(kitjob::PARAM_BYTES == EC_PARAM_BYTES);
+// Likewise the kit's: its reductions (SERIAL terms per thread, one chunk
+// per block of the default size) state the header's depths.
 const _: () = assert!(kitjob::SERIAL == EC_SUM_SERIAL as u64);
 const _: () = assert!(kitjob::SERIAL * kitjob::DEFAULT_THREADS as u64 == EC_SUM_CHUNK as u64);
 
@@ -57,12 +55,26 @@ pub fn op(kernel: Kernel) -> &'static (dyn KernelOp + Sync) {
     OPS[kernel as usize - 1]
 }
 
-/// Device addresses of one job's vectors, after the backend placed them.
+/// Device addresses of one job's slots (the job's own numbering: vectors
+/// from 0, outputs from `EC_MAX_VECTORS`), after the backend placed them.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DevPtrs {
-    pub in0: u64,
-    pub in1: u64,
-    pub out: u64,
+    pub addr: [u64; EC_MAX_SLOTS as usize],
+}
+
+impl DevPtrs {
+    /// A built-in's first vector.
+    pub fn in0(&self) -> u64 {
+        self.addr[0]
+    }
+    /// A built-in's second vector.
+    pub fn in1(&self) -> u64 {
+        self.addr[1]
+    }
+    /// A built-in's output.
+    pub fn out(&self) -> u64 {
+        self.addr[EC_MAX_VECTORS as usize]
+    }
 }
 
 /// How one chunk of a batch is launched: the grid, the dynamic shared
@@ -127,9 +139,11 @@ pub trait KernelOp {
         Placement::Mapped
     }
 
-    /// True when the kernel adds partials into the job's output atomically:
-    /// that output then lives in zeroed device scratch (atomics over PCIe to
-    /// mapped host memory are not guaranteed) and is copied back.
+    /// True when the job's outputs must start zeroed in device memory: the
+    /// kernel may add into them atomically, so an output not in a device
+    /// buffer lives in zeroed device scratch (atomics over PCIe to mapped
+    /// host memory are not guaranteed) and is copied back; one in a buffer
+    /// is zeroed in place.
     fn accumulates_into_output(&self, _job: &Job) -> bool {
         false
     }
@@ -174,23 +188,21 @@ pub fn rounded(x: f64, ty: ElemType) -> f64 {
     crate::with_float!(ty, T => T::from_f64(x).into())
 }
 
-/// `job` as a job of a kit-declared kernel (`kitjob::Job`): its device
-/// pointers, its lengths, and its 's'/'d' arguments packed in the parameter
-/// area at `kitjob::param_offsets(signature)`, as in the submission's.
-/// `block_start` is left to `kitjob::prepare`.
+/// `job` as a job of a kit-declared kernel (`kitjob::Job`, the layout of
+/// `ec_job_args`): each slot's address from `p` (unused slots 0) and its
+/// length, the parameters, the launch options as the wire gave them;
+/// `buffers` cleared (the addresses are all memory now) and `block_start`
+/// left to `kitjob::prepare`.
 pub fn kit_job(job: &Job, p: &DevPtrs) -> kitjob::Job {
-    kitjob::Job {
-        vec: [p.in0, p.in1],
-        out: p.out,
-        n: job.in0().len() as u64,
-        out_len: job.out().len() as u64,
-        block_start: 0,
-        // The submission's parameter area, verbatim: the kit packs its
-        // arguments by the same rule (job.rs, param_offsets).
-        params: job.params(),
+    let mut kj = kitjob::Job { param: job.params(), ..kitjob::Job::default() };
+    let outs = EC_MAX_VECTORS as usize..EC_MAX_VECTORS as usize + job.outputs().len();
+    for i in (0..job.inputs().len()).chain(outs) {
+        kj.addr[i] = p.addr[i];
+        kj.len[i] = job.slot(i).len() as u32;
     }
+    [kj.grid, kj.block, kj.shared_bytes, kj.given] = job.launch_opts();
+    kj
 }
-
 
 /// Appends the bytes of plain `#[repr(C)]` descriptors.
 pub fn push_pod<T: Copy>(out: &mut Vec<u8>, items: &[T]) {
@@ -348,22 +360,37 @@ mod tests {
     }
 
     #[test]
-    fn kit_jobs_carry_the_submissions_parameter_area() {
+    fn kit_jobs_carry_the_jobs_slots_and_parameters() {
         use crate::descriptor::validate;
-        use crate::layout::Params;
+        use crate::signature::Kind;
         for k in Kernel::ALL {
-            let sig = k.row().signature;
-            // The kit's offsets are the header's.
-            let (offs, count, _) = kitjob::param_offsets(sig.as_bytes()).expect("fits");
-            let ours: Vec<usize> = Params::offsets(sig).unwrap().into_iter().map(|(_, at)| at).collect();
-            assert_eq!(&offs[..count], &ours[..], "{sig}");
-            // A validated job's kit parameter area is its descriptor's.
+            // A validated built-in as the kit's record: in0, in1, out in
+            // slots 0, 1, EC_MAX_VECTORS, its parameters in declared order.
             let mut sqe = crate::testvec::shaped_sqe(k, ElemType::F64, 16, [2, 4, 3], &[-1.25]);
             (sqe.in1, sqe.out) = (0x1000, 0x2000);
             let job = validate(&sqe, 1u64 << 20).unwrap();
-            assert_eq!(kit_job(&job, &DevPtrs::default()).params, sqe.p.0, "{sig}");
-            let kj = kit_job(&job, &DevPtrs { in0: 1, in1: 2, out: 3 });
-            assert_eq!((kj.vec, kj.out, kj.n, kj.out_len), ([1, 2], 3, job.in0().len() as u64, job.out().len() as u64));
+            let mut p = DevPtrs::default();
+            p.addr[0] = 1;
+            p.addr[1] = 2;
+            p.addr[EC_MAX_VECTORS as usize] = 3;
+            let kj = kit_job(&job, &p);
+            let two = k.vector_inputs() == 2;
+            assert_eq!(kj.addr[0], 1);
+            assert_eq!(kj.addr[1], if two { 2 } else { 0 }, "{k:?}");
+            assert_eq!(kj.addr[EC_MAX_VECTORS as usize], 3);
+            assert_eq!(kj.len[0], job.in0().len() as u32);
+            assert_eq!(kj.len[EC_MAX_VECTORS as usize], job.out().len() as u32);
+            assert_eq!((kj.buffers, kj.block_start, kj.given), (0, 0, 0));
+            let mut want = [0u64; 8];
+            let mut dims = [2u64, 4, 3].into_iter();
+            for a in k.sig().args() {
+                match a.kind {
+                    Kind::Scalar => want[usize::from(a.slot)] = (-1.25f64).to_bits(),
+                    Kind::Dim => want[usize::from(a.slot)] = dims.next().unwrap(),
+                    _ => {}
+                }
+            }
+            assert_eq!(kj.param, want, "{k:?}");
         }
     }
 

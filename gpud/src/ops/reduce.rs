@@ -56,9 +56,9 @@ pub(crate) fn reduction_table(jobs: &[Job], ptrs: &[DevPtrs], dot: bool, table: 
         .iter()
         .zip(ptrs)
         .map(|(j, p)| abi::ReduceJob {
-            a: p.in0,
-            b: if dot { p.in1 } else { 0 },
-            out: p.out,
+            a: p.in0(),
+            b: if dot { p.in1() } else { 0 },
+            out: p.out(),
             len: j.in0().len() as u64,
             block_start: 0,
         })

@@ -4,15 +4,16 @@
 //! way (the tests' tolerance).
 //!
 //! The device kernel is declared with the helper crate, as users' kernels
-//! are (kernels/src/saxpy.rs, `elementwise!`): its table is one
-//! `kitjob::Job` per job, alpha the f64 at byte 0 of the parameter area.
+//! are (kernels/src/saxpy.rs): its table is one `kitjob::Job` per job, the
+//! layout of `ec_job_args`: alpha is `param[0]` (f64 bits), x slot 0, y
+//! slot 1, out slot `EC_MAX_VECTORS`, with `elements(n)` virtual blocks.
 //! The CPU path stays here.
 
-use crate::kitjob::{self, Blocks};
 use super::{elementwise, kit_job, push_pod, DevPtrs, DeviceLaunch, Float, KernelOp, KIT_MAX_GRID};
 use crate::arena::Arena;
 use crate::descriptor::Job;
-use crate::layout::ElemType;
+use crate::kitjob;
+use crate::layout::{ElemType, EC_MAX_VECTORS};
 use crate::with_float;
 
 pub struct Op;
@@ -20,7 +21,7 @@ pub struct Op;
 impl KernelOp for Op {
     unsafe fn cpu(&self, arena: &Arena<'_>, job: &Job) {
         with_float!(job.ty(), T => {
-            let alpha = T::from_f64(job.scalar(0));
+            let alpha = T::from_f64(job.param_f64(0));
             // SAFETY: forwarded from the caller.
             unsafe { elementwise::<T>(arena, job, |x, y| alpha * x + y) }
         })
@@ -28,7 +29,7 @@ impl KernelOp for Op {
 
     fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch> {
         let mut t: Vec<kitjob::Job> = jobs.iter().zip(ptrs).map(|(j, p)| kit_job(j, p)).collect();
-        let total = kitjob::prepare(&mut t, |j| elements_blocks(j.n))?;
+        let total = kitjob::prepare(&mut t, |j| elements_blocks(u64::from(j.len[EC_MAX_VECTORS as usize])))?;
         push_pod(table, &t);
         Some(DeviceLaunch::counted(jobs.len(), total, KIT_MAX_GRID, 0))
     }
@@ -45,7 +46,8 @@ impl KernelOp for Op {
 }
 
 /// Virtual blocks of an elementwise job of `n` elements at the block size
-/// gpud launches with (256, the kit's default).
+/// gpud launches with (256, the kit's default): the kit's `elements(n)`
+/// rule, ceil(n / (threads · ELEMS_PER_THREAD)).
 fn elements_blocks(n: u64) -> u64 {
-    kitjob::blocks_of(Blocks::Elements, n, kitjob::DEFAULT_THREADS, &[])
+    kitjob::div_ceil(n, u64::from(kitjob::DEFAULT_THREADS) * kitjob::ELEMS_PER_THREAD)
 }

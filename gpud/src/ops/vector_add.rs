@@ -20,9 +20,9 @@ impl KernelOp for Op {
             .iter()
             .zip(ptrs)
             .map(|(j, p)| abi::VecAddJob {
-                a: p.in0,
-                b: p.in1,
-                out: p.out,
+                a: p.in0(),
+                b: p.in1(),
+                out: p.out(),
                 len: j.out().len() as u64,
                 block_start: 0,
             })

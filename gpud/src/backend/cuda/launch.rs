@@ -13,7 +13,7 @@ use crate::arena::Arena;
 use crate::backend::{Launch, Ticket};
 use crate::descriptor::{Job, KernelRef};
 use crate::error::{Error, Result};
-use crate::layout::{ElemType, Kernel};
+use crate::layout::{ElemType, Kernel, EC_MAX_SLOTS, EC_MAX_VECTORS};
 use crate::ops::{DevPtrs, DeviceLaunch, KernelOp, Placement};
 
 /// Dynamic shared memory a launch may use without opting in per function.
@@ -204,6 +204,18 @@ pub(super) struct Chunk {
     launch: DeviceLaunch,
 }
 
+/// Adds `bytes` at device address `dev` to the ranges to zero before the
+/// launch, merged with the last one when they are back to back.
+fn zero_range(list: &mut Vec<(u64, usize)>, dev: u64, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    match list.last_mut() {
+        Some((d, n)) if *d + *n as u64 == dev => *n += bytes,
+        _ => list.push((dev, bytes)),
+    }
+}
+
 fn kidx(k: Kernel) -> usize {
     k.id() as usize - 1
 }
@@ -276,13 +288,15 @@ impl CudaBackend {
             };
             modes.push(mode);
             if mode != Placement::Mapped {
-                for r in j.inputs().into_iter().filter(|r| !r.is_buffer()) {
+                for r in j.inputs().iter().filter(|r| !r.is_buffer()) {
                     scratch_need += r.bytes().next_multiple_of(SCRATCH_ALIGN);
                 }
             }
             // An output in a device buffer is written (and zeroed) in place.
-            if !j.fault() && !j.out().is_buffer() && (mode == Placement::CopyInOut || op.accumulates_into_output(j)) {
-                scratch_need += j.out().bytes().next_multiple_of(SCRATCH_ALIGN);
+            if !j.fault() && (mode == Placement::CopyInOut || op.accumulates_into_output(j)) {
+                for r in j.outputs().iter().filter(|r| !r.is_buffer()) {
+                    scratch_need += r.bytes().next_multiple_of(SCRATCH_ALIGN);
+                }
             }
         }
         if scratch_need > 0 {
@@ -290,50 +304,51 @@ impl CudaBackend {
         }
         let scratch = self.slots[slot_i].scratch;
         let mut at = 0u64;
+        // Scratch for `bytes` copied from or to `host`: its device address.
+        // Copies between back-to-back host and scratch ranges are merged,
+        // one driver call for many small outputs.
         let mut place = |host: *mut u8, bytes: u64, list: &mut Vec<Copy>| -> u64 {
             let dev = scratch + at;
             at += bytes.next_multiple_of(SCRATCH_ALIGN);
             if bytes > 0 {
-                list.push(Copy {
-                    host,
-                    dev,
-                    bytes: bytes as usize,
-                });
+                match list.last_mut() {
+                    Some(c) if c.dev + c.bytes as u64 == dev && c.host.wrapping_add(c.bytes) == host => c.bytes += bytes as usize,
+                    _ => list.push(Copy { host, dev, bytes: bytes as usize }),
+                }
             }
             dev
         };
         for (j, mode) in jobs.iter().zip(&modes) {
             if j.fault() {
-                self.ptrs.push(DevPtrs {
-                    in0: FAULT_PTR,
-                    in1: FAULT_PTR,
-                    out: FAULT_PTR,
-                });
+                self.ptrs.push(DevPtrs { addr: [FAULT_PTR; EC_MAX_SLOTS as usize] });
                 continue;
             }
-            let mut p = DevPtrs {
-                in0: self.dev_ptr(j.in0())?,
-                in1: self.dev_ptr(j.in1())?,
-                out: self.dev_ptr(j.out())?,
-            };
+            let mut p = DevPtrs::default();
+            let outs = EC_MAX_VECTORS as usize..;
+            for (i, r) in j.inputs().iter().enumerate().chain(outs.zip(j.outputs())) {
+                p.addr[i] = self.dev_ptr(*r)?;
+            }
             // Inputs already in device buffers are read where they are.
             if *mode != Placement::Mapped {
-                if !j.in0().is_buffer() {
-                    p.in0 = place(arena.host_ptr(j.in0()), j.in0().bytes(), &mut self.copies_in);
-                }
-                if !j.in1().is_empty() && !j.in1().is_buffer() {
-                    p.in1 = place(arena.host_ptr(j.in1()), j.in1().bytes(), &mut self.copies_in);
+                for (i, r) in j.inputs().iter().enumerate() {
+                    if !r.is_empty() && !r.is_buffer() {
+                        p.addr[i] = place(arena.host_ptr(*r), r.bytes(), &mut self.copies_in);
+                    }
                 }
             }
             let zeroed = op.accumulates_into_output(j);
-            if j.out().is_buffer() {
-                if zeroed {
-                    self.zero_dev.push((p.out, j.out().bytes() as usize));
-                }
-            } else if *mode == Placement::CopyInOut || zeroed {
-                p.out = place(arena.host_ptr(j.out()), j.out().bytes(), &mut self.copies_out);
-                if zeroed {
-                    self.zero_dev.push((p.out, j.out().bytes() as usize));
+            for (i, r) in (EC_MAX_VECTORS as usize..).zip(j.outputs()) {
+                if r.is_buffer() {
+                    if zeroed {
+                        zero_range(&mut self.zero_dev, p.addr[i], r.bytes() as usize);
+                    }
+                } else if *mode == Placement::CopyInOut || zeroed {
+                    p.addr[i] = place(arena.host_ptr(*r), r.bytes(), &mut self.copies_out);
+                    if zeroed {
+                        // Scratch padding is the slot's own: zeroing it
+                        // too lets neighbouring outputs share one memset.
+                        zero_range(&mut self.zero_dev, p.addr[i], r.bytes().next_multiple_of(SCRATCH_ALIGN) as usize);
+                    }
                 }
             }
             self.ptrs.push(p);
@@ -480,7 +495,7 @@ mod tests {
                 in0_len: m * k,
                 in1_len: k * nn,
                 out_len: m * nn,
-                p: Params::pack("vvddd", &[], &[m, nn, k]),
+                p: Params::pack(Kernel::Matmul.plan(), &[], &[m, nn, k]),
                 ..Sqe::default()
             },
             _ => Sqe {
