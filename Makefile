@@ -68,9 +68,9 @@ example: setup compile user-modules
 	@mkdir -p $(EXAMPLE_EBIN)
 	erlc -o $(EXAMPLE_EBIN) examples/kernels/user_kernels_example.erl examples/kernels/example_check.erl
 	erl -noshell -pa $(EBIN) -pa $(EXAMPLE_EBIN) \
-	    -eval 'application:load(erlcuda), application:set_env(erlcuda, poison_outputs, true), \
-	           user_kernels_example:main("$(USER_MODULES)/example"), \
-	           example_check:main("$(USER_MODULES)/example"), halt().'
+	    -eval 'application:load(erlcuda), application:set_env(erlcuda, poison_outputs, true)' \
+	    -eval 'user_kernels_example:main("$(USER_MODULES)/example")' \
+	    -eval 'example_check:main("$(USER_MODULES)/example"), halt().'
 
 $(BENCH_EBIN): compile $(wildcard bench/*.erl)
 	@mkdir -p $(BENCH_EBIN)
