@@ -413,7 +413,8 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
         uint8_t ty = resolve(a->type, t);
         if (v->type == SIG_TYPE_NONE)
             continue; /* no vector at all: marked */
-        if (v->typed || v->buf) {
+        if (v->typed || v->buf || (v->is_binary && a->type == SIG_TYPE_T)) {
+            /* A plain binary for a T argument is f32 (it does not fix T). */
             if (v->type != ty)
                 mark_bad(&bad, i, ATOM_type);
         } else if (v->is_binary) {

@@ -59,6 +59,11 @@ validation_test_() ->
       ?_assertMatch([#{kind := scalar, type := 'T'}],
                     hd([O || #{name := reduce, outputs := O} <- erlcuda:kernels()])),
       ?_assertEqual({ok, [5.0, 8.0]}, erlcuda:launch_sync(saxpy, [2, [1.0, 2.0], [3, 4.0]])),
+      %% T is fixed by the first typed vector; a list takes T's type.
+      ?_assertEqual({ok, [3.0]},
+                    erlcuda:launch_sync(saxpy, [2, [1.0], {f64, <<1.0:64/float-native>>}])),
       ?_assertEqual({error, {badarg, {type, 3}}},
-                    erlcuda:launch(saxpy, [2, [1.0], {f64, <<1.0:64/float-native>>}])),
+                    erlcuda:launch(saxpy, [2, {f32, <<1.0:32/float-native>>}, {f64, <<1.0:64/float-native>>}])),
+      ?_assertEqual({error, {badarg, {type, 2}}},
+                    erlcuda:launch(saxpy, [2, <<1.0:32/float-native>>, {f64, <<1.0:64/float-native>>}])),
       ?_assertEqual({error, {badarg, args}}, erlcuda:launch(saxpy, [[1.0], [1.0]]))]}.

@@ -149,15 +149,20 @@ load_errors(Config) ->
     [{ok, _} = file:copy(filename:join(Ex, F), filename:join(Ghost, F)) || F <- ["module.ptx", "host.so"]],
     {ok, Manifest} = file:read_file(filename:join(Ex, "manifest")),
     ok = file:write_file(filename:join(Ghost, "manifest"),
-                         [Manifest, "kernel ghost shape=elementwise args=v types=f32 out=n "
-                                    "blocks=elements threads=256 shared=0\n"]),
+                         [Manifest, "kernel ghost types=f32 args=x:v:T:n outs=y:o:T:n "
+                                    "blocks=elements(n) threads=256 block_rule=any shared=0\n"]),
     {error, {module, Why2}} = erlcuda:load_module(ghost, Ghost),
     ?assertNotEqual(nomatch, binary:match(Why2, <<"erlcuda_host_ghost_f32">>)),
     %% A manifest that does not parse.
     Bad = filename:join(Priv, "bad"),
     ok = filelib:ensure_dir(filename:join(Bad, "x")),
-    ok = file:write_file(filename:join(Bad, "manifest"), <<"erlcuda-module 1\nkernel\n">>),
+    ok = file:write_file(filename:join(Bad, "manifest"), <<"erlcuda-module 2\nkernel\n">>),
     {error, {manifest, _}} = erlcuda:load_module(bad, Bad),
+    %% A signature that breaks the language, refused by the VM's reader.
+    ok = file:write_file(filename:join(Bad, "manifest"),
+                         <<"erlcuda-module 2\nkernel k types=f32 args=x:v:T:n*2 outs=y:o:T:n "
+                           "blocks=1 threads=32 block_rule=any shared=0\n">>),
+    {error, {manifest, {<<"k">>, {signature, _}}}} = erlcuda:load_module(bad, Bad),
     %% Nothing of them stayed; the example still runs.
     [] = [K || K = #{name := {M, _}} <- erlcuda:kernels(), lists:member(M, [nohost, ghost, bad])],
     {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
