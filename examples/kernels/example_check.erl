@@ -43,6 +43,8 @@ run(Mod) ->
              io:format("  ~-17s ok  ~3b calls, types ~w (~b ms)~n",
                        [K, N, Types, erlang:monotonic_time(millisecond) - T0])
          end || K <- Checks],
+        buffer_outputs(Mod),
+        io:format("  {output, buffer}  ok  topk_rows's two outputs as buffers, equal to the host's~n"),
         ok
     catch throw:Miss -> {error, Miss}
     end.
@@ -163,6 +165,24 @@ check(Mod, scatter_add, T) ->
                        || {I, A0} <- lists:enumerate(0, Acc0)],
                 close(scatter_add, {T, N, M}, dec(T, After), Want, Tol)
             end || {N, M} <- [{1, 0}, {1, 1}, {1023, 1}, {1, 1023}] ++ big(T, [{1023, ?BIG}, {?BIG, 1023}])]).
+
+%% Several outputs kept on the device ({output, buffer}): a tuple of
+%% buffers, each the same as the outputs given back to the host.
+buffer_outputs(Mod) ->
+    X = enc(f32, rand_vec(f32, 64 * 300)),
+    Host = call(Mod, topk_rows, [X, 64, 300, 8]),
+    {Vb, Ib} = ok(topk_rows, erlcuda:launch_sync({Mod, topk_rows}, [X, 64, 300, 8],
+                                                  [{output, buffer}, {timeout, 120000}])),
+    {ok, V} = erlcuda:get(Vb),
+    {ok, I} = erlcuda:get(Ib),
+    ok = erlcuda:free(Vb),
+    ok = erlcuda:free(Ib),
+    %% get/1 gives a plain binary for f32 and {Type, Binary} otherwise.
+    Plain = fun({_, B}) -> B; (B) -> B end,
+    case {{f32, Plain(V)}, {u32, Plain(I)}} of
+        Host -> ok;
+        Other -> throw({topk_rows, output_buffers, Other, Host})
+    end.
 
 %% ------------------------------------------------------------ references
 

@@ -206,12 +206,12 @@ pub(super) struct Chunk {
 
 /// Adds `bytes` at device address `dev` to the ranges to zero before the
 /// launch, merged with the last one when they are back to back.
-fn zero_range(list: &mut Vec<(u64, usize)>, dev: u64, bytes: usize) {
+fn zero_range(list: &mut Vec<(u64, usize)>, dev: u64, bytes: usize, merge: bool) {
     if bytes == 0 {
         return;
     }
     match list.last_mut() {
-        Some((d, n)) if *d + *n as u64 == dev => *n += bytes,
+        Some((d, n)) if merge && *d + *n as u64 == dev => *n += bytes,
         _ => list.push((dev, bytes)),
     }
 }
@@ -339,15 +339,19 @@ impl CudaBackend {
             let zeroed = op.accumulates_into_output(j);
             for (i, r) in (EC_MAX_VECTORS as usize..).zip(j.outputs()) {
                 if r.is_buffer() {
+                    // Never merged with a neighbour: two buffers that sit
+                    // end to end are still two allocations, and one memset
+                    // across both is refused (CUDA_ERROR_INVALID_VALUE:
+                    // topk_rows's two output buffers in the H100 bench).
                     if zeroed {
-                        zero_range(&mut self.zero_dev, p.addr[i], r.bytes() as usize);
+                        zero_range(&mut self.zero_dev, p.addr[i], r.bytes() as usize, false);
                     }
                 } else if *mode == Placement::CopyInOut || zeroed {
                     p.addr[i] = place(arena.host_ptr(*r), r.bytes(), &mut self.copies_out);
                     if zeroed {
                         // Scratch padding is the slot's own: zeroing it
                         // too lets neighbouring outputs share one memset.
-                        zero_range(&mut self.zero_dev, p.addr[i], r.bytes().next_multiple_of(SCRATCH_ALIGN) as usize);
+                        zero_range(&mut self.zero_dev, p.addr[i], r.bytes().next_multiple_of(SCRATCH_ALIGN) as usize, true);
                     }
                 }
             }
