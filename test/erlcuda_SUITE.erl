@@ -103,8 +103,11 @@ element_types(_) ->
     true = Sum > 1.0,
     {ok, 5.0} = erlcuda:launch_sync(dot_product, [F64([1.0, 2.0]), F64([1.0, 2.0])]),
     {ok, 1.0e300} = erlcuda:launch_sync(reduce, [F64([1.0e300, 1.0e300, -1.0e300])]),
-    {error, {badarg, {type, 2}}} = erlcuda:launch(vector_add, [F64([1.0]), [1.0]]),
-    {error, {badarg, {type, 2}}} = erlcuda:launch(vector_add, [[1.0], F64([1.0])]),
+    %% T is fixed by the first typed vector; a list takes T's type, a
+    %% plain binary is f32.
+    {ok, {f64, <<2.0:64/float-native>>}} = erlcuda:launch_sync(vector_add, [F64([1.0]), [1.0]]),
+    {ok, [2.0]} = erlcuda:launch_sync(vector_add, [[1.0], F64([1.0])]),
+    {error, {badarg, {type, 2}}} = erlcuda:launch(vector_add, [F64([1.0]), <<1.0:32/float-native>>]),
     {error, {badarg, {type, 3}}} = erlcuda:launch(saxpy, [1.0, F64([1.0]), F32([1.0])]),
     {error, {badarg, {type, 2}}} = erlcuda:launch(matmul, [F32([1.0]), F64([1.0]), 1, 1, 1]),
     %% A type the kernel does not run on: the first vector is named.
