@@ -15,7 +15,8 @@
          cold_start/1, large/0, matmul/0]).
 %% Concurrent callers, for erlcuda_ab and erlcuda_cluster_bench too.
 -export([callers/3, collect/1]).
-%% Records and the JSON, for erlcuda_examples_bench (the section `examples').
+%% Records and the JSON, for erlcuda_examples_bench and erlcuda_mixed_bench
+%% (the sections `examples' and `mixed'); start/0 for their restarts.
 -export([record/7, json/1]).
 
 -define(WARMUP, 2000).
@@ -34,11 +35,13 @@ main() ->
 
 %% Only the sections named in Which (all: every one), in their usual order,
 %% with the same JSON at the end: startup, idle_cpu, latency, other_latency,
-%% throughput, profile, large, matmul, buffers, examples, restart. For a
-%% short run where the device time does not allow the whole benchmark.
-%% `examples' (bench/erlcuda_examples_bench.erl) times the example kernels
-%% of examples/kernels; where their module is not found it is skipped,
-%% and meta.skipped of the JSON says why.
+%% throughput, profile, large, matmul, buffers, examples, mixed, restart.
+%% For a short run where the device time does not allow the whole
+%% benchmark. `examples' (bench/erlcuda_examples_bench.erl) times the
+%% example kernels of examples/kernels; where their module is not found it
+%% is skipped, and meta.skipped of the JSON says why. `mixed'
+%% (bench/erlcuda_mixed_bench.erl) times small jobs alone and beside each
+%% kind of large job, and the large jobs' throughput alone and beside them.
 main(Which) ->
     Run = fun(Section, F) -> (Which =:= all orelse lists:member(Section, Which)) andalso F() end,
     %% Errors only from the VM side, but every line of gpud's: its device,
@@ -67,6 +70,7 @@ main(Which) ->
     Run(matmul, fun matmul/0),
     Run(buffers, fun buffers/0),
     Run(examples, fun erlcuda_examples_bench:run/0),
+    Run(mixed, fun erlcuda_mixed_bench:run/0),
     Run(restart, fun() -> restart(5) end),
     application:stop(erlcuda),
     {ok, Host} = inet:gethostname(),

@@ -43,6 +43,15 @@ What the figures mean (all wall-clock unless said otherwise):
   median of 50 with CUDA events (sec_examples); extra.bytes = bytes moved,
   extra.copy_speed_ms = those bytes at examples.d2d_copy's speed (GB/s of
   a 1 GiB device-to-device copy, reads and writes counted).
+* mixed.small.alone.p50/.p99/.max, mixed.small.beside.K.p50/.p99/.max (us)
+  and mixed.large.K.alone/.beside_small (jobs/s), system pytorch_priority
+  (sec_mixed, `--only mixed`): bench/erlcuda_mixed_bench.erl's mix as
+  PyTorch's best effort: torch.add of 1,000 f32 from pinned to pinned host
+  memory, one in flight, on a stream of the device's highest priority,
+  timed op by op over 100,000 ops, alone and while a large op K runs back
+  to back in another thread on a stream of the lowest priority; each large
+  op's throughput (ops / the sum of their wall times) alone and beside.
+  ERLCUDA_BENCH_MIXED_SCALE shrinks it as it does erlcuda's.
 
 Why pageable vs pinned: a copy from ordinary (pageable) host memory cannot be
 DMA'd directly; the driver stages it through its own pinned buffer (an extra
@@ -64,6 +73,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -75,7 +85,8 @@ LARGE_SIZES = [65536, 1048576, 16777216, 67108864]
 LARGE_KERNELS = ["vector_add", "reduce", "dot_product"]
 MATMUL_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 MATMUL_TOL = 1e-4  # max |C - C_ref| / (|A| |B|) for erlcuda's matmul
-SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e", "device_resident", "examples"]
+SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e", "device_resident", "examples",
+            "mixed"]
 
 STATE = {"out": "peers.json", "meta": {}, "records": []}
 
@@ -888,6 +899,299 @@ def sec_matmul_e2e(c):
         free_gpu(c)
 
 
+# ---------------------------------------------------------------- 8. mixed load
+# bench/erlcuda_mixed_bench.erl's mix, PyTorch's best effort at it: the small
+# op (torch.add of 1,000 f32 from pinned host memory to pinned host memory,
+# one in flight) on a stream of the device's highest priority in the main
+# thread; each large op, back to back, on a stream of the lowest priority
+# in a Python thread of its own. Names as erlcuda's, system MIXED_SYSTEM.
+MIXED_KINDS = ["matmul_4096_buffers", "matmul_4096_binaries", "vector_add_2^26_binaries", "put_get_256MiB",
+               "arena_growth"]
+MIXED_SYSTEM = "pytorch_priority"
+MIXED_SMALL_JOBS = 100_000
+MIXED_WARM = 2000
+MIXED_ALONE_S = 2.0      # a large op's throughput alone: this long
+MIXED_BUDGET_S = 45.0    # a stream of small ops stops after this long, done or not
+MIXED_ROUNDS = 4         # arena_growth: rounds, each from cold host memory
+MIXED_SWITCH_S = 1e-4    # the interpreter's switch interval meanwhile (default 5 ms)
+
+
+class LargeLoop:
+    """A large op run back to back in a thread of its own until stop() and
+    at least `least` ops are done; times in seconds."""
+
+    def __init__(self, job, least):
+        self.job, self.least = job, least
+        self.times, self.error = [], None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        try:
+            pc = time.perf_counter
+            while not (self.stopping.is_set() and len(self.times) >= self.least):
+                t0 = pc()
+                self.job()
+                self.times.append(pc() - t0)
+        except BaseException as e:  # the caller raises it
+            self.error = e
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.times
+
+
+def elems_text(n):
+    """2^k where n is one, else the number."""
+    return f"2^{n.bit_length() - 1}" if n >= 1024 and n & (n - 1) == 0 else str(n)
+
+
+def mixed_scale():
+    v = os.environ.get("ERLCUDA_BENCH_MIXED_SCALE", "").strip()
+    return max(1, int(v)) if v else 1
+
+
+def sec_mixed(c):
+    """Small ops alone and beside each large op (p50, p99, max in us) and the
+    large ops' throughput alone and beside the small ones (jobs/s = ops over
+    the sum of their wall times), as bench/erlcuda_mixed_bench.erl measures
+    erlcuda; ERLCUDA_BENCH_MIXED_SCALE shrinks both the same way."""
+    need(c, "torch")
+    np, torch = c.np, c.torch
+    tf32_off(c)
+    s = mixed_scale()
+    n_small = max(1000, (10_000 if c.quick else MIXED_SMALL_JOBS) // s)
+    warm = max(200, MIXED_WARM // s)
+    alone_s = max(0.5, (1.0 if c.quick else MIXED_ALONE_S) / s)
+    budget_s = max(5.0, MIXED_BUDGET_S / s)
+    side = max(32, 32 * round(4096 / s ** (1 / 3) / 32))
+    elems = max(1024, (1 << 26) // s)
+    lo, hi = 0, -1
+    try:
+        lo, hi = torch.cuda.Stream.priority_range()
+    except Exception:
+        pass
+    small_s = torch.cuda.Stream(priority=hi)
+    large_s = torch.cuda.Stream(priority=lo)
+    common = {"scale": s, "quick": bool(c.quick), "small_priority": small_s.priority,
+              "large_priority": large_s.priority, "switch_interval_s": MIXED_SWITCH_S,
+              "threads": "the small op in the main thread, each large op in a thread of its own"}
+
+    a_np = c.rng.standard_normal(1000, dtype=np.float32)
+    b_np = c.rng.standard_normal(1000, dtype=np.float32)
+    ref = a_np + b_np
+    ap, bp = torch.from_numpy(a_np).pin_memory(), torch.from_numpy(b_np).pin_memory()
+    outp = torch.empty(1000, dtype=torch.float32, pin_memory=True)
+    ad, bd, rd = (torch.empty(1000, device="cuda", dtype=torch.float32) for _ in range(3))
+    torch.cuda.synchronize()
+
+    def small():
+        with torch.cuda.stream(small_s):
+            ad.copy_(ap, non_blocking=True)
+            bd.copy_(bp, non_blocking=True)
+            torch.add(ad, bd, out=rd)
+            outp.copy_(rd, non_blocking=True)
+        small_s.synchronize()
+
+    def small_stream(n):
+        """(times in ns, seconds, cut short)"""
+        pc = time.perf_counter_ns
+        out = []
+        t_start = pc()
+        deadline = t_start + int(budget_s * 1e9)
+        for _ in range(n):
+            t0 = pc()
+            if t0 > deadline:
+                break
+            small()
+            out.append(pc() - t0)
+        return out, (pc() - t_start) / 1e9, len(out) < n
+
+    def small_records(name, ns, extra):
+        xs = sorted(ns)
+        for tag, v in (("p50", pct(xs, 50)), ("p99", pct(xs, 99)), ("max", xs[-1])):
+            add(f"{name}.{tag}", MIXED_SYSTEM, v / 1e3, "us", (xs[0] / 1e3, xs[-1] / 1e3), len(xs), extra)
+
+    def large_records(k, alone, beside, extra):
+        for tag, ts in (("alone", alone), ("beside_small", beside)):
+            add(f"mixed.large.{k}.{tag}", MIXED_SYSTEM, len(ts) / sum(ts), "jobs/s",
+                (1 / max(ts), 1 / min(ts)), len(ts),
+                {**extra, "ms_per_job": sum(ts) / len(ts) * 1e3, "median_ms": statistics.median(ts) * 1e3,
+                 "seconds": sum(ts)})
+
+    def host_cold():
+        """Pinned host memory back to the driver (a cold start's), where torch can."""
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        f = getattr(torch._C, "_host_emptyCache", None)
+        if f is not None:
+            f()
+        return f is not None
+
+    old_switch = sys.getswitchinterval()
+    sys.setswitchinterval(MIXED_SWITCH_S)
+    try:
+        for _ in range(warm):
+            small()
+        outp.fill_(float("nan"))
+        small()
+        ok = bool(np.array_equal(outp.numpy(), ref))
+        ns, secs, cut = small_stream(n_small)
+        small_records("mixed.small.alone", ns,
+                      {**common, "checked": ok, "seconds": secs, "cut_short": cut, "jobs_wanted": n_small,
+                       "how": "pinned a, b to the device, torch.add, to a pinned output, on a stream of "
+                              "priority %d; stream.synchronize()" % small_s.priority})
+        for k in MIXED_KINDS:
+            try:
+                job, size, how, keep = mixed_large_case(c, k, side, elems, large_s)
+                extra = {**common, "size": size, "large_how": how}
+                if k != "arena_growth":
+                    job()  # warm-up (cuBLAS on this stream, the caching allocator)
+                    alone = LargeLoop(job, 3).start()
+                    time.sleep(alone_s)
+                    alone = alone.stop()
+                    for _ in range(max(1, warm // 10)):
+                        small()
+                    loop = LargeLoop(job, 1).start()
+                    ns, secs, cut = small_stream(n_small)
+                    beside = loop.stop()
+                    jobs_wanted = n_small
+                else:
+                    per = max(1, n_small // MIXED_ROUNDS)
+                    ns, secs, cut, alone, beside = [], 0.0, False, [], []
+                    emptied = False
+                    for _ in range(MIXED_ROUNDS):
+                        emptied = host_cold()
+                        for _ in range(max(1, warm // 10)):
+                            small()
+                        loop = LargeLoop(job, 1).start()
+                        r_ns, r_secs, r_cut = small_stream(per)
+                        beside += loop.stop()
+                        ns += r_ns
+                        secs += r_secs
+                        cut = cut or r_cut
+                        host_cold()
+                        loop = LargeLoop(job, 1).start()
+                        time.sleep(r_secs)
+                        alone += loop.stop()
+                    extra.update(rounds=MIXED_ROUNDS, host_cache_emptied=emptied)
+                    jobs_wanted = per * MIXED_ROUNDS
+                outp.fill_(float("nan"))
+                small()
+                ok = bool(np.array_equal(outp.numpy(), ref))
+                small_records(f"mixed.small.beside.{k}", ns,
+                              {**extra, "checked": ok, "seconds": secs, "cut_short": cut,
+                               "jobs_wanted": jobs_wanted, "large_jobs": len(beside)})
+                large_records(k, alone, beside, extra)
+                keep.clear()
+            except Exception as e:
+                error(f"mixed {k}", e)
+            free_gpu(c)
+    finally:
+        sys.setswitchinterval(old_switch)
+
+
+def mixed_large_case(c, k, side, elems, stream):
+    """(job, size text, how, tensors kept alive) of large op k on `stream`;
+    each job ends with stream.synchronize()."""
+    np, torch = c.np, c.torch
+    cuda = torch.device("cuda")
+
+    def dev(n):
+        return torch.empty(n, device=cuda, dtype=torch.float32)
+
+    def pinned(n):
+        return torch.from_numpy(c.rng.standard_normal(n, dtype=np.float32)).pin_memory()
+
+    keep = []
+    if k == "matmul_4096_buffers":
+        A, B, C = (dev((side, side)) for _ in range(3))
+        A.normal_()
+        B.normal_()
+        keep += [A, B, C]
+
+        def job():
+            with torch.cuda.stream(stream):
+                torch.matmul(A, B, out=C)
+            stream.synchronize()
+        how, size = "torch.matmul(A, B, out=C), tensors on the device (TF32 off)", f"{side}x{side} f32, on the device"
+    elif k == "matmul_4096_binaries":
+        Ap, Bp, Cp = pinned(side * side).view(side, side), pinned(side * side).view(side, side), \
+            torch.empty((side, side), dtype=torch.float32, pin_memory=True)
+        A, B, C = (dev((side, side)) for _ in range(3))
+        keep += [Ap, Bp, Cp, A, B, C]
+
+        def job():
+            with torch.cuda.stream(stream):
+                A.copy_(Ap, non_blocking=True)
+                B.copy_(Bp, non_blocking=True)
+                torch.matmul(A, B, out=C)
+                Cp.copy_(C, non_blocking=True)
+            stream.synchronize()
+        how, size = ("pinned A, B to the device, torch.matmul (TF32 off), to a pinned C",
+                     f"{side}x{side} f32, from pinned host memory")
+    elif k == "vector_add_2^26_binaries":
+        ap, bp = pinned(elems), pinned(elems)
+        outp = torch.empty(elems, dtype=torch.float32, pin_memory=True)
+        a, b, r = dev(elems), dev(elems), dev(elems)
+        keep += [ap, bp, outp, a, b, r]
+
+        def job():
+            with torch.cuda.stream(stream):
+                a.copy_(ap, non_blocking=True)
+                b.copy_(bp, non_blocking=True)
+                torch.add(a, b, out=r)
+                outp.copy_(r, non_blocking=True)
+            stream.synchronize()
+        how, size = ("pinned a, b to the device, torch.add, to a pinned output",
+                     f"{elems_text(elems)} f32 from pinned host memory")
+    elif k == "put_get_256MiB":
+        hp = pinned(elems)
+        back = torch.empty(elems, dtype=torch.float32, pin_memory=True)
+        keep += [hp, back]
+
+        def job():
+            with torch.cuda.stream(stream):
+                d = torch.empty(elems, device=cuda, dtype=torch.float32)
+                d.copy_(hp, non_blocking=True)
+                back.copy_(d, non_blocking=True)
+            stream.synchronize()
+            del d
+        how, size = ("a fresh device tensor, the pinned host tensor copied in and back out to a pinned one",
+                     f"{4 * elems >> 20} MiB")
+    elif k == "arena_growth":
+        a_np = c.rng.standard_normal(elems, dtype=np.float32)
+        b_np = c.rng.standard_normal(elems, dtype=np.float32)
+        a_h, b_h = torch.from_numpy(a_np), torch.from_numpy(b_np)
+        a, b, r = dev(elems), dev(elems), dev(elems)
+        keep += [a_h, b_h, a, b, r]
+
+        def job():
+            ap, bp = a_h.pin_memory(), b_h.pin_memory()
+            outp = torch.empty(elems, dtype=torch.float32, pin_memory=True)
+            with torch.cuda.stream(stream):
+                a.copy_(ap, non_blocking=True)
+                b.copy_(bp, non_blocking=True)
+                torch.add(a, b, out=r)
+                outp.copy_(r, non_blocking=True)
+            stream.synchronize()
+        how, size = ("pageable a, b pinned for each op (x.pin_memory(), PyTorch's caching host allocator, "
+                     "emptied at each round's start), to the device, torch.add, to a fresh pinned output",
+                     f"{elems_text(elems)} f32 from pageable host memory")
+    else:
+        raise ValueError(k)
+    torch.cuda.synchronize()
+    return job, size, how, keep
+
+
 # ---------------------------------------------------------------- summary table
 def print_summary():
     recs = STATE["records"]
@@ -1063,7 +1367,8 @@ def main(argv):
              "matmul_kernel": ("matmul kernel alone, device-resident f32", sec_matmul_kernel),
              "matmul_e2e": ("matmul end to end, host to host", sec_matmul_e2e),
              "device_resident": ("tensors on the device (erlcuda's device buffers' peer)", sec_device_resident),
-             "examples": ("the example kernels' ops, tensors on the device", sec_examples)}
+             "examples": ("the example kernels' ops, tensors on the device", sec_examples),
+             "mixed": ("mixed load: small ops beside large ones, stream priorities", sec_mixed)}
     secs = {}
     for name in SECTIONS:
         if name not in only:

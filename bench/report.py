@@ -25,7 +25,7 @@ OWN = "erlcuda"
 
 # Display order of systems (columns); unknown systems follow, sorted.
 SYSTEM_ORDER = [OWN, "erlcuda_lists", "in_process", "pytorch_pinned", "pytorch_pageable",
-                "pytorch_cuda", "cupy", "cublas_sgemm", "pcie_pinned"]
+                "pytorch_cuda", "pytorch_priority", "cupy", "cublas_sgemm", "pcie_pinned"]
 
 # The speed targets, defined once: the project's own goals, in three groups
 # (GOALS).  RESULTS.md's Targets table shows each beside its figure;
@@ -46,6 +46,8 @@ GOALS = {
     "base": "kept from the first benchmarks (arena inputs, gpud idle)",
     "kernels": "the example kernels (examples/kernels) from device buffers against PyTorch on the same GPU, "
                "and their small jobs against the built-in vector_add in the same loop",
+    "isolation": "small jobs beside large ones (the mixed load): their tail latency, and the large jobs' "
+                 "throughput kept",
 }
 Target = collections.namedtuple("Target", "name op limit desc goal of record field")
 
@@ -108,6 +110,25 @@ TARGETS += [T("examples.{}.device".format(k), "<=", 1.25, "{} {} from device buf
 TARGETS += [T("examples.{}.small_p50".format(k), "<=", 1.1,
               "{} small job p50 vs vector_add 1000 in the same loop".format(k), "kernels", field="ratio")
             for k in EXAMPLE_ORDER]
+# The mixed load (bench/erlcuda_mixed_bench.erl, bench/peers.py's sec_mixed):
+# the large kinds the small jobs run beside, with their sizes at scale 1.
+# Beside each: small-job p99 <= 100 us and max <= 2 ms, and the large job's
+# throughput at least 85% of its own alone (the isolation goal). A scaled
+# run (extra.scale != 1, ERLCUDA_BENCH_MIXED_SCALE) is not evaluated.
+MIXED = [("matmul_4096_buffers", "matmul 4096^3 from device buffers"),
+         ("matmul_4096_binaries", "matmul 4096^3 from binaries"),
+         ("vector_add_2^26_binaries", "vector_add 2^26 from binaries"),
+         ("put_get_256MiB", "put and get of 256 MiB"),
+         ("arena_growth", "arena growth from cold (vector_add 2^26 from binaries)")]
+MIXED_ORDER = [k for k, _ in MIXED]
+for _k, _d in MIXED:
+    TARGETS += [T("mixed.small.beside.{}.p99".format(_k), "<=", 100, "small-job p99 beside {}".format(_d),
+                  "isolation"),
+                T("mixed.small.beside.{}.max".format(_k), "<=", 2000, "small-job max beside {}".format(_d),
+                  "isolation"),
+                T("mixed.large.{}.beside_small".format(_k), ">=", 0.85,
+                  "{}: throughput beside small jobs vs alone".format(_d), "isolation",
+                  of=OWN, record="mixed.large.{}.alone".format(_k))]
 # Units of the derived fields a target may name.
 FIELD_UNITS = {"avg_batch": "jobs/batch", "ratio": "x"}
 
@@ -137,6 +158,8 @@ KNOWN = [
     (r"examples\.[a-z0-9_]+\.small_p50", ("us",)),
     (r"examples\.round_trip\.p50", ("us",)),
     (r"examples\.d2d_copy", ("GB/s",)),
+    (r"mixed\.small\.(alone|beside\.[A-Za-z0-9_^]+)\.(p50|p99|max)", ("us",)),
+    (r"mixed\.large\.[A-Za-z0-9_^]+\.(alone|beside_small)", ("jobs/s",)),
 ]
 
 LARGE_RE = re.compile(r"^large\.([a-z_]+)\.([a-z_]+)\.n(\d+)$")
@@ -155,6 +178,7 @@ GROUPS = [  # (name prefix, section title)
     ("buffers", "Device buffers"),
     ("device", "PyTorch, tensors on the device"),
     ("examples", "Example kernels vs PyTorch (examples/kernels, from device buffers)"),
+    ("mixed", "Mixed load (small jobs beside large ones)"),
     ("gpud", "gpud"),
     ("pcie", "PCIe (pinned copies, 256 MiB)"),
 ]
@@ -309,11 +333,13 @@ def merge(records):
             "system": own["system"],
             "peers": {},
             "peer_spread": {},
+            "peer_n": {},
         }
         peer_extra = {}
         for r in sorted((r for r in recs if r is not own), key=lambda r: system_key(r["system"])):
             fig["peers"][r["system"]] = r["value"]
             fig["peer_spread"][r["system"]] = r.get("spread")
+            fig["peer_n"][r["system"]] = r.get("n")
             if r.get("unit") != own.get("unit"):
                 warn("{}: {} unit {!r} differs from {} unit {!r}"
                      .format(name, r["system"], r.get("unit"), own["system"], own.get("unit")))
@@ -458,6 +484,10 @@ def evaluate_target(t, figs):
     if not isinstance(own, (int, float)):
         return not_eval("no extra.{}".format(t.field))
     res["reached"] = own
+    for f in (fig, figs.get(t.record) if t.record else None):
+        why = mixed_scaled(f)
+        if why:
+            return not_eval(why)
     what = t.name + ("." + t.field if t.field else "")
     if t.of is None:
         lim = t.limit
@@ -477,6 +507,17 @@ def evaluate_target(t, figs):
     res["value"] = lim
     res["met"] = OPS[t.op](own, lim)
     return res
+
+
+def mixed_scaled(fig):
+    """Why a figure of the mixed load is no measure of its targets (a scaled
+    run), or None."""
+    if not fig or not fig["name"].startswith("mixed.") or fig["system"] != OWN:
+        return None
+    sc = fig["extra"].get("scale")
+    if sc in (None, 1):
+        return None
+    return "a scaled run (ERLCUDA_BENCH_MIXED_SCALE {})".format(sc)
 
 
 def utc_now():
@@ -523,6 +564,12 @@ def extra_of(fig, system):
     if fig["system"] == system:
         return fig.get("extra") or {}
     return (fig.get("peer_extra") or {}).get(system) or {}
+
+
+def n_of(fig, system):
+    if fig["system"] == system:
+        return fig.get("n")
+    return (fig.get("peer_n") or {}).get(system)
 
 
 def cell(fig, system):
@@ -897,6 +944,110 @@ def examples_tables(gf):
     return L
 
 
+MIXED_SMALL_RE = re.compile(r"^mixed\.small\.(alone|beside\.([A-Za-z0-9_^]+))\.(p50|p99|max)$")
+MIXED_LARGE_RE = re.compile(r"^mixed\.large\.([A-Za-z0-9_^]+)\.(alone|beside_small)$")
+MIXED_PEER = "pytorch_priority"
+
+
+def mixed_order(k):
+    return (MIXED_ORDER.index(k), k) if k in MIXED_ORDER else (len(MIXED_ORDER), k)
+
+
+def mixed_target_text(t, figs):
+    r = evaluate_target(t, figs)
+    lim = "{} {}".format(OP_SIGN[t.op], fmt_limit(t.limit)) + ("×" if t.of else " us")
+    if r is None:
+        return "{}: not measured".format(lim)
+    if r.get("met") is None:
+        return "{}: not evaluated".format(lim)
+    return "{}: {}".format(lim, "met" if r["met"] else "missed")
+
+
+def mixed_tables(gf):
+    """The mixed load: the small jobs' p50, p99 and max alone and beside each large
+    kind, erlcuda's and PyTorch's (priority streams); then the large jobs'
+    throughput alone and beside the small jobs; with the isolation targets."""
+    figs = {f["name"]: f for f in gf}
+    small, large, rest = {}, {}, []
+    for f in gf:
+        m, n = MIXED_SMALL_RE.match(f["name"]), MIXED_LARGE_RE.match(f["name"])
+        if m:
+            small.setdefault(m.group(2) or "", {})[m.group(3)] = f
+        elif n:
+            large.setdefault(n.group(1), {})[n.group(2)] = f
+        else:
+            rest.append(f)
+    L = []
+    notes = []
+    scaled = sorted({str(extra_of(f, s).get("scale")) for f in gf for s in (OWN, MIXED_PEER)
+                     if extra_of(f, s).get("scale") not in (None, 1)})
+    if small:
+        rows = []
+        cut = []
+        for k in sorted(small, key=lambda k: (-1, "") if k == "" else mixed_order(k)):
+            fs = small[k]
+            any_f = next(iter(fs.values()))
+            size = extra_of(any_f, OWN).get("size") or extra_of(any_f, MIXED_PEER).get("size") or ""
+            row = ["nothing (alone)" if k == "" else "{} ({})".format(k, size) if size else k]
+            for s in (OWN, MIXED_PEER):
+                row += [cell(fs[p], s) if p in fs else "" for p in ("p50", "p99", "max")]
+                jobs = n_of(any_f, s)
+                ex = extra_of(any_f, s)
+                row.append("{:,}".format(jobs) if isinstance(jobs, int) else "")
+                if ex.get("cut_short"):
+                    cut.append("{} beside {} ({} of {:,} jobs in {} s)".format(
+                        "erlcuda" if s == OWN else "PyTorch", k or "nothing",
+                        "{:,}".format(jobs) if isinstance(jobs, int) else "?", ex.get("jobs_wanted") or 0,
+                        fmt(ex.get("seconds"))))
+            tg = [t for t in TARGETS if t.name in ("mixed.small.beside.{}.p99".format(k),
+                                                   "mixed.small.beside.{}.max".format(k))]
+            row.append("; ".join("{} {}".format(t.name.rsplit(".", 1)[1], mixed_target_text(t, figs))
+                                 for t in tg) or "—")
+            rows.append(row)
+        L += table(["small jobs beside", "erlcuda p50 us", "p99 us", "max us", "jobs",
+                    "PyTorch p50 us", "p99 us", "max us", "jobs", "targets"], rows)
+        L += wrong_note([f for fs in small.values() for f in fs.values()])
+        if cut:
+            notes.append("Cut short by the time budget: " + "; ".join(cut) + ".")
+    if large:
+        rows = []
+        for k in sorted(large, key=mixed_order):
+            fs = large[k]
+            any_f = next(iter(fs.values()))
+            size = extra_of(any_f, OWN).get("size") or extra_of(any_f, MIXED_PEER).get("size") or ""
+            row = [k, size]
+            for s in (OWN, MIXED_PEER):
+                a = value_of(fs["alone"], s) if "alone" in fs else None
+                b = value_of(fs["beside_small"], s) if "beside_small" in fs else None
+                # (three digits: cell() rounds jobs/s to integers, and a large job does tens a second)
+                row += [fmt(a) if a is not None else "", fmt(b) if b is not None else "",
+                        fmt(b / a) + "×" if a and b is not None else ""]
+            tg = [t for t in TARGETS if t.name == "mixed.large.{}.beside_small".format(k)]
+            row.append("; ".join(mixed_target_text(t, figs) for t in tg) or "—")
+            rows.append(row)
+        L += ([""] if L else []) + table(["large job", "size", "erlcuda alone jobs/s", "beside small jobs/s",
+                                          "beside / alone", "PyTorch alone jobs/s", "beside small jobs/s",
+                                          "beside / alone", "target"], rows)
+    if small or large:
+        notes.insert(0, "Small job: `vector_add` of 1,000 f32 from binaries, `launch_sync`, one in flight, "
+                        "each timed (erlcuda); PyTorch: `torch.add` of 1,000 f32 from pinned host memory to "
+                        "pinned host memory on a stream of the highest priority, one in flight. The large "
+                        "jobs run back to back, one in flight, in another Erlang process (PyTorch: in another "
+                        "thread, on a stream of the lowest priority) while the small ones are timed; jobs/s = "
+                        "large jobs over the sum of their wall times; arena_growth restarts erlcuda on a small "
+                        "arena before each of its rounds (PyTorch: empties its caching host allocator). "
+                        "Targets (isolation goal): beside each large kind, small-job p99 ≤ 100 us and max ≤ "
+                        "2,000 us over 100,000 jobs, and the large job's throughput ≥ 0.85× its own alone.")
+        if scaled:
+            notes.append("A scaled run (ERLCUDA_BENCH_MIXED_SCALE {}: fewer small jobs, smaller large "
+                         "jobs): its targets are not evaluated.".format(", ".join(scaled)))
+        for n in notes:
+            L += ["", n]
+    if rest:
+        L += ([""] if L else []) + generic_table(sorted(rest, key=lambda f: natural_key(f["name"])))
+    return L
+
+
 def plot_links(merged, out_dir, md_dir):
     links = []
     name = merged["machine"]
@@ -983,6 +1134,8 @@ def machine_section(merged, out_dir, md_dir):
                 L += [""] + generic_table(rest)
         elif prefix == "examples":
             L += examples_tables(gf)
+        elif prefix == "mixed":
+            L += mixed_tables(gf)
         elif prefix == "matmul":
             kinds = {}
             for f in gf:

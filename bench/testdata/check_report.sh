@@ -52,6 +52,10 @@ EXAMPLES = ["cos_sim", "argmax_rows", "histogram", "topk_rows", "gelu", "gather"
             "u8_to_unit", "scatter_add", "axpbypcz"]
 names += ["examples.%s.%s" % (k, w) for k in EXAMPLES for w in ("device", "small_p50")]
 names += ["examples.round_trip.p50", "examples.d2d_copy"]
+MIXED = ["matmul_4096_buffers", "matmul_4096_binaries", "vector_add_2^26_binaries", "put_get_256MiB", "arena_growth"]
+names += ["mixed.small.alone." + p for p in ("p50", "p99", "max")]
+names += ["mixed.small.beside.%s.%s" % (k, p) for k in MIXED for p in ("p50", "p99", "max")]
+names += ["mixed.large.%s.%s" % (k, w) for k in MIXED for w in ("alone", "beside_small")]
 for n in names:
     check(n in figs, "no figure for " + n)
 check(len(figs) == len(merged["figures"]), "duplicate figure names")
@@ -76,16 +80,19 @@ lat = figs["latency.vector_add_1000.p50"]["peers"]
 check(set(lat) == {"erlcuda_lists", "in_process", "pytorch_pageable", "pytorch_pinned", "cupy"}, "latency peers %s" % lat)
 check(set(figs["matmul.kernel.n4096"]["peers"]) == {"cublas_sgemm"}, "matmul kernel peers")
 check(set(figs["matmul.end_to_end.n4096"]["peers"]) == {"pytorch_pinned", "pytorch_pageable"}, "matmul e2e peers")
+check(all(set(f["peers"]) == {"pytorch_priority"} and f["peer_n"]["pytorch_priority"] for n, f in figs.items()
+          if n.startswith("mixed.")), "mixed peers")
 
-# targets: 38 on 34 records, all evaluated; the fixtures make 12 of them miss
+# targets: 53 on 49 records, all evaluated; the fixtures make 16 of them miss
 t = {n: f["targets"] for n, f in figs.items() if "targets" in f}
 flat = [(n, x) for n, xs in t.items() for x in xs]
-check(len(flat) == 38 and len(t) == 34, "expected 38 targets on 34 records, got %d on %d" % (len(flat), len(t)))
+check(len(flat) == 53 and len(t) == 49, "expected 53 targets on 49 records, got %d on %d" % (len(flat), len(t)))
 check(all(isinstance(x["met"], bool) and x["op"] in ("<=", ">=", "<") and isinstance(x["value"], (int, float))
           and isinstance(x["reached"], (int, float)) and x["text"]
-          and x["goal"] in ("speed", "buffers", "base", "kernels") for _, x in flat), "target fields")
+          and x["goal"] in ("speed", "buffers", "base", "kernels", "isolation") for _, x in flat), "target fields")
 check(sum(x["goal"] == "speed" for _, x in flat) == 14 and sum(x["goal"] == "buffers" for _, x in flat) == 6
-      and sum(x["goal"] == "kernels" for _, x in flat) == 16, "targets per goal")
+      and sum(x["goal"] == "kernels" for _, x in flat) == 16 and sum(x["goal"] == "isolation" for _, x in flat) == 15,
+      "targets per goal")
 missed = sorted((n, x["desc"]) for n, x in flat if not x["met"])
 want_missed = sorted([
     ("throughput.callers_10000", "average batch at 10,000 callers"),
@@ -99,7 +106,13 @@ want_missed = sorted([
     ("buffers.put.256MiB", "put of 256 MiB vs pinned PCIe host to device"),
     ("examples.argmax_rows.device", "argmax_rows 16384x1024 f32 from device buffers vs PyTorch"),
     ("examples.gather.device", "gather 2^24 s32 of 2^26 f32 from device buffers vs PyTorch"),
-    ("examples.topk_rows.small_p50", "topk_rows small job p50 vs vector_add 1000 in the same loop")])
+    ("examples.topk_rows.small_p50", "topk_rows small job p50 vs vector_add 1000 in the same loop"),
+    ("mixed.small.beside.matmul_4096_binaries.max", "small-job max beside matmul 4096^3 from binaries"),
+    ("mixed.small.beside.vector_add_2^26_binaries.p99", "small-job p99 beside vector_add 2^26 from binaries"),
+    ("mixed.small.beside.arena_growth.max",
+     "small-job max beside arena growth from cold (vector_add 2^26 from binaries)"),
+    ("mixed.large.matmul_4096_binaries.beside_small",
+     "matmul 4096^3 from binaries: throughput beside small jobs vs alone")])
 check(missed == want_missed, "missed targets %s" % missed)
 def one(name, **kw):
     xs = [x for x in t.get(name, []) if all(x.get(k) == v for k, v in kw.items())]
@@ -178,6 +191,21 @@ for k in EXAMPLES:
     check(x["value"] == 1.1 and close(x["reached"], s["value"] / s["extra"]["vector_add_p50"])
           and x["met"] is (k != "topk_rows"), "examples.%s.small_p50 target %s" % (k, x))
 check(figs["examples.cos_sim.device"]["extra"]["bytes"] == 4 * 16384 * 1024 + 4 * 1024 + 4 * 16384, "cos_sim bytes")
+# the mixed load: beside each large kind, small-job p99 <= 100 us and max <= 2000 us, and the large
+# job's throughput >= 0.85x erlcuda's own alone
+for k in MIXED:
+    for p, lim in (("p99", 100), ("max", 2000)):
+        f = figs["mixed.small.beside.%s.%s" % (k, p)]
+        x = one("mixed.small.beside.%s.%s" % (k, p))
+        check(x["relative_to"] is None and x["value"] == lim and x["goal"] == "isolation"
+              and x["met"] is (f["value"] <= lim), "mixed %s %s target %s" % (k, p, x))
+    a, b = figs["mixed.large.%s.alone" % k], figs["mixed.large.%s.beside_small" % k]
+    x = one("mixed.large.%s.beside_small" % k)
+    check(x["relative_to"] == {"system": "erlcuda", "record": "mixed.large.%s.alone" % k}
+          and close(x["value"], 0.85 * a["value"]) and x["met"] is (b["value"] >= 0.85 * a["value"]),
+          "mixed %s throughput target %s" % (k, x))
+    check("mixed.large.%s.alone" % k not in t, "no target on the alone record")
+check(not any(n.startswith("mixed.small.alone") for n in t), "no target on the small jobs alone")
 
 # derived: GB/s, PCIe fraction, cuBLAS ratio
 for n, f in figs.items():
@@ -217,13 +245,13 @@ grep -q '^## fake-h200$' "$md" || fail "Markdown machine section"
 grep -q 'FAKE DATA' "$md" || fail "Markdown does not flag fake data"
 grep -q '^### Targets$' "$md" || fail "no Targets section"
 grep -q '^| target | goal | record | wanted | reached | result | by |$' "$md" || fail "no Targets table header"
-[ "$(grep -c '\*\*met\*\*' "$md")" -eq 26 ] || fail "expected 26 met targets in the Markdown"
-[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 12 ] || fail "expected 12 missed targets in the Markdown"
-grep -q '^38 targets: 26 met, 12 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
-grep -q '^targets: 26 met, 12 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
+[ "$(grep -c '\*\*met\*\*' "$md")" -eq 37 ] || fail "expected 37 met targets in the Markdown"
+[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 16 ] || fail "expected 16 missed targets in the Markdown"
+grep -q '^53 targets: 37 met, 16 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
+grep -q '^targets: 37 met, 16 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
 secs=$(grep '^### ' "$md" | sed 's/ (.*//' | tr '\n' '|')
-[ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### gpud|### PCIe|### Plots|" ] \
-    || [ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### gpud|### PCIe|" ] \
+[ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### Mixed load|### gpud|### PCIe|### Plots|" ] \
+    || [ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### Mixed load|### gpud|### PCIe|" ] \
     || fail "sections: $secs"
 # the target rows: absolute, relative to another record (erlcuda's own, a peer's), two on one record
 grep -qF '| vector_add 1000 round trip, p99 | speed | `latency.vector_add_1000.p99` | ≤ 30 us | 22.5 us | **met** | 25% under |' "$md" \
@@ -279,6 +307,22 @@ grep -qF '| topk_rows | 10x100, K 8 | 14.5 | 23.2 | 12.5 | 1.16× | 1.13–1.21 
 grep -qF '| gather 2^24 s32 of 2^26 f32 from device buffers vs PyTorch | kernels | `examples.gather.device` | ≤ 1.25 × pytorch_cuda = 0.608 ms | 0.653 ms = 1.34× | **missed** | 7% over |' "$md" \
     || fail "examples device target row"
 grep -qF '| `examples.topk_rows.small_p50` ratio | ≤ 1.1 x | 1.16 x | **missed** | 5% over |' "$md" || fail "small job target row"
+# the mixed load: small jobs erlcuda beside PyTorch, the large jobs' throughput, the targets
+grep -qF '| small jobs beside | erlcuda p50 us | p99 us | max us | jobs | PyTorch p50 us | p99 us | max us | jobs | targets |' "$md" \
+    || fail "mixed small table header"
+grep -qF '| nothing (alone) | 14.1 | 21.3 | 412 | 100,000 | 24.8 | 31.0 | 290 | 100,000 | — |' "$md" || fail "mixed alone row"
+grep -qF '| vector_add_2^26_binaries (2^26 f32 from binaries) | 17.5 | 131 | 1,890 | 100,000 | 2,410 | 9,100 | 14,800 | 18,650 | p99 ≤ 100 us: missed; max ≤ 2,000 us: met |' "$md" \
+    || fail "mixed small row"
+grep -qF '| large job | size | erlcuda alone jobs/s | beside small jobs/s | beside / alone | PyTorch alone jobs/s | beside small jobs/s | beside / alone | target |' "$md" \
+    || fail "mixed large table header"
+grep -qF '| matmul_4096_binaries | 4096x4096 f32, binaries | 118 | 97.5 | 0.826× | 149 | 138 | 0.926× | ≥ 0.85×: missed |' "$md" \
+    || fail "mixed large row"
+grep -qF 'Cut short by the time budget: PyTorch beside vector_add_2^26_binaries (18,650 of 100,000 jobs in 45.0 s);' "$md" \
+    || fail "mixed cut-short note"
+grep -qF '| small-job max beside arena growth from cold (vector_add 2^26 from binaries) | isolation | `mixed.small.beside.arena_growth.max` | ≤ 2,000 us | 9,800 us | **missed** | 390% over |' "$md" \
+    || fail "mixed max target row"
+grep -qF '| matmul 4096^3 from binaries: throughput beside small jobs vs alone | isolation | `mixed.large.matmul_4096_binaries.beside_small` | ≥ 0.85 × erlcuda `mixed.large.matmul_4096_binaries.alone` = 100 jobs/s | 98 jobs/s = 0.826× | **missed** | 3% short |' "$md" \
+    || fail "mixed throughput target row"
 grep -q 'command: `bash bench/testdata/check_report.sh`' "$md" || fail "command not in header"
 grep -q 'device: cuda NVIDIA H200' "$md" || fail "device not in header"
 
@@ -343,9 +387,9 @@ grep -q 'PTX matmul kernel 4096 vs cuBLAS SGEMM.*not measured' "$T/cpu-section.m
 grep -qF '| ≤ 1.2 × pytorch_cuda `device.vector_add.n67108864` | 0.251 ms | not evaluated | no pytorch_cuda `device.vector_add.n67108864` record |' "$T/cpu-section.md" \
     || fail "relative target without its base not 'not evaluated'"
 grep -qF '| ≤ 0.5 ms | 0.251 ms | **met** |' "$T/cpu-section.md" || fail "the other target of the same record evaluated"
-grep -q '^38 targets: 20 met, 5 missed, 12 not evaluated, 1 not measured\.$' "$T/cpu-section.md" \
-    || fail "CPU targets summary: $(grep '^38 targets' "$T/cpu-section.md")"
-grep -q '^targets: 20 met, 5 missed, 12 not evaluated, 1 not measured$' "$T/out3.txt" || fail "CPU targets line on stdout"
+grep -q '^53 targets: 31 met, 9 missed, 12 not evaluated, 1 not measured\.$' "$T/cpu-section.md" \
+    || fail "CPU targets summary: $(grep '^53 targets' "$T/cpu-section.md")"
+grep -q '^targets: 31 met, 9 missed, 12 not evaluated, 1 not measured$' "$T/out3.txt" || fail "CPU targets line on stdout"
 grep -q 'set for an H200; here they are for reference only' "$T/cpu-section.md" || fail "CPU targets note"
 grep -qF '| `examples.cos_sim.device` | ≤ 1.25 × pytorch_cuda | 0.0412 ms | not evaluated | no pytorch_cuda record |' "$T/cpu-section.md" \
     || fail "CPU: example target without PyTorch not 'not evaluated'"
@@ -371,7 +415,26 @@ grep -q 'examples.cos_sim.device: erlcuda ran 16x1024 f32, pytorch_cuda ran 1638
 grep -qF '| `examples.cos_sim.device` | ≤ 1.25 × pytorch_cuda | 0.0412 ms | not evaluated | erlcuda ran 16x1024 f32, pytorch_cuda ran 16384x1024 f32 |' "$T/R4.md" \
     || fail "scaled run's target row"
 grep -qF '| cos_sim | 16x1024 f32 (PyTorch: 16384x1024 f32) | 0.0412 | 0.0251 | 0.102 |  |' "$T/R4.md" || fail "scaled run's row"
-grep -q '^targets: 25 met, 12 missed, 1 not evaluated, 0 not measured$' "$T/out4.txt" || fail "scaled run's targets line"
+grep -q '^targets: 36 met, 16 missed, 1 not evaluated, 0 not measured$' "$T/out4.txt" || fail "scaled run's targets line"
+
+# 5. a scaled run of the mixed load (ERLCUDA_BENCH_MIXED_SCALE): none of its targets evaluated, said so
+python3 - "$HERE/erlang.json" "$T/mixed-scaled.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["records"]:
+    if r["name"].startswith("mixed."):
+        r["extra"].update(scale=64, scale_from="default on the cpu backend")
+json.dump(d, open(sys.argv[2], "w"))
+EOF
+python3 "$BENCH/report.py" --machine mixed-scaled --erlang "$T/mixed-scaled.json" --peers "$HERE/peers.json" \
+    --out-dir "$T/r5" --md "$T/R5.md" >"$T/out5.txt" 2>"$T/err5.txt" || { cat "$T/err5.txt"; fail "report.py on the scaled mixed run"; }
+grep -q '^targets: 26 met, 12 missed, 15 not evaluated, 0 not measured$' "$T/out5.txt" || fail "scaled mixed run's targets line"
+grep -qF '| `mixed.small.beside.arena_growth.max` | ≤ 2,000 us | 9,800 us | not evaluated | a scaled run (ERLCUDA_BENCH_MIXED_SCALE 64) |' "$T/R5.md" \
+    || fail "scaled mixed run's target row"
+grep -qF '| ≥ 0.85 × erlcuda `mixed.large.put_get_256MiB.alone` | 66 jobs/s | not evaluated | a scaled run (ERLCUDA_BENCH_MIXED_SCALE 64) |' "$T/R5.md" \
+    || fail "scaled mixed run's relative target row"
+grep -qF 'A scaled run (ERLCUDA_BENCH_MIXED_SCALE 64: fewer small jobs, smaller large jobs): its targets are not evaluated.' "$T/R5.md" \
+    || fail "scaled mixed run's note"
 
 after=$(snapshot)
 [ "$before" = "$after" ] || fail "bench/results or bench/RESULTS.md changed"
