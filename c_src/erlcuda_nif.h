@@ -94,6 +94,13 @@ struct region {
  * that use the allocator. */
 #define INLINE_BYTES (16u << 10)
 
+/* The arena grows ahead of demand once its regions use more than this
+ * fraction of it (submit.c, grow_ahead_locked): early enough that a
+ * stream of jobs as large as a quarter of the arena does not catch up
+ * with the registration of the next segment. */
+#define ARENA_HIGH_WATER_NUM 3u
+#define ARENA_HIGH_WATER_DEN 4u
+
 /* An output of a job: its element type, length, byte offset in the job's
  * output region, and whether it is given back as a number. */
 struct out_spec {
@@ -163,7 +170,8 @@ struct buffer_res {
     X(failed_by_reset, failed_by_restart) X(dirty_submits, dirty_submits)                       \
     X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(buffer_frees, buffer_frees)         \
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
-    X(sync_spin_answers, sync_spin_answers)
+    X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \
+    X(arena_grown_on_miss, arena_grown_on_miss)
 
 struct counters {
 #define NIF_COUNTER_FIELD(FIELD, KEY) uint64_t FIELD;

@@ -394,7 +394,10 @@ devices(cluster) ->
     erlcuda_cluster:devices().
 
 %% @doc Counters of device `N': jobs submitted and completed, jobs in flight
-%% and their peak, arena use, busy refusals, gpud's batches and launches,
+%% and their peak, arena use and growth (`arena_grown_ahead': segments added
+%% once the arena was three quarters full, before a job needed them;
+%% `arena_grown_on_miss': added for a job that fitted nowhere), busy
+%% refusals, gpud's batches and launches,
 %% `max_batch' and `batch_hist' (bucket i counts drains of 2^i to 2^(i+1)-1
 %% jobs), bad descriptors, restarts, and the fields of {@link devices/0}.
 -spec stats(non_neg_integer()) -> map() | {error, {no_device, term()}}.

@@ -10,7 +10,8 @@ all() ->
     [{group, kernels}, {group, stack}, {group, two_devices}, {group, small_ring},
      {group, cached_ring}, {group, sync_spin}, {group, pipeline}, {group, pipeline_split}, {group, pipeline_no_room},
      app_stop_leaves_nothing, start_does_not_wait_for_gpud, probe_does_not_block_either,
-     probe_failure_is_a_failed_start, arena_growth, arena_prefault, result_outlives_app,
+     probe_failure_is_a_failed_start, arena_growth, arena_grows_ahead,
+     registration_holds_back_only_its_jobs, arena_prefault, result_outlives_app,
      fault_isolation].
 
 groups() ->
@@ -1000,6 +1001,68 @@ wait_no_maps(N) ->
     case memfd_maps() of
         [] -> ok;
         _ -> erlang:garbage_collect(), timer:sleep(10), wait_no_maps(N - 1)
+    end.
+
+%% Growth ahead of demand: a job that fits the arena but leaves it more
+%% than three quarters full adds the next segment at once, before any job
+%% misses.
+arena_grows_ahead(_) ->
+    ok = erlcuda_ref:start_app([{arena_bytes, 1 bsl 20}, {arena_max_bytes, 16 bsl 20}]),
+    try
+        %% 700 KiB of the 768 KiB left beside the slots' inline areas.
+        V = erlcuda_ref:to_binary(erlcuda_ref:random_vector(700 * 256)),
+        {ok, R} = erlcuda:launch_sync(reduce, [V]),
+        ok = erlcuda_ref:check(reduce, [V], R),
+        ?assertMatch(#{arena_segments := 2, arena_grown_ahead := 1, arena_grown_on_miss := 0},
+                     erlcuda:stats(0)),
+        %% The new segment serves the next job that needs it.
+        {ok, R2} = erlcuda:launch_sync(reduce, [V]),
+        ok = erlcuda_ref:check(reduce, [V], R2)
+    after
+        erlcuda_ref:stop_app()
+    end.
+
+%% A segment the arena grows by is registered off gpud's loop: while a slow
+%% registration (2 s, gpud's fault injection) holds the job that needs the
+%% new segment, small jobs in the arena gpud has keep being answered at
+%% once; then that job runs, right.
+registration_holds_back_only_its_jobs(_) ->
+    case os:getenv("ERLCUDA_GPUD_FAULT") of
+        false -> {skip, "ERLCUDA_GPUD_FAULT is not set (make test sets it)"};
+        Gpud ->
+            true = os:putenv("ERLCUDA_GPUD_SLOW_REGISTER_MS", "2000"),
+            try
+                ok = erlcuda_ref:start_app([{gpud, Gpud}, {arena_bytes, 1 bsl 20},
+                                            {arena_max_bytes, 64 bsl 20}]),
+                {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
+                V = erlcuda_ref:to_binary(erlcuda_ref:random_vector(1 bsl 19)),  % 2 MiB
+                T0 = erlang:monotonic_time(millisecond),
+                {ok, Ref} = erlcuda:launch(reduce, [V]),
+                {Answer, Smalls} = small_jobs_until(Ref, []),
+                BigMs = erlang:monotonic_time(millisecond) - T0,
+                ct:pal("the job in the new segment: ~p ms; ~p small jobs meanwhile, "
+                       "slowest ~p ms", [BigMs, length(Smalls), lists:max(Smalls)]),
+                {ok, R} = Answer,
+                ok = erlcuda_ref:check(reduce, [V], R),
+                ?assert(BigMs >= 1900),
+                ?assert(length(Smalls) >= 20),
+                ?assert(lists:max(Smalls) < 1000),
+                ?assertMatch(#{arena_grown_on_miss := 1}, erlcuda:stats(0))
+            after
+                os:unsetenv("ERLCUDA_GPUD_SLOW_REGISTER_MS"),
+                erlcuda_ref:stop_app()
+            end
+    end.
+
+%% Small jobs, one at a time, until Ref's answer comes: the answer and each
+%% small job's time in ms.
+small_jobs_until(Ref, Acc) ->
+    receive
+        {erlcuda, Ref, Answer} -> {Answer, Acc}
+    after 0 ->
+        T = erlang:monotonic_time(microsecond),
+        {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
+        small_jobs_until(Ref, [(erlang:monotonic_time(microsecond) - T) / 1000 | Acc])
     end.
 
 %%% crash isolation

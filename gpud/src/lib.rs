@@ -27,7 +27,8 @@
 //!    host side of every kernel;
 //! 9. [`backend`]: the backends (`cpu`, `cuda`);
 //! 10. [`segment`], [`cli`]: arena segments sent after the handshake,
-//!     registered with the backend; the command line;
+//!     registered with the backend (on a thread of their own once gpud
+//!     serves); the command line;
 //! 11. [`daemon`]: the main loop tying them together;
 //! 12. [`testvec`]: with the `testkit` feature only (tests and benchmarks,
 //!     never in the gpud the VM runs): shared test vectors, the descriptor

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{Backend, Launch, Ticket};
+use super::{Backend, Launch, Registered, Registrar, Ticket};
 use crate::arena::Arena;
 use crate::buffers::{BufferMemory, HostMemory};
 use crate::descriptor::Job;
@@ -43,6 +43,32 @@ impl CpuBackend {
     }
 }
 
+/// Registration on the CPU: nothing to do, so the path that a GPU's slow
+/// registration takes is the same here and can be tested without one.
+struct CpuRegistrar {
+    delay: std::time::Duration,
+}
+
+impl Registrar for CpuRegistrar {
+    fn register(&mut self, base: NonNull<u8>, bytes: u64) -> Result<Registered> {
+        std::thread::sleep(self.delay);
+        Ok(Registered { base, bytes, dev: 0, reg_base: base.as_ptr() as usize, took: self.delay })
+    }
+}
+
+/// With `fault-injection`, ERLCUDA_GPUD_SLOW_REGISTER_MS makes each
+/// registration of a segment after the first take that long (a GPU's
+/// cuMemHostRegister of a fresh segment takes 84-178 ms), so tests can see
+/// that no other job waits for it.
+fn slow_registration() -> std::time::Duration {
+    let ms = if cfg!(feature = "fault-injection") {
+        std::env::var("ERLCUDA_GPUD_SLOW_REGISTER_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    } else {
+        0
+    };
+    std::time::Duration::from_millis(ms)
+}
+
 impl ModuleLoader for CpuBackend {
     fn load_module(&mut self, _slot: u16, _ptx: &str, _kernels: &[Arc<UserKernel>]) -> std::result::Result<(), String> {
         // The module's host library (loaded by `modules.rs`) is all the CPU runs.
@@ -61,8 +87,20 @@ impl Backend for CpuBackend {
         &self.name
     }
 
-    fn add_segment(&mut self, _seg: usize, _base: NonNull<u8>, _bytes: u64) -> Result<()> {
-        // Plain memory: the mapping is all the CPU needs.
+    fn add_segment(&mut self, seg: usize, _base: NonNull<u8>, _bytes: u64) -> Result<()> {
+        // Plain memory: the mapping is all the CPU needs (a slow
+        // registration, under test, costs the same here as off the loop).
+        if seg > 0 {
+            std::thread::sleep(slow_registration());
+        }
+        Ok(())
+    }
+
+    fn registrar(&self) -> Box<dyn Registrar> {
+        Box::new(CpuRegistrar { delay: slow_registration() })
+    }
+
+    fn adopt_segment(&mut self, _seg: usize, _reg: Registered) -> Result<()> {
         Ok(())
     }
 

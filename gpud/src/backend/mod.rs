@@ -94,6 +94,15 @@ pub trait Backend: ModuleLoader {
     /// first, before any launch that names it. `Err` is fatal.
     fn add_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()>;
 
+    /// What registers segments on a thread of gpud's own, off its loop
+    /// ([`crate::register`]), for segments that arrive while gpud serves.
+    fn registrar(&self) -> Box<dyn Registrar>;
+
+    /// Makes segment `seg` usable from a registration the registrar made
+    /// (cheap: the slow part is done). Called on gpud's thread, once per
+    /// segment, before any launch that names it. `Err` is fatal.
+    fn adopt_segment(&mut self, seg: usize, reg: Registered) -> Result<()>;
+
     /// How long the steps of opening this backend took, in order (the
     /// startup profile, `crate::startup`); none by default.
     fn startup_phases(&self) -> Vec<(&'static str, std::time::Duration)> {
@@ -131,6 +140,35 @@ pub trait Backend: ModuleLoader {
     /// returns once the copy is done.
     fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()>;
 }
+
+/// Registers arena segments away from gpud's loop. Registered inline, a
+/// segment the arena grew by held every other job for as long as its
+/// registration took: small jobs' maxima of 123-176 ms beside large ones
+/// matched registrations of 84-178 ms (H200; `bench/EXPERIMENTS.md`,
+/// "Registration of segments the arena grows by while jobs run").
+pub trait Registrar: Send {
+    /// Registers `bytes` at `base` (mapped read-write until the daemon
+    /// ends, page tables already populated); the result goes to
+    /// [`Backend::adopt_segment`] on gpud's thread.
+    fn register(&mut self, base: NonNull<u8>, bytes: u64) -> Result<Registered>;
+}
+
+/// A segment's registration, made by a [`Registrar`], not yet adopted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registered {
+    pub base: NonNull<u8>,
+    pub bytes: u64,
+    /// The device's address of `base` (0 where the backend has none).
+    pub dev: u64,
+    /// The start of the range the backend registered (page-aligned around
+    /// `base`; unregistered when the backend closes).
+    pub reg_base: usize,
+    /// How long the registration took.
+    pub took: std::time::Duration,
+}
+
+// SAFETY: addresses only; whoever dereferences `base` holds the mapping.
+unsafe impl Send for Registered {}
 
 /// Submits `launch` and waits until it is done: for tests and benchmarks.
 pub fn run_to_completion(b: &mut dyn Backend, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<()> {

@@ -1,5 +1,6 @@
 //! One drain: the SQ copied out, every entry validated (refusals answered at
-//! once, control descriptors run in SQ order), the jobs coalesced and
+//! once, control descriptors run in SQ order, entries naming a segment
+//! still being registered held back until it is), the jobs coalesced and
 //! submitted.
 
 use std::sync::atomic::Ordering;
@@ -11,8 +12,8 @@ use crate::coalesce;
 use crate::descriptor::{names_unknown_segment, validate_bufs, BufferTable, Job, Region};
 use crate::error::Result;
 use crate::layout::{
-    ElemType, Sqe, Stats, Status, EC_CONTROL_FREE, EC_CONTROL_GET, EC_CONTROL_LOAD_MODULE, EC_CONTROL_PUT,
-    EC_CONTROL_UNLOAD_MODULE, EC_FLAG_ARGS, EC_FLAG_OUT_BUF,
+    ElemType, Sqe, Stats, Status, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_FREE, EC_CONTROL_GET, EC_CONTROL_LOAD_MODULE,
+    EC_CONTROL_PUT, EC_CONTROL_UNLOAD_MODULE, EC_FLAG_ARGS, EC_FLAG_OUT_BUF, EC_MAX_SEGMENTS,
 };
 
 impl Daemon {
@@ -37,13 +38,40 @@ impl Daemon {
             return Ok(true);
         }
         record_batch(self.ring.stats(), self.sqes.len() as u64);
-
-        // Validate everything first; refusals are answered at once. A
-        // control descriptor first runs every job before it to the end.
-        self.coalescer.clear();
         let sqes = std::mem::take(&mut self.sqes);
+        let result = self.handle_entries(&sqes);
+        self.sqes = sqes;
+        result
+    }
+
+    /// The entries held back for segments being registered, once one of
+    /// them is registered: handled as a drain of their own, in SQ order
+    /// (those that still wait are held back again). Ok(false) when the VM
+    /// went away.
+    pub(super) fn run_parked(&mut self) -> Result<bool> {
+        self.parked_ready = false;
+        if self.parked.is_empty() {
+            return Ok(true);
+        }
+        self.drain_started = Instant::now();
+        let parked = std::mem::take(&mut self.parked);
+        self.handle_entries(&parked)
+    }
+
+    /// Validates `sqes` in order (refusals answered at once, control
+    /// descriptors run in order, entries naming a segment being registered
+    /// held back), then coalesces and submits the jobs.
+    ///
+    /// Held back: a job, put or get naming a segment under registration,
+    /// and any free while something is held back, so that a free never
+    /// overtakes an entry that names its buffer. Nothing else waits: later
+    /// entries run at once (they cannot depend on a held-back one, whose
+    /// answer the VM has not seen).
+    fn handle_entries(&mut self, sqes: &[Sqe]) -> Result<bool> {
+        // A control descriptor first runs every job before it to the end.
+        self.coalescer.clear();
         let mut looked_for_segments = false;
-        for sqe in &sqes {
+        for sqe in sqes {
             if matches!(sqe.kernel, EC_CONTROL_LOAD_MODULE | EC_CONTROL_UNLOAD_MODULE) {
                 if !self.control(sqe)? {
                     return Ok(false);
@@ -51,6 +79,17 @@ impl Daemon {
                 continue;
             }
             if matches!(sqe.kernel, EC_CONTROL_PUT | EC_CONTROL_GET | EC_CONTROL_FREE) {
+                let seg = (control_arena_addr(sqe) >> EC_ADDR_SEGMENT_SHIFT) as usize;
+                if !looked_for_segments && seg < EC_MAX_SEGMENTS as usize && !self.segments.sizes().is_known(seg) {
+                    looked_for_segments = true;
+                    if self.read_segments()? == Wake::Quit {
+                        return Ok(false);
+                    }
+                }
+                if self.segments.is_registering(seg) || (sqe.kernel == EC_CONTROL_FREE && !self.parked.is_empty()) {
+                    self.parked.push(*sqe);
+                    continue;
+                }
                 if !self.buffer_control(sqe)? {
                     return Ok(false);
                 }
@@ -64,17 +103,20 @@ impl Daemon {
                 }
                 v = self.validate(sqe);
             }
-            if v == Err(Status::OutOfBounds)
-                && !looked_for_segments
-                && names_unknown_segment(sqe, self.segments.sizes(), &self.segments)
-            {
-                // The VM sends a segment before naming it: it is queued on
-                // the socket. Read once per drain, then judge again.
-                looked_for_segments = true;
-                if self.read_segments()? == Wake::Quit {
-                    return Ok(false);
+            if v == Err(Status::OutOfBounds) && names_unknown_segment(sqe, self.segments.sizes(), &self.segments) {
+                if !looked_for_segments {
+                    // The VM sends a segment before naming it: it is queued
+                    // on the socket. Read once per drain, then judge again.
+                    looked_for_segments = true;
+                    if self.read_segments()? == Wake::Quit {
+                        return Ok(false);
+                    }
+                    v = self.validate(sqe);
                 }
-                v = self.validate(sqe);
+                if v == Err(Status::OutOfBounds) && self.segments.registering() {
+                    self.parked.push(*sqe);
+                    continue;
+                }
             }
             match v {
                 Ok(job) => self.coalescer.push(job),
@@ -88,7 +130,6 @@ impl Daemon {
                 }
             }
         }
-        self.sqes = sqes;
         self.ring.cq_publish();
 
         // One launch per kernel and element type.
@@ -97,6 +138,24 @@ impl Daemon {
         self.coalescer = coalescer;
         self.release_buffers();
         result
+    }
+
+    /// Makes the segments whose registration finished known; with `wait`,
+    /// waits for every one being registered. Err when a registration failed:
+    /// everything held is answered first.
+    pub(super) fn adopt_segments(&mut self, wait: bool) -> Result<()> {
+        match self.segments.adopt(&mut *self.backend, self.device, wait) {
+            Ok(0) => Ok(()),
+            Ok(_) => {
+                self.parked_ready = true;
+                Ok(())
+            }
+            Err(e) => {
+                log!(Error, "gpud[{}]: registering a segment failed: {e}", self.device);
+                self.fail_all();
+                Err(e)
+            }
+        }
     }
 
     /// Validates a job against the segments, the modules and the buffers
@@ -121,7 +180,19 @@ impl Daemon {
         let submitted = self.submit_all(&coalescer);
         self.coalescer = coalescer;
         self.coalescer.clear();
-        if !submitted? || !self.finish_in_flight()? {
+        if !submitted? {
+            return Ok(false);
+        }
+        // Entries held back came before this one: they run first, once
+        // their segments are registered.
+        if !self.parked.is_empty() {
+            self.adopt_segments(true)?;
+            if !self.run_parked()? {
+                return Ok(false);
+            }
+            self.coalescer.clear();
+        }
+        if !self.finish_in_flight()? {
             return Ok(false);
         }
         self.release_buffers();
@@ -155,6 +226,12 @@ fn makes_buffers(sqe: &Sqe, job: &Job) -> bool {
         return sqe.flags & EC_FLAG_OUT_BUF != 0;
     }
     job.outputs().iter().any(|r| r.is_buffer())
+}
+
+/// The arena address a put, get or free names: a put's source, a get's
+/// destination, a free's list of ids.
+fn control_arena_addr(sqe: &Sqe) -> u64 {
+    if sqe.kernel == EC_CONTROL_GET { sqe.out } else { sqe.in0 }
 }
 
 /// Stats for one non-empty drain of `size` jobs. gpud is the only

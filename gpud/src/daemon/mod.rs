@@ -117,6 +117,8 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
         }
     }
     phases.mark("modules");
+    // Segments the arena grows by from now on are registered off the loop.
+    d.segments.register_off_loop(&*d.backend, opts.device);
     announce(&phases.protocol_line())?;
     announce(&format!("ready {kind} {name}"))?;
     log!(
@@ -180,6 +182,18 @@ pub struct Daemon {
     drain_started: Instant,
     /// Device buffers (ids the VM assigned -> blocks of the backend's).
     buffers: Buffers,
+    /// Entries held back, in SQ order, until the segments they name are
+    /// registered (see `drain`); and whether a segment became known since
+    /// they were last looked at.
+    parked: Vec<Sqe>,
+    parked_ready: bool,
+}
+
+impl Drop for Daemon {
+    /// The registration thread ends before the backend it registers with.
+    fn drop(&mut self) {
+        self.segments.stop_registering();
+    }
 }
 
 impl Daemon {
@@ -211,6 +225,8 @@ impl Daemon {
             next_drain: 0,
             drain_started: Instant::now(),
             buffers: Buffers::new(limit),
+            parked: Vec::new(),
+            parked_ready: false,
         }
     }
 

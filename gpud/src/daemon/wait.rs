@@ -54,7 +54,19 @@ impl Daemon {
             if !self.reap()? {
                 return Ok(());
             }
+            if self.segments.has_registered() {
+                self.adopt_segments(false)?;
+            }
             let can_drain = self.drains_in_flight() < MAX_DRAINS_IN_FLIGHT;
+            if can_drain && self.parked_ready {
+                let t = Instant::now();
+                let more = self.run_parked()?;
+                self.count_work(t);
+                if !more {
+                    return Ok(());
+                }
+                continue;
+            }
             if can_drain && self.ring.sq_nonempty() {
                 let t = Instant::now();
                 let more = self.process_drain()?;
@@ -117,7 +129,7 @@ impl Daemon {
     pub(super) fn wait_busy(&mut self, can_drain: bool) -> Result<Wake> {
         let start = Instant::now();
         loop {
-            if self.poll_backend()? {
+            if self.poll_backend()? || (can_drain && self.segments.has_registered()) {
                 return Ok(Wake::Look);
             }
             for _ in 0..32 {
@@ -143,7 +155,7 @@ impl Daemon {
             if w? == Wake::Quit {
                 return Ok(Wake::Quit);
             }
-            if self.poll_backend()? || (can_drain && self.ring.sq_nonempty()) {
+            if self.poll_backend()? || (can_drain && (self.ring.sq_nonempty() || self.segments.has_registered())) {
                 return Ok(Wake::Look);
             }
             nap = (nap * 2).min(NAP_MAX);
@@ -151,17 +163,22 @@ impl Daemon {
     }
 
     /// Blocks (or just looks, with a zero timeout; `None` waits for ever) on
-    /// the SQ eventfd, stdin and the socket. Reads arena segments the VM sent.
+    /// the SQ eventfd, stdin, the socket and, while a segment is being
+    /// registered, the registration thread. Reads arena segments the VM
+    /// sent; a finished registration wakes it (the loop then adopts it).
     pub(super) fn wait(&mut self, timeout: Option<Duration>) -> Result<Wake> {
         let stdin = std::io::stdin();
+        let registered = self.segments.registered_fd().filter(|_| self.segments.registering());
         let mut fds = [
             PollFd::new(self.ring.sq_eventfd().as_fd(), PollFlags::POLLIN),
             PollFd::new(stdin.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
+            PollFd::new(registered.unwrap_or(self.sock.as_fd()), PollFlags::POLLIN),
         ];
+        let n = if registered.is_some() { 4 } else { 3 };
         let r = match timeout {
-            None => poll(&mut fds, PollTimeout::NONE),
-            Some(t) => ppoll(&mut fds, Some(TimeSpec::from_duration(t)), None),
+            None => poll(&mut fds[..n], PollTimeout::NONE),
+            Some(t) => ppoll(&mut fds[..n], Some(TimeSpec::from_duration(t)), None),
         };
         match r {
             Ok(_) => {}

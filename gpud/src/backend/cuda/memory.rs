@@ -3,10 +3,12 @@
 //! memory under device buffers.
 
 use std::ffi::c_void;
-use std::ptr::{self, NonNull};
+use std::ptr::NonNull;
 use std::time::Instant;
 
 use super::{ck, driver, CudaBackend};
+use crate::backend::{Registered, Registrar};
+use cudarc::driver::sys;
 use crate::buffers::BufferMemory;
 use crate::descriptor::Region;
 use crate::error::{Error, Result};
@@ -48,40 +50,23 @@ impl BufferMemory for CudaMemory {
 impl CudaBackend {
     /// Registers arena segment `seg` (`Backend::add_segment`).
     pub(super) fn register_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()> {
+        let reg = register_range(base, bytes)?;
+        self.adopt_registered(seg, reg)
+    }
+
+    /// Installs a registration of segment `seg` (made here or by the
+    /// registrar's thread).
+    pub(super) fn adopt_registered(&mut self, seg: usize, reg: Registered) -> Result<()> {
         if seg >= self.segs.len() || self.segs[seg].is_some() {
             return Err(Error::Device(format!("segment {seg} registered twice")));
         }
-        if bytes == 0 {
-            self.segs[seg] = Some(Segment {
-                reg_base: ptr::null_mut(),
-                dev: 0,
-                bytes: 0,
-            });
-            return Ok(());
-        }
-        // Register whole pages: the mapping covers them (mmap maps whole
-        // pages; segment 0 sits inside the ring's mapping).
-        let page = 4096usize;
-        let start = base.as_ptr() as usize;
-        let reg_start = start & !(page - 1);
-        let reg_end = (start + bytes as usize).next_multiple_of(page);
-        let t = Instant::now();
-        // SAFETY: the range is mapped read-write for as long as the backend
-        // lives (the daemon drops the backend before the mappings), and is
-        // unregistered in Drop.
-        ck(unsafe { driver::mem_host_register(reg_start as *mut c_void, reg_end - reg_start) }, "cuMemHostRegister")?;
-        // SAFETY: `base` lies in the range just registered.
-        let dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
-        self.segs[seg] = Some(Segment {
-            reg_base: reg_start as *mut c_void,
-            dev,
-            bytes,
-        });
+        self.segs[seg] = Some(Segment { reg_base: reg.reg_base as *mut c_void, dev: reg.dev, bytes: reg.bytes });
         log!(
             Info,
-            "gpud[{}]: cuda: registered segment {seg} ({bytes} bytes) in {:.1} ms, {:.1} ms after gpud started",
+            "gpud[{}]: cuda: registered segment {seg} ({} bytes) in {:.1} ms, {:.1} ms after gpud started",
             self.device,
-            t.elapsed().as_secs_f64() * 1e3,
+            reg.bytes,
+            reg.took.as_secs_f64() * 1e3,
             crate::startup::since_start().as_secs_f64() * 1e3
         );
         Ok(())
@@ -104,5 +89,50 @@ impl CudaBackend {
             return Err(Error::Device(format!("region {r:?} beyond segment of {} bytes", s.bytes)));
         }
         Ok(s.dev + r.offset())
+    }
+}
+
+/// Registers `bytes` at `base` with the driver (cuMemHostRegister of the
+/// whole pages around it) in the context current on this thread.
+fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
+    let t = Instant::now();
+    if bytes == 0 {
+        return Ok(Registered { base, bytes, dev: 0, reg_base: 0, took: t.elapsed() });
+    }
+    // Register whole pages: the mapping covers them (mmap maps whole
+    // pages; segment 0 sits inside the ring's mapping).
+    let page = 4096usize;
+    let start = base.as_ptr() as usize;
+    let reg_start = start & !(page - 1);
+    let reg_end = (start + bytes as usize).next_multiple_of(page);
+    // SAFETY: the range is mapped read-write for as long as the backend
+    // lives (the daemon drops the backend before the mappings), and is
+    // unregistered in the backend's Drop once adopted.
+    ck(unsafe { driver::mem_host_register(reg_start as *mut c_void, reg_end - reg_start) }, "cuMemHostRegister")?;
+    // SAFETY: `base` lies in the range just registered.
+    let dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
+    Ok(Registered { base, bytes, dev, reg_base: reg_start, took: t.elapsed() })
+}
+
+/// Registers segments on the daemon's registration thread, in the
+/// backend's context (made current there on first use).
+pub(super) struct CudaRegistrar {
+    pub(super) ctx: sys::CUcontext,
+    pub(super) current: bool,
+}
+
+// SAFETY: a context handle may be made current on any thread; the daemon
+// ends the registrar's thread before the backend releases the context
+// (`Backend::registrar`).
+unsafe impl Send for CudaRegistrar {}
+
+impl Registrar for CudaRegistrar {
+    fn register(&mut self, base: NonNull<u8>, bytes: u64) -> Result<Registered> {
+        if !self.current {
+            // SAFETY: retained by the backend until after this thread ends.
+            ck(unsafe { driver::ctx_set_current(self.ctx) }, "cuCtxSetCurrent (registrar)")?;
+            self.current = true;
+        }
+        register_range(base, bytes)
     }
 }

@@ -60,7 +60,7 @@ use cudarc::driver::sys;
 pub use image::{cubin_for, Cubin};
 pub use launch::policy;
 
-use super::{Backend, Launch, Ticket};
+use super::{Backend, Launch, Registered, Registrar, Ticket};
 use crate::arena::Arena;
 use crate::buffers::BufferMemory;
 use crate::error::{Error, Result};
@@ -297,6 +297,14 @@ impl Backend for CudaBackend {
 
     fn add_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()> {
         self.register_segment(seg, base, bytes)
+    }
+
+    fn registrar(&self) -> Box<dyn Registrar> {
+        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false })
+    }
+
+    fn adopt_segment(&mut self, seg: usize, reg: Registered) -> Result<()> {
+        self.adopt_registered(seg, reg)
     }
 
     fn startup_phases(&self) -> Vec<(&'static str, Duration)> {

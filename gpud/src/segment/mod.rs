@@ -10,6 +10,11 @@
 //! dropped with its fds: descriptors naming that segment are then answered
 //! OUT_OF_BOUNDS, which is what the VM would see from any bad address.
 //!
+//! Once gpud serves ([`Segments::register_off_loop`]), a new segment is
+//! registered on a thread of its own ([`register`]): it is named known
+//! (descriptors may name it) only once that is done, and until then the
+//! daemon holds back the entries that name it, and only those.
+//!
 //! At gpud's start the VM sends every segment right after the hello, so they
 //! are queued before the driver starts: [`Segments::map_queued`] maps them
 //! then, and populates their page tables (and segment 0's) on threads of
@@ -21,13 +26,15 @@
 //! "Registration of the arena and pre-fault").
 
 use std::io::IoSliceMut;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use nix::sys::time::TimeSpec;
+
+mod register;
 
 use crate::arena::Arena;
 use crate::backend::Backend;
@@ -86,6 +93,10 @@ pub struct Segments {
     /// The socket said EOF (or an empty message, which reads the same):
     /// nothing after it is read, whichever call saw it.
     closed: bool,
+    /// Registers segments off gpud's loop, once it serves.
+    registrar: Option<register::RegisterThread>,
+    /// Mapped and handed to `registrar`, not registered yet.
+    registering: Vec<(usize, Mapping, Instant)>,
 }
 
 impl Segments {
@@ -100,6 +111,8 @@ impl Segments {
             early: Vec::new(),
             populating: Vec::new(),
             closed: false,
+            registrar: None,
+            registering: Vec::new(),
         }
     }
 
@@ -131,10 +144,93 @@ impl Segments {
         }
     }
 
-    /// Reads every segment message queued on `sock` (never blocks), maps
-    /// and registers the good ones. `Err` only when the backend fails.
+    /// Reads every segment message queued on `sock` (never blocks) and maps
+    /// the good ones; registers them, or (once
+    /// [`register_off_loop`](Segments::register_off_loop) was called) asks
+    /// the registration thread to. `Err` only when the backend fails.
     pub fn receive(&mut self, sock: &OwnedFd, backend: &mut dyn Backend, device: u32) -> Result<SockState> {
-        self.read_queued(sock, device, |me, seg, m| me.install(seg, m, backend, device))
+        self.read_queued(sock, device, |me, seg, m| match &me.registrar {
+            Some(r) => {
+                r.request(seg, m.base(), m.len() as u64);
+                me.registering.push((seg, m, Instant::now()));
+                Ok(())
+            }
+            None => me.install(seg, m, backend, device),
+        })
+    }
+
+    /// From now on, segments are registered on a thread of their own (the
+    /// backend's [`Registrar`](crate::backend::Registrar)), and
+    /// [`adopt`](Segments::adopt) makes them known. Where no thread can be
+    /// started they are registered inline, as before.
+    pub fn register_off_loop(&mut self, backend: &dyn Backend, device: u32) {
+        match register::RegisterThread::start(backend.registrar(), device) {
+            Ok(t) => self.registrar = Some(t),
+            Err(e) => log!(Warning, "gpud[{device}]: segments will be registered inline: {e}"),
+        }
+    }
+
+    /// Ends the registration thread (after the registration it is doing):
+    /// before the backend it registers with goes.
+    pub fn stop_registering(&mut self) {
+        self.registrar.take();
+    }
+
+    /// True while some segment is being registered.
+    pub fn registering(&self) -> bool {
+        !self.registering.is_empty()
+    }
+
+    /// True while segment `seg` is being registered.
+    pub fn is_registering(&self, seg: usize) -> bool {
+        self.registering.iter().any(|&(s, _, _)| s == seg)
+    }
+
+    /// True when a registration has finished and waits for
+    /// [`adopt`](Segments::adopt) (one atomic load).
+    pub fn has_registered(&self) -> bool {
+        self.registrar.as_ref().is_some_and(|r| r.has_done())
+    }
+
+    /// Readable when a registration has finished (see [`adopt`](Segments::adopt)).
+    pub fn registered_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.registrar.as_ref().map(|r| r.event_fd())
+    }
+
+    /// Makes the segments whose registration has finished known to the
+    /// backend and to validation; with `wait`, first waits until none is
+    /// being registered. Returns how many became known. `Err` when a
+    /// registration failed (fatal, as inline).
+    pub fn adopt(&mut self, backend: &mut dyn Backend, device: u32, wait: bool) -> Result<usize> {
+        let Some(r) = &self.registrar else { return Ok(0) };
+        r.clear();
+        let mut done = Vec::new();
+        while let Some(d) = r.try_done() {
+            done.push(d);
+        }
+        while wait && done.len() < self.registering.len() {
+            match r.wait_done() {
+                Some(d) => done.push(d),
+                None => return Err(Error::Device("the registration thread ended".into())),
+            }
+        }
+        let n = done.len();
+        for (seg, result) in done {
+            let reg = result?;
+            let i = self.registering.iter().position(|&(s, _, _)| s == seg).expect("a segment asked for");
+            let (_, m, asked) = self.registering.swap_remove(i);
+            backend.adopt_segment(seg, reg)?;
+            let len = m.len() as u64;
+            self.maps[seg] = Some(m);
+            self.sizes.set(seg, len);
+            log!(
+                Info,
+                "gpud[{device}]: arena segment {seg}: {len} bytes, registered off the loop in {:.1} ms ({:.1} ms after it came)",
+                reg.took.as_secs_f64() * 1e3,
+                asked.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(n)
     }
 
     /// At gpud's start, before the backend opens: starts populating segment
@@ -261,7 +357,7 @@ impl Segments {
         if !(1..EC_MAX_SEGMENTS as usize).contains(&seg) {
             return Err(bad(format!("segment index {seg} outside 1..{EC_MAX_SEGMENTS}")));
         }
-        if self.sizes.is_known(seg) || self.early.iter().any(|&(s, _)| s == seg) {
+        if self.sizes.is_known(seg) || self.early.iter().any(|&(s, _)| s == seg) || self.is_registering(seg) {
             return Err(bad(format!("segment {seg} is already mapped")));
         }
         if msg.bytes == 0 || !msg.bytes.is_multiple_of(4) {
@@ -289,9 +385,11 @@ impl ArgsMemory for Segments {
 }
 
 impl Drop for Segments {
-    /// No populate thread outlives a mapping it works on (the fields drop
-    /// after this).
+    /// No populate or registration thread outlives a mapping it works on
+    /// (the fields drop after this).
     fn drop(&mut self) {
+        // The registration thread works on mappings of ours too.
+        self.registrar.take();
         for t in self.populating.drain(..) {
             let _ = t.join();
         }
