@@ -248,7 +248,8 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     {ok, Spin} = application:get_env(erlcuda, gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
-            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ erlcuda_modules:gpud_args(),
+            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++
+        erlcuda_modules:gpud_args(),
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, Args}, exit_status, use_stdio, stderr_to_stdout, binary,
                    {line, 4096}, hide]) of
@@ -261,6 +262,18 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
             logger:error("erlcuda device ~p: cannot run gpud: ~p", [Id, Why], meta(Id)),
             gpud_exited({spawn_failed, Why}, S#{status := starting})
     end.
+
+%% How gpud paces puts' and gets' copies, from the app env copy_piece_bytes
+%% and copies_in_flight (gpud checks the ranges and refuses to start on bad
+%% ones; the defaults are gpud's when these are `default').
+copy_args() ->
+    Arg = fun(Key, Flag) ->
+                  case application:get_env(erlcuda, Key, default) of
+                      N when is_integer(N) -> [Flag, integer_to_list(N)];
+                      _ -> []
+                  end
+          end,
+    Arg(copy_piece_bytes, "--copy-piece-bytes") ++ Arg(copies_in_flight, "--copies-in-flight").
 
 %% gpud's limit for device buffers, from the app env device_memory_limit.
 memory_args() ->

@@ -12,13 +12,14 @@
          freed_and_bad/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
          gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
-         pipelined_put_racing_kill9/1]).
+         pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1]).
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
      oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
-     pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9, other_device].
+     pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
+     large_copies_let_small_jobs_through, other_device].
 
 init_per_suite(Config) ->
     Config.
@@ -472,4 +473,29 @@ put_loop(Parent, Bin, Acc) ->
             R = erlcuda:put(Bin, [{timeout, 60000}]),
             case R of {ok, B} -> ok = erlcuda:free(B); _ -> ok end,
             put_loop(Parent, Bin, [R | Acc])
+    end.
+
+%% A put's and a get's copies go in pieces (gpud/src/backend/pace.rs), and
+%% gpud's loop serves the SQ between them: small jobs are answered while a
+%% 128 MiB get is copied, and the buffer comes back whole. (With each copy
+%% made in one go, at most one small job was answered meanwhile.)
+large_copies_let_small_jobs_through(_) ->
+    N = 32 bsl 20,
+    V = << <<(I rem 1000):32/float-native>> || I <- lists:seq(1, N div 1024) >>,
+    Bin = binary:copy(V, 1024),
+    {ok, B} = erlcuda:put(Bin),
+    Self = self(),
+    Getter = spawn_link(fun() -> Self ! {got, self(), erlcuda:get(B)} end),
+    {Got, Smalls} = small_jobs_until_got(Getter, 0),
+    ct:pal("small jobs answered during the 128 MiB get: ~p", [Smalls]),
+    ?assert(Got =:= {ok, Bin}),
+    ?assert(Smalls >= 5),
+    ok = erlcuda:free(B).
+
+small_jobs_until_got(Getter, N) ->
+    receive
+        {got, Getter, Got} -> {Got, N}
+    after 0 ->
+        {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
+        small_jobs_until_got(Getter, N + 1)
     end.

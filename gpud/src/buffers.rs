@@ -72,6 +72,9 @@ struct Live {
     len: u32,
     /// Elements of a put not arrived yet; the buffer is usable at 0.
     missing: u32,
+    /// A put's copies into it still on their way ([`Buffers::landing`]):
+    /// usable once they have landed.
+    landing: u32,
 }
 
 /// gpud's buffers: id -> block, the cache, the accounting.
@@ -119,7 +122,9 @@ impl Buffers {
     /// be complete (a put still filling it is not done).
     pub fn lookup(&self, id: u64, ty: ElemType, len: u32) -> Result<Region, Status> {
         match self.live.get(&id) {
-            Some(b) if b.ty == ty && b.len == len && b.missing == 0 => Ok(Region::buffer(b.addr, len, ty)),
+            Some(b) if b.ty == ty && b.len == len && b.missing == 0 && b.landing == 0 => {
+                Ok(Region::buffer(b.addr, len, ty))
+            }
             _ => Err(Status::BadBuffer),
         }
     }
@@ -168,6 +173,26 @@ impl Buffers {
         Ok(Region::buffer(addr + at, part, ty))
     }
 
+    /// A copy into buffer `id` has started (`landed` true: it has
+    /// finished). While any is on its way, [`Buffers::lookup`] refuses the
+    /// buffer and [`Buffers::is_landing`] says why. A freed id is skipped.
+    pub fn landing(&mut self, id: u64, landed: bool) {
+        if let Some(b) = self.live.get_mut(&id) {
+            if landed {
+                b.landing -= 1;
+            } else {
+                b.landing += 1;
+            }
+        }
+    }
+
+    /// True while buffer `id` is complete but a put's copy into it is still
+    /// on its way: a job naming it waits, it is not refused (one naming a
+    /// buffer not complete is, as before).
+    pub fn is_landing(&self, id: u64) -> bool {
+        self.live.get(&id).is_some_and(|b| b.missing == 0 && b.landing > 0)
+    }
+
     /// Remembers that a slice of the put of `id` failed with `status`, so
     /// that its later slices answer the same without allocating; the VM's
     /// free of the id forgets it. A live id (a filling buffer, or a VM
@@ -199,7 +224,7 @@ impl Buffers {
             }
             None => self.fresh(mem, class)?,
         };
-        self.live.insert(id, Live { addr, class, ty, len, missing: 0 });
+        self.live.insert(id, Live { addr, class, ty, len, missing: 0, landing: 0 });
         self.used += class;
         self.peak = self.peak.max(self.used);
         Ok(Region::buffer(addr, len, ty))

@@ -1,12 +1,13 @@
 //! Command line: `gpud --probe [--backend B]` and
 //! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...
-//! [--memory-limit BYTES | --memory-fraction F]`.
+//! [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N]`.
 
+use crate::backend::pace::Pacing;
 use crate::backend::BackendKind;
 use crate::buffers::MemoryLimit;
 use crate::error::{Error, Result};
 
-pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F]\n       gpud --probe [--backend cpu|cuda|auto]";
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N]\n       gpud --probe [--backend cpu|cuda|auto]";
 
 /// Default time spent polling the SQ before sleeping on its eventfd.
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -23,6 +24,8 @@ pub struct DaemonOpts {
     /// Users' modules to load before `ready`: (slot, directory).
     pub modules: Vec<(u16, std::path::PathBuf)>,
     pub memory_limit: MemoryLimit,
+    /// Puts' and gets' copies: piece size, pieces in flight per direction.
+    pub pacing: Pacing,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +47,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut spin_us = None;
     let mut modules = Vec::new();
     let mut memory_limit = None;
+    let mut pacing = Pacing::default();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         // Accept both `--flag value` and `--flag=value`.
@@ -110,6 +114,22 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
                     return Err(usage("one memory limit"));
                 }
             }
+            "--copy-piece-bytes" => {
+                let v = value("--copy-piece-bytes")?;
+                pacing.piece = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|b| (4096..=1 << 30).contains(b) && b % 4096 == 0)
+                    .ok_or_else(|| usage(format!("bad --copy-piece-bytes {v:?} (pages, 4 KiB to 1 GiB)")))?
+            }
+            "--copies-in-flight" => {
+                let v = value("--copies-in-flight")?;
+                pacing.depth = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| usage(format!("bad --copies-in-flight {v:?} (1 to 64)")))?
+            }
             other => return Err(usage(format!("unknown argument {other:?}"))),
         }
     }
@@ -127,6 +147,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         spin_us: spin_us.unwrap_or(DEFAULT_SPIN_US),
         modules,
         memory_limit: memory_limit.unwrap_or_default(),
+        pacing,
     }))
 }
 
@@ -149,6 +170,7 @@ mod tests {
                 spin_us: 50,
                 modules: vec![],
                 memory_limit: MemoryLimit::Default,
+                pacing: Pacing::default(),
             })
         );
         assert_eq!(
@@ -160,6 +182,7 @@ mod tests {
                 spin_us: 0,
                 modules: vec![],
                 memory_limit: MemoryLimit::Default,
+                pacing: Pacing::default(),
             })
         );
         assert_eq!(
@@ -171,6 +194,7 @@ mod tests {
                 spin_us: 50,
                 modules: vec![(3, "/a/b".into()), (0, "/c:d".into())],
                 memory_limit: MemoryLimit::Default,
+                pacing: Pacing::default(),
             })
         );
         let lim = |a: &str| match p(&format!("--socket x --device 0 {a}")) {
@@ -181,6 +205,14 @@ mod tests {
         assert_eq!(lim("--memory-fraction=0.5"), Some(MemoryLimit::Fraction(500_000)));
         for bad in ["--memory-fraction 0", "--memory-fraction 1.5", "--memory-limit -1", "--memory-limit 1 --memory-limit 2"] {
             assert_eq!(lim(bad), None, "{bad}");
+        }
+        let pace = |a: &str| match p(&format!("--socket x --device 0 {a}")) {
+            Ok(Command::Daemon(o)) => Some(o.pacing),
+            _ => None,
+        };
+        assert_eq!(pace("--copy-piece-bytes 1048576 --copies-in-flight 2"), Some(Pacing { piece: 1 << 20, depth: 2 }));
+        for bad in ["--copy-piece-bytes 1000", "--copy-piece-bytes 0", "--copies-in-flight 0", "--copies-in-flight 65"] {
+            assert_eq!(pace(bad), None, "{bad}");
         }
         for bad in ["--module x:/a", "--module 1000:/a", "--module 1:", "--module /a"] {
             assert!(p(&format!("--socket x --device 0 {bad}")).is_err(), "{bad}");

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use super::pace::{Dir, Pacer, Pacing};
 use super::{Backend, Launch, Registered, Registrar, Ticket};
 use crate::arena::Arena;
 use crate::buffers::{BufferMemory, HostMemory};
@@ -30,6 +31,8 @@ pub struct CpuBackend {
     memory: HostMemory,
     next_ticket: Ticket,
     done: Vec<Ticket>,
+    /// Puts' and gets' copies, a piece at a time.
+    copies: Pacer<()>,
 }
 
 impl CpuBackend {
@@ -39,6 +42,7 @@ impl CpuBackend {
             memory: HostMemory { blocks: 0, capacity: crate::buffers::host_ram() / 4 },
             next_ticket: 1,
             done: Vec::new(),
+            copies: Pacer::new(Pacing::default()),
         }
     }
 }
@@ -116,19 +120,36 @@ impl Backend for CpuBackend {
             )));
         }
         self.run(arena, launch);
-        let t = self.next_ticket;
-        self.next_ticket += 1;
+        let t = self.ticket();
         self.done.push(t);
         Ok(t)
     }
 
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
         done.append(&mut self.done);
-        Ok(())
+        // A piece is copied when it is issued: each poll moves every copy
+        // on by `depth` pieces, so gpud's loop serves the SQ between them.
+        self.copies.advance(
+            done,
+            |dir, dev, host, n| {
+                // SAFETY: `dev` lies in a live buffer block and `host` in the
+                // copy's own arena region, n bytes each (copy_in, copy_out),
+                // disjoint.
+                unsafe {
+                    match dir {
+                        Dir::ToDevice => std::ptr::copy_nonoverlapping(host as *const u8, dev as *mut u8, n),
+                        Dir::ToHost => std::ptr::copy_nonoverlapping(dev as *const u8, host as *mut u8, n),
+                    }
+                }
+                Ok(())
+            },
+            |_| Ok(true),
+            |_| {},
+        )
     }
 
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.done.len() + self.copies.open()
     }
 
     fn buffer_memory(&mut self) -> &mut dyn BufferMemory {
@@ -139,21 +160,34 @@ impl Backend for CpuBackend {
         true
     }
 
-    fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()> {
-        // SAFETY: `addr` is a live block of at least src.len() bytes (the
-        // buffer's own, buffers.rs), disjoint from the arena.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
-        Ok(())
+    fn copy_in(&mut self, addr: u64, src: *const u8, bytes: usize) -> Result<Ticket> {
+        let t = self.ticket();
+        self.copies.push(Dir::ToDevice, t, addr, src as usize, bytes);
+        Ok(t)
     }
 
-    fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()> {
-        // SAFETY: as for buf_write; dst.len() is the buffer's length.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
+    fn copy_out(&mut self, addr: u64, dst: *mut u8, bytes: usize) -> Result<Ticket> {
+        let t = self.ticket();
+        self.copies.push(Dir::ToHost, t, addr, dst as usize, bytes);
+        Ok(t)
+    }
+
+    fn copies_in_flight(&self) -> usize {
+        self.copies.open()
+    }
+
+    fn set_pacing(&mut self, pacing: Pacing) {
+        self.copies.set_pacing(pacing);
     }
 }
 
 impl CpuBackend {
+    fn ticket(&mut self) -> Ticket {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        t
+    }
+
     fn run(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) {
         let work: u64 = launch.jobs.iter().map(Job::work).fold(0, u64::saturating_add);
         if launch.independent && launch.jobs.len() > 1 && work >= PAR_BATCH_WORK {

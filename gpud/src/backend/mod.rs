@@ -9,6 +9,7 @@
 //! as the launch is queued on a stream and reports it once its event fires.
 
 pub mod cpu;
+pub mod pace;
 pub mod cuda;
 
 use std::ptr::NonNull;
@@ -118,11 +119,12 @@ pub trait Backend: ModuleLoader {
     /// exits.
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket>;
 
-    /// Appends the tickets of launches that have finished since the last
-    /// call to `done` (in any order). `Err` as for `submit`.
+    /// Appends the tickets of launches and copies that have finished since
+    /// the last call to `done` (in any order), and moves paced copies on.
+    /// `Err` as for `submit`.
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()>;
 
-    /// Launches submitted and not yet reported by `poll`.
+    /// Launches and copies started and not yet reported by `poll`.
     fn in_flight(&self) -> usize;
 
     /// The raw memory of device buffers (the caching allocator in
@@ -132,13 +134,22 @@ pub trait Backend: ModuleLoader {
     /// True when buffers live in host memory (see `Arena::with_host_buffers`).
     fn host_buffers(&self) -> bool;
 
-    /// Copies `src` (arena memory) into the buffer block at `addr`, and
-    /// returns once the copy is done. Nothing in flight writes `addr`.
-    fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()>;
+    /// Starts copying `bytes` at host address `src` (arena memory, the
+    /// put's own until it is answered) into the buffer block at `addr`,
+    /// paced ([`pace`]); [`Backend::poll`] reports the ticket once the copy
+    /// is done. Nothing in flight writes `addr`.
+    fn copy_in(&mut self, addr: u64, src: *const u8, bytes: usize) -> Result<Ticket>;
 
-    /// Copies the buffer block at `addr` into `dst` (arena memory), and
-    /// returns once the copy is done.
-    fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()>;
+    /// Starts copying `bytes` of the buffer block at `addr` into host
+    /// address `dst` (arena memory, the get's own until it is answered),
+    /// paced; reported by [`Backend::poll`] as for `copy_in`.
+    fn copy_out(&mut self, addr: u64, dst: *mut u8, bytes: usize) -> Result<Ticket>;
+
+    /// Copies started and not yet reported done (part of [`Backend::in_flight`]).
+    fn copies_in_flight(&self) -> usize;
+
+    /// Sets the copies' piece size and pieces in flight per direction.
+    fn set_pacing(&mut self, pacing: pace::Pacing);
 }
 
 /// Registers arena segments away from gpud's loop. Registered inline, a

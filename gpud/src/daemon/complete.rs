@@ -47,6 +47,15 @@ impl Daemon {
                 return Ok(false);
             }
             self.ring.cq_publish();
+            if f.kernel.is_none() {
+                // A copy: not a launch to time. Jobs held back for a put's
+                // buffer may go now.
+                if let Some(id) = f.lands {
+                    self.buffers.landing(id, true);
+                    self.parked_ready |= !self.parked.is_empty();
+                }
+                continue;
+            }
             let s = self.ring.stats();
             s.launches_timed.fetch_add(1, Ordering::Relaxed);
             s.launch_drain_ns.fetch_add(nanos(f.submitted - f.drained), Ordering::Relaxed);
@@ -79,23 +88,45 @@ impl Daemon {
     /// gpud answers nothing; the VM answers every job `{gpud_exit, _}`.
     pub(super) fn fail_all(&mut self) {
         let held = std::mem::take(&mut self.in_flight);
-        if held.iter().any(|f| matches!(f.kernel, KernelRef::User(_))) {
+        if held.iter().any(|f| matches!(f.kernel, Some(KernelRef::User(_)))) {
             log!(Warning, "gpud[{}]: a user's kernel was in flight: leaving the answers to the VM", self.device);
             return;
         }
         for f in &held {
             log!(
                 Warning,
-                "gpud[{}]: answering {} {:?} jobs in flight with DEVICE_ERROR",
+                "gpud[{}]: answering {} {} jobs in flight with DEVICE_ERROR",
                 self.device,
                 f.jobs.len(),
-                f.kernel
+                f.kernel.map_or("copy".to_string(), |k| format!("{k:?}"))
             );
             if !self.answer(&f.jobs, Status::DeviceError) {
                 break;
             }
         }
         self.ring.cq_publish();
+    }
+
+    /// Runs everything gpud holds to the end: launches and copies in
+    /// flight, and the entries held back behind them. The main loop does
+    /// this as it goes; tests and the fuzz targets, which drive the daemon
+    /// drain by drain, call it. Ok(false) when the VM went away.
+    pub fn finish(&mut self) -> Result<bool> {
+        loop {
+            if !self.reap()? {
+                return Ok(false);
+            }
+            if self.parked_ready {
+                if !self.run_parked()? {
+                    return Ok(false);
+                }
+                continue;
+            }
+            if self.in_flight.is_empty() {
+                return Ok(true);
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Waits for every launch in flight and answers it. Ok(false) when the

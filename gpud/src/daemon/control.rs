@@ -3,7 +3,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Daemon, Wake};
+use std::time::Instant;
+
+use super::{Daemon, InFlight, Wake};
 use crate::descriptor::Region;
 use crate::error::Result;
 use crate::layout::{
@@ -11,17 +13,50 @@ use crate::layout::{
     EC_FLAG_IN0_BUF, EC_FLAG_OUT_BUF, EC_FREE_MAX_IDS, EC_MAX_SEGMENTS,
 };
 
+/// What a buffer control descriptor came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ctl {
+    /// Answer it now with this status.
+    Answer(Status),
+    /// Its copy is under way: the backend reports this ticket.
+    Copying(crate::backend::Ticket),
+}
+
 impl Daemon {
     /// A put, get or free (see the header), in SQ order with the jobs
-    /// around it, answered at once. Ok(false) when the VM went away.
+    /// around it: answered at once, or (a put's or get's copy) once the
+    /// copy is done. Ok(false) when the VM went away.
     pub(super) fn buffer_control(&mut self, sqe: &Sqe) -> Result<bool> {
-        let mut status = self.run_buffer_control(sqe)?;
-        if status == Status::Oom && self.buffers.has_pending() {
+        let mut outcome = self.run_buffer_control(sqe)?;
+        if outcome == Ctl::Answer(Status::Oom) && self.buffers.has_pending() {
             if !self.make_room()? {
                 return Ok(false);
             }
-            status = self.run_buffer_control(sqe)?;
+            outcome = self.run_buffer_control(sqe)?;
         }
+        let status = match outcome {
+            Ctl::Copying(ticket) => {
+                // Answered by `reap`, like a launch; a free after it waits
+                // for it (its drain) before its block is reused, and a job
+                // naming a put's buffer waits until it has landed.
+                let lands = (sqe.kernel == EC_CONTROL_PUT).then_some(sqe.out);
+                if let Some(id) = lands {
+                    self.buffers.landing(id, false);
+                }
+                self.in_flight.push(InFlight {
+                    ticket,
+                    kernel: None,
+                    jobs: vec![sqe.user_data],
+                    lands,
+                    drain: self.next_drain,
+                    drained: self.drain_started,
+                    submitted: Instant::now(),
+                });
+                self.buffers.publish(self.ring.stats());
+                return Ok(true);
+            }
+            Ctl::Answer(s) => s,
+        };
         if sqe.kernel == EC_CONTROL_PUT && status != Status::Ok {
             // The other slices of this put fail alike, allocating nothing
             // (until the VM frees the id, which it does for a failed put).
@@ -53,13 +88,26 @@ impl Daemon {
         Ok(r)
     }
 
-    pub(super) fn run_buffer_control(&mut self, sqe: &Sqe) -> Result<Status> {
-        let Some(ty) = ElemType::from_id(sqe.ty) else { return Ok(Status::BadType) };
+    /// The ids free descriptor `sqe` lists; none when its list is not a
+    /// valid region (`run_buffer_control` refuses it then).
+    pub(super) fn free_ids(&self, sqe: &Sqe) -> Vec<u64> {
+        if sqe.ty != ElemType::S64.id() || sqe.in0_len > EC_FREE_MAX_IDS {
+            return Vec::new();
+        }
+        match Region::new(sqe.in0, sqe.in0_len, ElemType::S64, self.segments.sizes()) {
+            // SAFETY: a validated region of 8-byte elements, the descriptor's own.
+            Ok(r) => unsafe { self.segments.arena().input::<u64>(r) }.to_vec(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    pub(super) fn run_buffer_control(&mut self, sqe: &Sqe) -> Result<Ctl> {
+        let Some(ty) = ElemType::from_id(sqe.ty) else { return Ok(Ctl::Answer(Status::BadType)) };
         macro_rules! region {
             ($addr:expr, $len:expr, $ty:expr) => {
                 match self.arena_region($addr, $len, $ty)? {
                     Ok(r) => r,
-                    Err(s) => return Ok(s),
+                    Err(s) => return Ok(Ctl::Answer(s)),
                 }
             };
         }
@@ -69,50 +117,47 @@ impl Daemon {
                 // put): in0_len elements at byte p.u64[0] of a buffer of
                 // out_len elements.
                 if sqe.flags != EC_FLAG_OUT_BUF {
-                    return Ok(Status::BadFlags);
+                    return Ok(Ctl::Answer(Status::BadFlags));
                 }
                 let src = region!(sqe.in0, sqe.in0_len, ty);
                 let mem = self.backend.buffer_memory();
                 let dst = match self.buffers.put_slice(mem, sqe.out, ty, sqe.out_len, sqe.p.u64_at(0), sqe.in0_len) {
                     Ok(r) => r,
-                    Err(s) => return Ok(s),
+                    Err(s) => return Ok(Ctl::Answer(s)),
                 };
-                let arena = self.segments.arena();
-                // SAFETY: a validated arena region, the descriptor's own: the
-                // VM does not touch it while the put is in flight.
-                let bytes = unsafe { std::slice::from_raw_parts(arena.host_ptr(src), src.bytes() as usize) };
+                let src = self.segments.arena().host_ptr(src);
                 // dst lies inside the buffer's block (put_slice checked the
-                // slice against its length) and is src.bytes() long.
-                self.backend.buf_write(dst.offset(), bytes)?;
-                Ok(Status::Ok)
+                // slice against its length); src is the descriptor's own
+                // arena region, which the VM leaves alone until the answer.
+                Ok(Ctl::Copying(self.backend.copy_in(dst.offset(), src, dst.bytes() as usize)?))
             }
             EC_CONTROL_GET => {
                 if sqe.flags != EC_FLAG_IN0_BUF {
-                    return Ok(Status::BadFlags);
+                    return Ok(Ctl::Answer(Status::BadFlags));
                 }
                 if sqe.out_len != sqe.in0_len {
-                    return Ok(Status::BadShape);
+                    return Ok(Ctl::Answer(Status::BadShape));
                 }
                 let buf = match self.buffers.lookup(sqe.in0, ty, sqe.in0_len) {
                     Ok(b) => b,
-                    Err(s) => return Ok(s),
+                    Err(s) => return Ok(Ctl::Answer(s)),
                 };
                 let dst = region!(sqe.out, sqe.out_len, ty);
-                let arena = self.segments.arena();
-                // SAFETY: as for a put; the output region is the get's own.
-                let bytes = unsafe { std::slice::from_raw_parts_mut(arena.host_ptr(dst), dst.bytes() as usize) };
-                self.backend.buf_read(buf.offset(), bytes)?;
-                Ok(Status::Ok)
+                let bytes = dst.bytes() as usize;
+                let dst = self.segments.arena().host_ptr(dst);
+                // As for a put; whatever wrote the buffer has finished (the
+                // VM learns a buffer's id only from a completed job).
+                Ok(Ctl::Copying(self.backend.copy_out(buf.offset(), dst, bytes)?))
             }
             _ => {
                 if sqe.flags != 0 {
-                    return Ok(Status::BadFlags);
+                    return Ok(Ctl::Answer(Status::BadFlags));
                 }
                 if ty != ElemType::S64 {
-                    return Ok(Status::BadType);
+                    return Ok(Ctl::Answer(Status::BadType));
                 }
                 if sqe.in0_len > EC_FREE_MAX_IDS {
-                    return Ok(Status::BadShape);
+                    return Ok(Ctl::Answer(Status::BadShape));
                 }
                 let ids = region!(sqe.in0, sqe.in0_len, ty);
                 let arena = self.segments.arena();
@@ -124,7 +169,7 @@ impl Daemon {
                     self.buffers.free(id, drain);
                 }
                 self.release_buffers();
-                Ok(Status::Ok)
+                Ok(Ctl::Answer(Status::Ok))
             }
         }
     }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::{Daemon, Wake};
 use crate::buffers::{self, Buffers};
 use crate::coalesce;
-use crate::descriptor::{names_unknown_segment, validate_bufs, BufferTable, Job, Region};
+use crate::descriptor::{named_buffers, names_unknown_segment, validate_bufs, BufferTable, Job, Region};
 use crate::error::Result;
 use crate::layout::{
     ElemType, Sqe, Stats, Status, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_FREE, EC_CONTROL_GET, EC_CONTROL_LOAD_MODULE,
@@ -63,10 +63,11 @@ impl Daemon {
     /// held back), then coalesces and submits the jobs.
     ///
     /// Held back: a job, put or get naming a segment under registration,
-    /// and any free while something is held back, so that a free never
-    /// overtakes an entry that names its buffer. Nothing else waits: later
-    /// entries run at once (they cannot depend on a held-back one, whose
-    /// answer the VM has not seen).
+    /// and a job or get naming a buffer that a put's copy is still filling
+    /// (the pipelined matmul publishes its bands right behind B's put).
+    /// Nothing else waits: later entries run at once (they cannot depend
+    /// on a held-back one, whose answer the VM has not seen), except a free
+    /// of a buffer a held-back entry names, which first runs them.
     fn handle_entries(&mut self, sqes: &[Sqe]) -> Result<bool> {
         // A control descriptor first runs every job before it to the end.
         self.coalescer.clear();
@@ -86,9 +87,15 @@ impl Daemon {
                         return Ok(false);
                     }
                 }
-                if self.segments.is_registering(seg) || (sqe.kernel == EC_CONTROL_FREE && !self.parked.is_empty()) {
+                if self.segments.is_registering(seg) || (sqe.kernel == EC_CONTROL_GET && self.buffers.is_landing(sqe.in0)) {
                     self.parked.push(*sqe);
                     continue;
+                }
+                if sqe.kernel == EC_CONTROL_FREE && !self.parked.is_empty() && self.free_names_parked(sqe) {
+                    // The held-back entries naming its buffers run first.
+                    if !self.make_room()? {
+                        return Ok(false);
+                    }
                 }
                 if !self.buffer_control(sqe)? {
                     return Ok(false);
@@ -117,6 +124,12 @@ impl Daemon {
                     self.parked.push(*sqe);
                     continue;
                 }
+            }
+            if v == Err(Status::BadBuffer)
+                && named_buffers(sqe, self.segments.sizes(), &self.segments).iter().any(|&id| self.buffers.is_landing(id))
+            {
+                self.parked.push(*sqe);
+                continue;
             }
             match v {
                 Ok(job) => self.coalescer.push(job),
@@ -184,16 +197,23 @@ impl Daemon {
             return Ok(false);
         }
         // Entries held back came before this one: they run first, once
-        // their segments are registered.
-        if !self.parked.is_empty() {
-            self.adopt_segments(true)?;
-            if !self.run_parked()? {
+        // their segments are registered and their buffers have landed.
+        loop {
+            if !self.parked.is_empty() {
+                self.adopt_segments(true)?;
+                if !self.run_parked()? {
+                    return Ok(false);
+                }
+                self.coalescer.clear();
+            }
+            if !self.finish_in_flight()? {
                 return Ok(false);
             }
-            self.coalescer.clear();
-        }
-        if !self.finish_in_flight()? {
-            return Ok(false);
+            // Nothing registers or lands any more: a second turn runs what
+            // waited for a copy, and holds nothing back.
+            if self.parked.is_empty() {
+                break;
+            }
         }
         self.release_buffers();
         Ok(true)
@@ -226,6 +246,16 @@ fn makes_buffers(sqe: &Sqe, job: &Job) -> bool {
         return sqe.flags & EC_FLAG_OUT_BUF != 0;
     }
     job.outputs().iter().any(|r| r.is_buffer())
+}
+
+impl Daemon {
+    /// True when free descriptor `sqe` names a buffer that an entry held
+    /// back names.
+    fn free_names_parked(&self, sqe: &Sqe) -> bool {
+        let ids = self.free_ids(sqe);
+        let sizes = self.segments.sizes();
+        ids.iter().any(|id| self.parked.iter().any(|p| named_buffers(p, sizes, &self.segments).contains(id)))
+    }
 }
 
 /// The arena address a put, get or free names: a put's source, a get's

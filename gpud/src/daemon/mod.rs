@@ -83,6 +83,7 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     // and every segment's page tables populated while the driver starts.
     segments.map_queued(&session.sock, opts.device, session.hello.segments, EARLY_SEGMENTS_WAIT);
     let mut backend = backend::open(opts.backend, opts.device)?;
+    backend.set_pacing(opts.pacing);
     phases.mark_split("backend", &backend.startup_phases());
     // Waiting for the page tables counts in `segments`.
     segments.register_start(&mut *backend, opts.device)?;
@@ -143,13 +144,17 @@ pub fn announce(line: &str) -> Result<()> {
         })
 }
 
-/// A launch the backend holds: its jobs are answered when it is done.
+/// A launch (or a put's or get's copy) the backend holds: its jobs are
+/// answered when it is done.
 struct InFlight {
     ticket: Ticket,
-    kernel: KernelRef,
+    /// The kernel launched; None for a copy.
+    kernel: Option<KernelRef>,
     /// Its jobs' `user_data`, all an answer needs: the backend took what
     /// it runs at submit.
     jobs: Vec<u64>,
+    /// A put's copy: the buffer it lands in.
+    lands: Option<u64>,
     drain: u64,
     /// When its drain began, and when the backend took it (the stats'
     /// launch_* timings).

@@ -46,8 +46,9 @@ impl Daemon {
             match self.backend.submit(&arena, &launch) {
                 Ok(ticket) => self.in_flight.push(InFlight {
                     ticket,
-                    kernel,
+                    kernel: Some(kernel),
                     jobs: jobs.iter().map(Job::user_data).collect(),
+                    lands: None,
                     drain,
                     drained,
                     submitted: Instant::now(),
@@ -62,8 +63,9 @@ impl Daemon {
                         // A user's launch failed: the VM answers (fail_all).
                         self.in_flight.push(InFlight {
                             ticket: 0,
-                            kernel,
+                            kernel: Some(kernel),
                             jobs: Vec::new(),
+                            lands: None,
                             drain,
                             drained,
                             submitted: Instant::now(),

@@ -95,11 +95,13 @@ impl Daemon {
         }
     }
 
+    /// Drains with a launch in flight (copies do not count: a long get
+    /// must not keep the next small jobs from being drained).
     pub(super) fn drains_in_flight(&self) -> usize {
         // At most a handful of launches: a quadratic count is cheapest.
         let f = &self.in_flight;
         (0..f.len())
-            .filter(|&i| f[..i].iter().all(|x| x.drain != f[i].drain))
+            .filter(|&i| f[i].kernel.is_some() && f[..i].iter().all(|x| x.kernel.is_none() || x.drain != f[i].drain))
             .count()
     }
 
@@ -138,7 +140,9 @@ impl Daemon {
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() >= self.spin.max(BUSY_SPIN) {
+            // A copy in flight is moved on only by polling: no naps until
+            // it is done, or each piece would wait for the end of one.
+            if start.elapsed() >= self.spin.max(BUSY_SPIN) && self.backend.copies_in_flight() == 0 {
                 break;
             }
         }

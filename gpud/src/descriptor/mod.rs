@@ -107,6 +107,29 @@ pub fn names_unknown_segment(sqe: &Sqe, sizes: &SegmentSizes, mem: &dyn ArgsMemo
     addrs.into_iter().flatten().any(unknown)
 }
 
+/// The device buffers `sqe` names, by id: a built-in's or a get's
+/// `EC_FLAG_*_BUF` operands, a user's record's buffer slots (read from
+/// `mem` when the record's own place is valid). For holding back a job
+/// whose buffer is still being copied in by a put.
+pub fn named_buffers(sqe: &Sqe, sizes: &SegmentSizes, mem: &dyn ArgsMemory) -> Vec<u64> {
+    // A user's job carries its record (EC_FLAG_ARGS); a get and the
+    // built-ins name buffers by flags.
+    if sqe.kernel >= EC_USER_KERNEL_BASE && sqe.flags & EC_FLAG_ARGS != 0 {
+        return match args_region(sqe.in0, sizes) {
+            Ok(r) => {
+                let a = mem.copy_args(r);
+                (0..EC_MAX_SLOTS as usize).filter(|&i| a.buffers & (1 << i) != 0).map(|i| a.addr[i]).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+    }
+    [(EC_FLAG_IN0_BUF, sqe.in0), (EC_FLAG_IN1_BUF, sqe.in1), (EC_FLAG_OUT_BUF, sqe.out)]
+        .into_iter()
+        .filter(|&(flag, _)| sqe.flags & flag != 0)
+        .map(|(_, id)| id)
+        .collect()
+}
+
 /// A user's record's place: `EC_JOB_ARGS_BYTES` bytes of the arena at
 /// `addr`, 8-aligned.
 fn args_region(addr: u64, sizes: impl Sizes) -> Result<Region, Status> {

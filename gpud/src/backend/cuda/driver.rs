@@ -307,23 +307,6 @@ pub(super) unsafe fn mem_host_device_pointer(p: *mut c_void) -> DResult<sys::CUd
     Ok(dev)
 }
 
-/// Copies `src` to device memory at `dst`; done when it returns.
-///
-/// # Safety
-/// `dst` is device memory of at least `src.len()` bytes that no work in
-/// flight writes.
-pub(super) unsafe fn memcpy_htod(dst: sys::CUdeviceptr, src: &[u8]) -> DResult<()> {
-    check(unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
-}
-
-/// Copies device memory at `src` into `dst`; done when it returns.
-///
-/// # Safety
-/// `src` is device memory of at least `dst.len()` bytes.
-pub(super) unsafe fn memcpy_dtoh(dst: &mut [u8], src: sys::CUdeviceptr) -> DResult<()> {
-    check(unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
-}
-
 /// Enqueues a copy of `bytes` from host `src` to device `dst` on `stream`.
 ///
 /// # Safety

@@ -7,7 +7,9 @@ use std::ptr::NonNull;
 use std::time::Instant;
 
 use super::{ck, driver, CudaBackend};
-use crate::backend::{Registered, Registrar};
+use crate::backend::pace::Dir;
+use crate::backend::{Registered, Registrar, Ticket};
+use std::cell::RefCell;
 use cudarc::driver::sys;
 use crate::buffers::BufferMemory;
 use crate::descriptor::Region;
@@ -70,6 +72,56 @@ impl CudaBackend {
             crate::startup::since_start().as_secs_f64() * 1e3
         );
         Ok(())
+    }
+
+    /// A new ticket, for a launch or a copy.
+    pub(super) fn take_ticket(&mut self) -> Ticket {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        t
+    }
+
+    /// Reports finished puts' and gets' copies and issues their next
+    /// pieces (`pace`): each piece an async copy on its direction's stream
+    /// and an event behind it.
+    pub(super) fn poll_copies(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
+        if self.paced.open() == 0 {
+            return Ok(());
+        }
+        let streams = self.copy_streams;
+        let spare = RefCell::new(std::mem::take(&mut self.spare_events));
+        let r = self.paced.advance(
+            done,
+            |dir, dev, host, n| {
+                let e = match spare.borrow_mut().pop() {
+                    Some(e) => e,
+                    None => ck(driver::event_create(), "cuEventCreate")?,
+                };
+                let s = streams[dir as usize];
+                if n > 0 {
+                    // SAFETY: `dev..+n` lies in a live buffer block and
+                    // `host..+n` in the copy's own region of registered
+                    // arena memory, untouched until its job is answered
+                    // (copy_in, copy_out); both streams are this backend's.
+                    match dir {
+                        Dir::ToDevice => {
+                            ck(unsafe { driver::memcpy_htod_async(dev, host as *const u8, n, s) }, "cuMemcpyHtoDAsync (put)")?
+                        }
+                        Dir::ToHost => {
+                            ck(unsafe { driver::memcpy_dtoh_async(host as *mut u8, dev, n, s) }, "cuMemcpyDtoHAsync (get)")?
+                        }
+                    }
+                }
+                // SAFETY: an event of this backend's, on its stream.
+                ck(unsafe { driver::event_record(e, s) }, "cuEventRecord (copy)")?;
+                Ok(e)
+            },
+            // SAFETY: events created by this backend and recorded.
+            |e| ck(unsafe { driver::event_query(*e) }, "a copy on the GPU (cuEventQuery)"),
+            |e| spare.borrow_mut().push(e),
+        );
+        self.spare_events = spare.into_inner();
+        r
     }
 
     /// The device address of `r`: a buffer's own, or its segment's mapping.

@@ -60,6 +60,7 @@ use cudarc::driver::sys;
 pub use image::{cubin_for, Cubin};
 pub use launch::policy;
 
+use super::pace::{Dir, Pacer, Pacing};
 use super::{Backend, Launch, Registered, Registrar, Ticket};
 use crate::arena::Arena;
 use crate::buffers::BufferMemory;
@@ -158,6 +159,11 @@ pub struct CudaBackend {
     slots: Vec<Slot>,
     next_ticket: Ticket,
     busy: usize,
+    /// Puts' and gets' copies, paced (`pace`), on a stream per direction;
+    /// events of finished pieces kept for the next ones.
+    paced: Pacer<sys::CUevent>,
+    copy_streams: [sys::CUstream; 2],
+    spare_events: Vec<sys::CUevent>,
     /// Benchmarks force a placement for every job.
     force_mode: Option<Placement>,
     // Reused per launch.
@@ -222,6 +228,10 @@ impl CudaBackend {
         }
         let (free_b, _total_b) = setup("cuMemGetInfo", driver::mem_get_info())?;
         let user_stream = setup("cuStreamCreate", driver::stream_create_non_blocking())?;
+        let copy_streams = [
+            setup("cuStreamCreate", driver::stream_create_non_blocking())?,
+            setup("cuStreamCreate", driver::stream_create_non_blocking())?,
+        ];
         log!(
             Info,
             "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, kernels: {loaded}, loaded in {load_ms:.1} ms",
@@ -256,6 +266,9 @@ impl CudaBackend {
             slots: Vec::new(),
             next_ticket: 1,
             busy: 0,
+            paced: Pacer::new(Pacing::default()),
+            copy_streams,
+            spare_events: Vec::new(),
             force_mode: None,
             bytes: Vec::new(),
             ptrs: Vec::new(),
@@ -316,11 +329,12 @@ impl Backend for CudaBackend {
     }
 
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
-        self.poll_slots(done)
+        self.poll_slots(done)?;
+        self.poll_copies(done)
     }
 
     fn in_flight(&self) -> usize {
-        self.busy
+        self.busy + self.paced.open()
     }
 
     fn buffer_memory(&mut self) -> &mut dyn BufferMemory {
@@ -331,17 +345,24 @@ impl Backend for CudaBackend {
         false
     }
 
-    fn buf_write(&mut self, addr: u64, src: &[u8]) -> Result<()> {
-        // SAFETY: `addr` is a live device block of at least src.len() bytes;
-        // src is registered (pinned) arena memory, so the copy runs at full
-        // PCIe speed and is complete when the call returns.
-        ck(unsafe { driver::memcpy_htod(addr, src) }, "cuMemcpyHtoD (put)")
+    fn copy_in(&mut self, addr: u64, src: *const u8, bytes: usize) -> Result<Ticket> {
+        let t = self.take_ticket();
+        self.paced.push(Dir::ToDevice, t, addr, src as usize, bytes);
+        self.poll_copies(&mut Vec::new()).map(|_| t)
     }
 
-    fn buf_read(&mut self, addr: u64, dst: &mut [u8]) -> Result<()> {
-        // SAFETY: as for buf_write. Whatever wrote the buffer has finished:
-        // the VM learns a buffer's id only from a completed job.
-        ck(unsafe { driver::memcpy_dtoh(dst, addr) }, "cuMemcpyDtoH (get)")
+    fn copy_out(&mut self, addr: u64, dst: *mut u8, bytes: usize) -> Result<Ticket> {
+        let t = self.take_ticket();
+        self.paced.push(Dir::ToHost, t, addr, dst as usize, bytes);
+        self.poll_copies(&mut Vec::new()).map(|_| t)
+    }
+
+    fn copies_in_flight(&self) -> usize {
+        self.paced.open()
+    }
+
+    fn set_pacing(&mut self, pacing: Pacing) {
+        self.paced.set_pacing(pacing);
     }
 }
 
@@ -365,6 +386,12 @@ impl Drop for CudaBackend {
             let _ = unsafe { driver::stream_destroy(s) };
         }
         let _ = unsafe { driver::stream_destroy(self.user_stream) };
+        for &s in &self.copy_streams {
+            let _ = unsafe { driver::stream_destroy(s) };
+        }
+        for &e in &self.spare_events {
+            let _ = unsafe { driver::event_destroy(e) };
+        }
         for m in self.user_mods.values() {
             let _ = unsafe { driver::module_unload(m.module) };
         }
