@@ -175,14 +175,13 @@ impl Buffers {
 
     /// A copy into buffer `id` has started (`landed` true: it has
     /// finished). While any is on its way, [`Buffers::lookup`] refuses the
-    /// buffer and [`Buffers::is_landing`] says why. A freed id is skipped.
+    /// buffer and [`Buffers::is_landing`] says why. A freed id is skipped;
+    /// so is the count of an id the VM freed and made again meanwhile
+    /// (never done by the VM, which does not reuse ids; a hostile one gets
+    /// nothing worse than its own buffer's contents).
     pub fn landing(&mut self, id: u64, landed: bool) {
         if let Some(b) = self.live.get_mut(&id) {
-            if landed {
-                b.landing -= 1;
-            } else {
-                b.landing += 1;
-            }
+            b.landing = if landed { b.landing.saturating_sub(1) } else { b.landing.saturating_add(1) };
         }
     }
 
