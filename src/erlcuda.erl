@@ -371,7 +371,10 @@ memory(N) ->
 %% CUDA split into `driver_load_us', `cuda_init_us', `context_us', `module_us' and the rest),
 %% `segments_us', `modules_us', with `total_us' their sum; `undefined'
 %% before the first ready; `segments_us' is the arena's registration with
-%% the GPU, which the NIF's pre-fault of the arena's pages shortens).
+%% the GPU, which the NIF's pre-fault of the arena's pages shortens), and
+%% `lane': how small jobs keep from waiting behind large ones on the GPU,
+%% `priority' (their launches go on a stream of the device's greatest
+%% priority) or `none' (the CPU backend, or a device with one priority).
 -spec devices() -> [map()].
 devices() ->
     case whereis(erlcuda_sup) of

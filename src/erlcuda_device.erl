@@ -143,7 +143,7 @@ init({Id, Backend, Probe}) ->
                   timer => undefined, started_at => undefined, name => <<>>,
                   restarts => 0, quick_fails => 0, up_since => undefined,
                   last_exit => undefined, ready_us => undefined, startup => undefined,
-                  startup_line => undefined},
+                  startup_line => undefined, lane => none},
             {ok, S, {continue, start}};
         {error, Reason} ->
             {stop, {open, Reason}}
@@ -399,6 +399,8 @@ output(Port, Line, _Meta, #{probe_port := Port} = S) ->
     S#{probe_line := Line};
 output(_Port, <<"startup ", Phases/binary>>, _Meta, #{step := ready} = S) ->
     S#{startup_line := Phases};
+output(_Port, <<"lane ", Lane/binary>>, _Meta, #{step := ready} = S) ->
+    S#{lane := lane(Lane)};
 output(_Port, <<"ready ", Name/binary>>, _Meta, #{step := ready} = S) ->
     ready(Name, S);
 output(_Port, <<"error ", _/binary>> = Line, _Meta, #{step := ready} = S) ->
@@ -472,9 +474,13 @@ emit_memory(#{id := Id, handle := H, os_pid := OsPid}) ->
     end.
 
 info_map(#{id := Id, backend := B, name := Name, os_pid := OsPid, status := St,
-           restarts := R, last_exit := LE, ready_us := RU, startup := SU}) ->
+           restarts := R, last_exit := LE, ready_us := RU, startup := SU, lane := L}) ->
     #{id => Id, backend => B, name => Name, os_pid => OsPid, status => St,
-      restarts => R, last_exit => LE, ready_us => RU, startup => SU}.
+      restarts => R, last_exit => LE, ready_us => RU, startup => SU, lane => L}.
+
+%% gpud's `lane' line: how small launches avoid waiting behind large ones.
+lane(<<"priority">>) -> priority;
+lane(_) -> none.
 
 %% gpud's `startup a=12 b=340 ... total=352' (microseconds; see
 %% gpud/src/startup.rs) as #{a_us => 12, ..., total_us => 352}, plus

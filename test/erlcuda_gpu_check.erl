@@ -39,6 +39,8 @@ main(Opts) ->
                        fun buffers/0),
                  check("device buffers: oom is an answer, frees come back", fun buffers_oom/0),
                  check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
+                 check("latency lane and paced copies: results bit-identical",
+                       fun() -> lane_and_pacing(Env) end),
                  [check("fault: GPU context poisoned on purpose", fun() -> fault(P, Env) end)
                   || {gpud_fault, P} <- Opts]]),
     Failed = [R || {fail, _, _} = R <- Results],
@@ -362,6 +364,30 @@ growth(Env) ->
             {ok, io_lib:format("~p segments, ~p results held, then busy", [Segs, length(Held)])};
         Other -> Other
     end.
+
+%% Small launches go on the latency lane (a stream of the greatest
+%% priority), large ones on the kernels' own streams: a small vector_add's
+%% result is bit-identical to the same elements of a large one. Puts and
+%% gets go in pieces: a put/get round trip gives back the very bytes, at
+%% the default pacing and at 64 KiB pieces, 3 in flight.
+lane_and_pacing(Env) ->
+    [#{lane := priority}] = erlcuda:devices(),
+    N = 1 bsl 21,
+    A = rand_bin(N), B = rand_bin(N),
+    {ok, Large} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+    {ok, Small} = erlcuda:launch_sync(vector_add, [binary:part(A, 0, 4000), binary:part(B, 0, 4000)]),
+    true = Small =:= binary:part(Large, 0, 4000),
+    V = rand_bin((1 bsl 24) + 7),
+    Round = fun() ->
+                    {ok, Buf} = erlcuda:put(V, [{timeout, 60000}]),
+                    {ok, Got} = erlcuda:get(Buf),
+                    ok = erlcuda:free(Buf),
+                    Got =:= V
+            end,
+    true = Round(),
+    ok = erlcuda_ref:start_app(Env ++ [{copy_piece_bytes, 65536}, {copies_in_flight, 3}]),
+    try true = Round() after ok = erlcuda_ref:start_app(Env) end,
+    ok.
 
 hold(A, B, Held) ->
     case erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]) of

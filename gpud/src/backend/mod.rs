@@ -150,6 +150,13 @@ pub trait Backend: ModuleLoader {
 
     /// Sets the copies' piece size and pieces in flight per direction.
     fn set_pacing(&mut self, pacing: pace::Pacing);
+
+    /// How small launches are kept from waiting behind large ones: `none`,
+    /// or `priority` (a stream of the greatest priority). gpud says it
+    /// before `ready`; `erlcuda:devices()` shows it.
+    fn lane(&self) -> &'static str {
+        "none"
+    }
 }
 
 /// Registers arena segments away from gpud's loop. Registered inline, a

@@ -121,6 +121,7 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     // Segments the arena grows by from now on are registered off the loop.
     d.segments.register_off_loop(&*d.backend, opts.device);
     announce(&phases.protocol_line())?;
+    announce(&format!("lane {}", d.backend.lane()))?;
     announce(&format!("ready {kind} {name}"))?;
     log!(
         Info,

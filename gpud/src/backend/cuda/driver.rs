@@ -199,8 +199,27 @@ pub(super) fn stream_create_non_blocking() -> DResult<sys::CUstream> {
     Ok(s)
 }
 
+/// The context's stream priorities: (least, greatest); greatest is the
+/// numerically lower (the GPU starts its blocks first).
+pub(super) fn stream_priority_range() -> DResult<(i32, i32)> {
+    let (mut least, mut greatest) = (0, 0);
+    // SAFETY: valid out-pointers; needs a current context.
+    check(unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) })?;
+    Ok((least, greatest))
+}
+
+/// A non-blocking stream of the given priority.
+pub(super) fn stream_create_with_priority(priority: i32) -> DResult<sys::CUstream> {
+    let mut s = ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    check(unsafe {
+        sys::cuStreamCreateWithPriority(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32, priority)
+    })?;
+    Ok(s)
+}
+
 /// # Safety
-/// `s` was created by [`stream_create_non_blocking`], is destroyed once, and
+/// `s` was created by [`stream_create_non_blocking`] (or with a priority), is destroyed once, and
 /// is not used afterwards.
 pub(super) unsafe fn stream_destroy(s: sys::CUstream) -> DResult<()> {
     check(unsafe { sys::cuStreamDestroy_v2(s) })

@@ -19,6 +19,13 @@ use crate::ops::{DevPtrs, DeviceLaunch, KernelOp, Placement};
 /// Dynamic shared memory a launch may use without opting in per function.
 pub(super) const SMEM_DEFAULT_MAX: u32 = 48 * 1024;
 
+/// A launch touching at most this many elements in all (every job's
+/// inputs and outputs; a matmul's multiply-adds) is small: it goes on the
+/// latency lane. 2^20 elements is a few microseconds of an H200's time,
+/// however many small jobs were coalesced into them. To be sized by the
+/// mixed-load benchmark (`bench/erlcuda_mixed_bench.erl`).
+const LANE_MAX_WORK: u64 = 1 << 20;
+
 /// Where a deliberately faulting job points (fault-injection builds only):
 /// nothing is ever mapped at device address 8.
 const FAULT_PTR: u64 = 0x8;
@@ -230,8 +237,14 @@ impl CudaBackend {
     }
 
     /// The entry, stream and opened-up shared memory of a launch's kernel;
-    /// a built-in kernel's launches take its streams in turn.
-    fn entry(&mut self, kernel: KernelRef, ty: ElemType) -> (sys::CUfunction, sys::CUstream, u32) {
+    /// a built-in kernel's launches take its streams in turn, a small
+    /// launch (`small`) the latency lane's where there is one.
+    fn entry(&mut self, kernel: KernelRef, ty: ElemType, small: bool) -> (sys::CUfunction, sys::CUstream, u32) {
+        let (f, stream, smem) = self.entry_stream(kernel, ty);
+        (f, if small && !self.lane_stream.is_null() { self.lane_stream } else { stream }, smem)
+    }
+
+    fn entry_stream(&mut self, kernel: KernelRef, ty: ElemType) -> (sys::CUfunction, sys::CUstream, u32) {
         match kernel {
             KernelRef::Builtin(k) => {
                 let i = kidx(k);
@@ -265,7 +278,8 @@ impl CudaBackend {
         let op = launch.op;
         let jobs = launch.jobs;
         let slot_i = self.free_slot()?;
-        let (f, stream, smem_max) = self.entry(kernel, launch.ty);
+        let work: u64 = jobs.iter().map(Job::work).fold(0, u64::saturating_add);
+        let (f, stream, smem_max) = self.entry(kernel, launch.ty, work <= LANE_MAX_WORK);
         if f.is_null() {
             return Err(Error::Device(format!("no entry for {kernel:?} on {:?}", launch.ty)));
         }
