@@ -236,6 +236,14 @@ static ERL_NIF_TERM nif_signature(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     return signature_term(env, argv[0], argv[1]);
 }
 
+/* user_kernel(Row): a user's kernel, read once when its module is loaded
+ * (kernels.c). */
+static ERL_NIF_TERM nif_user_kernel(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    return make_user_kernel(env, argv[0]);
+}
+
 static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
 {
     (void)priv;
@@ -254,7 +262,10 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     ErlNifResourceTypeInit binit = {.dtor = buffer_dtor, .members = 1};
     BUFFER_RT = enif_init_resource_type(env, "erlcuda_buffer", &binit,
                                         ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
-    if (!DEVICE_RT || !REGION_RT || !BUFFER_RT)
+    /* A user's parsed kernel: plain memory, nothing to destroy. */
+    KERNEL_RT = enif_open_resource_type(env, NULL, "erlcuda_kernel", NULL,
+                                        ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    if (!DEVICE_RT || !REGION_RT || !BUFFER_RT || !KERNEL_RT)
         return -1;
     /* Last: a failed load gets no unload, so it must hold nothing. info:
      * the app env copy_threads, 0 for the default (erlcuda_nif:init/0). */
@@ -295,6 +306,7 @@ static ErlNifFunc nif_funcs[] = {
     {"await_spin", 2, nif_await_spin, 0},
     {"kernels", 0, nif_kernels, 0},
     {"signature", 2, nif_signature, 0},
+    {"user_kernel", 1, nif_user_kernel, 0},
     {"module_op", 4, nif_module_op, 0},
     {"module_gen", 2, nif_module_gen, 0},
     {"put", 2, nif_put, 0},

@@ -261,10 +261,11 @@ struct vec {
 };
 
 /* A kernel as the NIF uses it: a row of the table (erlcuda_ring.h), made
- * once at load, or a user's kernel, described by the Erlang side from its
- * module's manifest on every submit (user_kernel in kernels.c). Either way
- * its signature is a struct sig (signature.h), and parse_args checks a
- * call against it alone. */
+ * once at load, or a user's kernel, made once when its module is loaded
+ * (make_user_kernel in kernels.c) and kept in a KERNEL_RT resource that
+ * every launch of it passes. Either way its signature is a struct sig
+ * (signature.h), and parse_args checks a call against it alone. Never
+ * written after it is made: submits on every scheduler read it at once. */
 struct kernel_info {
     ERL_NIF_TERM atom; /* built-ins: the name */
     struct sig sig;
@@ -278,10 +279,15 @@ struct kernel_info {
     const char *args_text, *outs_text; /* built-ins: the row's signature */
     /* Users' kernels only (user != 0): the id, the module slot and the
      * generation it was loaded as (a submit checks it is still the live
-     * one), and the launch options (EC_OPT_* in `given`). */
+     * one). */
     int user;
     uint32_t id, slot, gen;
-    uint32_t grid, block, shared_bytes, given;
+};
+
+/* A user's launch options, which differ from call to call of one kernel:
+ * EC_OPT_* in `given`, the others 0 where not given. */
+struct launch_opts {
+    uint32_t given, grid, block, shared_bytes;
 };
 
 /* A user's kernel's shape, past the table's: its job travels as an
@@ -469,10 +475,18 @@ ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j);
 int kernels_load(ErlNifEnv *env);
 /* The built-in kernel an atom names, or NULL when it names none. */
 const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
-/* Reads a user's kernel as the Erlang side describes it (erlcuda_modules):
- * {Id, Slot, Gen, Args, Outs, Blocks, Types, {Given, Grid, Block, SharedBytes}}.
- * Returns 0 when the term is not one. */
-int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki);
+/* user_kernel(Row) -> {ok, Kernel} | {error, Why}: a user's kernel as
+ * erlcuda_modules describes it when its module is loaded, {Id, Slot, Gen,
+ * Args, Outs, Blocks, Types}, read and checked into a KERNEL_RT resource.
+ * {error, Why}: the blocks length does not read against the signature (Why:
+ * the reader's message); badarg for a row that is not one. */
+ERL_NIF_TERM make_user_kernel(ErlNifEnv *env, ERL_NIF_TERM row);
+extern ErlNifResourceType *KERNEL_RT;
+/* A launch's user kernel, {Kernel, {Given, Grid, Block, SharedBytes}}:
+ * *ki points into Kernel's resource, alive while the term is. Returns 0
+ * when the term is not one. */
+int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
+                struct launch_opts *o);
 /* The live generation of module slot `slot` (0: none); set by
  * erlcuda_nif:module_gen/2. A submit of a user's kernel publishes only while
  * its generation is live, checked under sq_lock (publish_checked). */

@@ -1,7 +1,7 @@
 /*
  * kernels.c: the kernels as the NIF knows them. The built-in rows of the
- * ring header, parsed once at load; a user's kernel as erlcuda_modules
- * describes it on each submit; module generations; and both as Erlang
+ * ring header, parsed once at load; a user's kernel, parsed once when
+ * erlcuda_modules loads its module; module generations; and both as Erlang
  * terms (kernels/0, signature/2). Every signature goes through
  * sig_parse (signature.c), the VM's one reader of the language.
  */
@@ -50,50 +50,78 @@ void set_module_gen(uint32_t slot, uint32_t gen)
         __atomic_store_n(&MODULE_GEN[slot], gen, __ATOMIC_SEQ_CST);
 }
 
-/* {Id, Slot, Gen, Args, Outs, Blocks, Types, {Given, Grid, Block,
- * SharedBytes}}: built by erlcuda_modules from the manifest (Blocks: the
- * length inside its `blocks` rule), checked here again (a wrong one must
- * not reach gpud). */
-int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, struct kernel_info *ki)
+ErlNifResourceType *KERNEL_RT;
+
+/* {Id, Slot, Gen, Args, Outs, Blocks, Types}: built by erlcuda_modules from
+ * the manifest (Blocks: the length inside its `blocks` rule), whose
+ * signature it has read with signature/2 already; checked here again, once,
+ * when the module is loaded, so a wrong one never reaches gpud. The blocks
+ * rule is first read here: a kernel whose blocks length does not read
+ * against its signature could judge no call, so its module is refused. */
+ERL_NIF_TERM make_user_kernel(ErlNifEnv *env, ERL_NIF_TERM row)
 {
-    const ERL_NIF_TERM *e, *o;
-    int arity, oarity;
-    unsigned id, slot, gen, types, given, grid, block, shared;
+    const ERL_NIF_TERM *e;
+    int arity;
+    unsigned id, slot, gen, types;
     ErlNifBinary args, outs, blocks;
     const char *why;
-    if (!enif_get_tuple(env, t, &arity, &e) || arity != 8 || !enif_get_uint(env, e[0], &id) ||
+    if (!enif_get_tuple(env, row, &arity, &e) || arity != 7 || !enif_get_uint(env, e[0], &id) ||
         !enif_get_uint(env, e[1], &slot) || !enif_get_uint(env, e[2], &gen) ||
         !enif_inspect_binary(env, e[3], &args) || !enif_inspect_binary(env, e[4], &outs) ||
-        !enif_inspect_binary(env, e[5], &blocks) ||
-        !enif_get_uint(env, e[6], &types) || !enif_get_tuple(env, e[7], &oarity, &o) ||
-        oarity != 4 || !enif_get_uint(env, o[0], &given) || !enif_get_uint(env, o[1], &grid) ||
-        !enif_get_uint(env, o[2], &block) || !enif_get_uint(env, o[3], &shared))
-        return 0;
+        !enif_inspect_binary(env, e[5], &blocks) || !enif_get_uint(env, e[6], &types))
+        return enif_make_badarg(env);
     if (slot >= EC_MODULE_SLOTS || gen == 0 || id < EC_USER_KERNEL_BASE ||
-        (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS != slot || types >= (1u << EC_TYPE_COUNT) ||
-        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES)) != 0)
-        return 0;
+        (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS != slot || types >= (1u << EC_TYPE_COUNT))
+        return enif_make_badarg(env);
+    struct kernel_info *ki = enif_alloc_resource(KERNEL_RT, sizeof *ki);
+    if (!ki)
+        return make_error(env, ATOM_enomem);
+    memset(ki, 0, sizeof *ki);
+    ki->has_blocks = blocks.size > 0;
+    ERL_NIF_TERM result = 0;
     if (sig_parse((const char *)args.data, args.size, (const char *)outs.data, outs.size, &ki->sig,
                   &why) != 0 ||
-        (ki->sig.uses_t != (types != 0)))
+        ki->sig.uses_t != (types != 0)) {
+        result = enif_make_badarg(env);
+    } else if (ki->has_blocks &&
+               sig_parse_len(&ki->sig, (const char *)blocks.data, blocks.size, &ki->blocks,
+                             &why) != 0) {
+        size_t n = strlen(why);
+        memcpy(enif_make_new_binary(env, n, &result), why, n);
+        result = make_error(env, result);
+    }
+    if (!result) {
+        ki->shape = SHAPE_USER;
+        ki->types = types;
+        ki->entry = "";
+        ki->user = 1;
+        ki->id = id;
+        ki->slot = slot;
+        ki->gen = gen;
+        result = enif_make_tuple2(env, ATOM_ok, enif_make_resource(env, ki));
+    }
+    enif_release_resource(ki);
+    return result;
+}
+
+int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
+                struct launch_opts *o)
+{
+    const ERL_NIF_TERM *e, *opt;
+    int arity, oarity;
+    void *res;
+    unsigned given, grid, block, shared;
+    if (!enif_get_tuple(env, t, &arity, &e) || arity != 2 ||
+        !enif_get_resource(env, e[0], KERNEL_RT, &res) || !enif_get_tuple(env, e[1], &oarity, &opt) ||
+        oarity != 4 || !enif_get_uint(env, opt[0], &given) || !enif_get_uint(env, opt[1], &grid) ||
+        !enif_get_uint(env, opt[2], &block) || !enif_get_uint(env, opt[3], &shared) ||
+        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES)) != 0)
         return 0;
-    ki->has_blocks = blocks.size > 0;
-    if (ki->has_blocks &&
-        sig_parse_len(&ki->sig, (const char *)blocks.data, blocks.size, &ki->blocks, &why) != 0)
-        return 0;
-    ki->atom = 0;
-    ki->shape = SHAPE_USER;
-    ki->types = types;
-    ki->entry = "";
-    ki->args_text = ki->outs_text = NULL;
-    ki->user = 1;
-    ki->id = id;
-    ki->slot = slot;
-    ki->gen = gen;
-    ki->given = given;
-    ki->grid = given & EC_OPT_GRID ? grid : 0;
-    ki->block = given & EC_OPT_BLOCK ? block : 0;
-    ki->shared_bytes = given & EC_OPT_SHARED_BYTES ? shared : 0;
+    *ki = res;
+    o->given = given;
+    o->grid = given & EC_OPT_GRID ? grid : 0;
+    o->block = given & EC_OPT_BLOCK ? block : 0;
+    o->shared_bytes = given & EC_OPT_SHARED_BYTES ? shared : 0;
     return 1;
 }
 

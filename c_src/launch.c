@@ -50,13 +50,11 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     /* `buffer`: the outputs stay on the device, new buffers. */
     int out_buf = enif_is_identical(argv[3], ATOM_buffer);
     struct job_spec s;
-    struct kernel_info user;
+    struct launch_opts opts = {0, 0, 0, 0};
     memset(&s, 0, sizeof s);
     s.ki = builtin_kernel(env, argv[1]);
-    if (!s.ki && user_kernel(env, argv[1], &user) && flags == 0) {
-        s.ki = &user;
+    if (!s.ki && flags == 0 && user_kernel(env, argv[1], &s.ki, &opts))
         flags = EC_FLAG_ARGS;
-    }
     if (!s.ki) {
         *result = make_error(env, enif_make_tuple2(env, ATOM_unknown_kernel, argv[1]));
         return 0;
@@ -219,10 +217,10 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         }
         memcpy(ja->param, s.param, sizeof ja->param);
         ja->buffers = bufs;
-        ja->given = s.ki->given;
-        ja->grid = s.ki->grid;
-        ja->block = s.ki->block;
-        ja->shared_bytes = s.ki->shared_bytes;
+        ja->given = opts.given;
+        ja->grid = opts.grid;
+        ja->block = opts.block;
+        ja->shared_bytes = opts.shared_bytes;
         sqe.in0 = region_addr(&j->in);
         sqe.in0_len = EC_JOB_ARGS_BYTES;
     } else {

@@ -470,17 +470,17 @@ device(default, [_ | T]) -> device(default, T);
 device(default, _) -> 0;
 device(N, _) -> N.
 
-%% A user's kernel: its row from the module registry, with the launch
-%% options. `stale_kernel': the module was replaced between the lookup and
-%% the submit; the new one is published already, so look again.
+%% A user's kernel: the NIF's kernel from the module registry, with the
+%% launch options. `stale_kernel': the module was replaced between the
+%% lookup and the submit; the new one is published already, so look again.
 submit_user(H, {Mod, K} = Kernel, Args, Launch, {Flags, Ref} = FR, Tries) ->
     case erlcuda_modules:lookup(Mod, K) of
         undefined ->
             {error, {unknown_kernel, Kernel}};
-        {Row, BlockRule} ->
+        {UserKernel, BlockRule} ->
             case launch_opts(Launch, BlockRule) of
                 {ok, Opts} ->
-                    case nif_submit(H, erlang:append_element(Row, Opts), Args, Flags, Ref) of
+                    case nif_submit(H, {UserKernel, Opts}, Args, Flags, Ref) of
                         {error, stale_kernel} when Tries > 0 -> submit_user(H, Kernel, Args, Launch, FR, Tries - 1);
                         {error, stale_kernel} -> {error, {unknown_kernel, Kernel}};
                         Other -> Other

@@ -6,9 +6,11 @@
 %% `module.ptx' (the device code) and `host.so' (the CPU backend's code).
 %%
 %% Where things live:
-%%   persistent_term {erlcuda_modules, Name}  #{Kernel => Row}: the launch
-%%       path's lookup, no message to this server. Row is what the NIF takes
-%%       (erlcuda_nif:submit/4 with a user's kernel) less the launch options.
+%%   persistent_term {erlcuda_modules, Name}  #{Kernel => {K, Info}}: the
+%%       launch path's lookup, no message to this server. K is the kernel as
+%%       the NIF read and checked it when the module was loaded
+%%       (erlcuda_nif:user_kernel/1); a launch passes {K, LaunchOpts} to
+%%       erlcuda_nif:submit/4, so no launch reads a signature's text.
 %%   ETS erlcuda_modules  {Slot, Dir}: every slot a gpud must load; the device
 %%       servers pass them to each gpud they start (`--module Slot:Dir'), so a
 %%       restarted gpud has them before it drains a single job.
@@ -53,12 +55,12 @@ load(Name, _) ->
 unload(Name) ->
     call({unload, Name}).
 
-%% @doc The NIF's description of kernel `K' of module `Name' and its block rule,
-%% or `undefined'.
--spec lookup(term(), term()) -> {tuple(), any | warps | pow2} | undefined.
+%% @doc The NIF's kernel `K' of module `Name' and its block rule, or
+%% `undefined'.
+-spec lookup(term(), term()) -> {reference(), any | warps | pow2} | undefined.
 lookup(Name, K) ->
     case persistent_term:get({?MODULE, Name}, undefined) of
-        #{K := {Row, #{block_rule := Rule}}} -> {Row, Rule};
+        #{K := {Kernel, #{block_rule := Rule}}} -> {Kernel, Rule};
         _ -> undefined
     end.
 
@@ -139,20 +141,23 @@ int(B, Name) ->
     catch error:badarg -> throw({Name, {not_an_integer, B}})
     end.
 
-%% The row the NIF takes ({Id, Slot, Gen, Args, Outs, BlocksLength,
-%% TypesMask}, to which a launch appends its options) and the map kernels/0
-%% shows.
+%% The kernel as the NIF reads it once (from {Id, Slot, Gen, Args, Outs,
+%% BlocksLength, TypesMask}) and the map kernels/0 shows. Throws
+%% {KernelName, {blocks, Why}} when the blocks length does not read.
 row(Name, Slot, Gen, I, #{name := K, args_text := A, outs_text := O, types := Types,
                           blocks := Blocks} = D) ->
     Id = ?USER_KERNEL_BASE + Slot * ?MODULE_KERNELS + I,
     Mask = lists:foldl(fun(T, Acc) -> Acc bor (1 bsl type_id(T)) end, 0, Types),
-    Row = {Id, Slot, Gen, A, O, blocks_length(Blocks), Mask},
+    Kernel = case erlcuda_nif:user_kernel({Id, Slot, Gen, A, O, blocks_length(Blocks), Mask}) of
+                 {ok, Parsed} -> Parsed;
+                 {error, Why} -> throw({atom_to_binary(K), {blocks, Why}})
+             end,
     Info = #{name => {Name, K}, id => Id, args => maps:get(args, D),
              outputs => maps:get(outputs, D), types => Types, shape => user,
              entry => atom_to_binary(K), accumulate => type,
              blocks => maps:get(blocks, D), threads => maps:get(threads, D),
              block_rule => maps:get(block_rule, D), shared => maps:get(shared, D)},
-    {K, {Row, Info}}.
+    {K, {Kernel, Info}}.
 
 %% The length inside a `blocks' rule: `elements(L)', `chunks(L)' or `L'.
 blocks_length(B) ->
@@ -210,29 +215,34 @@ terminate(_Why, #{modules := Mods}) ->
 %% Answers of operations that timed out earlier.
 handle_info(_, S) -> {noreply, S}.
 
-load_parsed(Name, Dir, Decls, #{modules := Mods, next_gen := Gen} = S) ->
+load_parsed(Name, Dir, Decls, #{next_gen := Gen} = S) ->
     case free_slot() of
         none ->
             {reply, {error, no_module_slot}, S};
         Slot ->
-            true = ets:insert(?TABLE, {Slot, Dir}),
-            case on_every_device(load, Slot, Dir) of
-                ok ->
-                    ok = erlcuda_nif:module_gen(Slot, Gen),
-                    Ks = maps:from_list([row(Name, Slot, Gen, I, D)
-                                         || {I, D} <- lists:enumerate(0, Decls)]),
-                    persistent_term:put({?MODULE, Name}, Ks),
-                    case Mods of
-                        #{Name := Old} -> retire(Old);
-                        _ -> ok
-                    end,
-                    {reply, ok, S#{modules := Mods#{Name => #{slot => Slot, gen => Gen, dir => Dir}},
-                                   next_gen := Gen + 1}};
-                {error, _} = E ->
-                    _ = on_every_device(unload, Slot, ""),
-                    ets:delete(?TABLE, Slot),
-                    {reply, E, S#{next_gen := Gen + 1}}
+            try maps:from_list([row(Name, Slot, Gen, I, D) || {I, D} <- lists:enumerate(0, Decls)]) of
+                Ks -> load_kernels(Name, Dir, Slot, Ks, S)
+            catch throw:Why -> {reply, {error, {manifest, Why}}, S}
             end
+    end.
+
+%% Ks: the module's kernels, read by the NIF before any device loads it.
+load_kernels(Name, Dir, Slot, Ks, #{modules := Mods, next_gen := Gen} = S) ->
+    true = ets:insert(?TABLE, {Slot, Dir}),
+    case on_every_device(load, Slot, Dir) of
+        ok ->
+            ok = erlcuda_nif:module_gen(Slot, Gen),
+            persistent_term:put({?MODULE, Name}, Ks),
+            case Mods of
+                #{Name := Old} -> retire(Old);
+                _ -> ok
+            end,
+            {reply, ok, S#{modules := Mods#{Name => #{slot => Slot, gen => Gen, dir => Dir}},
+                           next_gen := Gen + 1}};
+        {error, _} = E ->
+            _ = on_every_device(unload, Slot, ""),
+            ets:delete(?TABLE, Slot),
+            {reply, E, S#{next_gen := Gen + 1}}
     end.
 
 %% No submit can name the old generation any more once it is not live; the

@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, signature/2, put/2, put/3, get/1, get/2, free/1,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, get/1, get/2, free/1,
          buffer_info/1]).
 
 -on_load(init/0).
@@ -120,6 +120,13 @@ kernels() -> ?NOT_LOADED.
 %% arguments and outputs as kernels/0 describes them, and whether it uses T.
 -spec signature(binary(), binary()) -> {ok, [map()], [map()], boolean()} | {error, binary()}.
 signature(_Args, _Outs) -> ?NOT_LOADED.
+
+%% A user's kernel `{Id, Slot, Gen, Args, Outs, BlocksLength, TypesMask}'
+%% (erlcuda_modules) read and checked once, when its module is loaded: a
+%% launch passes `{Kernel, LaunchOpts}' to submit/4,5. `{error, Why}': its
+%% blocks length does not read against its signature.
+-spec user_kernel(tuple()) -> {ok, reference()} | {error, binary()}.
+user_kernel(_Row) -> ?NOT_LOADED.
 
 %% @doc Queues a put: the vector goes to a new device buffer; the answer is
 %% `{erlcuda, Ref, {ok, Buf} | {error, Reason}}'.

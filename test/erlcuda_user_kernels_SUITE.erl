@@ -12,7 +12,8 @@
 all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, coalesced,
      coalesced_1000_callers,
-     replace_while_in_flight, unload, back_after_restart, load_errors, host_panic, host_segfault,
+     replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
+     host_segfault,
      growth_under_load].
 
 init_per_suite(Config) ->
@@ -125,6 +126,43 @@ unload(_) ->
     {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
     ok.
 
+%% A launch passes the NIF the kernel it read when the module was loaded.
+%% That kernel from a replaced or unloaded module is refused with
+%% `stale_kernel' (erlcuda:launch/3 looks again on it); any other term,
+%% even a description of a live kernel in the form launches once passed,
+%% with `unknown_kernel', and nothing runs.
+kernel_terms(_) ->
+    Dir = erlcuda_user_check:dir(example),
+    H = erlcuda_device:handle(0),
+    Args = [[3.0], 0.0, 1.0],
+    NoOpts = {0, 0, 0, 0},
+    ok = erlcuda:load_module(example3, Dir),
+    {Old, any} = erlcuda_modules:lookup(example3, clamp),
+    ?assertEqual({ok, [1.0]}, submit(H, {Old, NoOpts}, Args)),
+    [#{id := Id}] = [K || K = #{name := {example3, clamp}} <- erlcuda:kernels()],
+    #{modules := #{example3 := #{slot := Slot, gen := Gen}}} = sys:get_state(erlcuda_modules),
+    Row = {Id, Slot, Gen, <<"x:v:T:n,lo:s:T,hi:s:T">>, <<"out:o:T:n">>, <<"n">>, 3, NoOpts},
+    #{submitted := Submitted} = erlcuda:stats(0),
+    Forged = [Row, {make_ref(), NoOpts}, {H, NoOpts}, Old, {Old, {8, 0, 0, 0}}, {Old, {0, 0, 0}},
+              {Old, NoOpts, x}],
+    [?assertEqual({error, {unknown_kernel, F}}, erlcuda_nif:submit(H, F, Args, 0)) || F <- Forged],
+    ?assertEqual({error, {unknown_kernel, {Old, NoOpts}}}, erlcuda_nif:submit(H, {Old, NoOpts}, Args, fault)),
+    ?assertMatch(#{submitted := Submitted}, erlcuda:stats(0)),
+    ok = erlcuda:load_module(example3, Dir),
+    ?assertEqual({error, stale_kernel}, erlcuda_nif:submit(H, {Old, NoOpts}, Args, 0)),
+    {New, any} = erlcuda_modules:lookup(example3, clamp),
+    ?assertEqual({ok, [1.0]}, submit(H, {New, NoOpts}, Args)),
+    ok = erlcuda:unload_module(example3),
+    ?assertEqual({error, stale_kernel}, erlcuda_nif:submit(H, {New, NoOpts}, Args, 0)),
+    ?assertEqual({error, {unknown_kernel, {example3, clamp}}}, erlcuda:launch_sync({example3, clamp}, Args)),
+    ok.
+
+submit(H, Kernel, Args) ->
+    {ok, Ref} = erlcuda_nif:submit(H, Kernel, Args, 0),
+    receive {erlcuda, Ref, Result} -> Result
+    after 5000 -> ct:fail({no_answer, Kernel})
+    end.
+
 %% kill -9 of gpud: the next gpud loads the module before it serves.
 back_after_restart(_) ->
     Old = os_pid(),
@@ -163,6 +201,13 @@ load_errors(Config) ->
                          <<"erlcuda-module 2\nkernel k types=f32 args=x:v:T:n*2 outs=y:o:T:n "
                            "blocks=1 threads=32 block_rule=any shared=0\n">>),
     {error, {manifest, {<<"k">>, {signature, _}}}} = erlcuda:load_module(bad, Bad),
+    %% A blocks rule whose length names nothing of the signature: no call of
+    %% it could be judged, so the module is refused before any device loads it.
+    ok = file:write_file(filename:join(Bad, "manifest"),
+                         <<"erlcuda-module 2\nkernel k types=f32 args=x:v:T:n outs=y:o:T:n "
+                           "blocks=elements(m) threads=32 block_rule=any shared=0\n">>),
+    {error, {manifest, {<<"k">>, {blocks, Why3}}}} = erlcuda:load_module(bad, Bad),
+    ct:pal("blocks=elements(m): ~ts", [Why3]),
     %% Nothing of them stayed; the example still runs.
     [] = [K || K = #{name := {M, _}} <- erlcuda:kernels(), lists:member(M, [nohost, ghost, bad])],
     {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
