@@ -119,7 +119,7 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     }
     phases.mark("modules");
     // Segments the arena grows by from now on are registered off the loop.
-    d.segments.register_off_loop(&*d.backend, opts.device);
+    d.segments.register_off_loop();
     announce(&phases.protocol_line())?;
     announce(&format!("lane {}", d.backend.lane()))?;
     announce(&format!("ready {kind} {name}"))?;

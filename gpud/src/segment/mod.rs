@@ -93,8 +93,11 @@ pub struct Segments {
     /// The socket said EOF (or an empty message, which reads the same):
     /// nothing after it is read, whichever call saw it.
     closed: bool,
-    /// Registers segments off gpud's loop, once it serves.
+    /// Registers segments off gpud's loop, once it serves: started with
+    /// the first segment that comes then (`off_loop`), so a gpud whose
+    /// arena never grows holds no thread and no fd for it.
     registrar: Option<register::RegisterThread>,
+    off_loop: bool,
     /// Mapped and handed to `registrar`, not registered yet.
     registering: Vec<(usize, Mapping, Instant)>,
 }
@@ -112,6 +115,7 @@ impl Segments {
             populating: Vec::new(),
             closed: false,
             registrar: None,
+            off_loop: false,
             registering: Vec::new(),
         }
     }
@@ -149,13 +153,24 @@ impl Segments {
     /// [`register_off_loop`](Segments::register_off_loop) was called) asks
     /// the registration thread to. `Err` only when the backend fails.
     pub fn receive(&mut self, sock: &OwnedFd, backend: &mut dyn Backend, device: u32) -> Result<SockState> {
-        self.read_queued(sock, device, |me, seg, m| match &me.registrar {
-            Some(r) => {
-                r.request(seg, m.base(), m.len() as u64);
-                me.registering.push((seg, m, Instant::now()));
-                Ok(())
+        self.read_queued(sock, device, |me, seg, m| {
+            if me.off_loop && me.registrar.is_none() {
+                match register::RegisterThread::start(backend.registrar(), device) {
+                    Ok(t) => me.registrar = Some(t),
+                    Err(e) => {
+                        log!(Warning, "gpud[{device}]: segments will be registered inline: {e}");
+                        me.off_loop = false;
+                    }
+                }
             }
-            None => me.install(seg, m, backend, device),
+            match &me.registrar {
+                Some(r) => {
+                    r.request(seg, m.base(), m.len() as u64);
+                    me.registering.push((seg, m, Instant::now()));
+                    Ok(())
+                }
+                None => me.install(seg, m, backend, device),
+            }
         })
     }
 
@@ -163,11 +178,8 @@ impl Segments {
     /// backend's [`Registrar`](crate::backend::Registrar)), and
     /// [`adopt`](Segments::adopt) makes them known. Where no thread can be
     /// started they are registered inline, as before.
-    pub fn register_off_loop(&mut self, backend: &dyn Backend, device: u32) {
-        match register::RegisterThread::start(backend.registrar(), device) {
-            Ok(t) => self.registrar = Some(t),
-            Err(e) => log!(Warning, "gpud[{device}]: segments will be registered inline: {e}"),
-        }
+    pub fn register_off_loop(&mut self) {
+        self.off_loop = true;
     }
 
     /// Ends the registration thread (after the registration it is doing):

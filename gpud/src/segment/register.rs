@@ -45,7 +45,7 @@ pub struct RegisterThread {
     /// Results sent and not taken yet: a load, where gpud's loop looks
     /// every turn.
     unread: Arc<AtomicUsize>,
-    efd: OwnedFd,
+    efd: Arc<OwnedFd>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -57,12 +57,10 @@ impl RegisterThread {
         if raw < 0 {
             return Err(Error::Sys { what: "eventfd (registration)", errno: nix::errno::Errno::last() });
         }
-        // SAFETY: just created, owned by nobody else.
-        let efd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let wake = efd.try_clone().map_err(|e| Error::Sys {
-            what: "dup eventfd (registration)",
-            errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-        })?;
+        // SAFETY: just created, owned by nobody else. One fd for both
+        // ends (gpud holds no more fds than it needs).
+        let efd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let wake = Arc::clone(&efd);
         let (req_tx, req_rx) = mpsc::channel::<Request>();
         let (done_tx, done_rx) = mpsc::channel::<Done>();
         let unread = Arc::new(AtomicUsize::new(0));
@@ -81,7 +79,7 @@ impl RegisterThread {
                     }
                     // SAFETY: 8 bytes from a live u64 into our own eventfd.
                     let one = 1u64;
-                    unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&wake), (&one as *const u64).cast(), 8) };
+                    unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&*wake), (&one as *const u64).cast(), 8) };
                 }
             })
             .map_err(|e| Error::Sys {
@@ -128,7 +126,7 @@ impl RegisterThread {
     pub fn clear(&self) {
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd.
-        unsafe { libc::read(std::os::fd::AsRawFd::as_raw_fd(&self.efd), (&mut v as *mut u64).cast(), 8) };
+        unsafe { libc::read(std::os::fd::AsRawFd::as_raw_fd(&*self.efd), (&mut v as *mut u64).cast(), 8) };
     }
 }
 
