@@ -5,17 +5,24 @@
 //! model. Any panic, sanitizer report or hang is a finding.
 //!
 //! - [`descriptor`]: `ec_sqe`s and segment tables -> `descriptor::validate`,
-//!   checked against a reference validator written in u128 arithmetic, plus
-//!   `coalesce::independent` against brute force.
-//! - [`ring`]: a whole ring (header counters, SQ entries, CQ state, arena,
-//!   optionally a queued segment message) in a heap buffer laid out like the
-//!   memfd; one `Daemon::process_drain` + reaps with the CPU backend.
+//!   built-ins' and users' jobs (records of users' kernels, fixed ones and
+//!   one whose signature the input makes), checked against reference
+//!   validators written in u128 arithmetic, plus `coalesce::independent`
+//!   against brute force.
+//! - [`ring`]: a whole ring (header counters, SQ entries, CQ state, arena
+//!   with users' job records, optionally a queued segment message) in a
+//!   heap buffer laid out like the memfd, the fixed module of users'
+//!   kernels loaded as the VM loads one; one `Daemon::process_drain` +
+//!   reaps with the CPU backend.
 //! - [`segment`]: segment messages with real fds on a socketpair ->
 //!   `Segments::receive`.
 
 pub mod descriptor;
+pub mod host;
+pub mod module;
 pub mod ring;
 pub mod segment;
+pub mod userjob;
 
 use gpud::layout::{
     ElemType, Kernel, Sqe, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_LOAD_MODULE, EC_CONTROL_UNLOAD_MODULE,
@@ -70,9 +77,10 @@ pub fn sqe_from_bytes(b: &[u8; 64]) -> Sqe {
 
 /// One descriptor: either 64 raw bytes, or (more often) one built from a
 /// few bytes to be nearly right, so that the address, overlap and
-/// coalescing paths are reached and not only the kernel and shape checks.
-pub fn gen_sqe(c: &mut Cursor<'_>) -> Sqe {
-    let mut s = gen_any(c);
+/// coalescing paths are reached and not only the kernel and shape checks;
+/// or, in place of half the raw ones, a user's job that `user` makes.
+pub fn gen_sqe(c: &mut Cursor<'_>, user: &mut dyn FnMut(&mut Cursor<'_>) -> Sqe) -> Sqe {
+    let mut s = gen_any(c, user);
     // Control descriptors (load/unload a module from a path) are left to
     // the e2e tests: here they would read module files off disk.
     if matches!(s.kernel, EC_CONTROL_LOAD_MODULE | EC_CONTROL_UNLOAD_MODULE) {
@@ -81,9 +89,12 @@ pub fn gen_sqe(c: &mut Cursor<'_>) -> Sqe {
     s
 }
 
-fn gen_any(c: &mut Cursor<'_>) -> Sqe {
+fn gen_any(c: &mut Cursor<'_>, user: &mut dyn FnMut(&mut Cursor<'_>) -> Sqe) -> Sqe {
     let mode = c.u8();
     if mode.is_multiple_of(4) {
+        if mode & 4 != 0 {
+            return user(c);
+        }
         return sqe_from_bytes(&c.bytes::<64>());
     }
     let nk = Kernel::ALL.len() as u16;
