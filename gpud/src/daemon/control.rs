@@ -95,10 +95,15 @@ impl Daemon {
             return Vec::new();
         }
         match Region::new(sqe.in0, sqe.in0_len, ElemType::S64, self.segments.sizes()) {
-            // SAFETY: a validated region of 8-byte elements, the descriptor's own.
-            Ok(r) => unsafe { self.segments.arena().input::<u64>(r) }.to_vec(),
+            Ok(r) => self.ids_in(r),
             Err(_) => Vec::new(),
         }
+    }
+
+    /// The buffer ids in `r`, a validated region of a free's 8-byte ids.
+    fn ids_in(&self, r: Region) -> Vec<u64> {
+        // SAFETY: validated, of 8-byte elements, the descriptor's own.
+        unsafe { self.segments.arena().input::<u64>(r) }.to_vec()
     }
 
     pub(super) fn run_buffer_control(&mut self, sqe: &Sqe) -> Result<Ctl> {
@@ -160,10 +165,7 @@ impl Daemon {
                     return Ok(Ctl::Answer(Status::BadShape));
                 }
                 let ids = region!(sqe.in0, sqe.in0_len, ty);
-                let arena = self.segments.arena();
-                // SAFETY: a validated region of 8-byte elements, the
-                // descriptor's own.
-                let ids: Vec<u64> = unsafe { arena.input::<u64>(ids) }.to_vec();
+                let ids = self.ids_in(ids);
                 let drain = self.next_drain;
                 for id in ids {
                     self.buffers.free(id, drain);
