@@ -21,6 +21,39 @@ fn eventfd() -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)) }
 }
 
+/// A ring in a zeroed heap buffer: an SQ of `sq` entries at 4096, the CQ
+/// of `cq` behind it, then `arena_bytes` of arena.
+struct HeapRing {
+    base: NonNull<u8>,
+    layout: Layout,
+    total: usize,
+    geo: crate::handshake::Geometry,
+    sq_off: u64,
+    cq_off: u64,
+    arena_off: u64,
+}
+
+impl HeapRing {
+    fn new(sq: u32, cq: u32, arena_bytes: u64) -> HeapRing {
+        let (sq_off, cq_off) = (4096u64, 4096 + 64 * sq as u64);
+        let arena_off = cq_off + 16 * cq as u64;
+        let total = (arena_off + arena_bytes) as usize;
+        let layout = Layout::from_size_align(total, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+        let fields = HeaderFields::for_geometry(sq, cq, sq_off, cq_off, arena_off, arena_bytes);
+        let geo = validate_header(&fields, total as u64).unwrap();
+        HeapRing { base, layout, total, geo, sq_off, cq_off, arena_off }
+    }
+
+    /// # Safety
+    /// Nothing uses the buffer any more (the daemon over it is dropped).
+    unsafe fn free(self) {
+        // SAFETY: allocated in `new` with this layout; unused per the caller.
+        unsafe { dealloc(self.base.as_ptr(), self.layout) };
+    }
+}
+
 /// A daemon on the CPU backend over a ring in a heap buffer (`base`,
 /// `total` bytes, laid out as `geo`), and the VM's end of its socket.
 fn heap_daemon(base: NonNull<u8>, total: usize, geo: crate::handshake::Geometry) -> (Daemon, OwnedFd) {
@@ -43,15 +76,9 @@ fn heap_daemon(base: NonNull<u8>, total: usize, geo: crate::handshake::Geometry)
 fn drain_answers_every_entry_once_over_a_heap_ring() {
     const SQ: u32 = 4;
     const CQ: u32 = 8;
-    let (sq_off, cq_off) = (4096u64, 4096 + 64 * SQ as u64);
-    let arena_off = cq_off + 16 * CQ as u64;
-    let arena_bytes = 4096u64;
-    let total = (arena_off + arena_bytes) as usize;
-    let layout = Layout::from_size_align(total, 4096).unwrap();
-    // SAFETY: non-zero size.
-    let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
-    let fields = HeaderFields::for_geometry(SQ, CQ, sq_off, cq_off, arena_off, arena_bytes);
-    let geo = validate_header(&fields, total as u64).unwrap();
+    let ring = HeapRing::new(SQ, CQ, 4096u64);
+    let (base, total, geo) = (ring.base, ring.total, ring.geo);
+    let (sq_off, cq_off) = (ring.sq_off, ring.cq_off);
     let vadd = |user_data, out| Sqe {
         user_data,
         kernel: Kernel::VectorAdd.id(),
@@ -108,8 +135,8 @@ fn drain_answers_every_entry_once_over_a_heap_ring() {
             (4, Status::Ok.code(), 2),
         ]
     );
-    // SAFETY: allocated above with this layout; the daemon is gone.
-    unsafe { dealloc(base.as_ptr(), layout) };
+    // SAFETY: the daemon is gone.
+    unsafe { ring.free() };
 }
 
 /// A pipelined put through the daemon over a heap ring (cpu backend):
@@ -119,15 +146,9 @@ fn drain_answers_every_entry_once_over_a_heap_ring() {
 #[test]
 fn put_slices_out_of_order_then_get_and_a_failing_put() {
     const SQ: u32 = 16;
-    let (sq_off, cq_off) = (4096u64, 4096 + 64 * SQ as u64);
-    let arena_off = cq_off + 16 * SQ as u64;
-    let arena_bytes = 64u64 << 10;
-    let total = (arena_off + arena_bytes) as usize;
-    let layout = Layout::from_size_align(total, 4096).unwrap();
-    // SAFETY: non-zero size.
-    let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
-    let fields = HeaderFields::for_geometry(SQ, SQ, sq_off, cq_off, arena_off, arena_bytes);
-    let geo = validate_header(&fields, total as u64).unwrap();
+    let ring = HeapRing::new(SQ, SQ, 64u64 << 10);
+    let (base, total, geo) = (ring.base, ring.total, ring.geo);
+    let (sq_off, cq_off, arena_off) = (ring.sq_off, ring.cq_off, ring.arena_off);
     let arena = |off: u64| (arena_off + off) as usize;
     // 3000 f32 at arena 0, its get at 16384; a second put's input at
     // 32768; free lists at 49152.
@@ -236,8 +257,8 @@ fn put_slices_out_of_order_then_get_and_a_failing_put() {
         vec![(1, ok), (2, ok), (3, bad), (4, ok), (5, ok), (6, oom), (7, oom), (8, oom), (9, ok), (10, ok)]
     );
     assert_eq!(got, want, "the get reads back every slice in its place");
-    // SAFETY: allocated above with this layout; the daemon is gone.
-    unsafe { dealloc(base.as_ptr(), layout) };
+    // SAFETY: the daemon is gone.
+    unsafe { ring.free() };
 }
 
 /// What the test kernel's host code saw, job by job.
@@ -273,15 +294,9 @@ fn users_jobs_run_from_their_records() {
     use crate::layout::{JobArgs, EC_FLAG_ARGS, EC_JOB_ARGS_BYTES};
     use crate::modules::{kernel_id, parse_manifest, UserKernel};
     const SQ: u32 = 8;
-    let (sq_off, cq_off) = (4096u64, 4096 + 64 * SQ as u64);
-    let arena_off = cq_off + 16 * SQ as u64;
-    let arena_bytes = 16u64 << 10;
-    let total = (arena_off + arena_bytes) as usize;
-    let layout = Layout::from_size_align(total, 4096).unwrap();
-    // SAFETY: non-zero size.
-    let base = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
-    let fields = HeaderFields::for_geometry(SQ, SQ, sq_off, cq_off, arena_off, arena_bytes);
-    let geo = validate_header(&fields, total as u64).unwrap();
+    let ring = HeapRing::new(SQ, SQ, 16u64 << 10);
+    let (base, total, geo) = (ring.base, ring.total, ring.geo);
+    let (sq_off, cq_off, arena_off) = (ring.sq_off, ring.cq_off, ring.arena_off);
     let at = |off: u64| base.as_ptr().wrapping_add((arena_off + off) as usize);
     // Arena: x at 0, the jobs' y at 256 and 512, their counts at 768 and
     // 1024, records at 1280 and 1536, acc's put at 2048, its get at 3072.
@@ -382,6 +397,6 @@ fn users_jobs_run_from_their_records() {
         assert_eq!(j.addr[2..8], [0; 6]);
     }
     assert_eq!((seen[0].param[0] as i64, seen[1].param[0] as i64), (2, -3));
-    // SAFETY: allocated above with this layout.
-    unsafe { dealloc(base.as_ptr(), layout) };
+    // SAFETY: the daemon is gone.
+    unsafe { ring.free() };
 }
