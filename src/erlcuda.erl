@@ -373,8 +373,11 @@ memory(N) ->
 %% before the first ready; `segments_us' is the arena's registration with
 %% the GPU, which the NIF's pre-fault of the arena's pages shortens), and
 %% `lane': how small jobs keep from waiting behind large ones on the GPU,
-%% `priority' (their launches go on a stream of the device's greatest
-%% priority) or `none' (the CPU backend, or a device with one priority).
+%% `green' (`lane_sms' SMs of their own, in a green context, every other
+%% launch on the rest, and a stream of the greatest priority), `priority'
+%% (that stream only: lane_sms off, or a driver without green contexts) or
+%% `none' (the CPU backend, or a device with one priority); `lane_sms' is 0
+%% unless `green'.
 -spec devices() -> [map()].
 devices() ->
     case whereis(erlcuda_sup) of

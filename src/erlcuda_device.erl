@@ -143,7 +143,7 @@ init({Id, Backend, Probe}) ->
                   timer => undefined, started_at => undefined, name => <<>>,
                   restarts => 0, quick_fails => 0, up_since => undefined,
                   last_exit => undefined, ready_us => undefined, startup => undefined,
-                  startup_line => undefined, lane => none},
+                  startup_line => undefined, lane => {none, 0}},
             {ok, S, {continue, start}};
         {error, Reason} ->
             {stop, {open, Reason}}
@@ -248,7 +248,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     {ok, Spin} = application:get_env(erlcuda, gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
-            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++
+            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++ lane_args() ++
         erlcuda_modules:gpud_args(),
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, Args}, exit_status, use_stdio, stderr_to_stdout, binary,
@@ -274,6 +274,15 @@ copy_args() ->
                   end
           end,
     Arg(copy_piece_bytes, "--copy-piece-bytes") ++ Arg(copies_in_flight, "--copies-in-flight").
+
+%% The SMs gpud reserves for small launches, from the app env lane_sms
+%% (`off', a count, or `default': gpud's).
+lane_args() ->
+    case application:get_env(erlcuda, lane_sms, default) of
+        off -> ["--lane-sms", "off"];
+        N when is_integer(N) -> ["--lane-sms", integer_to_list(N)];
+        _ -> []
+    end.
 
 %% gpud's limit for device buffers, from the app env device_memory_limit.
 memory_args() ->
@@ -474,13 +483,21 @@ emit_memory(#{id := Id, handle := H, os_pid := OsPid}) ->
     end.
 
 info_map(#{id := Id, backend := B, name := Name, os_pid := OsPid, status := St,
-           restarts := R, last_exit := LE, ready_us := RU, startup := SU, lane := L}) ->
+           restarts := R, last_exit := LE, ready_us := RU, startup := SU,
+           lane := {L, LaneSms}}) ->
     #{id => Id, backend => B, name => Name, os_pid => OsPid, status => St,
-      restarts => R, last_exit => LE, ready_us => RU, startup => SU, lane => L}.
+      restarts => R, last_exit => LE, ready_us => RU, startup => SU, lane => L,
+      lane_sms => LaneSms}.
 
-%% gpud's `lane' line: how small launches avoid waiting behind large ones.
-lane(<<"priority">>) -> priority;
-lane(_) -> none.
+%% gpud's `lane' line: how small launches avoid waiting behind large ones,
+%% and how many SMs they have to themselves.
+lane(<<"green ", SMs/binary>>) ->
+    case binary:split(SMs, <<" ">>) of
+        [N, _Rest] -> {green, binary_to_integer(N)};
+        _ -> {none, 0}
+    end;
+lane(<<"priority">>) -> {priority, 0};
+lane(_) -> {none, 0}.
 
 %% gpud's `startup a=12 b=340 ... total=352' (microseconds; see
 %% gpud/src/startup.rs) as #{a_us => 12, ..., total_us => 352}, plus

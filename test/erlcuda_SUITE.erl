@@ -45,13 +45,16 @@ end_per_suite(_Config) ->
 init_per_group(two_devices, Config) ->
     ok = erlcuda_ref:start_app([{backend, cpu}, {devices, [0, 1]}]),
     Config;
+%% small_ring and cached_ring also start gpud with each form of lane_sms,
+%% which the CPU backend takes and has no use for (the GPU check covers
+%% its effect).
 init_per_group(small_ring, Config) ->
-    ok = erlcuda_ref:start_app([{ring_entries, 4}]),
+    ok = erlcuda_ref:start_app([{ring_entries, 4}, {lane_sms, 8}]),
     Config;
 %% 1024 entries: the smallest ring whose small jobs take slots from the
 %% schedulers' caches (c_src/slot_cache.h), 8 per cache.
 init_per_group(cached_ring, Config) ->
-    ok = erlcuda_ref:start_app([{ring_entries, 1024}]),
+    ok = erlcuda_ref:start_app([{ring_entries, 1024}, {lane_sms, off}]),
     Config;
 %% The sync spin is off by default below 4 cores: on here.
 init_per_group(sync_spin, Config) ->
@@ -332,6 +335,8 @@ devices_and_stats(_) ->
     [D] = erlcuda:devices(),
     ?assertMatch(#{id := 0, backend := _, name := <<_/binary>>, os_pid := P, status := up}
                    when is_integer(P), D),
+    %% The CPU backend has no lane: no stream priorities, no SMs to reserve.
+    ?assertMatch(#{lane := none, lane_sms := 0}, D),
     S = erlcuda:stats(0),
     [?assert(maps:is_key(K, S)) || K <- [submitted, completed, in_flight, batches, launches,
                                          max_batch, batch_hist, arena_used, restarts, busy]],

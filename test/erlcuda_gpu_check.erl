@@ -365,28 +365,41 @@ growth(Env) ->
         Other -> Other
     end.
 
-%% Small launches go on the latency lane (a stream of the greatest
-%% priority), large ones on the kernels' own streams: a small vector_add's
-%% result is bit-identical to the same elements of a large one. Puts and
+%% Small launches go on the latency lane (with lane_sms 16: 16 SMs of their
+%% own in a green context, on a stream of the greatest priority), large ones
+%% on the kernels' own streams in the other SMs: a small vector_add's result
+%% is bit-identical to the same elements of a large one, and every result
+%% (vector_add, a small matmul, a put/get round trip) the same bits with no
+%% SMs reserved (lane_sms off: the priority stream alone). Puts and
 %% gets go in pieces: a put/get round trip gives back the very bytes, at
 %% the default pacing and at 64 KiB pieces, 3 in flight.
 lane_and_pacing(Env) ->
-    [#{lane := priority}] = erlcuda:devices(),
     N = 1 bsl 21,
     A = rand_bin(N), B = rand_bin(N),
-    {ok, Large} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
-    {ok, Small} = erlcuda:launch_sync(vector_add, [binary:part(A, 0, 4000), binary:part(B, 0, 4000)]),
-    true = Small =:= binary:part(Large, 0, 4000),
+    MA = rand_bin(64 * 64), MB = rand_bin(64 * 64),
     V = rand_bin((1 bsl 24) + 7),
-    Round = fun() ->
-                    {ok, Buf} = erlcuda:put(V, [{timeout, 60000}]),
-                    {ok, Got} = erlcuda:get(Buf),
-                    ok = erlcuda:free(Buf),
-                    Got =:= V
-            end,
-    true = Round(),
-    ok = erlcuda_ref:start_app(Env ++ [{copy_piece_bytes, 65536}, {copies_in_flight, 3}]),
-    try true = Round() after ok = erlcuda_ref:start_app(Env) end,
+    Run = fun() ->
+                  {ok, Large} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
+                  {ok, Small} = erlcuda:launch_sync(vector_add, [binary:part(A, 0, 4000),
+                                                                 binary:part(B, 0, 4000)]),
+                  true = Small =:= binary:part(Large, 0, 4000),
+                  {ok, MM} = erlcuda:launch_sync(matmul, [MA, MB, 64, 64, 64]),
+                  {ok, Buf} = erlcuda:put(V, [{timeout, 60000}]),
+                  {ok, Got} = erlcuda:get(Buf),
+                  ok = erlcuda:free(Buf),
+                  true = Got =:= V,
+                  {Large, Small, MM}
+          end,
+    With = fun(Settings, Check) ->
+                   ok = erlcuda_ref:start_app(Env ++ Settings),
+                   try [D] = erlcuda:devices(), true = Check(D), Run()
+                   after ok = erlcuda_ref:start_app(Env)
+                   end
+           end,
+    Green = With([{lane_sms, 16}], fun(#{lane := L, lane_sms := S}) -> L =:= green andalso S >= 16 end),
+    Green = With([{lane_sms, 16}, {copy_piece_bytes, 65536}, {copies_in_flight, 3}],
+                 fun(#{lane := L}) -> L =:= green end),
+    Green = With([{lane_sms, off}], fun(#{lane := L, lane_sms := S}) -> {L, S} =:= {priority, 0} end),
     ok.
 
 hold(A, B, Held) ->

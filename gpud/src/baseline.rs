@@ -32,7 +32,9 @@ fn broken(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 pub fn run(kind: BackendKind, device: u32) -> Result<()> {
-    let mut b = backend::open(kind, device)?;
+    // The daemon's path: the same lane, so full stack / in-process compares
+    // like with like.
+    let mut b = backend::open(kind, device, backend::DEFAULT_LANE_SMS)?;
     let mut ta = TestArena::new(&[(3 * MAX_N as u64 * 4).next_multiple_of(1 << 21)]);
     ta.attach(b.as_mut())?;
     let (pa, pb, po) = (ta.alloc(0, MAX_N, 0), ta.alloc(0, MAX_N, 0), ta.alloc(0, MAX_N, 0));

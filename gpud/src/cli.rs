@@ -1,13 +1,14 @@
 //! Command line: `gpud --probe [--backend B]` and
 //! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...
-//! [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N]`.
+//! [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N]
+//! [--lane-sms N|off]`.
 
 use crate::backend::pace::Pacing;
-use crate::backend::BackendKind;
+use crate::backend::{self, BackendKind};
 use crate::buffers::MemoryLimit;
 use crate::error::{Error, Result};
 
-pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N]\n       gpud --probe [--backend cpu|cuda|auto]";
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--lane-sms N|off]\n       gpud --probe [--backend cpu|cuda|auto]";
 
 /// Default time spent polling the SQ before sleeping on its eventfd.
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -26,6 +27,8 @@ pub struct DaemonOpts {
     pub memory_limit: MemoryLimit,
     /// Puts' and gets' copies: piece size, pieces in flight per direction.
     pub pacing: Pacing,
+    /// SMs reserved for small launches (None: off).
+    pub lane_sms: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +51,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut modules = Vec::new();
     let mut memory_limit = None;
     let mut pacing = Pacing::default();
+    let mut lane_sms = None;
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         // Accept both `--flag value` and `--flag=value`.
@@ -130,6 +134,18 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
                     .filter(|n| (1..=64).contains(n))
                     .ok_or_else(|| usage(format!("bad --copies-in-flight {v:?} (1 to 64)")))?
             }
+            "--lane-sms" => {
+                let v = value("--lane-sms")?;
+                lane_sms = Some(match v.as_str() {
+                    "off" => None,
+                    n => Some(
+                        n.parse::<u32>()
+                            .ok()
+                            .filter(|n| (1..=1024).contains(n))
+                            .ok_or_else(|| usage(format!("bad --lane-sms {v:?} (off, or 1 to 1024 SMs)")))?,
+                    ),
+                })
+            }
             other => return Err(usage(format!("unknown argument {other:?}"))),
         }
     }
@@ -148,6 +164,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         modules,
         memory_limit: memory_limit.unwrap_or_default(),
         pacing,
+        lane_sms: lane_sms.unwrap_or(backend::DEFAULT_LANE_SMS),
     }))
 }
 
@@ -171,6 +188,7 @@ mod tests {
                 modules: vec![],
                 memory_limit: MemoryLimit::Default,
                 pacing: Pacing::default(),
+                lane_sms: backend::DEFAULT_LANE_SMS,
             })
         );
         assert_eq!(
@@ -183,6 +201,7 @@ mod tests {
                 modules: vec![],
                 memory_limit: MemoryLimit::Default,
                 pacing: Pacing::default(),
+                lane_sms: backend::DEFAULT_LANE_SMS,
             })
         );
         assert_eq!(
@@ -195,6 +214,7 @@ mod tests {
                 modules: vec![(3, "/a/b".into()), (0, "/c:d".into())],
                 memory_limit: MemoryLimit::Default,
                 pacing: Pacing::default(),
+                lane_sms: backend::DEFAULT_LANE_SMS,
             })
         );
         let lim = |a: &str| match p(&format!("--socket x --device 0 {a}")) {
@@ -211,6 +231,16 @@ mod tests {
             _ => None,
         };
         assert_eq!(pace("--copy-piece-bytes 1048576 --copies-in-flight 2"), Some(Pacing { piece: 1 << 20, depth: 2 }));
+        let lane = |s: &str| match p(&format!("--socket x --device 0 {s}")) {
+            Ok(Command::Daemon(o)) => Some(o.lane_sms),
+            _ => None,
+        };
+        assert_eq!(lane("--lane-sms 8"), Some(Some(8)));
+        assert_eq!(lane("--lane-sms off"), Some(None));
+        assert_eq!(lane(""), Some(backend::DEFAULT_LANE_SMS));
+        for bad in ["--lane-sms 0", "--lane-sms -1", "--lane-sms 1025", "--lane-sms on"] {
+            assert_eq!(lane(bad), None, "{bad}");
+        }
         for bad in ["--copy-piece-bytes 1000", "--copy-piece-bytes 0", "--copies-in-flight 0", "--copies-in-flight 65"] {
             assert_eq!(pace(bad), None, "{bad}");
         }

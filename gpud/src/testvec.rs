@@ -508,7 +508,7 @@ pub fn check_backend(backend: &mut dyn Backend) {
 
 /// The CUDA backend for tests, or None after [`no_gpu`].
 pub fn gpu_for_tests() -> Option<crate::backend::cuda::CudaBackend> {
-    match crate::backend::cuda::CudaBackend::open(0) {
+    match crate::backend::cuda::CudaBackend::open(0, crate::backend::DEFAULT_LANE_SMS) {
         Ok(b) => Some(b),
         Err(e) => {
             no_gpu(&e.to_string());
@@ -533,7 +533,7 @@ pub fn no_gpu(why: &str) {
 pub fn bench_backend(device: u32) -> Result<()> {
     use crate::backend::cuda::CudaBackend;
     use crate::ops::Placement as Mode;
-    let mut b = CudaBackend::open(device)?;
+    let mut b = CudaBackend::open(device, crate::backend::DEFAULT_LANE_SMS)?;
     let mut ta = TestArena::new(&[1536 << 20]);
     ta.attach(&mut b)?;
     let mut rng = Rng(7);

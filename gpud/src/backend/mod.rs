@@ -152,10 +152,11 @@ pub trait Backend: ModuleLoader {
     fn set_pacing(&mut self, pacing: pace::Pacing);
 
     /// How small launches are kept from waiting behind large ones: `none`,
-    /// or `priority` (a stream of the greatest priority). gpud says it
+    /// `priority` (a stream of the greatest priority), or `green <lane SMs>
+    /// <other SMs>` (SMs of their own, and that priority). gpud says it
     /// before `ready`; `erlcuda:devices()` shows it.
-    fn lane(&self) -> &'static str {
-        "none"
+    fn lane(&self) -> String {
+        "none".into()
     }
 }
 
@@ -216,13 +217,21 @@ pub fn probe(kind: BackendKind) -> Result<(&'static str, u32)> {
     }
 }
 
-/// Opens the backend for device `device`. `Auto` tries CUDA first (driver
-/// loadable, kernels built in, `device` present) and falls back to the CPU.
-pub fn open(kind: BackendKind, device: u32) -> Result<Box<dyn Backend>> {
+/// SMs reserved for small launches unless told otherwise (`--lane-sms`):
+/// the latency lane's share of the device, where the driver has green
+/// contexts. None until the mixed-load benchmark (`bench/erlcuda_mixed_bench.erl`)
+/// has sized it on a GPU: a reservation costs large kernels the SMs it takes.
+pub const DEFAULT_LANE_SMS: Option<u32> = None;
+
+/// Opens the backend for device `device`, with `lane_sms` SMs reserved for
+/// small launches where it can (None: none reserved). `Auto` tries CUDA
+/// first (driver loadable, kernels built in, `device` present) and falls
+/// back to the CPU.
+pub fn open(kind: BackendKind, device: u32, lane_sms: Option<u32>) -> Result<Box<dyn Backend>> {
     match kind {
         BackendKind::Cpu => Ok(Box::new(cpu::CpuBackend::new(device))),
-        BackendKind::Cuda => Ok(Box::new(cuda::CudaBackend::open(device)?)),
-        BackendKind::Auto => match cuda::CudaBackend::open(device) {
+        BackendKind::Cuda => Ok(Box::new(cuda::CudaBackend::open(device, lane_sms)?)),
+        BackendKind::Auto => match cuda::CudaBackend::open(device, lane_sms) {
             Ok(b) => Ok(Box::new(b)),
             Err(e) => {
                 log!(Notice, "gpud[{device}]: backend auto: {e}; using the CPU");

@@ -82,7 +82,7 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     // The segments the hello announced come right behind it: mapped now,
     // and every segment's page tables populated while the driver starts.
     segments.map_queued(&session.sock, opts.device, session.hello.segments, EARLY_SEGMENTS_WAIT);
-    let mut backend = backend::open(opts.backend, opts.device)?;
+    let mut backend = backend::open(opts.backend, opts.device, opts.lane_sms)?;
     backend.set_pacing(opts.pacing);
     phases.mark_split("backend", &backend.startup_phases());
     // Waiting for the page tables counts in `segments`.

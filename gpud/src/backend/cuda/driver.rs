@@ -115,6 +115,15 @@ pub(super) fn ctx_synchronize() -> DResult<()> {
     check(unsafe { sys::cuCtxSynchronize() })
 }
 
+/// Waits for everything enqueued on `s`: the context's synchronize does not
+/// wait for streams of a green context.
+///
+/// # Safety
+/// `s` is a live stream.
+pub(super) unsafe fn stream_synchronize(s: sys::CUstream) -> DResult<()> {
+    check(unsafe { sys::cuStreamSynchronize(s) })
+}
+
 /// Loads a module from an in-memory image (a cubin, or NUL-terminated PTX).
 ///
 /// # Safety
@@ -157,8 +166,22 @@ pub(super) unsafe fn func_set_max_dynamic_smem(f: sys::CUfunction, bytes: i32) -
     })
 }
 
-/// `cuFuncGetParamInfo` (CUDA 12.4+), looked up in the loaded driver:
-/// cudarc's bindings for 12.0 lack it, and an older driver simply has none.
+/// Whether the loaded driver exports `name`. cudarc's loader panics on a
+/// missing entry point, so one newer than the oldest driver gpud runs on
+/// (12.0) is looked for before its first call.
+pub(super) fn has_entry(name: &str) -> bool {
+    let (Ok(lib), Ok(sym)) = (CString::new("libcuda.so.1"), CString::new(name)) else { return false };
+    // SAFETY: RTLD_NOLOAD only finds the driver cudarc already loaded; the
+    // handle of an already-open library needs no close to balance it
+    // beyond the reference dlopen took, which stays for the process's life.
+    unsafe {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        !h.is_null() && !libc::dlsym(h, sym.as_ptr()).is_null()
+    }
+}
+
+/// `cuFuncGetParamInfo` (CUDA 12.4+), looked up in the loaded driver: an
+/// older driver has none.
 pub(super) struct ParamInfo(ParamInfoFn);
 
 type ParamInfoFn = unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> CUresult;
@@ -218,9 +241,84 @@ pub(super) fn stream_create_with_priority(priority: i32) -> DResult<sys::CUstrea
     Ok(s)
 }
 
+/// The green-context entry points gpud calls (all there from CUDA 12.5).
+pub(super) const GREEN_ENTRIES: [&str; 6] = [
+    "cuDeviceGetDevResource",
+    "cuDevSmResourceSplitByCount",
+    "cuDevResourceGenerateDesc",
+    "cuGreenCtxCreate",
+    "cuGreenCtxStreamCreate",
+    "cuGreenCtxDestroy",
+];
+
+/// The device's SMs, as one resource.
+pub(super) fn device_sm_resource(dev: sys::CUdevice) -> DResult<sys::CUdevResource> {
+    // SAFETY: a plain-data struct the driver fills; zeroes are its "none".
+    let mut r: sys::CUdevResource = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer; the caller checked GREEN_ENTRIES.
+    check(unsafe { sys::cuDeviceGetDevResource(dev, &mut r, sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM) })?;
+    Ok(r)
+}
+
+/// How many SMs an SM resource holds.
+pub(super) fn sm_count(r: &sys::CUdevResource) -> u32 {
+    // SAFETY: an SM resource (the only type gpud makes) has `sm` in its union.
+    unsafe { r.__bindgen_anon_1.sm.smCount }
+}
+
+/// Splits the SMs of `all` into one group of at least `min` (the driver
+/// rounds up to the device's granularity) and the rest.
+pub(super) fn sm_split(all: &sys::CUdevResource, min: u32) -> DResult<(sys::CUdevResource, sys::CUdevResource)> {
+    // SAFETY: plain-data structs the driver fills.
+    let (mut group, mut rest): (sys::CUdevResource, sys::CUdevResource) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    let mut groups = 1u32;
+    // SAFETY: room for the one group asked for, valid pointers.
+    check(unsafe { sys::cuDevSmResourceSplitByCount(&mut group, &mut groups, all, &mut rest, 0, min) })?;
+    if groups != 1 {
+        return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION));
+    }
+    Ok((group, rest))
+}
+
+/// A green context of the SMs of `r`, with the default stream the driver
+/// requires.
+pub(super) fn green_ctx_create(dev: sys::CUdevice, r: &sys::CUdevResource) -> DResult<sys::CUgreenCtx> {
+    let mut desc = ptr::null_mut();
+    let mut one = *r;
+    // SAFETY: one resource, valid pointers.
+    check(unsafe { sys::cuDevResourceGenerateDesc(&mut desc, &mut one, 1) })?;
+    let mut g = ptr::null_mut();
+    // SAFETY: a descriptor just generated, a valid out-pointer.
+    check(unsafe {
+        sys::cuGreenCtxCreate(&mut g, desc, dev, sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32)
+    })?;
+    Ok(g)
+}
+
 /// # Safety
-/// `s` was created by [`stream_create_non_blocking`] (or with a priority), is destroyed once, and
-/// is not used afterwards.
+/// `g` was created by [`green_ctx_create`], its streams are destroyed, and
+/// it is destroyed once.
+pub(super) unsafe fn green_ctx_destroy(g: sys::CUgreenCtx) -> DResult<()> {
+    check(unsafe { sys::cuGreenCtxDestroy(g) })
+}
+
+/// A non-blocking stream whose kernels run on the SMs of green context `g`.
+///
+/// # Safety
+/// `g` was created by [`green_ctx_create`] and is not destroyed yet.
+pub(super) unsafe fn green_stream_create(g: sys::CUgreenCtx, priority: i32) -> DResult<sys::CUstream> {
+    let mut s = ptr::null_mut();
+    // SAFETY: a valid out-pointer; the flag the driver requires.
+    check(unsafe {
+        sys::cuGreenCtxStreamCreate(&mut s, g, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32, priority)
+    })?;
+    Ok(s)
+}
+
+/// # Safety
+/// `s` was created by [`stream_create_non_blocking`] (or with a priority,
+/// or in a green context), is destroyed once, and is not used afterwards.
 pub(super) unsafe fn stream_destroy(s: sys::CUstream) -> DResult<()> {
     check(unsafe { sys::cuStreamDestroy_v2(s) })
 }

@@ -241,7 +241,7 @@ impl CudaBackend {
     /// launch (`small`) the latency lane's where there is one.
     fn entry(&mut self, kernel: KernelRef, ty: ElemType, small: bool) -> (sys::CUfunction, sys::CUstream, u32) {
         let (f, stream, smem) = self.entry_stream(kernel, ty);
-        (f, if small && !self.lane_stream.is_null() { self.lane_stream } else { stream }, smem)
+        (f, if small && !self.lane.stream.is_null() { self.lane.stream } else { stream }, smem)
     }
 
     fn entry_stream(&mut self, kernel: KernelRef, ty: ElemType) -> (sys::CUfunction, sys::CUstream, u32) {

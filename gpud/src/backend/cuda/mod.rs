@@ -45,6 +45,7 @@
 
 mod driver;
 mod image;
+mod lane;
 mod launch;
 mod memory;
 mod user_module;
@@ -70,6 +71,7 @@ use crate::modules::{ModuleLoader, UserKernel};
 use crate::ops::{DevPtrs, Placement};
 use driver::DResult;
 use image::{PTX, PTX_SM80};
+use lane::Lane;
 use launch::{Chunk, Copy, Slot, SMEM_DEFAULT_MAX};
 use memory::{CudaMemory, Segment};
 use user_module::UserModule;
@@ -162,8 +164,9 @@ pub struct CudaBackend {
     /// Puts' and gets' copies, paced (`pace`), on a stream per direction;
     /// events of finished pieces kept for the next ones.
     paced: Pacer<sys::CUevent>,
-    /// Small launches' stream, of the greatest priority (null: none).
-    lane_stream: sys::CUstream,
+    /// Small launches' stream, and the SMs they may have to themselves
+    /// (`lane`).
+    lane: Lane,
     copy_streams: [sys::CUstream; 2],
     spare_events: Vec<sys::CUevent>,
     /// Benchmarks force a placement for every job.
@@ -181,7 +184,9 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    pub fn open(device: u32) -> Result<CudaBackend> {
+    /// Opens device `device`, with `lane_sms` SMs reserved for small
+    /// launches where the driver can (None: no reservation).
+    pub fn open(device: u32, lane_sms: Option<u32>) -> Result<CudaBackend> {
         let t_open = Instant::now();
         let (t_load, n) = driver_devices()?;
         let t_init = t_open.elapsed().saturating_sub(t_load);
@@ -224,23 +229,15 @@ impl CudaBackend {
         let funcs = image::builtin_entries(module)?;
         // The PTX load (t started above it) and the entry lookups.
         let t_module = t.elapsed();
+        // Every kernel stream is the lane's or one of the lane's work
+        // streams: under a reservation, none may run in the primary context.
+        let lane = Lane::open(device, dev, lane_sms)?;
         let mut streams = vec![[ptr::null_mut(); STREAMS_PER_KERNEL]; KERNEL_ROWS.len()];
         for s in streams.iter_mut().flatten() {
-            *s = setup("cuStreamCreate", driver::stream_create_non_blocking())?;
+            *s = lane.work_stream()?;
         }
         let (free_b, _total_b) = setup("cuMemGetInfo", driver::mem_get_info())?;
-        let user_stream = setup("cuStreamCreate", driver::stream_create_non_blocking())?;
-        // The latency lane: small launches on a stream of the greatest
-        // priority, so the GPU starts their blocks before the next ones of
-        // a large launch. Small-job p99 beside SGEMM 4096 went from 2.02 to
-        // 0.67 ms with a priority (H200, standalone probe); no lane where
-        // the device has one priority only.
-        let lane_stream = match driver::stream_priority_range() {
-            Ok((least, greatest)) if greatest < least => {
-                setup("cuStreamCreateWithPriority", driver::stream_create_with_priority(greatest))?
-            }
-            _ => ptr::null_mut(),
-        };
+        let user_stream = lane.work_stream()?;
         let copy_streams = [
             setup("cuStreamCreate", driver::stream_create_non_blocking())?,
             setup("cuStreamCreate", driver::stream_create_non_blocking())?,
@@ -280,7 +277,7 @@ impl CudaBackend {
             next_ticket: 1,
             busy: 0,
             paced: Pacer::new(Pacing::default()),
-            lane_stream,
+            lane,
             copy_streams,
             spare_events: Vec::new(),
             force_mode: None,
@@ -376,8 +373,8 @@ impl Backend for CudaBackend {
         self.paced.open()
     }
 
-    fn lane(&self) -> &'static str {
-        if self.lane_stream.is_null() { "none" } else { "priority" }
+    fn lane(&self) -> String {
+        self.lane.describe()
     }
 
     fn set_pacing(&mut self, pacing: Pacing) {
@@ -389,8 +386,15 @@ impl Drop for CudaBackend {
     /// Tears down what `open` and `add_segment` made; errors (a dead context
     /// after a fault) are ignored.
     fn drop(&mut self) {
-        // Nothing runs past this: every handle below is then unused.
+        // Nothing runs past this: every handle below is then unused. The
+        // context's synchronize misses the green contexts' streams, so
+        // each stream is waited for too.
         let _ = driver::ctx_synchronize();
+        let streams = self.streams.iter().flatten().chain([&self.user_stream, &self.lane.stream]);
+        for &s in streams.chain(&self.copy_streams).filter(|s| !s.is_null()) {
+            // SAFETY: a stream of this backend, destroyed below.
+            let _ = unsafe { driver::stream_synchronize(s) };
+        }
         for s in &mut self.slots {
             s.free();
         }
@@ -405,9 +409,8 @@ impl Drop for CudaBackend {
             let _ = unsafe { driver::stream_destroy(s) };
         }
         let _ = unsafe { driver::stream_destroy(self.user_stream) };
-        if !self.lane_stream.is_null() {
-            let _ = unsafe { driver::stream_destroy(self.lane_stream) };
-        }
+        // SAFETY: every work stream destroyed just above.
+        unsafe { self.lane.close() };
         for &s in &self.copy_streams {
             let _ = unsafe { driver::stream_destroy(s) };
         }
