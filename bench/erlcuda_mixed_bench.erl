@@ -40,7 +40,8 @@
 %% sizes) on a GPU and to ?CPU_SCALE on the cpu backend, where the full
 %% run would take far too long. extra.scale records it; the report
 %% evaluates no target of a scaled run. ERLCUDA_BENCH_MIXED_KINDS=K1,K2
-%% runs only those large kinds. A stream of small jobs that has not
+%% runs only those large kinds. ERLCUDA_BENCH_MIXED_LANES=16,off,8 runs the
+%% section once per lane_sms setting (see lanes/0). A stream of small jobs that has not
 %% finished after the budget stops there (extra.cut_short; n says how many
 %% ran).
 %% Alone: `bash .gpu-bundle/run.sh eval "erlcuda_bench:main([mixed])"'
@@ -70,10 +71,59 @@ kinds() ->
 %% leaves it started with the settings it had). Failures go to the process
 %% dictionary's `errors'.
 run() ->
-    [#{backend := Backend}] = erlcuda:devices(),
+    case lanes() of
+        [] -> pass(erlcuda);
+        [First | _] = Lanes ->
+            {ok, Lane0} = application:get_env(erlcuda, lane_sms),
+            try [begin
+                     restart_with_lane(L),
+                     pass(case L of First -> erlcuda; _ -> lane_system(L) end)
+                 end || L <- Lanes]
+            after restart_with_lane(Lane0)
+            end
+    end,
+    ok.
+
+%% The lane_sms settings of ERLCUDA_BENCH_MIXED_LANES (`off', `default' or
+%% SM counts, comma-separated; [] when unset: the settings the application
+%% has). The section runs once for each, the first recorded as `erlcuda'
+%% (the one the targets judge), each other as erlcuda_lane_sms_S, so one
+%% run sizes the reservation: the small jobs' tail and the large jobs' loss
+%% side by side for every split.
+lanes() ->
+    case os:getenv("ERLCUDA_BENCH_MIXED_LANES") of
+        V when V =:= false; V =:= "" -> [];
+        V ->
+            lists:filtermap(
+              fun(T0) ->
+                      case string:trim(T0) of
+                          "" -> false;
+                          "off" -> {true, off};
+                          "default" -> {true, default};
+                          T -> try {true, list_to_integer(T)}
+                               catch _:_ ->
+                                       note(io_lib:format("mixed: ERLCUDA_BENCH_MIXED_LANES: ~s is no "
+                                                          "setting (off, default or a count): skipped", [T])),
+                                       false
+                               end
+                      end
+              end, string:split(V, ",", all))
+    end.
+
+lane_system(L) -> iolist_to_binary(["erlcuda_lane_sms_", io_lib:format("~p", [L])]).
+
+restart_with_lane(L) ->
+    _ = application:stop(erlcuda),
+    application:set_env(erlcuda, lane_sms, L),
+    erlcuda_bench:start().
+
+%% The section once, its records under System.
+pass(System) ->
+    [#{backend := Backend} = Dev] = erlcuda:devices(),
     {Scale, From} = scale(Backend),
     P = params(Scale),
     Kinds = selected(),
+    io:format("~s: lane ~p, lane_sms ~p~n", [System, maps:get(lane, Dev), maps:get(lane_sms, Dev)]),
     io:format("mixed load: small job = vector_add 1000 from binaries, launch_sync, one in flight; "
               "scale ~p (~s): ~p small jobs a stream, matmul ~p^3, vectors of ~s, puts of ~s~n",
               [Scale, From, maps:get(small_jobs, P), maps:get(side, P), elems_text(maps:get(elems, P)),
@@ -81,7 +131,8 @@ run() ->
     io:format("~-26s ~9s ~9s ~9s ~8s | ~12s ~12s ~7s ~7s~n",
               ["small jobs beside", "p50 us", "p99 us", "max us", "jobs",
                "large alone", "beside", "ratio", "large"]),
-    Common = #{scale => Scale, scale_from => From},
+    Common = #{scale => Scale, scale_from => From, system => System,
+               lane => maps:get(lane, Dev), lane_sms => maps:get(lane_sms, Dev)},
     guard(alone, fun() -> alone(P, Common) end),
     [guard(K, fun() -> kind(K, P, Common) end) || K <- Kinds],
     io:format("(large: jobs/s of the large job alone and beside the small stream; ratio = beside / alone; "
@@ -389,17 +440,19 @@ answer(K, Other) -> error({K, Other}).
 small_records(Name, Ts0, Extra) ->
     Ts = lists:sort(Ts0),
     [] =/= Ts orelse error(no_small_jobs),
-    Ex = Extra#{small => <<"vector_add 1000 from binaries, launch_sync, one in flight">>},
-    [erlcuda_bench:record([Name, ".", Tag], erlcuda, V, us, {hd(Ts), lists:last(Ts)}, length(Ts), Ex)
+    {System, Ex0} = maps:take(system, Extra),
+    Ex = Ex0#{small => <<"vector_add 1000 from binaries, launch_sync, one in flight">>},
+    [erlcuda_bench:record([Name, ".", Tag], System, V, us, {hd(Ts), lists:last(Ts)}, length(Ts), Ex)
      || {Tag, V} <- [{"p50", pct(Ts, 0.5)}, {"p99", pct(Ts, 0.99)}, {"max", lists:last(Ts)}]],
     ok.
 
-large_records(K, Alone, Beside, Extra) ->
+large_records(K, Alone, Beside, Extra0) ->
+    {System, Extra} = maps:take(system, Extra0),
     [begin
          {Ms, Busy} = R,
          Sorted = lists:sort(Ms),
          Mean = lists:sum(Ms) / length(Ms),
-         erlcuda_bench:record(["mixed.large.", K, ".", Tag], erlcuda, rate(R), <<"jobs/s">>,
+         erlcuda_bench:record(["mixed.large.", K, ".", Tag], System, rate(R), <<"jobs/s">>,
                               {1000 / lists:last(Sorted), 1000 / hd(Sorted)}, length(Ms),
                               Extra#{ms_per_job => Mean, median_ms => pct(Sorted, 0.5),
                                      seconds => lists:sum(Ms) / 1000, busy => Busy})
