@@ -96,6 +96,23 @@ case "${1:-check}" in
             --peers "$out/peers.json" --out-dir "$out" --md "$out/RESULTS.md" \
             --command "make gpu-bundle; bash .gpu-bundle/run.sh bench" || true
         ;;
+    mixed)
+        # The mixed-load section alone (small jobs beside large ones), in
+        # the same call as PyTorch's: a few minutes where the whole
+        # benchmark does not fit. ERLCUDA_BENCH_MIXED_LANES=default,off,8,16
+        # runs it once per lane_sms setting, to size the reservation.
+        out="${OUT:-.}"
+        machine="${BENCH_MACHINE:-h200}"
+        python3 "$here/bench/peers.py" "$out/peers_mixed.json" --only mixed --ptx "$here/erlcuda_kernels.ptx" \
+            --abi "$here/bench/abi.rs" 2>&1 | tee "$out/peers_mixed.log"
+        ERLCUDA_BENCH_JSON="$out/mixed.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
+            ERLCUDA_USER_MODULES="$here/user_modules" \
+            erl "logger:set_primary_config(level, error), erlcuda_bench:main([mixed]), halt()" 2>&1 \
+            | tee "$out/mixed.log"
+        python3 "$here/bench/report.py" --machine "$machine" --erlang "$out/mixed.json" \
+            --peers "$out/peers_mixed.json" --out-dir "$out" --md "$out/RESULTS_mixed.md" \
+            --command "make gpu-bundle; bash .gpu-bundle/run.sh mixed" || true
+        ;;
     eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
     kernels)
         # The kernels' PTX alone, through CuPy: both modules, every entry of
@@ -114,5 +131,5 @@ case "${1:-check}" in
         # The kit's device primitives and math (kernels/kit/gpu_tests),
         # through CuPy against NumPy: random inputs, a fresh seed each run.
         PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
-    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|mixed|eval EXPR]" >&2; exit 2 ;;
 esac
