@@ -309,7 +309,7 @@ accept_slice(#{handle := H, port := Port, os_pid := OsPid} = S) ->
 ready(Name, #{started_at := T0, startup_line := Line} = S) ->
     Now = erlang:monotonic_time(microsecond),
     S1 = cancel_timer(S#{status := up, step := undefined, name := Name, up_since := Now,
-                         ready_us := Now - T0, startup := startup(Line, Now - T0),
+                         ready_us := Now - T0, startup := erlcuda_gpud_log:startup(Line, Now - T0),
                          startup_line := undefined}),
     emit_memory(S1),
     S1.
@@ -409,7 +409,7 @@ output(Port, Line, _Meta, #{probe_port := Port} = S) ->
 output(_Port, <<"startup ", Phases/binary>>, _Meta, #{step := ready} = S) ->
     S#{startup_line := Phases};
 output(_Port, <<"lane ", Lane/binary>>, _Meta, #{step := ready} = S) ->
-    S#{lane := lane(Lane)};
+    S#{lane := erlcuda_gpud_log:lane(Lane)};
 output(_Port, <<"ready ", Name/binary>>, _Meta, #{step := ready} = S) ->
     ready(Name, S);
 output(_Port, <<"error ", _/binary>> = Line, _Meta, #{step := ready} = S) ->
@@ -489,32 +489,3 @@ info_map(#{id := Id, backend := B, name := Name, os_pid := OsPid, status := St,
       restarts => R, last_exit => LE, ready_us => RU, startup => SU, lane => L,
       lane_sms => LaneSms}.
 
-%% gpud's `lane' line: how small launches avoid waiting behind large ones,
-%% and how many SMs they have to themselves.
-lane(<<"green ", SMs/binary>>) ->
-    case binary:split(SMs, <<" ">>) of
-        [N, _Rest] -> {green, binary_to_integer(N)};
-        _ -> {none, 0}
-    end;
-lane(<<"priority">>) -> {priority, 0};
-lane(_) -> {none, 0}.
-
-%% gpud's `startup a=12 b=340 ... total=352' (microseconds; see
-%% gpud/src/startup.rs) as #{a_us => 12, ..., total_us => 352}, plus
-%% spawn_us: what ready_us has beyond gpud's own total (spawn, exec, the
-%% line's way here). A gpud that sent no such line: only what is known here.
-%% Phase names are gpud's few fixed words, so the atoms are bounded.
-startup(undefined, ReadyUs) ->
-    #{spawn_us => ReadyUs};
-startup(Line, ReadyUs) ->
-    Phases = lists:foldl(
-               fun(Word, Acc) ->
-                       case binary:split(Word, <<"=">>) of
-                           [K, V] ->
-                               try Acc#{binary_to_atom(<<K/binary, "_us">>) => binary_to_integer(V)}
-                               catch error:badarg -> Acc
-                               end;
-                           _ -> Acc
-                       end
-               end, #{}, binary:split(Line, <<" ">>, [global, trim_all])),
-    Phases#{spawn_us => ReadyUs - maps:get(total_us, Phases, 0)}.

@@ -17,12 +17,17 @@
 %% A line longer than the port's line length arrives in pieces
 %% (`{noeol, Part}'): {@link part/2} keeps them until the rest comes.
 %%
+%% {@link lane/1} and {@link startup/2} read two lines of the protocol:
+%% how small launches are kept from waiting, and where the start's time
+%% went.
+%%
 %% {@link filter/2} is a logger filter for seeing all of gpud's lines while
 %% keeping other events above a level (the benchmarks and the GPU check
 %% record gpud's `info' lines: device, JIT and registration times).
 -module(erlcuda_gpud_log).
 
 -export([line/3, part/2, log_other/2, level/1, filter/2]).
+-export([lane/1, startup/2]).
 
 -export_type([meta/0]).
 
@@ -85,3 +90,41 @@ text(Bin) ->
         Utf8 when is_binary(Utf8) -> Utf8;
         _ -> unicode:characters_to_binary(Bin, latin1)
     end.
+
+%% @doc gpud's `lane' line (what follows `lane '): how small launches avoid
+%% waiting behind large ones, and how many SMs they have to themselves:
+%% `green LaneSMs OtherSMs', `priority' or `none'. Anything else reads as
+%% none.
+-spec lane(binary()) -> {green | priority | none, non_neg_integer()}.
+lane(<<"green ", SMs/binary>>) ->
+    case binary:split(SMs, <<" ">>) of
+        [N, _Rest] ->
+            try {green, binary_to_integer(N)}
+            catch error:badarg -> {none, 0}
+            end;
+        _ -> {none, 0}
+    end;
+lane(<<"priority">>) -> {priority, 0};
+lane(_) -> {none, 0}.
+
+%% @doc gpud's `startup' line (what follows `startup ': `a=12 b=340 ...
+%% total=352', in microseconds; see gpud/src/startup.rs) as
+%% `#{a_us => 12, ..., total_us => 352}', plus `spawn_us': what ReadyUs
+%% has beyond gpud's own total (spawn, exec, the line's way here). A gpud
+%% that sent no such line (`undefined'): only what is known here. Phase
+%% names are gpud's few fixed words, so the atoms are bounded.
+-spec startup(binary() | undefined, integer()) -> #{atom() => integer()}.
+startup(undefined, ReadyUs) ->
+    #{spawn_us => ReadyUs};
+startup(Line, ReadyUs) ->
+    Phases = lists:foldl(
+               fun(Word, Acc) ->
+                       case binary:split(Word, <<"=">>) of
+                           [K, V] when K =/= <<>> ->
+                               try Acc#{binary_to_atom(<<K/binary, "_us">>) => binary_to_integer(V)}
+                               catch error:badarg -> Acc
+                               end;
+                           _ -> Acc
+                       end
+               end, #{}, binary:split(Line, <<" ">>, [global, trim_all])),
+    Phases#{spawn_us => ReadyUs - maps:get(total_us, Phases, 0)}.

@@ -15,7 +15,8 @@
 
 all() ->
     [ready_line_is_info, every_line_whole_and_in_order, last_line_without_newline,
-     probe_diagnostics, device_fault_is_an_error, filter_keeps_gpud_lines].
+     probe_diagnostics, device_fault_is_an_error, filter_keeps_gpud_lines,
+     protocol_lines].
 
 init_per_suite(Config) ->
     #{level := Level} = logger:get_primary_config(),
@@ -182,3 +183,17 @@ flush() ->
     receive {log, _, _, _} -> flush()
     after 0 -> ok
     end.
+
+%% The protocol's `lane' and `startup' lines, every form gpud writes, and
+%% malformed ones read as nothing rather than crashing the device server.
+protocol_lines(_) ->
+    L = fun erlcuda_gpud_log:lane/1,
+    ?assertEqual({green, 16}, L(<<"green 16 116">>)),
+    ?assertEqual({priority, 0}, L(<<"priority">>)),
+    ?assertEqual({none, 0}, L(<<"none">>)),
+    [?assertEqual({none, 0}, L(Bad)) || Bad <- [<<"green">>, <<"green x 116">>, <<"green 16">>, <<>>]],
+    S = fun erlcuda_gpud_log:startup/2,
+    ?assertEqual(#{spawn_us => 500}, S(undefined, 500)),
+    ?assertEqual(#{args_us => 10, backend_us => 300, total_us => 352, spawn_us => 148},
+                 S(<<"args=10 backend=300 total=352">>, 500)),
+    ?assertEqual(#{total_us => 2, spawn_us => 3}, S(<<"x=y total=2 =5 z">>, 5)).
