@@ -6,9 +6,12 @@
 //! green contexts split the device: N SMs (the driver rounds up to its
 //! granularity) run small launches only, the rest run everything else.
 //! Every kernel stream is made in one of the two, none in the primary
-//! context, whose kernels could take every SM. Both run functions of the
-//! modules loaded in the primary context and read memory it allocated and
-//! registered: a green context shares them.
+//! context, whose kernels could take every SM. Launches on them run
+//! functions of the modules the primary context loaded, read memory it
+//! allocated and registered, and are followed by its events. Before gpud
+//! serves, a kernel that does nothing is run that way on a stream of each
+//! partition; where the driver refuses any of it, gpud says why and keeps
+//! the priority lane below.
 //!
 //! Without a reservation, or where the driver has no green contexts, small
 //! launches get a stream of the device's greatest priority: the GPU then
@@ -20,12 +23,18 @@
 //! 0.67 ms with a priority, 22 µs with 16 SMs reserved; SGEMM lost 25% on
 //! the remaining 116.
 
+use std::ffi::CString;
 use std::ptr;
 
 use cudarc::driver::sys;
 
 use super::{driver, setup};
 use crate::error::Result;
+
+/// A kernel that does nothing, launched on both partitions' streams before
+/// gpud serves (see [`try_streams`]).
+const PROBE_PTX: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
+                         .visible .entry erlcuda_lane_probe()\n{\n\tret;\n}\n";
 
 /// The lane and the partition the device's SMs are in.
 pub(super) struct Lane {
@@ -35,6 +44,7 @@ pub(super) struct Lane {
 }
 
 /// The two green contexts of a reservation.
+#[derive(Clone, Copy)]
 struct Green {
     lane: sys::CUgreenCtx,
     rest: sys::CUgreenCtx,
@@ -81,21 +91,8 @@ impl Lane {
             _ => None,
         };
         if let Some(want) = reserve {
-            match Green::split(dev, want) {
-                Ok(g) => {
-                    // SAFETY: a green context just created, destroyed in close.
-                    let stream = unsafe { driver::green_stream_create(g.lane, greatest.unwrap_or(0)) };
-                    let stream = match stream {
-                        Ok(s) => s,
-                        Err(e) => {
-                            let mut l = Lane { stream: ptr::null_mut(), green: Some(g) };
-                            // SAFETY: no stream made in either context.
-                            unsafe { l.close() };
-                            return setup("cuGreenCtxStreamCreate", Err(e));
-                        }
-                    };
-                    return Ok(Lane { stream, green: Some(g) });
-                }
+            match Green::split(dev, want).and_then(|g| Lane::tried(g, greatest.unwrap_or(0))) {
+                Ok(lane) => return Ok(lane),
                 Err(why) => log!(Notice, "gpud[{device}]: no SMs reserved for small launches: {why}"),
             }
         }
@@ -104,6 +101,30 @@ impl Lane {
             None => ptr::null_mut(),
         };
         Ok(Lane { stream, green: None })
+    }
+
+    /// The lane of reservation `g`, once a kernel has run on a stream of
+    /// each partition; Err (everything made undone) says why not.
+    fn tried(g: Green, priority: i32) -> std::result::Result<Lane, String> {
+        let mut lane = Lane { stream: ptr::null_mut(), green: Some(g) };
+        let tried = (|| {
+            // SAFETY: the contexts live until close, after their streams.
+            lane.stream = unsafe { driver::green_stream_create(g.lane, priority) }
+                .map_err(|e| format!("cuGreenCtxStreamCreate: {:?}", e.0))?;
+            let rest = lane.work_stream().map_err(|e| e.to_string())?;
+            let r = try_streams(&[lane.stream, rest]);
+            // SAFETY: synchronized by try_streams, or never used.
+            let _ = unsafe { driver::stream_destroy(rest) };
+            r
+        })();
+        match tried {
+            Ok(()) => Ok(lane),
+            Err(why) => {
+                // SAFETY: the one work stream made is destroyed.
+                unsafe { lane.close() };
+                Err(why)
+            }
+        }
     }
 
     /// A stream for launches that are not small: in the partition of the
@@ -143,4 +164,45 @@ impl Lane {
             let _ = unsafe { driver::green_ctx_destroy(g.rest) };
         }
     }
+}
+
+/// Runs a kernel of a module loaded in the primary context on each of
+/// `streams` (made in green contexts), behind it an event of the primary
+/// context, and waits for both: what every launch of gpud does across the
+/// contexts. A driver that refused any of it would fail every job on the
+/// lane; refused here, gpud keeps the priority lane instead. Err names the
+/// call that failed.
+fn try_streams(streams: &[sys::CUstream]) -> std::result::Result<(), String> {
+    fn named(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
+        move |e| format!("{what}: {:?}", e.0)
+    }
+    let ptx = CString::new(PROBE_PTX).map_err(|_| "the probe's PTX holds a NUL".to_string())?;
+    let module = driver::module_load_ptx(&ptx).map_err(named("cuModuleLoadData"))?;
+    let tried = (|| {
+        let name = CString::new("erlcuda_lane_probe").map_err(|_| "bad probe name".to_string())?;
+        // SAFETY: the module just loaded, unloaded below.
+        let f = unsafe { driver::module_get_function(module, &name) }.map_err(named("cuModuleGetFunction"))?;
+        let ev = driver::event_create().map_err(named("cuEventCreate"))?;
+        let each = (|| {
+            for &s in streams {
+                // SAFETY: a function of no parameters and no memory; live
+                // streams and event.
+                unsafe { driver::launch_kernel(f, 1, 32, 0, s, &mut []) }
+                    .map_err(named("cuLaunchKernel on a green context's stream"))?;
+                unsafe { driver::event_record(ev, s) }.map_err(named("cuEventRecord on a green context's stream"))?;
+                unsafe { driver::stream_synchronize(s) }.map_err(named("cuStreamSynchronize"))?;
+                if !unsafe { driver::event_query(ev) }.map_err(named("cuEventQuery"))? {
+                    return Err("an event behind a green context's work had not fired once it was done".into());
+                }
+            }
+            Ok(())
+        })();
+        // SAFETY: no stream waits on it any more (each was synchronized,
+        // or the failed call recorded nothing).
+        let _ = unsafe { driver::event_destroy(ev) };
+        each
+    })();
+    // SAFETY: nothing of the module runs any more.
+    let _ = unsafe { driver::module_unload(module) };
+    tried
 }
