@@ -10,6 +10,7 @@
 #   run.sh bench     the benchmarks: bench/peers.py (PyTorch, CuPy, cuBLAS,
 #                    PCIe), then bench/erlcuda_bench.erl, in one run; raw
 #                    JSON, logs and the merged report go to $OUT (or .)
+#   run.sh mixed     the same for the mixed-load section alone
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
 #                    e.g. 'erlcuda_bench:busy_spin()'; ERL_FLAGS applies
 #   run.sh kernels   the built-in kernels' PTX alone, through CuPy
@@ -75,6 +76,23 @@ cargo_tests() {
 
 check() { ERLCUDA_USER_MODULES="$here/user_modules" erl "erlcuda_gpu_check:main([{gpud_fault, \"$here/gpud-fault\"}])"; }
 
+# PyTorch's figures (peers.py; only its sections $2, all where empty), then
+# erlcuda's (the Erlang expression $3), then the report, into $OUT: files
+# peers$1.json, erlang$1.json and RESULTS$1.md; $4 names this step in the
+# report's command line.
+benchmark() {
+    local suffix=$1 only=$2 expr=$3 step=$4
+    local out="${OUT:-.}" machine="${BENCH_MACHINE:-h200}"
+    python3 "$here/bench/peers.py" "$out/peers$suffix.json" ${only:+--only "$only"} \
+        --ptx "$here/erlcuda_kernels.ptx" --abi "$here/bench/abi.rs" 2>&1 | tee "$out/peers$suffix.log"
+    ERLCUDA_BENCH_JSON="$out/erlang$suffix.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
+        ERLCUDA_USER_MODULES="$here/user_modules" \
+        erl "logger:set_primary_config(level, error), $expr, halt()" 2>&1 | tee "$out/erlang$suffix.log"
+    python3 "$here/bench/report.py" --machine "$machine" --erlang "$out/erlang$suffix.json" \
+        --peers "$out/peers$suffix.json" --out-dir "$out" --md "$out/RESULTS$suffix.md" \
+        --command "make gpu-bundle; bash .gpu-bundle/run.sh $step" || true
+}
+
 case "${1:-check}" in
     check)
         cargo_tests || { echo "the Erlang GPU check was not run (bash $0 erlang runs it alone)" >&2
@@ -83,36 +101,13 @@ case "${1:-check}" in
         check ;;
     cargo) cargo_tests ;;
     erlang) check ;;
-    bench)
-        out="${OUT:-.}"
-        machine="${BENCH_MACHINE:-h200}"
-        python3 "$here/bench/peers.py" "$out/peers.json" --ptx "$here/erlcuda_kernels.ptx" \
-            --abi "$here/bench/abi.rs" 2>&1 | tee "$out/peers.log"
-        ERLCUDA_BENCH_JSON="$out/erlang.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
-            ERLCUDA_USER_MODULES="$here/user_modules" \
-            erl "logger:set_primary_config(level, error), erlcuda_bench:main(), halt()" 2>&1 \
-            | tee "$out/erlang.log"
-        python3 "$here/bench/report.py" --machine "$machine" --erlang "$out/erlang.json" \
-            --peers "$out/peers.json" --out-dir "$out" --md "$out/RESULTS.md" \
-            --command "make gpu-bundle; bash .gpu-bundle/run.sh bench" || true
-        ;;
+    bench) benchmark "" "" "erlcuda_bench:main()" bench ;;
     mixed)
         # The mixed-load section alone (small jobs beside large ones), in
         # the same call as PyTorch's: a few minutes where the whole
         # benchmark does not fit. ERLCUDA_BENCH_MIXED_LANES=default,off,8,16
         # runs it once per lane_sms setting, to size the reservation.
-        out="${OUT:-.}"
-        machine="${BENCH_MACHINE:-h200}"
-        python3 "$here/bench/peers.py" "$out/peers_mixed.json" --only mixed --ptx "$here/erlcuda_kernels.ptx" \
-            --abi "$here/bench/abi.rs" 2>&1 | tee "$out/peers_mixed.log"
-        ERLCUDA_BENCH_JSON="$out/mixed.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
-            ERLCUDA_USER_MODULES="$here/user_modules" \
-            erl "logger:set_primary_config(level, error), erlcuda_bench:main([mixed]), halt()" 2>&1 \
-            | tee "$out/mixed.log"
-        python3 "$here/bench/report.py" --machine "$machine" --erlang "$out/mixed.json" \
-            --peers "$out/peers_mixed.json" --out-dir "$out" --md "$out/RESULTS_mixed.md" \
-            --command "make gpu-bundle; bash .gpu-bundle/run.sh mixed" || true
-        ;;
+        benchmark _mixed mixed "erlcuda_bench:main([mixed])" mixed ;;
     eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
     kernels)
         # The kernels' PTX alone, through CuPy: both modules, every entry of
