@@ -166,18 +166,26 @@ pub(super) unsafe fn func_set_max_dynamic_smem(f: sys::CUfunction, bytes: i32) -
     })
 }
 
+/// Entry point `name` of the driver cudarc loaded, or null where it has
+/// none.
+fn driver_symbol(name: &str) -> *mut c_void {
+    let (Ok(lib), Ok(sym)) = (CString::new("libcuda.so.1"), CString::new(name)) else { return ptr::null_mut() };
+    // SAFETY: RTLD_NOLOAD only finds the driver cudarc already loaded (its
+    // reference stays for the process's life, as cudarc's own does).
+    unsafe {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return ptr::null_mut();
+        }
+        libc::dlsym(h, sym.as_ptr())
+    }
+}
+
 /// Whether the loaded driver exports `name`. cudarc's loader panics on a
 /// missing entry point, so one newer than the oldest driver gpud runs on
 /// (12.0) is looked for before its first call.
 pub(super) fn has_entry(name: &str) -> bool {
-    let (Ok(lib), Ok(sym)) = (CString::new("libcuda.so.1"), CString::new(name)) else { return false };
-    // SAFETY: RTLD_NOLOAD only finds the driver cudarc already loaded; the
-    // handle of an already-open library needs no close to balance it
-    // beyond the reference dlopen took, which stays for the process's life.
-    unsafe {
-        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-        !h.is_null() && !libc::dlsym(h, sym.as_ptr()).is_null()
-    }
+    !driver_symbol(name).is_null()
 }
 
 /// `cuFuncGetParamInfo` (CUDA 12.4+), looked up in the loaded driver: an
@@ -189,18 +197,9 @@ type ParamInfoFn = unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut
 impl ParamInfo {
     /// The driver's entry point, if it has one.
     pub(super) fn lookup() -> Option<ParamInfo> {
-        let lib = CString::new("libcuda.so.1").unwrap();
-        let sym = CString::new("cuFuncGetParamInfo").unwrap();
-        // SAFETY: RTLD_NOLOAD only finds the driver cudarc already loaded; the
-        // symbol, when present, has the documented signature.
-        unsafe {
-            let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-            if h.is_null() {
-                return None;
-            }
-            let p = libc::dlsym(h, sym.as_ptr());
-            (!p.is_null()).then(|| ParamInfo(std::mem::transmute::<*mut c_void, ParamInfoFn>(p)))
-        }
+        let p = driver_symbol("cuFuncGetParamInfo");
+        // SAFETY: the symbol, when present, has the documented signature.
+        (!p.is_null()).then(|| ParamInfo(unsafe { std::mem::transmute::<*mut c_void, ParamInfoFn>(p) }))
     }
 
     /// Parameter `i` of `f` as (offset, size); Err when `f` has no such
