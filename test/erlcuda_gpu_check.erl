@@ -370,7 +370,8 @@ growth(Env) ->
 %% on the kernels' own streams in the other SMs: a small vector_add's result
 %% is bit-identical to the same elements of a large one, and every result
 %% (vector_add, a small matmul, a put/get round trip) the same bits with no
-%% SMs reserved (lane_sms off: the priority stream alone). Puts and
+%% SMs reserved (lane_sms off: the priority stream alone; 1024, more SMs
+%% than any device has: the same, as a fallback). Puts and
 %% gets go in pieces: a put/get round trip gives back the very bytes, at
 %% the default pacing and at 64 KiB pieces, 3 in flight.
 lane_and_pacing(Env) ->
@@ -400,6 +401,9 @@ lane_and_pacing(Env) ->
     Green = With([{lane_sms, 16}, {copy_piece_bytes, 65536}, {copies_in_flight, 3}],
                  fun(#{lane := L}) -> L =:= green end),
     Green = With([{lane_sms, off}], fun(#{lane := L, lane_sms := S}) -> {L, S} =:= {priority, 0} end),
+    %% More SMs than the device has: no reservation, the priority lane, said
+    %% in devices() (gpud logs why).
+    Green = With([{lane_sms, 1024}], fun(#{lane := L, lane_sms := S}) -> {L, S} =:= {priority, 0} end),
     ok.
 
 hold(A, B, Held) ->
