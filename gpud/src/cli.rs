@@ -151,7 +151,13 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     }
     let backend = backend.unwrap_or(BackendKind::Auto);
     if probe {
-        if socket.is_some() || device.is_some() || spin_us.is_some() || !modules.is_empty() || memory_limit.is_some() {
+        if socket.is_some()
+            || device.is_some()
+            || spin_us.is_some()
+            || !modules.is_empty()
+            || memory_limit.is_some()
+            || lane_sms.is_some()
+        {
             return Err(usage("--probe takes only --backend"));
         }
         return Ok(Command::Probe { backend });
@@ -269,6 +275,7 @@ mod tests {
             "--socket x --device 0 --spin-us lots",
             "--socket",
             "--probe --socket x",
+            "--probe --lane-sms 8",
             // The benchmarks' tools are gpud-bench's, not gpud's.
             "--bench-backend",
             "--baseline --backend cpu",
