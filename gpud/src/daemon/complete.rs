@@ -108,24 +108,28 @@ impl Daemon {
     }
 
     /// Runs everything gpud holds to the end: launches and copies in
-    /// flight, and the entries held back behind them. The main loop does
-    /// this as it goes; tests and the fuzz targets, which drive the daemon
-    /// drain by drain, call it. Ok(false) when the VM went away.
+    /// flight, and the entries held back (once their segments are
+    /// registered and their buffers have landed). The main loop does this
+    /// as it goes; `make_room` all at once, and so do tests and the fuzz
+    /// targets, which drive the daemon drain by drain. Ok(false) when the
+    /// VM went away.
     pub fn finish(&mut self) -> Result<bool> {
         loop {
-            if !self.reap()? {
-                return Ok(false);
-            }
-            if self.parked_ready {
+            if !self.parked.is_empty() {
+                self.adopt_segments(true)?;
                 if !self.run_parked()? {
                     return Ok(false);
                 }
-                continue;
+                self.coalescer.clear();
             }
-            if self.in_flight.is_empty() {
+            if !self.finish_in_flight()? {
+                return Ok(false);
+            }
+            // Nothing registers or lands any more: a second turn runs what
+            // waited for a copy, and holds nothing back.
+            if self.parked.is_empty() {
                 return Ok(true);
             }
-            std::thread::yield_now();
         }
     }
 

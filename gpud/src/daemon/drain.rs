@@ -193,27 +193,9 @@ impl Daemon {
         let submitted = self.submit_all(&coalescer);
         self.coalescer = coalescer;
         self.coalescer.clear();
-        if !submitted? {
+        // Entries held back came before this one: they run first.
+        if !submitted? || !self.finish()? {
             return Ok(false);
-        }
-        // Entries held back came before this one: they run first, once
-        // their segments are registered and their buffers have landed.
-        loop {
-            if !self.parked.is_empty() {
-                self.adopt_segments(true)?;
-                if !self.run_parked()? {
-                    return Ok(false);
-                }
-                self.coalescer.clear();
-            }
-            if !self.finish_in_flight()? {
-                return Ok(false);
-            }
-            // Nothing registers or lands any more: a second turn runs what
-            // waited for a copy, and holds nothing back.
-            if self.parked.is_empty() {
-                break;
-            }
         }
         self.release_buffers();
         Ok(true)
