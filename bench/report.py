@@ -3,11 +3,17 @@
 
     python3 bench/report.py --machine NAME --erlang erlang.json [--peers peers.json]
         [--out-dir bench/results] [--md bench/RESULTS.md] [--command "how it was run"]
+        [--baseline FILE]
+    python3 bench/report.py --regenerate [--out-dir ...] [--md ...] [--machine NAME --baseline FILE]
 
 Inputs follow bench/FORMAT.md.  Writes OUT_DIR/NAME.json (the merged figures),
 then the plots (bench/plot.py, when matplotlib is installed), then regenerates
 the whole Markdown report from every merged OUT_DIR/*.json, one section per
-machine, H200/GPU machines first.  Standard library only.
+machine, H200/GPU machines first.  Last it prints the regression table:
+erlcuda's records more than 15% worse than the baseline (default: the
+OUT_DIR/NAME.json this run replaces, read before it is written), which
+NAME.json keeps ("comparison") and RESULTS.md shows.  --regenerate makes no
+new run: it rewrites the Markdown only.  Standard library only.
 """
 
 import argparse
@@ -538,6 +544,158 @@ def build(machine, erlang_path, peers_path, command):
 
 
 # ----------------------------------------------------------------------------
+# regressions: this run against an earlier record of the same machine
+
+# The direction of "worse", from the record's unit (FORMAT.md's units): times,
+# the full-stack / in-process ratio and the CPU share are better lower; rates
+# better higher. A unit in neither has no direction and is not compared.
+LOWER_BETTER = {"us", "ms", "ns", "x", "%", "% of a core"}
+HIGHER_BETTER = {"jobs/s", "GB/s", "TFLOP/s"}
+# erlcuda's own code: erlcuda (binaries), erlcuda_lists, and in_process (gpud's
+# backend driven by a Rust program). Only these make a regression; the peers'
+# figures move with the machine and its libraries, so they are listed apart,
+# as a hint of whether the machine itself changed.
+OWN_SYSTEMS = (OWN, "erlcuda_lists", "in_process")
+REGRESSION = 0.15     # more than this much worse than the baseline is listed
+# extra fields that say what a record ran on: where they differ (a scaled
+# run), its figures are not comparable.
+SIZE_FIELDS = ("scale", "size")
+
+
+def records_of(merged):
+    """{(name, system): (value, unit, extra)} of every figure of a merged file,
+    the peers' included."""
+    out = {}
+    for f in merged.get("figures") or []:
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or "system" not in f:
+            continue
+        for s in [f["system"]] + list(f.get("peers") or {}):
+            v = value_of(f, s)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                out[(f["name"], s)] = (v, f.get("unit"), extra_of(f, s))
+    return out
+
+
+def worse_by(unit, base, value):
+    """How much worse value is than base, as a fraction (negative: better);
+    None where the unit has no direction or the base is not positive."""
+    if not base or base <= 0:
+        return None
+    if unit in LOWER_BETTER:
+        return value / base - 1
+    if unit in HIGHER_BETTER:
+        return 1 - value / base
+    return None
+
+
+def load_baseline(path):
+    """The baseline's figures: a merged file (bench/results/NAME.json), or a
+    producer's record file (merged here); None where there is none."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        doc = json.load(f)
+    if isinstance(doc, dict) and isinstance(doc.get("figures"), list):
+        return doc
+    if isinstance(doc, dict) and isinstance(doc.get("records"), list):
+        meta, recs = load(path)
+        return {"date": meta.get("date"), "command": "", "figures": merge(recs)}
+    raise ValueError("neither a merged file (\"figures\") nor a record file (\"records\")")
+
+
+def compare(merged, base, path):
+    """This run's figures against the baseline's: erlcuda's records more than
+    REGRESSION worse (and the peers' apart), with the counts of records
+    compared, in this run only (new) and in the baseline only (missing)."""
+    res = {"file": path, "date": base.get("date"), "command": base.get("command"), "threshold": REGRESSION,
+           "compared": 0, "new": 0, "missing": 0, "not_comparable": 0, "worse": [], "peers_worse": []}
+    new, old = records_of(merged), records_of(base)
+    for key in set(new) | set(old):
+        name, system = key
+        own = system in OWN_SYSTEMS
+        if key not in old or key not in new:
+            if own:
+                res["new" if key not in old else "missing"] += 1
+            continue
+        (v, unit, ex), (b, bunit, bex) = new[key], old[key]
+        sized = any(k in ex and k in bex and ex[k] != bex[k] for k in SIZE_FIELDS)
+        d = None if unit != bunit or sized else worse_by(unit, b, v)
+        if d is None:
+            if own:
+                res["not_comparable"] += 1
+            continue
+        if own:
+            res["compared"] += 1
+        if d > REGRESSION:
+            res["worse" if own else "peers_worse"].append(
+                {"name": name, "system": system, "unit": unit, "baseline": b, "value": v,
+                 "ratio": v / b, "worse_by": d})
+    for k in ("worse", "peers_worse"):
+        res[k].sort(key=lambda r: (-r["worse_by"], natural_key(r["name"]), system_key(r["system"])))
+    return res
+
+
+def worse_text(d):
+    """A fraction worse as a percentage, with a decimal below 100% so that
+    15.4% does not read as the threshold itself."""
+    return "{:.1f}%".format(100 * d) if d < 1 else pct(d)
+
+
+def regression_blocks(cmp, full_path=False):
+    """The regression table as blocks, each a line and the table under it (or
+    []): the verdict and erlcuda's records more than REGRESSION worse, the
+    counts, the peers' worse. Markdown; stdout prints the same. The baseline
+    is named by its file name (full_path: as given) and its date."""
+    if cmp is None:
+        return None
+    where = "`{}`".format(cmp["file"] if full_path else os.path.basename(cmp["file"]))
+    if cmp.get("absent"):
+        return [("Not compared: no baseline record ({} absent).".format(where), [])]
+    if cmp.get("error"):
+        return [("Not compared: baseline {} unreadable ({}).".format(where, cmp["error"]), [])]
+    where += " of {}".format(cmp["date"]) if cmp.get("date") else ""
+    lim = pct(cmp["threshold"])
+
+    def rows(rs):
+        return table(["record", "system", "unit", "baseline", "new", "new / baseline", "worse by"],
+                     [["`{}`".format(r["name"]), r["system"], r["unit"] or "", fmt(r["baseline"], r["unit"]),
+                       fmt(r["value"], r["unit"]), fmt(r["ratio"]) + "×", worse_text(r["worse_by"])] for r in rs])
+    blocks = []
+    if cmp["worse"]:
+        blocks.append(("{} of erlcuda's records more than {} worse than {}:".format(len(cmp["worse"]), lim, where),
+                       rows(cmp["worse"])))
+    else:
+        blocks.append(("No regression: no erlcuda record more than {} worse than {}.".format(lim, where), []))
+    counts = "{} of erlcuda's records compared, {} new, {} missing (in one file only: not compared)".format(
+        cmp["compared"], cmp["new"], cmp["missing"])
+    if cmp["not_comparable"]:
+        counts += ", {} not comparable (another unit or size, a zero baseline, or a unit with no " \
+                  "better side)".format(cmp["not_comparable"])
+    blocks.append((counts + "; worse: a higher value in {}, a lower one in {}.".format(
+        ", ".join("`{}`".format(u) for u in sorted(LOWER_BETTER)),
+        ", ".join("`{}`".format(u) for u in sorted(HIGHER_BETTER))), []))
+    if cmp["peers_worse"]:
+        blocks.append(("Peers more than {} worse (not erlcuda's code: the machine or its libraries changed; "
+                       "for context):".format(lim), rows(cmp["peers_worse"])))
+    else:
+        blocks.append(("Peers: none more than {} worse.".format(lim), []))
+    return blocks
+
+
+def baseline_comparison(merged, path):
+    """compare() against the record file at path, or why there is none."""
+    try:
+        base = load_baseline(path)
+        if base is not None:
+            return compare(merged, base, path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        # (a bad baseline costs the table, not the run's report)
+        warn("baseline {}: {!r}".format(path, e))
+        return {"file": path, "error": repr(e)[:200]}
+    return {"file": path, "absent": True}
+
+
+# ----------------------------------------------------------------------------
 # Markdown
 
 def md_escape(s):
@@ -1059,7 +1217,9 @@ def plot_links(merged, out_dir, md_dir):
     return links
 
 
-def machine_section(merged, out_dir, md_dir):
+def machine_section(merged, out_dir, md_dir, comparison=None):
+    """comparison: the regression table's data to show, where not the one
+    stored in the merged file (report.py --regenerate --baseline)."""
     name = merged["machine"]
     L = ["## {}".format(name), ""]
     if is_fake(merged):
@@ -1091,6 +1251,13 @@ def machine_section(merged, out_dir, md_dir):
     if machine_rank(merged) != 0:
         L += ["The targets of `bench/FORMAT.md` are set for an H200; here they are for reference only.", ""]
     L += [*target_rows(merged), ""]
+
+    L += ["### Regressions", ""]
+    blocks = regression_blocks(comparison or merged.get("comparison"))
+    if blocks is None:
+        blocks = [("No comparison with an earlier record is stored in `{}.json`.".format(name), [])]
+    for line, tab in blocks:
+        L += [line, ""] + (tab + [""] if tab else [])
 
     figs = merged["figures"]
     grouped = {}
@@ -1173,7 +1340,9 @@ def load_merged_dir(out_dir):
     return res
 
 
-def write_md(md_path, out_dir):
+def write_md(md_path, out_dir, comparisons=None):
+    """comparisons: {machine: compare()'s result} shown instead of the one
+    stored in that machine's merged file."""
     md_dir = os.path.dirname(os.path.abspath(md_path))
     machines = load_merged_dir(out_dir)
     L = ["# erlcuda benchmark results", "",
@@ -1186,7 +1355,7 @@ def write_md(md_path, out_dir):
             m["machine"], re.sub(r"[^a-z0-9_ -]", "", m["machine"].lower()).replace(" ", "-"))
             for m in machines), ""]
     for m in machines:
-        L += machine_section(m, out_dir, md_dir)
+        L += machine_section(m, out_dir, md_dir, (comparisons or {}).get(m["machine"]))
     with open(md_path, "w") as f:
         f.write("\n".join(L).rstrip("\n") + "\n")
     return machines
@@ -1194,21 +1363,56 @@ def write_md(md_path, out_dir):
 
 # ----------------------------------------------------------------------------
 
+def print_regressions(cmp):
+    """The regression table at the end of the run (what `run.sh bench` shows)."""
+    print()
+    for line, tab in regression_blocks(cmp, full_path=True):
+        print("\n".join([line] + tab))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--machine", required=True, help="machine name; output is OUT_DIR/NAME.json")
-    ap.add_argument("--erlang", required=True, help="records from bench/erlcuda_bench.erl")
+    ap.add_argument("--machine", help="machine name; output is OUT_DIR/NAME.json")
+    ap.add_argument("--erlang", help="records from bench/erlcuda_bench.erl")
     ap.add_argument("--peers", help="records from bench/peers.py")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--md", default=os.path.join(HERE, "RESULTS.md"))
     ap.add_argument("--command", help="how the benchmarks were run (shown in the report)")
+    ap.add_argument("--baseline", metavar="FILE",
+                    help="record file to compare this run with (a merged OUT_DIR/NAME.json or a producer's "
+                         "records); default: OUT_DIR/NAME.json as it was before this run")
+    ap.add_argument("--regenerate", action="store_true",
+                    help="no new run: rewrite the Markdown from OUT_DIR/*.json; with --machine and --baseline, "
+                         "compare OUT_DIR/NAME.json with the baseline")
     a = ap.parse_args(argv)
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", a.machine):
+    if a.machine is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", a.machine):
         ap.error("--machine: use letters, digits, '.', '_' and '-' only")
+    if a.regenerate:
+        if a.erlang or a.peers or a.command is not None:
+            ap.error("--regenerate makes no new run: no --erlang, --peers or --command")
+        if a.baseline and not a.machine:
+            ap.error("--regenerate --baseline: say which machine's record to compare (--machine)")
+        cmp = None
+        if a.baseline:
+            path = os.path.join(a.out_dir, a.machine + ".json")
+            if not os.path.exists(path):
+                ap.error("--regenerate --baseline: no {} to compare".format(path))
+            with open(path) as f:
+                cmp = baseline_comparison(json.load(f), a.baseline)
+        machines = write_md(a.md, a.out_dir, {a.machine: cmp} if cmp else None)
+        print("wrote {} ({} machine{})".format(a.md, len(machines), "" if len(machines) == 1 else "s"))
+        if cmp:
+            print_regressions(cmp)
+        return 0
+    if not a.machine or not a.erlang:
+        ap.error("--machine and --erlang are needed (or --regenerate)")
+
     merged = build(a.machine, a.erlang, a.peers, a.command)
     os.makedirs(a.out_dir, exist_ok=True)
     out = os.path.join(a.out_dir, a.machine + ".json")
+    # Before the write below: by default the baseline is the file it replaces.
+    merged["comparison"] = baseline_comparison(merged, a.baseline or out)
     tmp = out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(merged, f, indent=1)
@@ -1238,6 +1442,7 @@ def main(argv=None):
     print("wrote {} ({} machine{})".format(a.md, len(machines), "" if len(machines) == 1 else "s"))
     print("targets: {} met, {} missed, {} not evaluated, {} not measured".format(
         *target_counts(evaluate_all(merged))))
+    print_regressions(merged["comparison"])
     return 1 if plot_failed else 0
 
 

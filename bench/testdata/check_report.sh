@@ -249,9 +249,13 @@ grep -q '^| target | goal | record | wanted | reached | result | by |$' "$md" ||
 [ "$(grep -c '\*\*missed\*\*' "$md")" -eq 16 ] || fail "expected 16 missed targets in the Markdown"
 grep -q '^53 targets: 37 met, 16 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
 grep -q '^targets: 37 met, 16 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
+# the first record of a machine: no baseline, said in one line (stdout, and the Markdown)
+[ "$(tail -n1 "$T/out1.txt")" = "Not compared: no baseline record (\`$T/results/fake-h200.json\` absent)." ] \
+    || fail "no-baseline line on stdout: $(tail -n1 "$T/out1.txt")"
+grep -qxF 'Not compared: no baseline record (`fake-h200.json` absent).' "$md" || fail "no-baseline line in the Markdown"
 secs=$(grep '^### ' "$md" | sed 's/ (.*//' | tr '\n' '|')
-[ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### Mixed load|### gpud|### PCIe|### Plots|" ] \
-    || [ "$secs" = "### Targets|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### Mixed load|### gpud|### PCIe|" ] \
+[ "$secs" = "### Targets|### Regressions|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### Mixed load|### gpud|### PCIe|### Plots|" ] \
+    || [ "$secs" = "### Targets|### Regressions|### Latency|### Throughput|### Profile of the VM side|### Large vectors|### Matmul|### Device buffers|### PyTorch, tensors on the device|### Example kernels vs PyTorch|### Mixed load|### gpud|### PCIe|" ] \
     || fail "sections: $secs"
 # the target rows: absolute, relative to another record (erlcuda's own, a peer's), two on one record
 grep -qF '| vector_add 1000 round trip, p99 | speed | `latency.vector_add_1000.p99` | ≤ 30 us | 22.5 us | **met** | 25% under |' "$md" \
@@ -435,6 +439,92 @@ grep -qF '| ≥ 0.85 × erlcuda `mixed.large.put_get_256MiB.alone` | 66 jobs/s |
     || fail "scaled mixed run's relative target row"
 grep -qF 'A scaled run (ERLCUDA_BENCH_MIXED_SCALE 64: fewer small jobs, smaller large jobs): its targets are not evaluated.' "$T/R5.md" \
     || fail "scaled mixed run's note"
+
+# 6. the regression table: a baseline, then a run in which one erlcuda record is 20% worse (listed,
+# both figures), one 10% worse and two better (not listed), one record new and one gone (counted),
+# and a peer 25% worse (listed apart: the machine, not erlcuda). The baseline is the default, the
+# OUT_DIR/NAME.json this run replaces, read before it is written.
+python3 - "$HERE/erlang.json" "$HERE/peers.json" "$T" <<'EOF'
+import json, sys
+e, p, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+base = dict(e, records=[r for r in e["records"] if r["name"] != "examples.round_trip.p50"])
+json.dump(base, open(t + "/base-erlang.json", "w"))
+scale = {("latency.vector_add_1000.p50", "erlcuda"): 1.2,        # 20% worse: a regression
+         ("throughput.callers_1000", "erlcuda"): 0.9,             # 10% worse: within the margin
+         ("large.vector_add.arena.n67108864", "erlcuda"): 0.7,    # better (lower ms)
+         ("throughput.callers_100", "erlcuda"): 1.3,              # better (more jobs/s)
+         ("pcie.h2d", "pcie_pinned"): 0.75}                       # a peer 25% worse
+for d in (e, p):
+    d["records"] = [r for r in d["records"] if r["name"] != "gpud.restart_ready"]
+    for r in d["records"]:
+        r["value"] *= scale.get((r["name"], r["system"]), 1)
+json.dump(e, open(t + "/new-erlang.json", "w"))
+json.dump(p, open(t + "/new-peers.json", "w"))
+EOF
+python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/base-erlang.json" --peers "$HERE/peers.json" \
+    --out-dir "$T/r6" --md "$T/R6.md" >/dev/null 2>"$T/err6.txt" || { cat "$T/err6.txt"; fail "report.py on the baseline"; }
+cp "$T/r6/reg-h200.json" "$T/base-merged.json"
+python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/new-erlang.json" --peers "$T/new-peers.json" \
+    --out-dir "$T/r6" --md "$T/R6.md" >"$T/out6.txt" 2>"$T/err6.txt" || { cat "$T/err6.txt"; fail "report.py on the new run"; }
+[ -s "$T/err6.txt" ] && { cat "$T/err6.txt"; fail "report.py warned on the regression case"; }
+sed -n '/^targets: /,$p' "$T/out6.txt" | tail -n +3 >"$T/reg6.txt"
+cat >"$T/want6.txt" <<EOF
+1 of erlcuda's records more than 15% worse than \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00:
+| record | system | unit | baseline | new | new / baseline | worse by |
+|---|---|---|---|---|---|---|
+| \`latency.vector_add_1000.p50\` | erlcuda | us | 12.8 | 15.4 | 1.20× | 20.0% |
+122 of erlcuda's records compared, 1 new, 1 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
+Peers more than 15% worse (not erlcuda's code: the machine or its libraries changed; for context):
+| record | system | unit | baseline | new | new / baseline | worse by |
+|---|---|---|---|---|---|---|
+| \`pcie.h2d\` | pcie_pinned | GB/s | 55.2 | 41.4 | 0.750× | 25.0% |
+EOF
+diff "$T/want6.txt" "$T/reg6.txt" >&2 || fail "the regression table on stdout (want, got above)"
+python3 - "$T/r6/reg-h200.json" <<'EOF' || fail "the comparison kept in the merged JSON"
+import json, sys
+c = json.load(open(sys.argv[1]))["comparison"]
+w = c["worse"]
+assert len(w) == 1 and w[0]["name"] == "latency.vector_add_1000.p50" and w[0]["system"] == "erlcuda", w
+assert w[0]["baseline"] == 12.8 and abs(w[0]["value"] - 15.36) < 1e-9 and abs(w[0]["ratio"] - 1.2) < 1e-9, w
+assert [r["name"] for r in c["peers_worse"]] == ["pcie.h2d"], c["peers_worse"]
+assert (c["compared"], c["new"], c["missing"], c["threshold"]) == (122, 1, 1, 0.15), c
+EOF
+sed -n '/^### Regressions$/,/^### Latency/p' "$T/R6.md" >"$T/reg6.md"
+grep -qxF "1 of erlcuda's records more than 15% worse than \`reg-h200.json\` of 2026-12-02T16:00:00+00:00:" "$T/reg6.md" \
+    || fail "regression heading line in the Markdown"
+grep -qxF '| `latency.vector_add_1000.p50` | erlcuda | us | 12.8 | 15.4 | 1.20× | 20.0% |' "$T/reg6.md" \
+    || fail "regression row in the Markdown"
+[ "$(grep -c '^| `' "$T/reg6.md")" -eq 2 ] || fail "the Markdown lists more than the regression and the peer"
+
+# 7. nothing worse: a run against itself (an explicit --baseline) says so in one line
+python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/new-erlang.json" --peers "$T/new-peers.json" \
+    --out-dir "$T/r7" --md "$T/R7.md" --baseline "$T/r6/reg-h200.json" >"$T/out7.txt" 2>&1 \
+    || { cat "$T/out7.txt"; fail "report.py against itself"; }
+sed -n '/^targets: /,$p' "$T/out7.txt" | tail -n +3 >"$T/reg7.txt"
+cat >"$T/want7.txt" <<EOF
+No regression: no erlcuda record more than 15% worse than \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00.
+123 of erlcuda's records compared, 0 new, 0 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
+Peers: none more than 15% worse.
+EOF
+diff "$T/want7.txt" "$T/reg7.txt" >&2 || fail "the no-regression lines on stdout (want, got above)"
+grep -qxF 'No regression: no erlcuda record more than 15% worse than `reg-h200.json` of 2026-12-02T16:00:00+00:00.' "$T/R7.md" \
+    || fail "no-regression line in the Markdown"
+
+# 8. --regenerate: the Markdown again from the merged files, the JSON untouched; with --machine and
+# --baseline, a comparison made there (the baseline here a producer's record file)
+sum6=$(cksum <"$T/r6/reg-h200.json")
+python3 "$BENCH/report.py" --regenerate --out-dir "$T/r6" --md "$T/R8.md" >"$T/out8.txt" 2>&1 \
+    || { cat "$T/out8.txt"; fail "report.py --regenerate"; }
+cmp -s "$T/R6.md" "$T/R8.md" || fail "--regenerate wrote another Markdown than the run did"
+[ "$sum6" = "$(cksum <"$T/r6/reg-h200.json")" ] || fail "--regenerate changed the merged JSON"
+python3 "$BENCH/report.py" --regenerate --out-dir "$T/r6" --md "$T/R8.md" --machine reg-h200 \
+    --baseline "$T/base-erlang.json" >"$T/out8.txt" 2>&1 || { cat "$T/out8.txt"; fail "report.py --regenerate --baseline"; }
+grep -qxF "1 of erlcuda's records more than 15% worse than \`$T/base-erlang.json\` of 2026-12-02T16:00:00+00:00:" "$T/out8.txt" \
+    || fail "--regenerate --baseline on stdout: $(cat "$T/out8.txt")"
+grep -qxF '| `latency.vector_add_1000.p50` | erlcuda | us | 12.8 | 15.4 | 1.20× | 20.0% |' "$T/R8.md" \
+    || fail "--regenerate --baseline in the Markdown"
+[ "$sum6" = "$(cksum <"$T/r6/reg-h200.json")" ] || fail "--regenerate --baseline changed the merged JSON"
+echo "regressions: the table (20% worse listed, 10% worse not), the no-regression line, --regenerate"
 
 after=$(snapshot)
 [ "$before" = "$after" ] || fail "bench/results or bench/RESULTS.md changed"

@@ -47,8 +47,13 @@ cp -r _build/user_modules/example _build/user_modules/faulty "$out/user_modules/
 rm -rf "$out"/user_modules/*/target
 erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
 # The peers' half of the benchmarks (PyTorch, CuPy, erlcuda's PTX timed with
-# CUDA events) and the report, which needs only Python's standard library.
-cp bench/peers.py bench/report.py bench/FORMAT.md kernels/ptx_launch.py kernels/src/abi.rs kernels/src/matmul_f64_abi.rs "$out/bench/"
+# CUDA events) and the report, which needs only Python's standard library;
+# plot.py beside it, which report.py imports to draw the plots there (where
+# matplotlib is installed).
+cp bench/peers.py bench/report.py bench/plot.py bench/FORMAT.md kernels/ptx_launch.py kernels/src/abi.rs kernels/src/matmul_f64_abi.rs "$out/bench/"
+# The committed records, the baselines of report.py's regression table there.
+mkdir -p "$out/bench/results"
+cp bench/results/*.json "$out/bench/results/"
 bash kernels/build.sh "$out"
 # The PTX-level checks (every entry of both types; matmul_f64 against DGEMM).
 cp kernels/gpu_check.py kernels/test_matmul_f64.py kernels/ptx_launch.py kernels/src/abi.rs \

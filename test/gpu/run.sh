@@ -79,7 +79,9 @@ check() { ERLCUDA_USER_MODULES="$here/user_modules" erl "erlcuda_gpu_check:main(
 # PyTorch's figures (peers.py; only its sections $2, all where empty), then
 # erlcuda's (the Erlang expression $3), then the report, into $OUT: files
 # peers$1.json, erlang$1.json and RESULTS$1.md; $4 names this step in the
-# report's command line.
+# report's command line. The report compares the run with the committed
+# record of the machine (bench/results/$BENCH_MACHINE.json, in the bundle),
+# not with whatever $OUT holds.
 benchmark() {
     local suffix=$1 only=$2 expr=$3 step=$4
     local out="${OUT:-.}" machine="${BENCH_MACHINE:-h200}"
@@ -90,6 +92,7 @@ benchmark() {
         erl "logger:set_primary_config(level, error), $expr, halt()" 2>&1 | tee "$out/erlang$suffix.log"
     python3 "$here/bench/report.py" --machine "$machine" --erlang "$out/erlang$suffix.json" \
         --peers "$out/peers$suffix.json" --out-dir "$out" --md "$out/RESULTS$suffix.md" \
+        --baseline "$here/bench/results/$machine.json" \
         --command "make gpu-bundle; bash .gpu-bundle/run.sh $step" || true
 }
 
