@@ -104,17 +104,12 @@ void flush_frees(struct device *d)
 
         uint32_t idx = d->free_stack[--d->nfree];
         struct job *j = &d->jobs[idx];
+        /* The slot is clear (clear_slot): no output, no credits. */
         j->in = in;
-        j->out = (struct region){0, 0, 0, 0};
-        j->out_taken = 0;
-        j->ncredit = 0;
-        j->out_buf = 0;
         j->gen++;
         j->kernel = EC_CONTROL_FREE;
         j->type = EC_TYPE_S64;
         j->output = OUTPUT_FREE;
-        j->zero_copy = 0;
-        j->out_len = 0;
         j->ref = ATOM_false; /* no caller: cancel/2 never matches it */
         in_flight_add(d, 1);
         struct ec_sqe sqe = {

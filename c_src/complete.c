@@ -163,7 +163,8 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
         if (enif_get_resource(j->env, j->buf_term, BUFFER_RT, (void **)&b))
             queue_free(b);
     }
-    if (claim == 1) {
+    /* A free answers nobody (send_answer), so it builds no result. */
+    if (claim == 1 && j->output != OUTPUT_FREE) {
         ERL_NIF_TERM result;
         if (j->output == OUTPUT_CONTROL) {
             result = control_result(m, d, j, status);

@@ -109,12 +109,30 @@ struct out_spec {
     uint64_t off;
 };
 
+/* A job slot. Its first fields are the slot's own and outlive its jobs:
+ * other threads read them without the lock (a completion for a slot that
+ * was freed meanwhile reads state, gen and parts before it claims the
+ * slot), so they are only ever stored atomically. Every field from
+ * JOB_FIRST_FIELD on is the job's: clear_slot zeroes all of them at once,
+ * so a field added there cannot carry one job's state into the next one
+ * (a free that reused the slot of a 2^26-element output once built that
+ * whole output as its answer: 25 ms a call). */
 struct job {
+    /* The slot's own. */
     uint32_t gen;
+    int state;      /* enum job_state, accessed with __atomic */
+    ErlNifEnv *env; /* keeps ref and any in-arena input binaries alive */
+    /* A pipelined job (see pipeline.c) is published as `parts`
+     * descriptors over slices of its regions; it is answered once all of
+     * them are back. Its extra slots hold no job: each is the ring credit of
+     * one extra descriptor, so the SQ never holds more entries than slots. */
+    uint32_t parts;      /* __atomic: descriptors of this job: 1 unless pipelined */
+    uint32_t parts_left; /* __atomic: descriptors not yet completed */
+    int32_t part_status; /* __atomic: the first non-OK status of a part */
+    /* The job's (JOB_FIRST_FIELD to the end). */
+    uint32_t kernel;
     int out_buf;          /* the output is a new device buffer: buf_term, in env */
     ERL_NIF_TERM buf_term;
-    int state; /* enum job_state, accessed with __atomic */
-    uint32_t kernel;
     uint8_t type;   /* enum ec_type of the output (the first, for a kernel) */
     uint8_t output; /* OUTPUT_KERNEL or a NIF-private kind */
     uint8_t nout;   /* a kernel's outputs (0: only io arguments) */
@@ -123,22 +141,15 @@ struct job {
     int zero_copy;   /* deliver the output as a resource binary over its region */
     int out_taken;   /* the output region now belongs to a resource binary */
     ErlNifPid pid;
-    ErlNifEnv *env; /* keeps ref and any in-arena input binaries alive */
     ERL_NIF_TERM ref;
     struct region in;  /* copied inputs */
     struct region out; /* the output */
     uint32_t out_len;
-    /* A pipelined job (see pipeline.c) is published as `parts`
-     * descriptors over slices of its regions; it is answered once all of
-     * them are back. Its extra slots hold no job: each is the ring credit of
-     * one extra descriptor, so the SQ never holds more entries than slots. */
-    uint32_t parts;      /* descriptors of this job: 1 unless pipelined */
-    uint32_t parts_left; /* __atomic: descriptors not yet completed */
-    int32_t part_status; /* __atomic: the first non-OK status of a part */
     uint32_t ncredit;
     uint32_t credit[PIPELINE_MAX_PARTS - 1];
     int64_t t_pub; /* a timed submit's publish (mono_ns, profile.h), else 0 */
 };
+#define JOB_FIRST_FIELD kernel
 
 /* A result binary that stays in the arena: the region is freed when the last
  * reference to the binary is garbage-collected. */
@@ -171,7 +182,7 @@ struct buffer_res {
     X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(buffer_frees, buffer_frees)         \
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
     X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \
-    X(arena_grown_on_miss, arena_grown_on_miss)
+    X(arena_grown_on_miss, arena_grown_on_miss) X(result_bytes, result_bytes)
 
 struct counters {
 #define NIF_COUNTER_FIELD(FIELD, KEY) uint64_t FIELD;

@@ -53,7 +53,10 @@ static ERL_NIF_TERM output_term(ErlNifEnv *env, struct device *d, struct job *j,
     size_t bytes = (size_t)o->len * type_bytes(o->type);
     if (o->scalar)
         return elem_term(env, out, o->type, 0);
+    /* stats/1's result_bytes: the output bytes read into terms (a list or
+     * a copied binary; a zero-copy binary reads none). */
     if (j->form == FORM_LIST) {
+        count(&d->c.result_bytes, bytes);
         ERL_NIF_TERM list = enif_make_list(env, 0);
         for (uint64_t i = o->len; i > 0; i--)
             list = enif_make_list_cell(env, elem_term(env, out, o->type, i - 1), list);
@@ -73,6 +76,7 @@ static ERL_NIF_TERM output_term(ErlNifEnv *env, struct device *d, struct job *j,
         }
     }
     if (!bin) {
+        count(&d->c.result_bytes, bytes);
         unsigned char *p = enif_make_new_binary(env, bytes, &bin);
         if (p)
             memcpy(p, out, bytes);

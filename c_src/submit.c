@@ -177,18 +177,19 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
     return idx;
 }
 
-/* A slot's job fields back to free; the caller puts the slot (and its
- * credits) where free slots go. */
+/* A slot back to free, carrying nothing of its last job: every field of
+ * the job's (JOB_FIRST_FIELD on, erlcuda_nif.h) zeroed, the slot's own
+ * reset. Its regions must be freed or handed over already. The caller
+ * puts the slot (and its credits) where free slots go. */
 void clear_slot(struct device *d, struct job *j)
 {
-    j->out.bytes = 0;
-    j->out_buf = 0;
-    j->buf_term = 0;
-    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
     __atomic_sub_fetch(&d->in_flight, 1 + j->ncredit, __ATOMIC_RELAXED); /* read by wait_cq */
-    j->ncredit = 0;
-    j->t_pub = 0;
+    size_t from = offsetof(struct job, JOB_FIRST_FIELD);
+    memset((char *)j + from, 0, sizeof *j - from);
     __atomic_store_n(&j->parts, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts_left, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->part_status, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->state, JOB_FREE, __ATOMIC_RELEASE);
 }
 
 /* Frees the slot; its env must be clear already (or swapped for a clear

@@ -12,14 +12,16 @@
          freed_and_bad/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
          gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
-         pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1]).
+         pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
+         frees_build_no_result/1, memory_pressure_evicts/1]).
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
      oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
-     large_copies_let_small_jobs_through, other_device].
+     large_copies_let_small_jobs_through, frees_build_no_result, memory_pressure_evicts,
+     other_device].
 
 init_per_suite(Config) ->
     Config.
@@ -33,6 +35,11 @@ init_per_testcase(oom_with_a_small_limit, Config) ->
 init_per_testcase(pipelined_put_oom, Config) ->
     %% Room for one 40 MiB buffer (a 48 MiB size class), not two.
     ok = erlcuda_ref:start_app([{device_memory_limit, 64 bsl 20}]),
+    Config;
+init_per_testcase(memory_pressure_evicts, Config) ->
+    %% Room for four 1 MiB blocks: filling it with other sizes evicts the
+    %% cached ones.
+    ok = erlcuda_ref:start_app([{device_memory_limit, 4 bsl 20}]),
     Config;
 init_per_testcase(other_device, Config) ->
     ok = erlcuda_ref:start_app([{devices, [0, 1]}]),
@@ -57,6 +64,22 @@ await_used(Want, Deadline) ->
             timer:sleep(20),
             await_used(Want, Deadline - 20)
     end.
+
+%% Waits until the NIF has answered Want jobs in all (frees count).
+await_completed(Want, Deadline) ->
+    #{completed := C} = S = erlcuda:stats(0),
+    if
+        C >= Want -> S;
+        Deadline =< 0 -> ct:fail({completed, C, want, Want});
+        true -> timer:sleep(5), await_completed(Want, Deadline - 5)
+    end.
+
+%% Bytes of output the NIF read into result terms while B was freed.
+free_result_bytes(B) ->
+    #{result_bytes := R0, completed := C0} = erlcuda:stats(0),
+    ok = erlcuda:free(B),
+    #{result_bytes := R1} = await_completed(C0 + 1, 10000),
+    R1 - R0.
 
 roundtrip_every_type(_) ->
     Cases = [{f32, <<1.5:32/float-native, -2.0:32/float-native>>},
@@ -499,3 +522,83 @@ small_jobs_until_got(Getter, N) ->
         {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
         small_jobs_until_got(Getter, N + 1)
     end.
+
+%% A free reuses a job slot and answers nobody: it builds no result, however
+%% large (or list-shaped) the output of the slot's last job was. It once
+%% built that whole output again: 3 ms a free after 2^22 elements, 25 ms a
+%% call on an H100 for a 2^26-element output buffer freed each call.
+frees_build_no_result(_) ->
+    N = 1 bsl 20,
+    {ok, X} = erlcuda:put(f32s(lists:duplicate(N, 1.0))),
+    %% Below the zero-copy threshold: a binary result is a copy.
+    L = [float(I) || I <- lists:seq(1, 1000)],
+    lists:foreach(
+      fun(_) ->
+              %% A large output buffer, freed.
+              {ok, Y} = erlcuda:launch_sync(vector_add, [X, X], [{output, buffer}]),
+              ?assertEqual(0, free_result_bytes(Y)),
+              %% A large binary result, then a free.
+              #{result_bytes := R0} = erlcuda:stats(0),
+              {ok, {f32, _}} = erlcuda:launch_sync(vector_add, [{f32, f32s(L)}, {f32, f32s(L)}]),
+              #{result_bytes := R1} = erlcuda:stats(0),
+              ?assertEqual(4 * length(L), R1 - R0),
+              {ok, Z} = erlcuda:put([1.0]),
+              ?assertEqual(0, free_result_bytes(Z)),
+              %% A list result, then a free: no list is built for it.
+              {ok, [2.0 | _]} = erlcuda:launch_sync(vector_add, [L, L]),
+              {ok, W} = erlcuda:put([1.0]),
+              ?assertEqual(0, free_result_bytes(W))
+      end, lists:seq(1, 20)),
+    ok = erlcuda:free(X).
+
+%% Under a limit of 4 MiB: fill it with one size, free everything (the
+%% blocks go to the cache), then fill it with other sizes, which gives the
+%% cached blocks back to the device one by one; every buffer keeps its
+%% contents, and a buffer past the limit is oom, not a crash of gpud.
+memory_pressure_evicts(_) ->
+    #{limit := Limit} = erlcuda:memory(0),
+    ?assertEqual(4 bsl 20, Limit),
+    Put = fun(Bytes, V) -> {ok, B} = erlcuda:put(f32s(lists:duplicate(Bytes div 4, V))), B end,
+    %% The cache's largest class emptied by reuse, then an eviction: this
+    %% once panicked gpud (an empty cache list kept in its map).
+    [ok = erlcuda:free(Put(1 bsl 20, 1.0)) || _ <- [1, 2]],
+    await_used(0, 10000),
+    A3 = Put(1 bsl 20, 3.0),
+    A4 = Put(1 bsl 20, 4.0),
+    ok = erlcuda:free(Put(1 bsl 18, 5.0)),
+    await_used(2 bsl 20, 10000),
+    A6 = Put(2 bsl 20, 6.0),
+    ?assertEqual({ok, f32s(lists:duplicate(1 bsl 18, 3.0))}, erlcuda:get(A3)),
+    ?assertEqual({ok, f32s(lists:duplicate(1 bsl 19, 6.0))}, erlcuda:get(A6)),
+    [ok = erlcuda:free(B) || B <- [A3, A4, A6]],
+    await_used(0, 10000),
+    Fill = fun(Bytes) ->
+                   Elems = Bytes div 4,
+                   %% Each size is a size class of its own (buffers.rs).
+                   fill(Elems, Limit div Bytes, [])
+           end,
+    Rounds = [1 bsl 20, 3 bsl 18, 1 bsl 19, 1 bsl 20, 1 bsl 18, 3 bsl 19],
+    lists:foreach(
+      fun(Bytes) ->
+              Bufs = Fill(Bytes),
+              ?assert(length(Bufs) >= 1),
+              %% One more of the same size does not fit: oom.
+              ?assertEqual({error, oom}, erlcuda:put(f32s(lists:duplicate(Bytes div 4, 0.5)))),
+              [begin
+                   V = float(I),
+                   Want = f32s(lists:duplicate(Bytes div 4, V)),
+                   ?assertEqual({ok, Want}, erlcuda:get(B))
+               end || {I, B} <- Bufs],
+              [ok = erlcuda:free(B) || {_, B} <- Bufs],
+              await_used(0, 10000)
+      end, Rounds),
+    #{device_allocs := Allocs, cached := Cached} = erlcuda:memory(0),
+    ?assert(Cached =< Limit, {Cached, Limit}),
+    ?assert(Allocs >= length(Rounds), Allocs).
+
+fill(_Elems, 0, Acc) ->
+    lists:reverse(Acc);
+fill(Elems, K, Acc) ->
+    I = length(Acc) + 1,
+    {ok, B} = erlcuda:put(f32s(lists:duplicate(Elems, float(I)))),
+    fill(Elems, K - 1, [{I, B} | Acc]).
