@@ -216,11 +216,8 @@ impl Buffers {
         if self.used + class > self.limit || self.live.len() >= MAX_BUFFERS {
             return Err(Status::Oom);
         }
-        let addr = match self.cache.get_mut(&class).and_then(Vec::pop) {
-            Some(a) => {
-                self.cached -= class;
-                a
-            }
+        let addr = match self.take_cached(class) {
+            Some(a) => a,
             None => self.fresh(mem, class)?,
         };
         self.live.insert(id, Live { addr, class, ty, len, missing: 0, landing: 0 });
@@ -249,14 +246,26 @@ impl Buffers {
         }
     }
 
-    /// Gives one cached block (of the largest class) back to the device.
-    fn evict_one(&mut self, mem: &mut dyn BufferMemory) -> bool {
-        let Some((&class, list)) = self.cache.iter_mut().next_back() else { return false };
-        let addr = list.pop().expect("cache lists are never left empty");
+    /// A cached block of `class`, taken out of the cache. The one place a
+    /// block leaves a cache list, so no list is ever left empty in the map
+    /// (evict_one relies on it: an empty list once made the first eviction
+    /// under memory pressure panic).
+    fn take_cached(&mut self, class: u64) -> Option<u64> {
+        let list = self.cache.get_mut(&class)?;
+        let addr = list.pop();
         if list.is_empty() {
             self.cache.remove(&class);
         }
-        self.cached -= class;
+        if addr.is_some() {
+            self.cached -= class;
+        }
+        addr
+    }
+
+    /// Gives one cached block (of the largest class) back to the device.
+    fn evict_one(&mut self, mem: &mut dyn BufferMemory) -> bool {
+        let Some(&class) = self.cache.keys().next_back() else { return false };
+        let addr = self.take_cached(class).expect("cache lists are never left empty");
         mem.buf_free(addr, class);
         true
     }
@@ -463,6 +472,67 @@ mod tests {
         b.free(99, 0); // unknown: skipped
         b.clear(&mut mem);
         assert_eq!(mem.blocks, 0);
+    }
+
+    /// Fill the limit with one size, free everything, then fill it with
+    /// other sizes: cached blocks go back to the device as needed (lists
+    /// emptied by reuse included), and the accounting returns to zero.
+    #[test]
+    fn memory_pressure_evicts_cached_blocks_of_other_sizes() {
+        let mut mem = HostMemory::default();
+        let limit = 1 << 20;
+        let mut b = Buffers::new(limit);
+        // The cache's largest class emptied by reuse, then an eviction.
+        for i in 1..=2 {
+            b.create(&mut mem, i, ElemType::U8, 1 << 18).unwrap();
+        }
+        b.free(1, 0);
+        b.free(2, 0);
+        b.release(|_| false);
+        for i in 3..=4 {
+            b.create(&mut mem, i, ElemType::U8, 1 << 18).unwrap();
+        }
+        b.create(&mut mem, 5, ElemType::U8, 1 << 16).unwrap();
+        b.free(5, 0);
+        b.release(|_| false);
+        b.create(&mut mem, 6, ElemType::U8, 1 << 19).unwrap();
+        assert_eq!((b.used(), b.cached), (limit, 0));
+        for i in [3, 4, 6] {
+            b.free(i, 0);
+        }
+        b.release(|_| false);
+        b.clear(&mut mem);
+        let mut id = 0u64;
+        for bytes in [1u64 << 18, 3 << 16, 1 << 17, 1 << 18, 1 << 16, 3 << 17, 1 << 18] {
+            let n = limit / bytes;
+            let ids: Vec<u64> = (0..n)
+                .map(|_| {
+                    id += 1;
+                    b.create(&mut mem, id, ElemType::U8, bytes as u32).unwrap_or_else(|s| panic!("{bytes}: {s:?}"));
+                    id
+                })
+                .collect();
+            assert_eq!(b.create(&mut mem, id + 1, ElemType::U8, bytes as u32), Err(Status::Oom));
+            assert!(b.used() + b.cached <= limit);
+            // Free half, take one back from the cache (its list may empty),
+            // then free the rest.
+            for &i in &ids[..ids.len() / 2] {
+                b.free(i, 0);
+            }
+            b.release(|_| false);
+            id += 1;
+            b.create(&mut mem, id, ElemType::U8, bytes as u32).unwrap();
+            b.free(id, 0);
+            for &i in &ids[ids.len() / 2..] {
+                b.free(i, 0);
+            }
+            b.release(|_| false);
+            assert_eq!((b.used(), b.count()), (0, 0));
+            assert!(b.cache.values().all(|l| !l.is_empty()), "no empty list kept");
+        }
+        b.clear(&mut mem);
+        assert_eq!(mem.blocks, 0);
+        assert_eq!(b.cached, 0);
     }
 
     /// A pipelined put's slices, in any order: one allocation, memory
