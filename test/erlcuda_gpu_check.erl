@@ -3,7 +3,7 @@
 %% Plain Erlang (kernel and stdlib only), so it runs on Debian's erlang-base
 %% alone. Prints a summary; halts with status 1 if any check failed.
 -module(erlcuda_gpu_check).
--export([main/0, main/1]).
+-export([main/0, main/1, buffers_reuse/1]).
 
 -define(LARGE, (1 bsl 26)).
 
@@ -38,6 +38,8 @@ main(Opts) ->
                  check("device buffers: put/get every type, launch between buffers, 2^26",
                        fun buffers/0),
                  check("device buffers: oom is an answer, frees come back", fun buffers_oom/0),
+                 check("device buffers: a free while a launch reads, reuse, eviction",
+                       fun buffers_reuse/0),
                  check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
                  check("latency lane and paced copies: results bit-identical",
                        fun() -> lane_and_pacing(Env) end),
@@ -112,6 +114,54 @@ buffers_oom() ->
     [ok = erlcuda:free(B) || B <- Bufs],
     ok = wait_used(Base, 100),
     {ok, io_lib:format("~p GiB of buffers before oom (limit ~p GiB)", [length(Bufs), Lim bsr 30])}.
+
+%% The pool under the buffers: a buffer freed while a launch still reads
+%% it keeps its contents for that launch, though a new buffer of its size
+%% comes at once; put/free cycles reuse blocks; the limit filled with one
+%% size, freed, then filled with another evicts the cached blocks (without
+%% synchronizing the device) and every buffer keeps its contents.
+buffers_reuse() -> buffers_reuse(4096).
+
+buffers_reuse(N) ->
+    #{used := Base} = erlcuda:memory(0),
+    Ones = binary:copy(<<1.0:32/float-native>>, N * N),
+    {ok, A} = erlcuda:put(Ones),
+    {ok, Ref} = erlcuda:launch(matmul, [A, A, N, N, N], [{timeout, 60000}]),
+    ok = erlcuda:free(A),
+    {ok, B} = erlcuda:put(binary:copy(<<2.0:32/float-native>>, N * N)),
+    R = receive {erlcuda, Ref, {ok, Rb}} -> Rb after 60000 -> timeout end,
+    Want = float(N),
+    [Want] = lists:usort([X || <<X:32/float-native>> <= binary:part(R, 0, 4 * 4096)]),
+    Want = at(R, N * N - 1),
+    ok = erlcuda:free(B),
+    #{device_allocs := Allocs0} = erlcuda:memory(0),
+    [begin {ok, T} = erlcuda:put(Ones), ok = erlcuda:free(T) end || _ <- lists:seq(1, 20)],
+    #{device_allocs := Allocs0} = erlcuda:memory(0),
+    ok = wait_used(Base, 100),
+    #{limit := Lim} = erlcuda:memory(0),
+    Fill = fun(Size) ->
+                   Max = (Lim - Base) div Size,
+                   [begin
+                        {ok, Bf} = erlcuda:put({u8, binary:copy(<<I>>, Size)}, [{timeout, 60000}]),
+                        {I, Bf}
+                    end || I <- lists:seq(1, Max)]
+           end,
+    %% Under the 8 GiB limit: 1, 0.75, 0.5 and 1.5 GiB, each a size class.
+    Rounds = [Lim div 8, Lim div 32 * 3, Lim div 16, Lim div 16 * 3],
+    Counts = [begin
+                  Bufs = Fill(Size),
+                  {error, oom} = erlcuda:put({u8, binary:copy(<<0>>, Size)}, [{timeout, 60000}]),
+                  {I, Last} = lists:last(Bufs),
+                  {ok, {u8, Got}} = erlcuda:get(Last),
+                  Size = byte_size(Got),
+                  [I] = lists:usort(binary_to_list(binary:part(Got, Size - 4096, 4096))),
+                  [ok = erlcuda:free(Bf) || {_, Bf} <- Bufs],
+                  ok = wait_used(Base, 100),
+                  length(Bufs)
+              end || Size <- Rounds],
+    #{device_allocs := Allocs1} = erlcuda:memory(0),
+    {ok, io_lib:format("buffers per round ~w (~w MiB), ~p device allocations",
+                       [Counts, [S bsr 20 || S <- Rounds], Allocs1 - Allocs0])}.
 
 %% Until `used' is back to Base or below (a buffer of an earlier check may
 %% be garbage-collected meanwhile).

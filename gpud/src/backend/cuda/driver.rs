@@ -379,6 +379,62 @@ pub(super) unsafe fn mem_free(p: sys::CUdeviceptr) -> DResult<()> {
 }
 
 /// Pinned host memory, mapped into the device's address space.
+/// The device's default stream-ordered memory pool (CUDA 11.2+), keeping
+/// up to `keep` bytes of freed memory instead of giving it back to the
+/// device at the next synchronization. None where the device has no
+/// pools.
+pub(super) fn default_mem_pool(dev: sys::CUdevice, keep: u64) -> DResult<Option<sys::CUmemoryPool>> {
+    if device_attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? == 0 {
+        return Ok(None);
+    }
+    let mut pool = ptr::null_mut();
+    // SAFETY: a valid out-pointer; the driver checks the device.
+    check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, dev) })?;
+    let mut keep = keep;
+    // SAFETY: the attribute takes a u64 (cuuint64_t) by pointer.
+    check(unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast(),
+        )
+    })?;
+    Ok(Some(pool))
+}
+
+/// `bytes` from `pool`, in the order of `stream`: no synchronization of
+/// the device (cuMemAlloc may wait for it).
+///
+/// # Safety
+/// `pool` and `stream` are live.
+pub(super) unsafe fn mem_alloc_from_pool_async(
+    bytes: usize,
+    pool: sys::CUmemoryPool,
+    stream: sys::CUstream,
+) -> DResult<sys::CUdeviceptr> {
+    let mut p = 0;
+    check(unsafe { sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool, stream) })?;
+    Ok(p)
+}
+
+/// Gives a pool's block back in the order of `stream`, without waiting
+/// for the device (cuMemFree synchronizes it).
+///
+/// # Safety
+/// `p` came from [`mem_alloc_from_pool_async`], is freed once, and nothing
+/// in flight or later uses it.
+pub(super) unsafe fn mem_free_async(p: sys::CUdeviceptr, stream: sys::CUstream) -> DResult<()> {
+    check(unsafe { sys::cuMemFreeAsync(p, stream) })
+}
+
+/// Gives the pool's unused memory back to the device, down to `keep` bytes.
+///
+/// # Safety
+/// `pool` is live.
+pub(super) unsafe fn mem_pool_trim(pool: sys::CUmemoryPool, keep: usize) -> DResult<()> {
+    check(unsafe { sys::cuMemPoolTrimTo(pool, keep) })
+}
+
 pub(super) fn mem_host_alloc_mapped(bytes: usize) -> DResult<*mut c_void> {
     let mut p = ptr::null_mut();
     // SAFETY: a valid out-pointer.

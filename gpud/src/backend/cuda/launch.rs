@@ -279,7 +279,12 @@ impl CudaBackend {
         let jobs = launch.jobs;
         let slot_i = self.free_slot()?;
         let work: u64 = jobs.iter().map(Job::work).fold(0, u64::saturating_add);
-        let (f, stream, smem_max) = self.entry(kernel, launch.ty, work <= LANE_MAX_WORK);
+        let small = work <= LANE_MAX_WORK;
+        if small {
+            // Puts' and gets' copies go paced while small jobs run (pace.rs).
+            self.paced.note_small(std::time::Instant::now());
+        }
+        let (f, stream, smem_max) = self.entry(kernel, launch.ty, small);
         if f.is_null() {
             return Err(Error::Device(format!("no entry for {kernel:?} on {:?}", launch.ty)));
         }

@@ -24,10 +24,22 @@ pub(super) struct Segment {
     pub(super) bytes: u64,
 }
 
-/// cuMemAlloc / cuMemFree for device buffers, in the backend's context
-/// (current on gpud's one thread since `open`).
+/// Raw device memory for buffers (the cache over it is buffers.rs's), in
+/// the backend's context (current on gpud's one thread since `open`).
+///
+/// Where the device has memory pools, blocks come from the default pool
+/// and go back to it in stream order on a stream of their own, which
+/// holds nothing else: cuMemFree synchronizes the whole device, so every
+/// eviction under memory pressure stalled every job in flight. A block is
+/// freed only once no launch or copy uses it (buffers.rs defers frees), so
+/// the free needs no ordering against other streams; and as the pool's
+/// stream carries only allocations and frees, a block allocated on it is
+/// ready at once for any stream (the stream is waited for after each
+/// allocation all the same, which costs nothing when it is idle). Without
+/// pools, cuMemAlloc / cuMemFree.
 pub(super) struct CudaMemory {
     pub(super) capacity: u64,
+    pub(super) pool: Option<(sys::CUmemoryPool, sys::CUstream)>,
 }
 
 impl BufferMemory for CudaMemory {
@@ -35,13 +47,35 @@ impl BufferMemory for CudaMemory {
         // Out of memory (or anything else): no block; the allocator gives
         // cached blocks back and tries again, or answers OOM. A context
         // that is truly broken fails the next launch and gpud exits.
-        driver::mem_alloc(usize::try_from(bytes).ok()?).ok()
+        let bytes = usize::try_from(bytes).ok()?;
+        let Some((pool, stream)) = self.pool else { return driver::mem_alloc(bytes).ok() };
+        // SAFETY: the pool and its stream live as long as the backend.
+        let p = match unsafe { driver::mem_alloc_from_pool_async(bytes, pool, stream) } {
+            Ok(p) => p,
+            Err(_) => {
+                // The pool's unused memory, kept for reuse in other sizes,
+                // may be what the device lacks: give it back, try again.
+                // SAFETY: as above.
+                unsafe { driver::mem_pool_trim(pool, 0) }.ok()?;
+                unsafe { driver::mem_alloc_from_pool_async(bytes, pool, stream) }.ok()?
+            }
+        };
+        // SAFETY: the backend's stream.
+        if unsafe { driver::stream_synchronize(stream) }.is_err() {
+            // SAFETY: just allocated, used by nothing.
+            let _ = unsafe { driver::mem_free_async(p, stream) };
+            return None;
+        }
+        Some(p)
     }
 
     fn buf_free(&mut self, addr: u64, _bytes: u64) {
         // SAFETY: a block of buf_alloc, given back once (buffers.rs), and
         // no launch in flight uses it (frees are deferred until then).
-        let _ = unsafe { driver::mem_free(addr) };
+        let _ = match self.pool {
+            Some((_, stream)) => unsafe { driver::mem_free_async(addr, stream) },
+            None => unsafe { driver::mem_free(addr) },
+        };
     }
 
     fn buf_capacity(&self) -> u64 {

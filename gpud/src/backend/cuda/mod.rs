@@ -242,6 +242,17 @@ impl CudaBackend {
             setup("cuStreamCreate", driver::stream_create_non_blocking())?,
             setup("cuStreamCreate", driver::stream_create_non_blocking())?,
         ];
+        // Device buffers' memory from the stream-ordered pool (memory.rs),
+        // which keeps what buffers may hold in all (never more than the
+        // device had free) rather than trimming it at each synchronization.
+        let pool = match driver::default_mem_pool(dev, free_b as u64) {
+            Ok(Some(pool)) => Some((pool, setup("cuStreamCreate", driver::stream_create_non_blocking())?)),
+            Ok(None) => None,
+            Err(e) => {
+                log!(Warning, "gpud[{device}]: cuda: no memory pool ({e:?}): buffers use cuMemAlloc / cuMemFree");
+                None
+            }
+        };
         log!(
             Info,
             "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, kernels: {loaded}, loaded in {load_ms:.1} ms",
@@ -290,7 +301,7 @@ impl CudaBackend {
             // The device's memory as the context found it: what is
             // already taken (the context, other processes) is not
             // ours to hand out.
-            memory: CudaMemory { capacity: free_b as u64 },
+            memory: CudaMemory { capacity: free_b as u64, pool },
         })
     }
 
@@ -391,7 +402,8 @@ impl Drop for CudaBackend {
         // each stream is waited for too.
         let _ = driver::ctx_synchronize();
         let streams = self.streams.iter().flatten().chain([&self.user_stream, &self.lane.stream]);
-        for &s in streams.chain(&self.copy_streams).filter(|s| !s.is_null()) {
+        let pool_stream = self.memory.pool.map(|(_, s)| s);
+        for &s in streams.chain(&self.copy_streams).chain(pool_stream.iter()).filter(|s| !s.is_null()) {
             // SAFETY: a stream of this backend, destroyed below.
             let _ = unsafe { driver::stream_synchronize(s) };
         }
@@ -411,7 +423,7 @@ impl Drop for CudaBackend {
         let _ = unsafe { driver::stream_destroy(self.user_stream) };
         // SAFETY: every work stream destroyed just above.
         unsafe { self.lane.close() };
-        for &s in &self.copy_streams {
+        for &s in self.copy_streams.iter().chain(pool_stream.iter()) {
             let _ = unsafe { driver::stream_destroy(s) };
         }
         for &e in &self.spare_events {
