@@ -1,6 +1,8 @@
 //! Coalescing: everything one drain of the SQ produced is grouped by kernel
 //! and element type (one PTX entry each), and for users' kernels by launch
-//! geometry too; each group becomes one backend launch.
+//! geometry too; each group becomes one backend launch. Small jobs
+//! ([`Job::is_small`]) and large ones never share a group: a small job in a
+//! large launch waited for all of it, and left the latency lane.
 
 use crate::descriptor::{Geometry, Job, KernelRef, Region};
 use crate::layout::{ElemType, Kernel, EC_BATCH_HIST_BUCKETS, EC_TYPE_COUNT};
@@ -9,7 +11,7 @@ use crate::layout::{ElemType, Kernel, EC_BATCH_HIST_BUCKETS, EC_TYPE_COUNT};
 /// group. The buffers are reused from drain to drain, so steady state
 /// allocates nothing.
 pub struct Coalescer {
-    /// Index `(kernel id - 1) * EC_TYPE_COUNT + type id`.
+    /// Index `((kernel id - 1) * EC_TYPE_COUNT + type id) * 2 + small`.
     by_kernel: Vec<Vec<Job>>,
     /// Users' kernels: one group per (kernel, type, geometry), in order of
     /// first appearance (a drain holds few distinct ones: a linear search).
@@ -22,19 +24,20 @@ pub struct UserKey {
     pub id: u16,
     pub ty: ElemType,
     pub geometry: Geometry,
+    pub small: bool,
 }
 
 impl Default for Coalescer {
     fn default() -> Coalescer {
         Coalescer {
-            by_kernel: (0..Kernel::ALL.len() * EC_TYPE_COUNT as usize).map(|_| Vec::new()).collect(),
+            by_kernel: (0..Kernel::ALL.len() * EC_TYPE_COUNT as usize * 2).map(|_| Vec::new()).collect(),
             user: Vec::new(),
         }
     }
 }
 
-fn group(kernel: Kernel, ty: ElemType) -> usize {
-    (kernel.id() as usize - 1) * EC_TYPE_COUNT as usize + ty as usize
+fn group(kernel: Kernel, ty: ElemType, small: bool) -> usize {
+    ((kernel.id() as usize - 1) * EC_TYPE_COUNT as usize + ty as usize) * 2 + usize::from(small)
 }
 
 impl Coalescer {
@@ -53,9 +56,9 @@ impl Coalescer {
 
     pub fn push(&mut self, job: Job) {
         match job.kernel() {
-            KernelRef::Builtin(k) => self.by_kernel[group(k, job.ty())].push(job),
+            KernelRef::Builtin(k) => self.by_kernel[group(k, job.ty(), job.is_small())].push(job),
             KernelRef::User(id) => {
-                let key = UserKey { id, ty: job.ty(), geometry: job.geometry() };
+                let key = UserKey { id, ty: job.ty(), geometry: job.geometry(), small: job.is_small() };
                 match self.user.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, g)) => g.push(job),
                     None => {
@@ -79,12 +82,13 @@ impl Coalescer {
         self.user.iter().filter(|(_, g)| !g.is_empty()).map(|(k, g)| (*k, g.as_slice()))
     }
 
-    /// The non-empty groups, in (kernel id, type id) order: one launch each.
+    /// The non-empty groups, in (kernel id, type id) order, each one's
+    /// small jobs before its large ones: one launch each.
     pub fn groups(&self) -> impl Iterator<Item = (Kernel, ElemType, &[Job])> + '_ {
         Kernel::ALL
             .into_iter()
-            .flat_map(|k| ElemType::ALL.into_iter().map(move |t| (k, t)))
-            .map(|(k, t)| (k, t, self.by_kernel[group(k, t)].as_slice()))
+            .flat_map(|k| ElemType::ALL.into_iter().flat_map(move |t| [(k, t, true), (k, t, false)]))
+            .map(|(k, t, small)| (k, t, self.by_kernel[group(k, t, small)].as_slice()))
             .filter(|(_, _, jobs)| !jobs.is_empty())
     }
 
@@ -204,6 +208,28 @@ mod tests {
         );
         c.clear();
         assert!(c.is_empty() && c.groups().next().is_none());
+    }
+
+    /// A small job never joins a large one's launch, of the same kernel
+    /// and type or not; each size keeps submission order.
+    #[test]
+    fn small_and_large_jobs_never_share_a_launch() {
+        let arena = 64 << 20;
+        let vadd = |user_data: u64, len: u32| {
+            let s = shaped_sqe(Kernel::VectorAdd, ElemType::F32, len, [0; 3], &[]);
+            let bytes = u64::from(len) * 4;
+            validate(&Sqe { user_data, in0: 0, in1: bytes, out: (2 + user_data) * bytes, ..s }, arena).unwrap()
+        };
+        let large = 1 << 19; // 3 * 2^19 elements touched: more than SMALL_JOB_WORK
+        let mut c = Coalescer::new();
+        for (id, len) in [(1, 1000), (2, large), (3, 1000), (4, large), (5, 1)] {
+            c.push(vadd(id, len));
+        }
+        let g: Vec<(bool, Vec<u64>)> = c
+            .groups()
+            .map(|(_, _, jobs)| (jobs[0].is_small(), jobs.iter().map(Job::user_data).collect()))
+            .collect();
+        assert_eq!(g, vec![(true, vec![1, 3, 5]), (false, vec![2, 4])]);
     }
 
     #[test]

@@ -49,6 +49,14 @@ pub(super) struct Wide {
 /// Its slots are the wire's (`ec_job_args`): slot `i < EC_MAX_VECTORS` the
 /// i-th v or io argument, slot `EC_MAX_VECTORS + j` the j-th output; a
 /// built-in's in0, in1 and out are slots 0, 1 and `EC_MAX_VECTORS`.
+/// A job touching at most this many elements (inputs and outputs; a
+/// matmul's multiply-adds) is small: a few microseconds of an H100's time.
+/// Small jobs are coalesced only with each other, never with a large job or
+/// a pipelined job's pieces (whose launch they would wait for), and their
+/// launches take the latency lane. To be sized by the mixed-load benchmark
+/// (`bench/erlcuda_mixed_bench.erl`).
+pub const SMALL_JOB_WORK: u64 = 1 << 20;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Job {
     pub(super) user_data: u64,
@@ -206,6 +214,11 @@ impl Job {
     /// Always false without the `fault-injection` feature.
     pub fn fault(&self) -> bool {
         self.fault
+    }
+    /// A small job: coalesced only with small jobs, and launched on the
+    /// latency lane (see [`SMALL_JOB_WORK`]).
+    pub fn is_small(&self) -> bool {
+        self.work() <= SMALL_JOB_WORK
     }
     /// Elements touched; a rough measure of the work, for scheduling.
     pub fn work(&self) -> u64 {

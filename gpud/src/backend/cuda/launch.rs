@@ -19,12 +19,6 @@ use crate::ops::{DevPtrs, DeviceLaunch, KernelOp, Placement};
 /// Dynamic shared memory a launch may use without opting in per function.
 pub(super) const SMEM_DEFAULT_MAX: u32 = 48 * 1024;
 
-/// A launch touching at most this many elements in all (every job's
-/// inputs and outputs; a matmul's multiply-adds) is small: it goes on the
-/// latency lane. 2^20 elements is a few microseconds of an H200's time,
-/// however many small jobs were coalesced into them. To be sized by the
-/// mixed-load benchmark (`bench/erlcuda_mixed_bench.erl`).
-const LANE_MAX_WORK: u64 = 1 << 20;
 
 /// Where a deliberately faulting job points (fault-injection builds only):
 /// nothing is ever mapped at device address 8.
@@ -278,8 +272,9 @@ impl CudaBackend {
         let op = launch.op;
         let jobs = launch.jobs;
         let slot_i = self.free_slot()?;
-        let work: u64 = jobs.iter().map(Job::work).fold(0, u64::saturating_add);
-        let small = work <= LANE_MAX_WORK;
+        // Jobs are coalesced by size (coalesce.rs): a launch of small jobs
+        // takes the latency lane however many they are.
+        let small = jobs.iter().all(Job::is_small);
         if small {
             // Puts' and gets' copies go paced while small jobs run (pace.rs).
             self.paced.note_small(std::time::Instant::now());
