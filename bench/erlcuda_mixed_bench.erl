@@ -36,7 +36,8 @@
 %% ERLCUDA_BENCH_MIXED_SCALE=S divides the small-job count and the large
 %% jobs' element counts by S (the matmul's side by the cube root of S, to a
 %% multiple of 32: its work by about S), the windows, the time budget and
-%% arena_growth's first arena by S down to a floor; S defaults to 1 (the issue's counts and
+%% arena_growth's first arena by S down to a floor;
+%% ERLCUDA_BENCH_MIXED_SMALL_JOBS=N sets the small jobs a stream alone; S defaults to 1 (the issue's counts and
 %% sizes) on a GPU and to ?CPU_SCALE on the cpu backend, where the full
 %% run would take far too long. extra.scale records it; the report
 %% evaluates no target of a scaled run. ERLCUDA_BENCH_MIXED_KINDS=K1,K2
@@ -188,10 +189,25 @@ note(Why) ->
 
 params(S) ->
     Side = max(32, 32 * round(4096 / math:pow(S, 1 / 3) / 32)),
-    #{scale => S, small_jobs => max(1000, ?SMALL_JOBS div S), warm => max(200, ?SMALL_WARM div S),
+    #{scale => S, small_jobs => small_jobs(S), warm => max(200, ?SMALL_WARM div S),
       elems => max(1024, (1 bsl 26) div S), side => Side,
       alone_ms => max(500, ?ALONE_MS div S), budget_ms => max(5000, ?BUDGET_MS div S),
       cold_arena => max(?COLD_ARENA_MIN, ?COLD_ARENA div S)}.
+
+%% Small jobs a stream: ERLCUDA_BENCH_MIXED_SMALL_JOBS where set (a sweep of
+%% lane settings in one GPU call: the large jobs keep their sizes, the rows
+%% get shorter), else ?SMALL_JOBS scaled. The records' jobs_wanted says
+%% how many; report.py evaluates no target of a stream under 100,000.
+small_jobs(S) ->
+    case os:getenv("ERLCUDA_BENCH_MIXED_SMALL_JOBS") of
+        V when V =:= false; V =:= "" -> max(1000, ?SMALL_JOBS div S);
+        V ->
+            try max(100, list_to_integer(string:trim(V)))
+            catch _:_ ->
+                    note(io_lib:format("mixed: ERLCUDA_BENCH_MIXED_SMALL_JOBS=~s is no integer: ignored", [V])),
+                    max(1000, ?SMALL_JOBS div S)
+            end
+    end.
 
 %% ------------------------------------------------------------ the sections
 

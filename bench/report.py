@@ -521,9 +521,14 @@ def mixed_scaled(fig):
     if not fig or not fig["name"].startswith("mixed.") or fig["system"] != OWN:
         return None
     sc = fig["extra"].get("scale")
-    if sc in (None, 1):
-        return None
-    return "a scaled run (ERLCUDA_BENCH_MIXED_SCALE {})".format(sc)
+    if sc not in (None, 1):
+        return "a scaled run (ERLCUDA_BENCH_MIXED_SCALE {})".format(sc)
+    # The targets are over 100,000 small jobs; a shorter stream
+    # (ERLCUDA_BENCH_MIXED_SMALL_JOBS) sees fewer of the rare stalls.
+    wanted = fig["extra"].get("jobs_wanted")
+    if isinstance(wanted, int) and wanted < 100000:
+        return "a stream of {:,} small jobs (ERLCUDA_BENCH_MIXED_SMALL_JOBS)".format(wanted)
+    return None
 
 
 def utc_now():
