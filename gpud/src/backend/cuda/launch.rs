@@ -8,6 +8,7 @@ use std::ptr;
 
 use cudarc::driver::sys;
 
+use super::memory::CudaMemory;
 use super::{ck, driver, CudaBackend, STREAMS_PER_KERNEL};
 use crate::arena::Arena;
 use crate::backend::{Launch, Ticket};
@@ -127,7 +128,7 @@ impl Slot {
     }
 
     /// Grows the table buffers (only while the slot is free).
-    fn reserve_table(&mut self, bytes: usize) -> Result<()> {
+    fn reserve_table(&mut self, mem: &mut CudaMemory, bytes: usize) -> Result<()> {
         if bytes > self.host_cap {
             let cap = bytes.next_power_of_two().max(4096);
             if !self.host_table.is_null() {
@@ -147,35 +148,35 @@ impl Slot {
             let cap = bytes.next_power_of_two().max(4096);
             if self.dev_table != 0 {
                 // SAFETY: as above, device side.
-                let _ = unsafe { driver::mem_free(self.dev_table) };
+                unsafe { mem.dev_free(self.dev_table) };
                 self.dev_table = 0;
                 self.dev_cap = 0;
             }
-            self.dev_table = ck(driver::mem_alloc(cap), "cuMemAlloc (table)")?;
+            self.dev_table = ck(mem.dev_alloc(cap), "cuMemAlloc (table)")?;
             self.dev_cap = cap;
         }
         Ok(())
     }
 
-    fn reserve_scratch(&mut self, bytes: u64) -> Result<()> {
+    fn reserve_scratch(&mut self, mem: &mut CudaMemory, bytes: u64) -> Result<()> {
         if bytes <= self.scratch_cap {
             return Ok(());
         }
         let cap = bytes.next_power_of_two().max(1 << 20);
         if self.scratch != 0 {
             // SAFETY: the slot is free, so nothing uses the old buffer.
-            let _ = unsafe { driver::mem_free(self.scratch) };
+            unsafe { mem.dev_free(self.scratch) };
             self.scratch = 0;
             self.scratch_cap = 0;
         }
-        self.scratch = ck(driver::mem_alloc(cap as usize), "cuMemAlloc (scratch)")?;
+        self.scratch = ck(mem.dev_alloc(cap as usize), "cuMemAlloc (scratch)")?;
         self.scratch_cap = cap;
         Ok(())
     }
 
     /// Releases what this slot allocated; errors (a dead context) are
     /// ignored on the way out.
-    pub(super) fn free(&mut self) {
+    pub(super) fn free(&mut self, mem: &mut CudaMemory) {
         // SAFETY (each call): the slot's own allocations and event, freed
         // once, after the context was synchronized (or died): nothing in
         // flight uses them.
@@ -183,10 +184,10 @@ impl Slot {
             let _ = unsafe { driver::mem_free_host(self.host_table.cast()) };
         }
         if self.dev_table != 0 {
-            let _ = unsafe { driver::mem_free(self.dev_table) };
+            unsafe { mem.dev_free(self.dev_table) };
         }
         if self.scratch != 0 {
-            let _ = unsafe { driver::mem_free(self.scratch) };
+            unsafe { mem.dev_free(self.scratch) };
         }
         let _ = unsafe { driver::event_destroy(self.event) };
     }
@@ -314,7 +315,7 @@ impl CudaBackend {
             }
         }
         if scratch_need > 0 {
-            self.slots[slot_i].reserve_scratch(scratch_need)?;
+            self.slots[slot_i].reserve_scratch(&mut self.memory, scratch_need)?;
         }
         let scratch = self.slots[slot_i].scratch;
         let mut at = 0u64;
@@ -414,7 +415,7 @@ impl CudaBackend {
         // 3. Enqueue: input copies, table upload, zeroing, launches, output
         //    copies, event.
         let slot = &mut self.slots[slot_i];
-        slot.reserve_table(self.bytes.len().max(64))?;
+        slot.reserve_table(&mut self.memory, self.bytes.len().max(64))?;
         for c in &self.copies_in {
             // SAFETY: `c.host` is registered arena memory of a validated
             // input region, which the VM leaves alone until the job is

@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::time::Instant;
 
+use super::driver::DResult;
 use super::{ck, driver, CudaBackend};
 use crate::backend::pace::Dir;
 use crate::backend::{Registered, Registrar, Ticket};
@@ -42,13 +43,12 @@ pub(super) struct CudaMemory {
     pub(super) pool: Option<(sys::CUmemoryPool, sys::CUstream)>,
 }
 
-impl BufferMemory for CudaMemory {
-    fn buf_alloc(&mut self, bytes: u64) -> Option<u64> {
-        // Out of memory (or anything else): no block; the allocator gives
-        // cached blocks back and tries again, or answers OOM. A context
-        // that is truly broken fails the next launch and gpud exits.
-        let bytes = usize::try_from(bytes).ok()?;
-        let Some((pool, stream)) = self.pool else { return driver::mem_alloc(bytes).ok() };
+impl CudaMemory {
+    /// `bytes` of device memory, ready for any stream: for buffers, and for
+    /// launches' own tables and scratch (which grow, rarely, while gpud
+    /// serves: cuMemFree there stalled every job in flight too).
+    pub(super) fn dev_alloc(&mut self, bytes: usize) -> DResult<u64> {
+        let Some((pool, stream)) = self.pool else { return driver::mem_alloc(bytes) };
         // SAFETY: the pool and its stream live as long as the backend.
         let p = match unsafe { driver::mem_alloc_from_pool_async(bytes, pool, stream) } {
             Ok(p) => p,
@@ -56,26 +56,44 @@ impl BufferMemory for CudaMemory {
                 // The pool's unused memory, kept for reuse in other sizes,
                 // may be what the device lacks: give it back, try again.
                 // SAFETY: as above.
-                unsafe { driver::mem_pool_trim(pool, 0) }.ok()?;
-                unsafe { driver::mem_alloc_from_pool_async(bytes, pool, stream) }.ok()?
+                unsafe { driver::mem_pool_trim(pool, 0) }?;
+                unsafe { driver::mem_alloc_from_pool_async(bytes, pool, stream) }?
             }
         };
         // SAFETY: the backend's stream.
-        if unsafe { driver::stream_synchronize(stream) }.is_err() {
+        if let Err(e) = unsafe { driver::stream_synchronize(stream) } {
             // SAFETY: just allocated, used by nothing.
             let _ = unsafe { driver::mem_free_async(p, stream) };
-            return None;
+            return Err(e);
         }
-        Some(p)
+        Ok(p)
+    }
+
+    /// Gives back a block of [`CudaMemory::dev_alloc`].
+    ///
+    /// # Safety
+    /// `p` came from `dev_alloc`, is freed once, and nothing in flight or
+    /// later uses it.
+    pub(super) unsafe fn dev_free(&mut self, p: u64) {
+        let _ = match self.pool {
+            Some((_, stream)) => unsafe { driver::mem_free_async(p, stream) },
+            None => unsafe { driver::mem_free(p) },
+        };
+    }
+}
+
+impl BufferMemory for CudaMemory {
+    fn buf_alloc(&mut self, bytes: u64) -> Option<u64> {
+        // Out of memory (or anything else): no block; the allocator gives
+        // cached blocks back and tries again, or answers OOM. A context
+        // that is truly broken fails the next launch and gpud exits.
+        self.dev_alloc(usize::try_from(bytes).ok()?).ok()
     }
 
     fn buf_free(&mut self, addr: u64, _bytes: u64) {
         // SAFETY: a block of buf_alloc, given back once (buffers.rs), and
         // no launch in flight uses it (frees are deferred until then).
-        let _ = match self.pool {
-            Some((_, stream)) => unsafe { driver::mem_free_async(addr, stream) },
-            None => unsafe { driver::mem_free(addr) },
-        };
+        unsafe { self.dev_free(addr) }
     }
 
     fn buf_capacity(&self) -> u64 {

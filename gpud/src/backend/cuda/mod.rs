@@ -408,7 +408,7 @@ impl Drop for CudaBackend {
             let _ = unsafe { driver::stream_synchronize(s) };
         }
         for s in &mut self.slots {
-            s.free();
+            s.free(&mut self.memory);
         }
         // SAFETY (each call below): created by this backend, released once,
         // after the synchronize above; the context is released last.
