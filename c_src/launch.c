@@ -193,6 +193,11 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     j->ref = enif_make_copy(j->env, ref);
     enif_self(env, &j->pid);
     j->out_len = (uint32_t)s.out_len;
+    /* What await_spin needs, kept here: once published, the job may be
+     * answered and its slot cleared (zeroed: clear_slot) or reused before
+     * this submit returns, so no field of j is read after the publish. */
+    const uint32_t gen = j->gen;
+    const ErlNifPid pid = j->pid;
 
     struct ec_sqe sqe = {
         .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
@@ -269,7 +274,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     /* After the timed phases: answering others' jobs is not this submit's cost. */
     STAMP(t, 4);
     if (given_ref && d->sync_spin_us && !dirty && plan.parts == 1 && (uint32_t)idx < d->inline_slots)
-        last_submit = (struct last_submit){.d = d, .idx = (uint32_t)idx, .gen = j->gen, .pid = j->pid,
+        last_submit = (struct last_submit){.d = d, .idx = (uint32_t)idx, .gen = gen, .pid = pid,
                                            .ref_hash = enif_hash(ERL_NIF_INTERNAL_HASH, ref, 0)};
     if (!dirty)
         reap_cq(d, env);
