@@ -42,7 +42,8 @@ impl CpuBackend {
             memory: HostMemory { blocks: 0, capacity: crate::buffers::host_ram() / 4 },
             next_ticket: 1,
             done: Vec::new(),
-            copies: Pacer::new(Pacing::default()),
+            // Copied when issued: nothing goes ahead (pace.rs).
+            copies: Pacer::new(Pacing::default(), 0),
         }
     }
 }

@@ -15,7 +15,8 @@
 //! for the next `SMALL_WINDOW`; otherwise pieces are queued ahead up to
 //! `AHEAD_BYTES` a direction, and the copy engine never waits for gpud's
 //! loop. A small job that comes in the middle of a copy waits behind at
-//! most that much once (0.6 ms at 54 GB/s); those after it are paced.
+//! most that much once (0.6 ms at 54 GB/s); those after it are paced. The
+//! CPU backend copies a piece as it is issued, so there nothing goes ahead.
 //!
 //! The pacer is the bookkeeping only; a backend supplies how a piece is
 //! issued and how it is seen finished (`M`, its mark: a CUDA event, or
@@ -92,12 +93,18 @@ pub struct Pacer<M> {
     open: usize,
     /// Copies are paced until then (the last small launch + SMALL_WINDOW).
     paced_until: Option<Instant>,
+    /// Bytes a direction may queue ahead while no small job runs: 0 where
+    /// a piece is copied when it is issued (the CPU backend), since
+    /// issuing more at once only holds gpud's loop longer.
+    ahead: usize,
 }
 
 impl<M> Pacer<M> {
-    pub fn new(pacing: Pacing) -> Pacer<M> {
+    /// A pacer that queues up to `ahead` bytes a direction while no small
+    /// job runs (`AHEAD_BYTES` where copies are asynchronous, else 0).
+    pub fn new(pacing: Pacing, ahead: usize) -> Pacer<M> {
         let pacing = Pacing { piece: pacing.piece.max(4096), depth: pacing.depth.max(1) };
-        Pacer { pacing, lanes: [Lane { waiting: VecDeque::new(), flying: VecDeque::new() }, Lane { waiting: VecDeque::new(), flying: VecDeque::new() }], open: 0, paced_until: None }
+        Pacer { pacing, lanes: [Lane { waiting: VecDeque::new(), flying: VecDeque::new() }, Lane { waiting: VecDeque::new(), flying: VecDeque::new() }], open: 0, paced_until: None, ahead }
     }
 
     pub fn set_pacing(&mut self, pacing: Pacing) {
@@ -122,12 +129,12 @@ impl<M> Pacer<M> {
     }
 
     /// Pieces a direction may have in flight now: `depth` while small jobs
-    /// run, else as many as make `AHEAD_BYTES`.
+    /// run, else as many as make the pacer's `ahead` bytes.
     pub fn depth(&self, now: Instant) -> usize {
         if self.paced_until.is_some_and(|t| now < t) {
             self.pacing.depth
         } else {
-            self.pacing.depth.max(AHEAD_BYTES / self.pacing.piece)
+            self.pacing.depth.max(self.ahead / self.pacing.piece)
         }
     }
 
@@ -186,7 +193,7 @@ mod tests {
     /// independent.
     #[test]
     fn pieces_are_paced_and_each_copy_reported_once() {
-        let mut p: Pacer<u32> = Pacer::new(Pacing { piece: 4096, depth: 1 });
+        let mut p: Pacer<u32> = Pacer::new(Pacing { piece: 4096, depth: 1 }, AHEAD_BYTES);
         // Small jobs run all along (the window outlasts the test).
         p.paced_until = Some(Instant::now() + Duration::from_secs(3600));
         p.push(Dir::ToDevice, 1, 1 << 20, 0, 10_000);
@@ -233,7 +240,7 @@ mod tests {
     #[test]
     fn pieces_go_ahead_unless_small_jobs_run() {
         let piece = 1 << 20;
-        let mut p: Pacer<u32> = Pacer::new(Pacing { piece, depth: 1 });
+        let mut p: Pacer<u32> = Pacer::new(Pacing { piece, depth: 1 }, AHEAD_BYTES);
         let t0 = Instant::now();
         assert_eq!(p.depth(t0), AHEAD_BYTES / piece);
         p.note_small(t0);
@@ -251,5 +258,8 @@ mod tests {
         p.advance(&mut done, |_, _, _, _| { issued += 1; Ok(issued) }, |m| Ok(*m < 32), |_| {}).unwrap();
         assert_eq!(issued as usize, AHEAD_BYTES / piece, "31 done, one left: none issued");
         assert!(done.is_empty());
+        // Where pieces are copied as they are issued, none go ahead.
+        let cpu: Pacer<u32> = Pacer::new(Pacing { piece, depth: 1 }, 0);
+        assert_eq!(cpu.depth(t0), 1);
     }
 }

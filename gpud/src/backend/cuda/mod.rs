@@ -61,7 +61,7 @@ use cudarc::driver::sys;
 pub use image::{cubin_for, Cubin};
 pub use launch::policy;
 
-use super::pace::{Dir, Pacer, Pacing};
+use super::pace::{Dir, Pacer, Pacing, AHEAD_BYTES};
 use super::{Backend, Launch, Registered, Registrar, Ticket};
 use crate::arena::Arena;
 use crate::buffers::BufferMemory;
@@ -287,7 +287,7 @@ impl CudaBackend {
             slots: Vec::new(),
             next_ticket: 1,
             busy: 0,
-            paced: Pacer::new(Pacing::default()),
+            paced: Pacer::new(Pacing::default(), AHEAD_BYTES),
             lane,
             copy_streams,
             spare_events: Vec::new(),
