@@ -123,9 +123,11 @@ static int term_to_int(ErlNifEnv *env, ERL_NIF_TERM t, uint8_t type, int64_t *ou
 static int is_float_type(uint8_t type) { return type == EC_TYPE_F32 || type == EC_TYPE_F64; }
 
 /* Classifies a vector argument: a list of numbers (f32), a binary (f32), or
- * {Type, Binary}. Lists are measured only up to `limit` cells so that a
- * normal scheduler never walks a huge list just to learn that it must go
- * dirty. Returns 0 if the term is not a vector. */
+ * {Type, Binary}. A plain binary's elements are of the type its argument
+ * declares, so its size is checked by the caller that knows that type (len
+ * here counts f32 elements, rounded down). Lists are measured only up to
+ * `limit` cells so that a normal scheduler never walks a huge list just to
+ * learn that it must go dirty. Returns 0 if the term is not a vector. */
 static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct vec *v)
 {
     memset(v, 0, sizeof *v);
@@ -156,7 +158,7 @@ static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct ve
     }
     if (enif_is_binary(env, t)) {
         unsigned eb = TYPE_BYTES[v->type];
-        if (!enif_inspect_binary(env, t, &v->bin) || v->bin.size % eb != 0)
+        if (!enif_inspect_binary(env, t, &v->bin) || (v->typed && v->bin.size % eb != 0))
             return 0;
         v->bin_term = t;
         v->is_binary = 1;
@@ -244,7 +246,9 @@ int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst)
 
 int parse_vector(ErlNifEnv *env, ERL_NIF_TERM t, int dirty, struct vec *v, ERL_NIF_TERM *err)
 {
-    if (!inspect_vec(env, t, dirty ? UINT64_MAX : LIST_ELEMS_ON_SCHEDULER, v) || v->buf) {
+    /* put/1's vector: a plain binary is f32. */
+    if (!inspect_vec(env, t, dirty ? UINT64_MAX : LIST_ELEMS_ON_SCHEDULER, v) || v->buf ||
+        (v->is_binary && v->bin.size % TYPE_BYTES[v->type] != 0)) {
         *err = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 1)));
         return -1;
     }
@@ -413,13 +417,16 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
         uint8_t ty = resolve(a->type, t);
         if (v->type == SIG_TYPE_NONE)
             continue; /* no vector at all: marked */
-        if (v->typed || v->buf || (v->is_binary && a->type == SIG_TYPE_T)) {
-            /* A plain binary for a T argument is f32 (it does not fix T). */
+        if (v->typed || v->buf) {
             if (v->type != ty)
                 mark_bad(&bad, i, ATOM_type);
         } else if (v->is_binary) {
-            /* A plain binary holds elements of the argument's type. */
-            if (v->bin.size % TYPE_BYTES[ty] != 0)
+            /* A plain binary holds elements of the argument's type; for a
+             * T argument, f32 (it does not fix T). */
+            uint8_t bt = a->type == SIG_TYPE_T ? EC_TYPE_F32 : ty;
+            if (bt != ty)
+                mark_bad(&bad, i, ATOM_type);
+            else if (v->bin.size % TYPE_BYTES[ty] != 0)
                 mark_bad(&bad, i, ATOM_arg);
             v->type = ty;
             v->len = v->bin.size / TYPE_BYTES[ty];
