@@ -475,6 +475,15 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
                 mark_bad(&bad, i > j ? i : j, ATOM_arg);
         }
     }
+    /* The dimensions' ranges (NAME:d:LO..=HI). */
+    for (unsigned b = 0; b < sig->nbounds; b++) {
+        const struct sig_factor *bd;
+        int r = sig_bound_holds(&sig->bound[b], s->param, freev, &bd);
+        if (r == 2)
+            mark_bad(&bad, param_position(sig, bd->v), ATOM_arg);
+        else if (r == 0)
+            mark_bad(&bad, param_position(sig, sig->bound[b].param), ATOM_arg);
+    }
     s->nout = sig->nouts;
     uint64_t off = 0;
     for (unsigned k = 0; k < sig->nouts; k++) {

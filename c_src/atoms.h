@@ -30,7 +30,7 @@
     X(zero_copy_bytes) X(pipeline_bytes) X(poison_outputs) X(prefault_arena) X(sync_spin_us)    \
     /* kernels/0's keys and values */                                                          \
     X(name) X(id) X(types) X(outputs) X(entry) X(vector) X(scalar) X(dim) X(inout) X(type)      \
-    X(accumulate) X(kind) X(length) X(T)
+    X(accumulate) X(kind) X(length) X(range) X(T)
 
 #define EC_NIF_ATOM_DECLARE(name) extern ERL_NIF_TERM ATOM_##name;
 EC_NIF_ATOMS(EC_NIF_ATOM_DECLARE)

@@ -276,6 +276,13 @@ enum ec_kernel {
  *         NAME:s:TYPE       a scalar: an Erlang number (an integer type takes
  *                           an integer)
  *         NAME:d            a dimension: an integer in 0 .. 2^32-1
+ *         NAME:d:RANGE      a dimension in a range: LO.., ..=HI or LO..=HI
+ *                           (inclusive), each side one or more lengths as
+ *                           an output's joined by `&`, every one holding
+ *                           (topk_rows's k:d:1..=cols&64 is 1 <= k <=
+ *                           min(cols, 64)); at most EC_MAX_BOUNDS bounds a
+ *                           signature. A call outside is refused like a
+ *                           length that does not fit.
  *   outs  NAME:o:TYPE:LEN   a vector output
  *         NAME:s:TYPE       a one-element output given back as a number
  * TYPE is u8, s32, u32, s64, f32, f64 (EC_TYPES) or T, the kernel's type
@@ -301,6 +308,7 @@ enum ec_kernel {
 #define EC_MAX_SLOTS (EC_MAX_VECTORS + EC_MAX_OUTPUTS)
 #define EC_MAX_PARAMS 8u
 #define EC_MAX_NAME 31u
+#define EC_MAX_BOUNDS 8u
 /* A built-in's parameter area (ec_sqe.p). */
 #define EC_PARAM_BYTES 16u
 /* The accumulation depths stated above. */

@@ -139,6 +139,17 @@ static ERL_NIF_TERM len_term(ErlNifEnv *env, const struct sig *s, const struct s
     return t;
 }
 
+static ERL_NIF_TERM range_term(ErlNifEnv *env, const struct sig *s, uint8_t param)
+{
+    char buf[8 * 8 * (EC_MAX_NAME + 2)];
+    size_t n = sig_range_text(s, param, buf, sizeof buf);
+    if (n == 0)
+        return ATOM_none;
+    ERL_NIF_TERM t;
+    memcpy(enif_make_new_binary(env, n, &t), buf, n);
+    return t;
+}
+
 static ERL_NIF_TERM name_term(ErlNifEnv *env, const char *name)
 {
     return enif_make_atom(env, name);
@@ -146,20 +157,23 @@ static ERL_NIF_TERM name_term(ErlNifEnv *env, const char *name)
 
 /* The signature's arguments and outputs as lists of maps:
  * #{name, kind, type, length} each (length `none` for s and d; a d's type
- * is u32, its range). */
+ * is u32), a d's with `range` too: its range as written (`1..=cols&64`), or
+ * `none`. */
 static void sig_terms(ErlNifEnv *env, const struct sig *s, ERL_NIF_TERM *args, ERL_NIF_TERM *outs)
 {
     static ERL_NIF_TERM *const KIND[] = {[SIG_VECTOR] = &ATOM_vector, [SIG_INOUT] = &ATOM_inout,
                                          [SIG_SCALAR] = &ATOM_scalar, [SIG_DIM] = &ATOM_dim};
-    ERL_NIF_TERM keys[] = {ATOM_name, ATOM_kind, ATOM_type, ATOM_length};
+    ERL_NIF_TERM keys[] = {ATOM_name, ATOM_kind, ATOM_type, ATOM_length, ATOM_range};
     *args = enif_make_list(env, 0);
     for (unsigned i = s->nargs; i > 0; i--) {
         const struct sig_arg *a = &s->arg[i - 1];
         int vec = a->kind == SIG_VECTOR || a->kind == SIG_INOUT;
         ERL_NIF_TERM vals[] = {name_term(env, a->name), *KIND[a->kind], type_term(a->type),
-                               vec ? len_term(env, s, &a->len) : ATOM_none};
+                               vec ? len_term(env, s, &a->len) : ATOM_none, ATOM_none};
+        if (a->kind == SIG_DIM)
+            vals[4] = range_term(env, s, a->slot);
         ERL_NIF_TERM m;
-        enif_make_map_from_arrays(env, keys, vals, 4, &m);
+        enif_make_map_from_arrays(env, keys, vals, a->kind == SIG_DIM ? 5 : 4, &m);
         *args = enif_make_list_cell(env, m, *args);
     }
     *outs = enif_make_list(env, 0);

@@ -214,8 +214,10 @@ static int declare(struct sig *s, unsigned i, struct span it, const char **why)
             if (a->type == EC_TYPE_U8)
                 FAIL("a scalar is never u8");
         } else {
-            if (r2.p)
-                FAIL("a d argument is NAME:d");
+            /* NAME:d, or NAME:d:RANGE (read once every length is: a bound
+             * may name any dimension, and free lengths). */
+            if (r2.p && (r2.n == 0 || r3.p))
+                FAIL("a d argument is NAME:d or NAME:d:RANGE");
             a->type = SIG_TYPE_NONE;
         }
         if (s->nparams == EC_MAX_PARAMS)
@@ -239,6 +241,63 @@ static int arg_len(struct sig *s, unsigned i, struct span it, const char **why)
     split(r, ':', &r);
     split(r, ':', &r);
     return parse_len(s, r, a->slot, &a->len, why);
+}
+
+/* One side of a range: lengths joined by `&`, each a bound of the d
+ * argument in param index `param`. */
+static int parse_bounds(struct sig *s, struct span side, uint8_t param, int upper, const char **why)
+{
+    for (struct span r = side;;) {
+        struct span rest, b = split(r, '&', &rest);
+        if (s->nbounds == SIG_MAX_BOUNDS)
+            FAIL("more than 8 bounds in the ranges of a signature");
+        struct sig_bound *bo = &s->bound[s->nbounds];
+        bo->param = param;
+        bo->upper = (uint8_t)upper;
+        if (b.n == 0)
+            FAIL("a range's bound is empty");
+        if (parse_len(s, b, -1, &bo->len, why) != 0)
+            return -1;
+        s->nbounds++;
+        if (!rest.p)
+            return 0;
+        r = rest;
+    }
+}
+
+/* A d argument's range: LO.., ..=HI or LO..=HI, inclusive; LO and HI are
+ * lengths (as an output's) joined by `&`, every one of them holding. */
+static int arg_range(struct sig *s, unsigned i, struct span it, const char **why)
+{
+    struct sig_arg *a = &s->arg[i];
+    if (a->kind != SIG_DIM)
+        return 0;
+    struct span r;
+    split(it, ':', &r);
+    split(r, ':', &r);
+    if (!r.p)
+        return 0;
+    const char *dots = NULL;
+    for (size_t k = 0; k + 1 < r.n && !dots; k++)
+        if (r.p[k] == '.' && r.p[k + 1] == '.')
+            dots = r.p + k;
+    if (!dots)
+        FAIL("a range is LO.., ..=HI or LO..=HI");
+    struct span lo = {r.p, (size_t)(dots - r.p)};
+    struct span after = {dots + 2, r.n - lo.n - 2};
+    struct span hi = {NULL, 0};
+    if (after.n > 0) {
+        if (after.p[0] != '=' || after.n == 1)
+            FAIL("a range is LO.., ..=HI or LO..=HI");
+        hi = (struct span){after.p + 1, after.n - 1};
+    }
+    if (lo.n == 0 && !hi.p)
+        FAIL("a range is LO.., ..=HI or LO..=HI");
+    if (lo.n > 0 && parse_bounds(s, lo, a->slot, 0, why) != 0)
+        return -1;
+    if (hi.p && parse_bounds(s, hi, a->slot, 1, why) != 0)
+        return -1;
+    return 0;
 }
 
 static int output(struct sig *s, unsigned i, struct span it, const char **why)
@@ -293,7 +352,7 @@ int sig_parse(const char *args, size_t alen, const char *outs, size_t olen, stru
     /* Names and kinds first: a length may name a dimension declared after
      * it. */
     if (each_item(a, declare, s, why) != 0 || each_item(a, arg_len, s, why) != 0 ||
-        each_item(o, output, s, why) != 0)
+        each_item(a, arg_range, s, why) != 0 || each_item(o, output, s, why) != 0)
         return -1;
     if (s->nargs == 0)
         FAIL("a kernel takes at least one argument");
@@ -343,6 +402,19 @@ int sig_eval(const struct sig_len *l, const uint64_t *param, const uint64_t *fre
     return 0;
 }
 
+int sig_bound_holds(const struct sig_bound *b, const uint64_t *param, const uint64_t *freev,
+                    const struct sig_factor **bad_div)
+{
+    uint64_t lim = 0;
+    int r = sig_eval(&b->len, param, freev, &lim, bad_div);
+    if (r == 2)
+        return 2;
+    uint64_t v = param[b->param];
+    if (b->upper)
+        return r == 1 || v <= lim;
+    return r == 0 && v >= lim;
+}
+
 static size_t put(char *buf, size_t cap, size_t at, const char *s)
 {
     for (; *s; s++, at++)
@@ -379,9 +451,9 @@ static size_t put_factor(const struct sig *s, const struct sig_factor *f, char *
     }
 }
 
-size_t sig_len_text(const struct sig *s, const struct sig_len *l, char *buf, size_t cap)
+static size_t len_text_at(const struct sig *s, const struct sig_len *l, char *buf, size_t cap,
+                          size_t at)
 {
-    size_t at = 0;
     for (unsigned i = 0; i < l->nf; i++) {
         if (i)
             at = put(buf, cap, at, "*");
@@ -391,7 +463,48 @@ size_t sig_len_text(const struct sig *s, const struct sig_len *l, char *buf, siz
         at = put(buf, cap, at, "/");
         at = put_factor(s, &l->div, buf, cap, at);
     }
+    return at;
+}
+
+static size_t terminate(char *buf, size_t cap, size_t at)
+{
     if (cap)
         buf[at < cap ? at : cap - 1] = 0;
     return at;
+}
+
+size_t sig_len_text(const struct sig *s, const struct sig_len *l, char *buf, size_t cap)
+{
+    return terminate(buf, cap, len_text_at(s, l, buf, cap, 0));
+}
+
+/* The bounds of one side of param's range, joined by `&`. */
+static size_t bounds_text_at(const struct sig *s, uint8_t param, int upper, char *buf, size_t cap,
+                             size_t at, int *any)
+{
+    *any = 0;
+    for (unsigned b = 0; b < s->nbounds; b++) {
+        const struct sig_bound *bo = &s->bound[b];
+        if (bo->param != param || bo->upper != upper)
+            continue;
+        if (*any)
+            at = put(buf, cap, at, "&");
+        at = len_text_at(s, &bo->len, buf, cap, at);
+        *any = 1;
+    }
+    return at;
+}
+
+size_t sig_range_text(const struct sig *s, uint8_t param, char *buf, size_t cap)
+{
+    char hi[4 * 8 * (EC_MAX_NAME + 2)];
+    int any_lo, any_hi;
+    size_t at = bounds_text_at(s, param, 0, buf, cap, 0, &any_lo);
+    size_t nhi = bounds_text_at(s, param, 1, hi, sizeof hi, 0, &any_hi);
+    terminate(hi, sizeof hi, nhi);
+    if (!any_lo && !any_hi)
+        return terminate(buf, cap, 0);
+    at = put(buf, cap, at, any_hi ? "..=" : "..");
+    at = put(buf, cap, at, hi);
+    return terminate(buf, cap, at);
 }

@@ -16,6 +16,8 @@
 #define SIG_MAX_ARGS (EC_MAX_VECTORS + EC_MAX_PARAMS)
 #define SIG_MAX_FACTORS 4u
 #define SIG_MAX_FREE EC_MAX_VECTORS
+/* Bounds of every d argument's range, together (NAME:d:LO..=HI). */
+#define SIG_MAX_BOUNDS EC_MAX_BOUNDS
 /* A type that is the kernel's T; a d argument's type. */
 #define SIG_TYPE_T 0xffu
 #define SIG_TYPE_NONE 0xfeu
@@ -32,6 +34,13 @@ struct sig_factor {
 struct sig_len {
     uint8_t nf, has_div;
     struct sig_factor f[SIG_MAX_FACTORS], div;
+};
+
+/* One side of a d argument's range: param[param] >= len (lower) or <= len
+ * (upper). */
+struct sig_bound {
+    uint8_t param, upper;
+    struct sig_len len;
 };
 
 struct sig_arg {
@@ -52,9 +61,10 @@ struct sig_out {
 struct sig {
     struct sig_arg arg[SIG_MAX_ARGS];
     struct sig_out out[EC_MAX_OUTPUTS];
-    uint8_t nargs, nouts, nvec, nparams, nfree, uses_t;
+    uint8_t nargs, nouts, nvec, nparams, nfree, uses_t, nbounds;
     uint8_t free_slot[SIG_MAX_FREE]; /* the vector slot fixing each free length */
     char free_name[SIG_MAX_FREE][EC_MAX_NAME + 1];
+    struct sig_bound bound[SIG_MAX_BOUNDS]; /* the d arguments' ranges, in order */
 };
 
 /* Parses `args` and `outs` (alen, olen bytes; "-" for none). Returns 0, or
@@ -73,9 +83,18 @@ int sig_parse_len(struct sig *s, const char *text, size_t len, struct sig_len *l
 int sig_eval(const struct sig_len *l, const uint64_t *param, const uint64_t *freev, uint64_t *out,
              const struct sig_factor **bad_div);
 
-/* The text of a type (f32, ..., T) and of a length (written back in the
- * grammar), for erlcuda:kernels(). */
+/* Does bound b hold for params `param` and free lengths `freev`? 1 yes, 0
+ * no, 2 when its divisor is 0 or does not divide (then *bad_div is the
+ * divisor factor). A lower bound that overflows 64 bits never holds, an
+ * upper one always. */
+int sig_bound_holds(const struct sig_bound *b, const uint64_t *param, const uint64_t *freev,
+                    const struct sig_factor **bad_div);
+
+/* The text of a type (f32, ..., T), of a length and of the range of the d
+ * argument in param index `param` (written back in the grammar; "" for a
+ * d without one), for erlcuda:kernels(). */
 const char *sig_type_name(uint8_t type);
 size_t sig_len_text(const struct sig *s, const struct sig_len *l, char *buf, size_t cap);
+size_t sig_range_text(const struct sig *s, uint8_t param, char *buf, size_t cap);
 
 #endif

@@ -67,6 +67,36 @@ int main(void)
     expect(parse("a:s:f32,b:s:f64,c:s:s32,d:s:u32,e:s:s64,f:s:T,g:d,h:d,x:v:T:g", "y:o:T:h", &s) == 0,
            "8 params");
 
+    /* Ranges of dimensions: topk_rows's 1 <= k <= min(cols, 64). */
+    expect(parse("x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64", "v:o:T:rows*k,i:o:u32:rows*k", &s) == 0 &&
+               s.nbounds == 3 && s.bound[0].param == 2 && !s.bound[0].upper && s.bound[1].upper &&
+               s.bound[2].upper,
+           "k:d:1..=cols&64");
+    sig_range_text(&s, 2, text, sizeof text);
+    expect(strcmp(text, "1..=cols&64") == 0, "k's range reads back as 1..=cols&64");
+    sig_range_text(&s, 1, text, sizeof text);
+    expect(strcmp(text, "") == 0, "cols has no range");
+    {
+        uint64_t p[EC_MAX_PARAMS] = {3, 10, 0}, f[SIG_MAX_FREE] = {0};
+        const uint64_t ks[] = {0, 1, 10, 11};
+        const int want[] = {0, 1, 1, 0};
+        for (unsigned c = 0; c < 4; c++) {
+            p[2] = ks[c];
+            int all = 1;
+            for (unsigned b = 0; b < s.nbounds; b++)
+                all &= sig_bound_holds(&s.bound[b], p, f, &bd) == 1;
+            expect(all == want[c], "k in 1..=min(cols, 64)");
+        }
+        p[1] = 100;
+        p[2] = 65;
+        expect(sig_bound_holds(&s.bound[2], p, f, &bd) == 0, "k = 65 > 64");
+    }
+    expect(parse("x:v:T:rows*cols,rows:d,cols:d:1..", "i:o:u32:rows", &s) == 0 && s.nbounds == 1, "cols:d:1..");
+    sig_range_text(&s, 1, text, sizeof text);
+    expect(strcmp(text, "1..") == 0, "cols's range reads back as 1..");
+    expect(parse("x:v:T:n,c:d:..=n/2", "y:o:T:n", &s) == 0 && s.nbounds == 1 && s.bound[0].upper,
+           "a free length in a bound");
+
     static const char *const refused[][2] = {
         {"x:v:T:n,x:v:T:n", "y:o:T:n"},       {"x:v:T:rows*cols,rows:d", "y:o:T:n"},
         {"x:v:T:n*2", "y:o:T:n"},             {"x:v:T:n", "y:o:T:m"},
@@ -79,6 +109,11 @@ int main(void)
         {"a:v:T:n,b:v:T:n,c:v:T:n,d:v:T:n,e:v:T:n,f:v:T:n,g:v:T:n,h:v:T:n,i:v:T:n", "y:o:T:n"},
         {"x:v:T:n", "a:o:T:n,b:o:T:n,c:o:T:n,d:o:T:n,e:o:T:n"},
         {"x:v:T:4294967296", "y:o:T:1"},      {"x:v:T:n/", "y:o:T:1"},
+        {"x:v:T:n,k:d:..", "y:o:T:n"},        {"x:v:T:n,k:d:1..64", "y:o:T:n"},
+        {"x:v:T:n,k:d:..=", "y:o:T:n"},       {"x:v:T:n,k:d:1..=m", "y:o:T:n"},
+        {"x:v:T:n,k:d:5", "y:o:T:n"},         {"x:v:T:n,k:d:1..=n&", "y:o:T:n"},
+        {"x:v:T:n,k:d:", "y:o:T:n"},          {"x:v:T:n,k:d:1..:2", "y:o:T:n"},
+        {"x:v:T:n,k:d:1&2&3&4&5..=1&2&3&4", "y:o:T:n"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char what[256];

@@ -24,6 +24,7 @@ const _: () = assert!(
         && signature::MAX_SLOTS == EC_MAX_SLOTS as usize
         && signature::MAX_PARAMS == EC_MAX_PARAMS as usize
         && signature::MAX_NAME == EC_MAX_NAME as usize
+        && signature::MAX_BOUNDS == EC_MAX_BOUNDS as usize
         && crate::sigplan::PACKED_BYTES == EC_PARAM_BYTES
 );
 
@@ -81,6 +82,8 @@ pub const EC_MAX_SLOTS: u32 = EC_MAX_VECTORS + EC_MAX_OUTPUTS;
 pub const EC_MAX_PARAMS: u32 = 8;
 /// Bytes of a name in a signature.
 pub const EC_MAX_NAME: u32 = 31;
+/// Bounds of the dimensions' ranges of one signature.
+pub const EC_MAX_BOUNDS: u32 = 8;
 pub const EC_JOB_ARGS_BYTES: u32 = 256;
 /// A built-in's parameter area (`ec_sqe.p`).
 pub const EC_PARAM_BYTES: usize = 16;
@@ -821,6 +824,10 @@ static void print_sig(const char *name, const char *args, const char *outs)
             print_len(&o->len);
         }
     }
+    for (unsigned i = 0; i < s.nbounds; i++) {
+        printf(" p%u%s", s.bound[i].param, s.bound[i].upper ? "<=" : ">=");
+        print_len(&s.bound[i].len);
+    }
     printf("\n");
 }
 
@@ -842,6 +849,7 @@ int main(void)
     OF(ec_job_args, reserved);
     C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES);
     C(EC_JOB_ARGS_BYTES); C(EC_MAX_OUTPUTS); C(EC_MAX_SLOTS); C(EC_MAX_PARAMS); C(EC_MAX_NAME);
+    C(EC_MAX_BOUNDS);
     C(EC_USER_KERNEL_BASE); C(EC_MODULE_KERNELS); C(EC_MODULE_SLOTS);
     C(EC_CONTROL_LOAD_MODULE); C(EC_CONTROL_UNLOAD_MODULE);
     C(EC_FLAG_IN0_BUF); C(EC_FLAG_IN1_BUF); C(EC_FLAG_OUT_BUF);
@@ -891,6 +899,9 @@ int main(void)
     P("const.EC_FLAG_FAULT", (unsigned long long)EC_FLAG_FAULT);
 
     EC_KERNELS(KERNEL)
+    /* Signatures beyond the built-in rows (SAMPLE_SIGS, the same text). */
+    print_sig("sample_topk", "x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64", "v:o:T:rows*k,i:o:u32:rows*k");
+    print_sig("sample_free_bound", "x:v:T:n,a:d:1..,c:d:a..=n/a", "y:o:T:n");
     EC_STATUSES(STATUS)
     EC_TYPES(TYPE)
     EC_SHAPES(SHAPE)
@@ -941,6 +952,9 @@ int main(void)
             if !o.scalar {
                 t += &format!("={}", len(&o.len));
             }
+        }
+        for b in s.bounds() {
+            t += &format!(" p{}{}{}", b.param, if b.upper { "<=" } else { ">=" }, len(&b.len));
         }
         t
     }
@@ -1001,6 +1015,7 @@ int main(void)
         put("const.EC_MAX_SLOTS", EC_MAX_SLOTS.to_string());
         put("const.EC_MAX_PARAMS", EC_MAX_PARAMS.to_string());
         put("const.EC_MAX_NAME", EC_MAX_NAME.to_string());
+        put("const.EC_MAX_BOUNDS", EC_MAX_BOUNDS.to_string());
         put("const.EC_OPT_GRID", EC_OPT_GRID.to_string());
         put("const.EC_OPT_BLOCK", EC_OPT_BLOCK.to_string());
         put("const.EC_OPT_SHARED_BYTES", EC_OPT_SHARED_BYTES.to_string());
@@ -1072,6 +1087,14 @@ int main(void)
         put("const.EC_SEGMENT_MAGIC_LO", (EC_SEGMENT_MAGIC & 0xffff_ffff).to_string());
         put("const.EC_FLAG_FAULT", EC_FLAG_FAULT.to_string());
 
+        // The probe's print_sig of signatures beyond the built-in rows.
+        const SAMPLE_SIGS: [(&str, &str, &str); 2] = [
+            ("sample_topk", "x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64", "v:o:T:rows*k,i:o:u32:rows*k"),
+            ("sample_free_bound", "x:v:T:n,a:d:1..,c:d:a..=n/a", "y:o:T:n"),
+        ];
+        for (name, a, o) in SAMPLE_SIGS {
+            put(&format!("kernel.{name}.sig"), sig_text(&Sig::parse(a, o).unwrap()));
+        }
         for k in Kernel::ALL {
             let p = format!("kernel.{}", k.c_name());
             put(&format!("{p}.id"), k.id().to_string());

@@ -4,7 +4,7 @@
 //! signature's items. Made once per kernel (at compile time for the
 //! built-ins, at load for a user's), by a `const fn`.
 
-use crate::signature::{Factor, Kind, Len, Sig, Ty, MAX_FACTORS, MAX_FREE, MAX_PARAMS, MAX_SLOTS, MAX_VECTORS};
+use crate::signature::{Bound, Factor, Kind, Len, Sig, Ty, MAX_BOUNDS, MAX_FACTORS, MAX_FREE, MAX_PARAMS, MAX_SLOTS, MAX_VECTORS};
 
 /// What parameter `i` of a job is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +59,9 @@ pub struct Plan {
     /// The slot that fixes each free length.
     pub free_slot: [u8; MAX_FREE],
     pub nfree: u8,
+    /// The dimensions' ranges (`NAME:d:LO..=HI`), as the signature has them.
+    pub bounds: [Bound; MAX_BOUNDS],
+    pub nbounds: u8,
     /// The parameters in a built-in's 16-byte area (a scalar takes the
     /// next 8-aligned f64, a dimension the next u32), when they fit it.
     pub packed: Option<[Packed; MAX_PARAMS]>,
@@ -85,6 +88,8 @@ impl Plan {
             param: [Param::Unused; MAX_PARAMS],
             free_slot: sig.free_slot,
             nfree: sig.nfree,
+            bounds: sig.bounds,
+            nbounds: sig.nbounds,
             packed: None,
         };
         let mut packed = [Packed::Unused; MAX_PARAMS];

@@ -82,6 +82,14 @@ impl Len {
     }
 }
 
+/// One side of a dimension's range: the dimension is at most (`upper`) or
+/// at least `len`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub upper: bool,
+    pub len: Len,
+}
+
 /// An argument, in the order the signature lists them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Arg {
@@ -89,8 +97,15 @@ pub enum Arg {
     Vector { io: bool, ty: Ty, len: Len },
     /// `s`
     Scalar(Ty),
-    /// `d`
-    Dim,
+    /// `d`, or `d:LO..=HI` with these bounds (every one holding).
+    Dim(Vec<Bound>),
+}
+
+impl Arg {
+    /// A dimension with no range.
+    pub fn dim() -> Arg {
+        Arg::Dim(Vec::new())
+    }
 }
 
 /// An output: a vector (`o`), or a one-element number (`s`, `len` 1).
@@ -164,7 +179,7 @@ impl Kernel {
             .iter()
             .filter_map(|a| match a {
                 Arg::Scalar(t) => Some(Some(*t)),
-                Arg::Dim => Some(None),
+                Arg::Dim(_) => Some(None),
                 Arg::Vector { .. } => None,
             })
             .collect()
@@ -218,9 +233,16 @@ impl Kernel {
                         p += 1;
                         format!("p{}:s:{}", p - 1, ty.name())
                     }
-                    Arg::Dim => {
+                    Arg::Dim(bounds) => {
                         p += 1;
-                        format!("p{}:d", p - 1)
+                        let side = |upper: bool| {
+                            bounds.iter().filter(|b| b.upper == upper).map(|b| b.len.render()).collect::<Vec<_>>().join("&")
+                        };
+                        match (side(false), side(true)) {
+                            (lo, hi) if lo.is_empty() && hi.is_empty() => format!("p{}:d", p - 1),
+                            (lo, hi) if hi.is_empty() => format!("p{}:d:{lo}..", p - 1),
+                            (lo, hi) => format!("p{}:d:{lo}..={hi}", p - 1),
+                        }
                     }
                 })
                 .collect()
@@ -283,8 +305,9 @@ pub fn manifest(kernels: &[Kernel]) -> String {
 /// lengths declared and reused, products of up to four factors, divisions
 /// by a constant and by a dimension (of inputs and outputs), arguments of
 /// both classes interleaved, every blocks rule and block rule, and a
-/// kernel with no T. Only `mix` and `fill` have io arguments, so the
-/// others can run where no buffer exists (the ring target).
+/// kernel with no T, dimensions with ranges (`topk`). Only `mix` and `fill`
+/// have io arguments, so the others can run where no buffer exists (the
+/// ring target).
 pub fn fixed() -> Vec<Kernel> {
     use Factor::{Const, Dim, Free};
     let e = |t: u8| Ty::Elem(t);
@@ -303,8 +326,8 @@ pub fn fixed() -> Vec<Kernel> {
                 v(e(u32_), Len::free(1)),
                 v(e(u8_), Len::of(&[Dim(0), Dim(1)], None)),
                 io(e(s64), Len::free(0)),
-                Arg::Dim,
-                Arg::Dim,
+                Arg::dim(),
+                Arg::dim(),
                 Arg::Scalar(e(s32)),
                 Arg::Scalar(e(u32_)),
                 Arg::Scalar(e(s64)),
@@ -353,7 +376,7 @@ pub fn fixed() -> Vec<Kernel> {
         Kernel {
             name: "tiles".into(),
             types: mask(&[f32, u8_]),
-            args: vec![v(Ty::T, Len::free(0)), Arg::Dim, Arg::Dim, Arg::Dim, Arg::Dim],
+            args: vec![v(Ty::T, Len::free(0)), Arg::dim(), Arg::dim(), Arg::dim(), Arg::dim()],
             outs: vec![o(Ty::T, Len::of(&[Dim(2), Dim(3), Dim(0), Dim(1)], None)), s(e(f64))],
             blocks: (BlocksKind::Count, Len::of(&[Dim(0), Dim(1)], None)),
             threads: 256,
@@ -366,9 +389,9 @@ pub fn fixed() -> Vec<Kernel> {
             args: vec![
                 v(Ty::T, Len::free(0)),
                 v(e(s32), Len::free(1)),
-                Arg::Dim,
+                Arg::dim(),
                 v(e(f32), Len::of(&[Dim(0), Const(6)], Some(Dim(1)))),
-                Arg::Dim,
+                Arg::dim(),
                 Arg::Scalar(e(f32)),
                 v(e(f64), Len::free(1)),
             ],
@@ -377,6 +400,27 @@ pub fn fixed() -> Vec<Kernel> {
             threads: 64,
             rule: Rule::Warps,
             shared: 128,
+        },
+        // Dimensions with ranges: topk_rows's k in 1..=min(cols, 64), and a
+        // lower bound that is a length.
+        Kernel {
+            name: "topk".into(),
+            types: mask(&[f32, u8_]),
+            args: vec![
+                v(Ty::T, Len::of(&[Dim(0), Dim(1)], None)),
+                Arg::dim(),
+                Arg::Dim(vec![Bound { upper: false, len: Len::of(&[Const(1)], None) }]),
+                Arg::Dim(vec![
+                    Bound { upper: false, len: Len::of(&[Const(1)], None) },
+                    Bound { upper: true, len: Len::of(&[Dim(1)], None) },
+                    Bound { upper: true, len: Len::of(&[Const(64)], None) },
+                ]),
+            ],
+            outs: vec![o(Ty::T, Len::of(&[Dim(0), Dim(2)], None)), o(e(u32_), Len::of(&[Dim(0), Dim(2)], None))],
+            blocks: (BlocksKind::Count, Len::of(&[Dim(0)], None)),
+            threads: 256,
+            rule: Rule::Warps,
+            shared: 0,
         },
     ]
 }

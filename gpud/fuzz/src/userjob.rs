@@ -15,7 +15,7 @@ use gpud::layout::{
 };
 use gpud::modules::{kernel_id, parse_manifest, UserKernel};
 
-use crate::module::{Arg, BlocksKind, Factor, Kernel, Len, Out, Rule, Ty, MAX_OUTPUTS, MAX_PARAMS, MAX_VECTORS, TYPE_BYTES, U8};
+use crate::module::{Arg, BlocksKind, Bound, Factor, Kernel, Len, Out, Rule, Ty, MAX_OUTPUTS, MAX_PARAMS, MAX_VECTORS, TYPE_BYTES, U8};
 use crate::Cursor;
 
 const SLOTS: usize = MAX_VECTORS + MAX_OUTPUTS;
@@ -117,6 +117,22 @@ pub fn gen_kernel(c: &mut Cursor<'_>, name: &str) -> Kernel {
             _ => Out { scalar: false, ty, len: product(c, nfree, true) },
         });
     }
+    // Ranges on some dimensions (at most 8 bounds in all): lower bounds
+    // small constants or products, upper ones any product (of dimensions,
+    // constants and the free lengths the vectors declared).
+    let mut nbounds = 0;
+    for a in args.iter_mut() {
+        if let Arg::Dim(bounds) = a {
+            let b = c.u8();
+            for upper in [false, true] {
+                if b & if upper { 2 } else { 1 } != 0 && b & 0x80 != 0 && nbounds < 8 {
+                    let len = if !upper && b & 4 == 0 { Len::of(&[Factor::Const(u32::from(b >> 3) % 4)], None) } else { product(c, nfree, true) };
+                    bounds.push(Bound { upper, len });
+                    nbounds += 1;
+                }
+            }
+        }
+    }
     let has_io = args.iter().any(|a| matches!(a, Arg::Vector { io: true, .. }));
     if outs.is_empty() && !has_io {
         outs.push(Out { scalar: true, ty: Ty::T, len: Len::of(&[Factor::Const(1)], None) });
@@ -141,7 +157,7 @@ pub fn gen_kernel(c: &mut Cursor<'_>, name: &str) -> Kernel {
 fn scalar_or_dim(p: Option<Ty>) -> Arg {
     match p {
         Some(t) => Arg::Scalar(t),
-        None => Arg::Dim,
+        None => Arg::dim(),
     }
 }
 
@@ -178,6 +194,35 @@ fn eval(len: &Len, param: &[u64], free: &[u64]) -> Option<u128> {
         Some(0) => None,
         Some(d) if !p.is_multiple_of(d) => None,
         Some(d) => Some(p / d),
+    }
+}
+
+/// Does a dimension of value `v` keep bound `b`? Its length evaluated as
+/// the language does (left to right in 64 bits): a divisor of 0 or one
+/// that leaves a remainder breaks it; a length past 2^64-1 breaks a lower
+/// bound and keeps an upper one.
+fn keeps(b: &Bound, v: u64, param: &[u64], free: &[u64]) -> bool {
+    let value = |f: &Factor| match *f {
+        Factor::Const(c) => u128::from(c),
+        Factor::Dim(i) => u128::from(param[i]),
+        Factor::Free(k) => u128::from(free[k]),
+    };
+    let mut p = 1u128;
+    let mut overflow = false;
+    for f in &b.len.factors {
+        p = p.saturating_mul(value(f));
+        overflow |= p > u128::from(u64::MAX);
+    }
+    if let Some(d) = b.len.div.as_ref().map(value) {
+        if d == 0 || (!overflow && !p.is_multiple_of(d)) {
+            return false;
+        }
+        p /= d;
+    }
+    match (overflow, b.upper) {
+        (true, upper) => upper,
+        (false, true) => u128::from(v) <= p,
+        (false, false) => u128::from(v) >= p,
     }
 }
 
@@ -590,6 +635,15 @@ pub fn reference(
     for i in (0..SLOTS).filter(|&i| used(i)) {
         if eval(slot_len(i), &a.param, &free) != Some(u128::from(a.len[i])) {
             return Err(Status::BadShape);
+        }
+    }
+    // ... and every dimension in its range.
+    let dims = k.args.iter().filter(|a| !matches!(a, Arg::Vector { .. })).enumerate();
+    for (i, arg) in dims {
+        if let Arg::Dim(bounds) = arg {
+            if bounds.iter().any(|b| !keeps(b, a.param[i], &a.param, &free)) {
+                return Err(Status::BadShape);
+            }
         }
     }
     // 4. Launch options, and the virtual blocks at the block size used.

@@ -13,7 +13,7 @@
 //!    bits;
 //! 3. lengths: an unused slot's is 0, every other one its expression's
 //!    value (free lengths as the inputs fix them, products without
-//!    overflow, divisions exact): BAD_SHAPE;
+//!    overflow, divisions exact), and every dimension in its range: BAD_SHAPE;
 //! 4. a user's launch options (grid, `{block, B}` by the kernel's
 //!    `block_rule`, shared memory) and its virtual blocks: BAD_SHAPE;
 //! 5. inputs in slot order: a buffer (its bit in `buffers`) must be live
@@ -279,6 +279,12 @@ fn lengths<F: Form>(a: &F, plan: &Plan) -> Result<(), Status> {
             }
         };
         if !ok {
+            return Err(Status::BadShape);
+        }
+    }
+    for b in &plan.bounds[..usize::from(plan.nbounds)] {
+        let p = param.get_or_insert_with(|| std::array::from_fn::<u64, { EC_MAX_PARAMS as usize }, _>(|k| a.param(k)));
+        if !matches!(b.holds(p, &free), Ok(true)) {
             return Err(Status::BadShape);
         }
     }

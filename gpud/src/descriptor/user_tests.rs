@@ -24,7 +24,9 @@ const MANIFEST: &str = "erlcuda-module 2\n\
     kernel hist types=- args=p:v:u8:n outs=h:o:u32:256 blocks=elements(n) threads=256 block_rule=any shared=0\n\
     kernel fill types=u8,s32 args=x:io:T:n,v:s:T outs=- blocks=elements(n) threads=256 block_rule=any shared=0\n\
     kernel twice types=f32 args=x:v:T:n,acc:io:T:n outs=- blocks=elements(n) threads=256 block_rule=any shared=0\n\
-    kernel tiles types=f32 args=x:v:T:n,r:d,c:d,a:d,b:d outs=y:o:T:a*b*r*c blocks=r*c threads=256 block_rule=any shared=0\n";
+    kernel tiles types=f32 args=x:v:T:n,r:d,c:d,a:d,b:d outs=y:o:T:a*b*r*c blocks=r*c threads=256 block_rule=any shared=0\n\
+    kernel topk types=f32 args=x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64 outs=v:o:T:rows*k,i:o:u32:rows*k \
+      blocks=rows threads=256 block_rule=warps shared=0\n";
 
 const MIX: u16 = 0;
 const TOTAL: u16 = 1;
@@ -32,6 +34,7 @@ const HIST: u16 = 2;
 const FILL: u16 = 3;
 const TWICE: u16 = 4;
 const TILES: u16 = 5;
+const TOPK: u16 = 6;
 
 fn registry() -> Registry {
     let kernels = parse_manifest(MANIFEST)
@@ -178,7 +181,7 @@ fn the_descriptor_names_only_the_record() {
     assert!(run(Sqe { in0: ARENA - 256, ..good }).is_ok());
     assert_eq!(run(Sqe { in0: 1 << EC_ADDR_SEGMENT_SHIFT, ..good }), Err(Status::OutOfBounds));
     // Kernels of no loaded module, and built-ins in a user's form.
-    assert_eq!(run(Sqe { kernel: kernel_id(0, 6), ..good }), Err(Status::BadKernel));
+    assert_eq!(run(Sqe { kernel: kernel_id(0, 7), ..good }), Err(Status::BadKernel));
     assert_eq!(run(Sqe { kernel: kernel_id(1, 0), ..good }), Err(Status::BadKernel));
     assert_eq!(run(Sqe { kernel: Kernel::VectorAdd.id(), ..good }), Err(Status::BadFlags));
 }
@@ -465,4 +468,26 @@ fn entries_and_host_symbols() {
     assert_eq!((k(HIST).entry(ElemType::F32), k(HIST).host_symbol(ElemType::F32)), ("hist".into(), "erlcuda_host_hist".into()));
     assert_eq!(k(HIST).entry_types().collect::<Vec<_>>(), vec![ElemType::F32]);
     assert_eq!(k(TOTAL).entry_types().collect::<Vec<_>>(), vec![ElemType::F32, ElemType::F64, ElemType::S32]);
+}
+
+/// A dimension outside its range (`k:d:1..=cols&64`) is BAD_SHAPE, however
+/// well the lengths agree with it: gpud holds a job to the ranges as the
+/// VM does, so a kernel may rely on them.
+#[test]
+fn dimensions_in_their_ranges() {
+    let topk = |rows: u32, cols: u32, k: u32| {
+        let mut a = JobArgs::default();
+        for (slot, addr, len) in [(0, 0x1000u32, rows * cols), (OUT, 0x40000, rows * k), (OUT + 1, 0x80000, rows * k)] {
+            a.addr[slot] = u64::from(addr);
+            a.len[slot] = len;
+        }
+        a.param[..3].copy_from_slice(&[u64::from(rows), u64::from(cols), u64::from(k)]);
+        run(TOPK, ElemType::F32, a)
+    };
+    for (rows, cols, k) in [(2, 10, 1), (2, 10, 10), (3, 100, 64), (0, 5, 5)] {
+        assert!(topk(rows, cols, k).is_ok(), "{rows}x{cols}, k {k}");
+    }
+    for (rows, cols, k) in [(2, 10, 0), (2, 10, 11), (3, 100, 65), (0, 0, 1), (1, 0, 0)] {
+        assert_eq!(topk(rows, cols, k).map(|_| ()), Err(Status::BadShape), "{rows}x{cols}, k {k}");
+    }
 }

@@ -37,7 +37,10 @@
 ///   with no T (one entry, `NAME`).
 /// * Arguments, in the order callers pass them: `name: v(TY, LEN)` a
 ///   vector, `name: io(TY, LEN)` a device buffer updated in place,
-///   `name: s(TY)` a scalar, `name: d` a dimension. Outputs, in the order
+///   `name: s(TY)` a scalar, `name: d` a dimension, `name: d(RANGE)` one
+///   with a range (`1..`, `..= 64`, `1 ..= cols & 64`: inclusive, each
+///   side lengths joined by `&`, every one holding; a call outside is
+///   refused with `{badarg, {arg, I}}`). Outputs, in the order
 ///   callers get them: `name: o(TY, LEN)` a vector, `name: s(TY)` one
 ///   element given back as a number; `-> ()` for none (the kernel then
 ///   has an io argument). TY is `T` or an element type; LEN a length of
@@ -339,6 +342,11 @@ macro_rules! __item {
     ($side:ident $n:ident $k:ident []) => {
         $crate::manifest::Item { name: stringify!($n), kind: stringify!($k), ty: "", len: "" }
     };
+    // A dimension's range, `d(1..=cols & 64)`: in `ty`, which a d has no
+    // other use for.
+    (arg $n:ident d [$($range:tt)+]) => {
+        $crate::manifest::Item { name: stringify!($n), kind: "d", ty: stringify!($($range)+), len: "" }
+    };
     ($side:ident $n:ident $k:ident [$($other:tt)*]) => {
         $crate::manifest::Item { name: stringify!($n), kind: "?", ty: "", len: "" }
     };
@@ -419,7 +427,7 @@ macro_rules! __arg {
         $pi += 1;
         x
     }};
-    ($side:ident d [], $k:ident, $vi:ident, $pi:ident) => {{
+    ($side:ident d [$($range:tt)*], $k:ident, $vi:ident, $pi:ident) => {{
         let x = $k.param($pi) as u32;
         $pi += 1;
         x

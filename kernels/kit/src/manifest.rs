@@ -198,7 +198,8 @@ impl core::fmt::Debug for Kernel {
 
 /// One argument or output of a `kernel!` as written: `x: v(T, rows *
 /// cols)` is `Item { name: "x", kind: "v", ty: "T", len: "rows * cols" }`
-/// (`ty` and `len` empty where the kind takes none).
+/// (`ty` and `len` empty where the kind takes none); a dimension's range,
+/// `k: d(1..=cols & 64)`, is its `ty`.
 #[derive(Clone, Copy, Debug)]
 pub struct Item<'a> {
     pub name: &'a str,
@@ -237,7 +238,7 @@ pub const fn kernel(d: &Decl) -> Result<Kernel, Error> {
             None => {
                 return Err(Error::new(
                     d.name,
-                    "an argument is `NAME: v(TYPE, LEN)`, `NAME: io(TYPE, LEN)`, `NAME: s(TYPE)` or `NAME: d`",
+                    "an argument is `NAME: v(TYPE, LEN)`, `NAME: io(TYPE, LEN)`, `NAME: s(TYPE)`, `NAME: d` or `NAME: d(RANGE)`",
                 ))
             }
         };
@@ -279,6 +280,10 @@ const fn item(t: Text, it: &Item, output: bool) -> Option<Text> {
         match k {
             b"v" | b"io" => (true, true),
             b"s" => (true, false),
+            // A d's range, when it has one, is written where a type is.
+            b"d" if !it.ty.is_empty() && it.len.is_empty() => {
+                return Some(t.push_str(it.name).push(b":d:").push_compact(it.ty));
+            }
             b"d" => (false, false),
             _ => return None,
         }

@@ -23,6 +23,8 @@ pub const MAX_NAME: usize = 31;
 pub const MAX_FACTORS: usize = 4;
 /// Distinct free lengths of one signature.
 pub const MAX_FREE: usize = MAX_VECTORS;
+/// Bounds of the dimensions' ranges of one signature, together.
+pub const MAX_BOUNDS: usize = 8;
 
 /// An element type, numbered as `EC_TYPES`, or the kernel's type variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +207,31 @@ const fn factor_value(f: Factor, param: &[u64], free: &[u64]) -> u64 {
     }
 }
 
+/// One side of a `d` argument's range (`NAME:d:LO..=HI`): `param[param]`
+/// is at least (`upper` false) or at most (`upper` true) `len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub param: u8,
+    pub upper: bool,
+    pub len: Len,
+}
+
+impl Bound {
+    const NONE: Bound = Bound { param: 0, upper: false, len: Len::NONE };
+
+    /// Does it hold for dimension values `param` and free lengths `free`?
+    /// `Err(f)` when divisor factor `f` is 0 or does not divide. A lower
+    /// bound that overflows u64 never holds, an upper one always.
+    pub const fn holds(&self, param: &[u64], free: &[u64]) -> Result<bool, Factor> {
+        let v = param[self.param as usize];
+        match self.len.eval(param, free) {
+            Err(f) => Err(f),
+            Ok(None) => Ok(self.upper),
+            Ok(Some(lim)) => Ok(if self.upper { v <= lim } else { v >= lim }),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// `v`: read only.
@@ -256,6 +283,9 @@ pub struct Sig {
     pub nfree: u8,
     /// Some argument or output has type T.
     pub uses_t: bool,
+    /// The `d` arguments' ranges, every bound in argument order.
+    pub bounds: [Bound; MAX_BOUNDS],
+    pub nbounds: u8,
 }
 
 const ARG0: Arg = Arg { name: Name::EMPTY, kind: Kind::Dim, ty: None, len: Len::NONE, slot: 0 };
@@ -267,6 +297,26 @@ impl Sig {
     }
     pub const fn outs(&self) -> &[Out] {
         self.outs.split_at(self.nouts as usize).0
+    }
+    pub const fn bounds(&self) -> &[Bound] {
+        self.bounds.split_at(self.nbounds as usize).0
+    }
+
+    /// Do the dimensions lie in their ranges? `Err(p)`: param index `p`
+    /// does not (or divides a bound's length by 0, or inexactly).
+    pub const fn in_ranges(&self, param: &[u64], free: &[u64]) -> Result<(), u8> {
+        let mut i = 0;
+        while i < self.nbounds as usize {
+            let b = &self.bounds[i];
+            match b.holds(param, free) {
+                Ok(true) => {}
+                Ok(false) => return Err(b.param),
+                Err(Factor::Dim(p)) => return Err(p),
+                Err(_) => return Err(b.param),
+            }
+            i += 1;
+        }
+        Ok(())
     }
 
     /// Parses `args` and `outs` (comma-separated items, `-` for none).
@@ -282,20 +332,28 @@ impl Sig {
             free_slot: [0; MAX_FREE],
             nfree: 0,
             uses_t: false,
+            bounds: [Bound::NONE; MAX_BOUNDS],
+            nbounds: 0,
         };
         let (a, o) = (args.as_bytes(), outs.as_bytes());
         if a.is_empty() || o.is_empty() {
             return Err("args and outs are items, or - for none");
         }
         // First the names and kinds of every argument (a length may name a
-        // dimension declared after it), then the lengths.
+        // dimension declared after it), then the lengths, then the
+        // dimensions' ranges (a bound may name a free length).
         let mut pass = 0;
-        while pass < 2 && !eq(a, b"-") {
+        while pass < 3 && !eq(a, b"-") {
             let mut rest = a;
             let mut i = 0;
             loop {
                 let (item, r) = split(rest, b',');
-                match if pass == 0 { s.declare(item) } else { s.arg_len(i, item) } {
+                let step = match pass {
+                    0 => s.declare(item),
+                    1 => s.arg_len(i, item),
+                    _ => s.arg_range(i, item),
+                };
+                match step {
                     Ok(x) => s = x,
                     Err(e) => return Err(e),
                 }
@@ -366,8 +424,9 @@ impl Sig {
         };
         let ty = match kind {
             Kind::Dim => {
-                if !ty.is_empty() || !len.is_empty() {
-                    return Err("a d argument is NAME:d");
+                // NAME:d, or NAME:d:RANGE (read in pass 2).
+                if !len.is_empty() || (ty.is_empty() && item.len() > name.as_bytes().len() + 2) {
+                    return Err("a d argument is NAME:d or NAME:d:RANGE");
                 }
                 None
             }
@@ -424,6 +483,85 @@ impl Sig {
                 Ok(self)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// Pass 2: argument `i`'s range, when it is a `d` with one: `LO..`,
+    /// `..=HI` or `LO..=HI` (inclusive), each side lengths as an output's
+    /// joined by `&`, every one of them holding.
+    const fn arg_range(self, i: usize, item: &[u8]) -> Result<Sig, &'static str> {
+        if !matches!(self.args[i].kind, Kind::Dim) {
+            return Ok(self);
+        }
+        let (_, r) = split(item, b':');
+        let (_, r) = split(r, b':');
+        if r.is_empty() {
+            return Ok(self);
+        }
+        const WHAT: &str = "a range is LO.., ..=HI or LO..=HI";
+        let mut k = 0;
+        while k + 1 < r.len() && !(r[k] == b'.' && r[k + 1] == b'.') {
+            k += 1;
+        }
+        if k + 1 >= r.len() {
+            return Err(WHAT);
+        }
+        let (lo, after) = r.split_at(k);
+        let after = after.split_at(2).1;
+        let hi = if after.is_empty() {
+            None
+        } else if after[0] != b'=' || after.len() == 1 {
+            return Err(WHAT);
+        } else {
+            Some(after.split_at(1).1)
+        };
+        if lo.is_empty() && hi.is_none() {
+            return Err(WHAT);
+        }
+        let p = self.args[i].slot;
+        let mut s = self;
+        if !lo.is_empty() {
+            s = match s.bounds_of(lo, p, false) {
+                Ok(x) => x,
+                Err(e) => return Err(e),
+            };
+        }
+        if let Some(hi) = hi {
+            s = match s.bounds_of(hi, p, true) {
+                Ok(x) => x,
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(s)
+    }
+
+    /// One side of a range: lengths joined by `&`.
+    const fn bounds_of(mut self, side: &[u8], param: u8, upper: bool) -> Result<Sig, &'static str> {
+        let mut rest = side;
+        loop {
+            let (b, r) = split(rest, b'&');
+            if self.nbounds as usize == MAX_BOUNDS {
+                return Err("more than 8 bounds in the ranges of a signature");
+            }
+            if b.is_empty() {
+                return Err("a range's bound is empty");
+            }
+            let len = match self.length(b, None) {
+                Ok((s, l)) => {
+                    self = s;
+                    l
+                }
+                Err(e) => return Err(e),
+            };
+            self.bounds[self.nbounds as usize] = Bound { param, upper, len };
+            self.nbounds += 1;
+            if r.is_empty() {
+                if rest.len() > b.len() {
+                    return Err("a range's bound is empty");
+                }
+                return Ok(self);
+            }
+            rest = r;
         }
     }
 
@@ -670,6 +808,31 @@ mod tests {
         assert!(s.outs[0].scalar && s.uses_t);
         let s = Sig::parse("p:v:u8:n", "h:o:u32:256").unwrap();
         assert!(!s.uses_t);
+    }
+
+    #[test]
+    fn ranges_of_dimensions() {
+        // topk_rows: 1 <= k <= min(cols, 64).
+        let s = Sig::parse("x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64", "v:o:T:rows*k,i:o:u32:rows*k").unwrap();
+        assert_eq!(s.nbounds, 3);
+        assert_eq!(s.bounds()[0], Bound { param: 2, upper: false, len: Len { factors: [Factor::Const(1); 4], nf: 1, div: None } });
+        assert!(s.bounds()[1].upper && s.bounds()[2].upper);
+        for (k, ok) in [(0, false), (1, true), (10, true), (11, false)] {
+            assert_eq!(s.in_ranges(&[3, 10, k], &[]).is_ok(), ok, "k = {k}, cols = 10");
+        }
+        assert_eq!(s.in_ranges(&[3, 100, 65], &[]), Err(2));
+        assert_eq!(s.in_ranges(&[3, 100, 64], &[]), Ok(()));
+        let s = Sig::parse("x:v:T:rows*cols,rows:d,cols:d:1..", "i:o:u32:rows").unwrap();
+        assert_eq!((s.nbounds, s.in_ranges(&[2, 0], &[]), s.in_ranges(&[2, 1], &[])), (1, Err(1), Ok(())));
+        let s = Sig::parse("x:v:T:n,c:d:..=n/2", "y:o:T:n").unwrap();
+        assert_eq!((s.in_ranges(&[3], &[6]), s.in_ranges(&[4], &[6]), s.in_ranges(&[0], &[7])), (Ok(()), Err(0), Err(0)));
+        // A bound's divisor that does not divide names that divisor.
+        let s = Sig::parse("x:v:T:n,a:d,c:d:..=n/a", "y:o:T:n").unwrap();
+        assert_eq!(s.in_ranges(&[0, 1], &[6]), Err(0));
+        for a in ["x:v:T:n,k:d:..", "x:v:T:n,k:d:1..64", "x:v:T:n,k:d:..=", "x:v:T:n,k:d:1..=m", "x:v:T:n,k:d:5",
+                  "x:v:T:n,k:d:1..=n&", "x:v:T:n,k:d:", "x:v:T:n,k:d:1..:2", "x:v:T:n,k:d:1&2&3&4&5..=1&2&3&4"] {
+            assert!(Sig::parse(a, "y:o:T:n").is_err(), "{a}");
+        }
     }
 
     #[test]

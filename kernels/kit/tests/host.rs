@@ -71,7 +71,7 @@ mod jobs;
 erlcuda_kernel::kernel! {
     /// Every kind of binding, checked against the raw job.
     bindings, T: Element in [u8, s64],
-    (a: v(T, n), b: io(s32, m), c: s(f32), d: d, e: s(T), f: v(f64, d * 2)) -> (g: o(T, n), h: s(u32)),
+    (a: v(T, n), b: io(s32, m), c: s(f32), d: d(1 ..= m & 64), e: s(T), f: v(f64, d * 2)) -> (g: o(T, n), h: s(u32)),
     blocks = chunks(n / 1), threads = 32 * 3, block_rule = any, shared = 16,
     gpu(k, block) {
         let _ = (k, block, a, b, c, d, e, f, g, h);
@@ -497,7 +497,7 @@ fn the_macros_store_their_manifest_lines() {
         lines,
         [
             "kernel axpy types=f32,f64 args=alpha:s:T,x:v:T:n,y:v:T:n outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
-            "kernel bindings types=u8,s64 args=a:v:T:n,b:io:s32:m,c:s:f32,d:d,e:s:T,f:v:f64:d*2 outs=g:o:T:n,h:s:u32 blocks=chunks(n/1) threads=96 block_rule=any shared=16",
+            "kernel bindings types=u8,s64 args=a:v:T:n,b:io:s32:m,c:s:f32,d:d:1..=m&64,e:s:T,f:v:f64:d*2 outs=g:o:T:n,h:s:u32 blocks=chunks(n/1) threads=96 block_rule=any shared=16",
             "kernel byte_hist types=- args=x:v:u8:n outs=counts:o:u32:256,total:s:s64 blocks=elements(n) threads=256 block_rule=any shared=0",
             "kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
             "kernel expm1ish types=f64 args=x:v:T:n outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
@@ -608,8 +608,26 @@ fn kernel_declarations_are_written_canonically_and_bad_ones_refused() {
     const NO_LEN: &[Item] = &[Item { name: "x", kind: "v", ty: "T", len: "" }];
     is(
         bad(&|d| d.args = NO_LEN),
-        "an argument is `NAME: v(TYPE, LEN)`, `NAME: io(TYPE, LEN)`, `NAME: s(TYPE)` or `NAME: d`",
+        "an argument is `NAME: v(TYPE, LEN)`, `NAME: io(TYPE, LEN)`, `NAME: s(TYPE)`, `NAME: d` or `NAME: d(RANGE)`",
     );
+    // A dimension's range, as kernel! passes `d(1 ..= cols & 64)`, and
+    // ranges the language refuses.
+    const RANGED: &[Item] = &[
+        Item { name: "x", kind: "v", ty: "T", len: "rows * cols" },
+        Item { name: "q", kind: "v", ty: "T", len: "cols" },
+        Item { name: "rows", kind: "d", ty: "", len: "" },
+        Item { name: "cols", kind: "d", ty: "1 ..= 64 & rows", len: "" },
+    ];
+    let mut d = decl();
+    d.args = RANGED;
+    assert!(line_of(&d).unwrap().contains(" args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d:1..=64&rows outs="));
+    for (range, rule) in [("1 .. 64", "a range is LO.., ..=HI or LO..=HI"), ("..", "a range is LO.., ..=HI or LO..=HI"),
+                          ("1 ..= m", "an output's length names no dimension and no input's free length")] {
+        let args = [ARGS[0], ARGS[1], ARGS[2], Item { name: "cols", kind: "d", ty: range, len: "" }];
+        let mut d = decl();
+        d.args = &args;
+        is(line_of(&d).unwrap_err(), rule);
+    }
     const U8_SCALAR: &[Item] = &[
         Item { name: "x", kind: "v", ty: "T", len: "n" },
         Item { name: "k", kind: "s", ty: "u8", len: "" },
