@@ -15,8 +15,9 @@ use erlcuda_kernel::{kernel, Float, Numeric};
 #[cfg(target_arch = "nvptx64")]
 use erlcuda_kernel::Element;
 
-/// The most elements `topk_rows` returns per row: its K largest for K ≤
-/// 64; a larger K gets "no item" (index 2^32 − 1) past the 64th slot.
+/// The most elements `topk_rows` returns per row: its signature refuses a
+/// larger K (`k: d(1 ..= cols & 64)`); the bodies, called past it (the
+/// host tests do), give "no item" (index 2^32 − 1) after the 64th slot.
 pub const TOPK_MAX: u32 = 64;
 
 /// cos(x, q), 0 where either norm is 0 (no direction to compare).
@@ -62,12 +63,13 @@ kernel! {
 
 kernel! {
     /// index[r] = the index of the first maximum of row r: Args
-    /// [X, Rows, Cols]. NaN never wins (a row of NaN only gives 0, its
-    /// first); cols = 0 gives 2^32 − 1 ("no element") for every row.
+    /// [X, Rows, Cols], cols ≥ 1 (a call with cols = 0 is refused: no row
+    /// has a maximum; the bodies, called past the signature, give 2^32 − 1,
+    /// "no element"). NaN never wins (a row of NaN only gives 0, its first).
     /// One block of 128 threads per row (as `cos_sim`), one reduction of
     /// (value, index) pairs in the order of order.rs.
     argmax_rows, T: Numeric in [u8, s32, u32, s64, f32, f64],
-    (x: v(T, rows * cols), rows: d, cols: d) -> (index: o(u32, rows)),
+    (x: v(T, rows * cols), rows: d, cols: d(1..)) -> (index: o(u32, rows)),
     blocks = rows, threads = 128, block_rule = warps, shared = 0,
     gpu(job, row) {
         let best = gpu::first_in_row(x.add(row as usize * cols as usize), cols);
@@ -92,12 +94,13 @@ kernel! {
     /// The K largest of each row in descending order, and their indices:
     /// Args [X, Rows, Cols, K], result {Values, Indices}, each rows·K.
     /// Ties go to the lower index and NaN never wins: a row's NaNs come
-    /// after its numbers, by index. Slots with no element (K > cols) and
-    /// the slots past the 64th (K > 64) hold value T's lowest (−∞ for
-    /// floats, MIN for integers) and index 2^32 − 1; K = 0 gives empty
-    /// results.
+    /// after its numbers, by index. 1 ≤ K ≤ min(cols, 64): a call with
+    /// any other K is refused (`{badarg, {arg, 4}}`), never answered with
+    /// padding. (Called past the signature, as the host tests do, the
+    /// bodies fill slots with no element, K > cols or past the 64th, with
+    /// T's lowest and index 2^32 − 1.)
     topk_rows, T: Numeric in [u8, s32, u32, s64, f32, f64],
-    (x: v(T, rows * cols), rows: d, cols: d, k: d) -> (values: o(T, rows * k), indices: o(u32, rows * k)),
+    (x: v(T, rows * cols), rows: d, cols: d, k: d(1 ..= cols & 64)) -> (values: o(T, rows * k), indices: o(u32, rows * k)),
     blocks = rows, threads = 256, block_rule = warps, shared = 0,
     gpu(job, row) {
         if k > 0 {
