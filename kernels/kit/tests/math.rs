@@ -6,7 +6,12 @@
 //! arguments over each function's range (a fresh seed each run, printed),
 //! then its edges. Fails above `MATH_ULPS`; prints the worst per function
 //! (`cargo +nightly test --test math -- --nocapture`), the figures the
-//! kit's docs state.
+//! kit's docs state. Then IEEE's special cases as fixed arguments
+//! ([`IEEE_ARGS`], every pair of them for a two-argument function): where
+//! C's result is ±0, ±∞ or NaN the kit's must be the same, sign included
+//! (pow(−0, −1) is −∞); elsewhere a finite number of C's sign (its accuracy
+//! is what the random arguments measure). `gpu_tests/run.py` holds the GPU
+//! to the same grid.
 
 // Edges near π/2 and π are meant to be approximate.
 #![allow(clippy::approx_constant)]
@@ -212,6 +217,60 @@ fn cases() -> Vec<Case> {
 }
 
 const SAMPLES: usize = 100_000;
+
+/// IEEE's special cases, fixed (not left to random draws, which find a
+/// pair such as (−0, −1) only sometimes): signed zeros, infinities, NaN,
+/// odd and even integers of both signs (pow's exponents), halves, a
+/// subnormal and a large even integer, for both types. `gpu_tests/run.py`
+/// has the same list (IEEE_ARGS).
+const IEEE_ARGS: &[f64] = &[
+    0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.5, -0.5, 2.5, -2.5, 1e-40, -1e-40, 1e30, -1e30, INF, -INF, NAN,
+];
+
+/// The functions of two arguments (every pair of [`IEEE_ARGS`]).
+const BINARY: &[&str] = &["pow", "hypot", "atan2", "fmod"];
+
+/// `got` against C's (float64) `want` on a fixed special argument: where
+/// `want` is ±0, ±∞ or NaN, exactly that (the sign of a zero and of an
+/// infinity included); where it is beyond the range of `got`'s type
+/// (`max`, and half its least subnormal `tiny`), within `ulps <= bound`;
+/// elsewhere a finite, non-zero number of its sign.
+fn special_ok(got: f64, want: f64, ulps: f64, bound: f64, max: f64, tiny: f64) -> bool {
+    if want.is_nan() {
+        got.is_nan()
+    } else if want == 0.0 || want.is_infinite() {
+        got == want && got.is_sign_negative() == want.is_sign_negative()
+    } else if want.abs() > max || want.abs() < tiny {
+        ulps <= bound
+    } else {
+        got.is_finite() && got != 0.0 && got.is_sign_negative() == want.is_sign_negative()
+    }
+}
+
+#[test]
+fn ieee_special_cases_are_cs() {
+    let mut failures = Vec::new();
+    for c in cases() {
+        let &(_, b32, b64) = MATH_ULPS.iter().find(|e| e.0 == c.name).unwrap();
+        let ys: &[f64] = if BINARY.contains(&c.name) { IEEE_ARGS } else { &[1.0] };
+        for &x in IEEE_ARGS {
+            for &y in ys {
+                let (x32, y32) = (x as f32, y as f32);
+                let want32 = (c.reference)(x32 as f64, y32 as f64);
+                let got32 = (c.f32)(x32, y32);
+                let f32_tiny = f32::from_bits(1) as f64 / 2.0;
+                if !special_ok(got32 as f64, want32, ulps32(got32, want32), b32, f32::MAX as f64, f32_tiny) {
+                    failures.push(format!("{}(f32 {x32:?}, {y32:?}) = {got32:?}, C says {want32:?}", c.name));
+                }
+                let (want64, got64) = ((c.reference)(x, y), (c.f64)(x, y));
+                if !special_ok(got64, want64, ulps64(got64, want64), b64, f64::MAX, 0.0) {
+                    failures.push(format!("{}(f64 {x:?}, {y:?}) = {got64:?}, C says {want64:?}", c.name));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} special cases differ from C:\n{}", failures.len(), failures.join("\n"));
+}
 
 #[test]
 fn libm_is_within_the_stated_ulps_of_a_float64_reference() {
