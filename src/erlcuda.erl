@@ -15,12 +15,15 @@
 %% <li>`saxpy', `[Alpha, X, Y]' (X, Y equal lengths, Alpha a number):
 %%     Alpha·X + Y.</li>
 %% </ul>
-%% A vector is a list of numbers (f32), a binary of native-endian f32, or
-%% `{Type, Binary}' with Type one of `f32', `f64', `s32', `u32', `s64', `u8'
-%% (native-endian); every vector of a call has the same type, and the
-%% built-in kernels run on `f32' and `f64'. A vector result takes the form of
-%% the first vector argument: a list gives a list of floats, a binary a
-%% binary, `{Type, Binary}' gives `{Type, Binary}'. Non-finite values are the
+%% A vector is a list of numbers, a binary of native-endian elements of the
+%% argument's type (bytes for a `u8' argument; for `T', f32), `{Type,
+%% Binary}' with Type one of `f32', `f64', `s32', `u32', `s64', `u8'
+%% (native-endian), or a device buffer; the built-in kernels' vectors are all
+%% of one type, `f32' or `f64'. A vector result takes the form of the first
+%% vector argument: a list gives a list (of floats, or integers for an
+%% integer output), a binary or a buffer a binary for f32 and `{Type,
+%% Binary}' otherwise, `{Type, Binary}' gives `{Type, Binary}'. Several
+%% outputs come back as a tuple. Non-finite values are the
 %% atoms `nan', `infinity' and `neg_infinity' (accepted in input lists and as
 %% scalars too). Sums accumulate in the element type on every backend.
 %%
@@ -47,8 +50,10 @@
 %%     integers for an integer type; a binary; `{Type, Binary}'; a buffer),
 %%     an `io' argument that is no buffer (or names a buffer another
 %%     argument names too), a number (an integer for an integer type, in
-%%     its range), or a dimension (an integer from 0 to 2^32-1; one that
-%%     divides a length must be at least 1 and divide it). For
+%%     its range), or a dimension (an integer from 0 to 2^32-1, in its
+%%     range where the signature gives one, as `topk_rows''s 1 ≤ K ≤
+%%     min(cols, 64); one that divides a length must be at least 1 and
+%%     divide it). For
 %%     `put/1,2', I is 1: not a vector.</dd>
 %% <dt>`{badarg, {type, I}}'</dt><dd>Vector I has another element type than
 %%     its signature declares (for `T': than the argument that fixed T), or

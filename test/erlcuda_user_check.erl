@@ -10,7 +10,7 @@
 -module(erlcuda_user_check).
 -include_lib("stdlib/include/assert.hrl").
 
--export([dir/1, load_example/0, clamp/1, softmax/1, row_sums/1, sumsq/1, bad_calls/0,
+-export([dir/1, root/0, load_example/0, clamp/1, softmax/1, row_sums/1, sumsq/1, bad_calls/0,
          launch_options/0, reference/3, refused_ptx/1, growth_under_load/0,
          coalesced/1]).
 
@@ -23,6 +23,12 @@ dir(Which) ->
         false -> error({no_user_modules, "make user-modules, and set ERLCUDA_USER_MODULES"});
         Base -> filename:join(Base, atom_to_list(Which))
     end.
+
+%% @doc The repository's root, found from $ERLCUDA_USER_MODULES
+%% (`ROOT/_build/user_modules').
+-spec root() -> string().
+root() ->
+    filename:dirname(filename:dirname(filename:dirname(dir(example)))).
 
 -spec load_example() -> ok.
 load_example() ->

@@ -10,7 +10,8 @@
 -compile([export_all, nowarn_export_all]).
 
 all() ->
-    [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, coalesced,
+    [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
+     call_forms, coalesced,
      coalesced_1000_callers,
      replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
      host_segfault,
@@ -45,6 +46,45 @@ row_sums(_) -> erlcuda_user_check:row_sums(small).
 sumsq(_) -> erlcuda_user_check:sumsq(all).
 bad_calls(_) -> erlcuda_user_check:bad_calls().
 launch_options(_) -> erlcuda_user_check:launch_options().
+
+%% The calls of the contract as a user writes them: pixels and byte strings
+%% as plain binaries of bytes, topk_rows's K inside 1..min(cols, 64) and
+%% refused outside before launch, argmax_rows's cols at least 1, and a
+%% kernel of inout buffers only answering ok.
+bytes_and_ranges(_) ->
+    Pixels = <<0, 51, 102, 255, 17>>,
+    {ok, Unit} = erlcuda:launch_sync({example, u8_to_unit}, [Pixels]),
+    ?assertEqual([erlcuda_ref:f32(P / 255) || <<P>> <= Pixels], [U || <<U:32/float-native>> <= Unit]),
+    {ok, {u32, Counts}} = erlcuda:launch_sync({example, histogram}, [<<"hello, world">>]),
+    <<_:(4 * $l)/binary, Ls:32/native, _/binary>> = Counts,
+    ?assertEqual(3, Ls),
+    ?assertEqual(12, lists:sum([C || <<C:32/native>> <= Counts])),
+    X = [3.0, 9.0, 1.0, 9.0, 4.0, 0.0],
+    {ok, {[9.0, 9.0, 4.0], [1, 3, 4]}} = erlcuda:launch_sync({example, topk_rows}, [X, 1, 6, 3]),
+    [?assertEqual({error, {badarg, {arg, 4}}}, erlcuda:launch_sync({example, topk_rows}, [X, 1, 6, K]))
+     || K <- [0, 7, 65]],
+    ?assertEqual({error, {badarg, {arg, 4}}},
+                 erlcuda:launch_sync({example, topk_rows}, [lists:duplicate(65, 1.0), 1, 65, 65])),
+    ?assertEqual({error, {badarg, {arg, 3}}}, erlcuda:launch_sync({example, argmax_rows}, [[], 2, 0])),
+    {ok, Acc} = erlcuda:put([1.0, 1.0, 1.0]),
+    ?assertEqual({ok, ok}, erlcuda:launch_sync({example, scatter_add}, [Acc, [2, 0, 2], [1.0, 2.0, 3.0]])),
+    ?assertEqual({ok, << <<V:32/float-native>> || V <- [3.0, 1.0, 5.0] >>}, erlcuda:get(Acc)),
+    ok = erlcuda:free(Acc),
+    ok.
+
+%% Every vector argument of every example kernel, for every type it
+%% declares, as a list, a plain binary, {Type, Binary} and a buffer, and
+%% the forms the contract refuses (examples/kernels/example_check.erl,
+%% compiled here from the source tree; `make example' and the GPU check
+%% run it too).
+call_forms(_) ->
+    Src = filename:join(erlcuda_user_check:root(), "examples/kernels/example_check.erl"),
+    {ok, Mod, Bin} = compile:file(Src, [binary, report]),
+    {module, Mod} = code:load_binary(Mod, Src, Bin),
+    Calls = example_check:forms(example),
+    ct:pal("~b calls", [Calls]),
+    ?assert(Calls > 200, Calls),
+    ok.
 
 %% Jobs of one user's kernel queued together run as one launch: gpud is
 %% stopped while 200 are submitted, so its first drain takes them all.

@@ -12,7 +12,7 @@
 %% sum of the terms' magnitudes (256 threads per row, each adding its share
 %% in order, then a tree), maps by a few roundings.
 -module(example_check).
--export([main/1, run/1]).
+-export([main/1, run/1, forms/1]).
 
 -define(BIG, (1 bsl 20 + 7)).
 
@@ -45,6 +45,10 @@ run(Mod) ->
          end || K <- Checks],
         buffer_outputs(Mod),
         io:format("  {output, buffer}  ok  topk_rows's two outputs as buffers, equal to the host's~n"),
+        T1 = erlang:monotonic_time(millisecond),
+        Calls = forms(Mod),
+        io:format("  call forms        ok  ~b calls: every vector as a list, a binary, {Type, Binary} "
+                  "and a buffer, and the refusals (~b ms)~n", [Calls, erlang:monotonic_time(millisecond) - T1]),
         ok
     catch throw:Miss -> {error, Miss}
     end.
@@ -182,6 +186,259 @@ buffer_outputs(Mod) ->
     case {{f32, Plain(V)}, {u32, Plain(I)}} of
         Host -> ok;
         Other -> throw({topk_rows, output_buffers, Other, Host})
+    end.
+
+%% ------------------------------------------------------------ call forms
+
+%% Every vector argument of every kernel, for every type T the kernel
+%% declares, as a list, a plain binary, {Type, Binary} and a device buffer:
+%% where the contract lets the call run on the same T (a list or a plain
+%% binary for a T argument fixes nothing; a plain binary for one is f32),
+%% its results equal those of the call with every vector as {Type, Binary},
+%% bit for bit, and take the form of the first vector argument; where it
+%% makes a plain binary a T argument of another type, the call is refused
+%% with {badarg, {type, I}}. One vector in each form, then every vector in
+%% one form. Then the calls the contract refuses. Small sizes and
+%% integer-valued data, so that sums are exact in any order. Returns the
+%% number of calls.
+-spec forms(atom()) -> pos_integer().
+forms(Mod) ->
+    Ks = [cos_sim, argmax_rows, histogram, topk_rows, gather, axpbypcz, gelu,
+          log_softmax_rows, u8_to_unit, scatter_add],
+    lists:sum([forms(Mod, K, T) || K <- Ks, T <- types(Mod, K)]) + refusals(Mod).
+
+forms(Mod, K, T0) ->
+    T = case T0 of none -> f32; _ -> T0 end,
+    #{args := Args, outputs := Outs} = info(Mod, K),
+    %% Each argument: {Kind, Type} for a vector (Type resolved) or a number.
+    Kinds = [case A of
+                 #{kind := Kd, type := Ty} when Kd =:= vector; Kd =:= inout -> {Kd, resolve(Ty, T)};
+                 #{kind := Kd} -> Kd
+             end || A <- Args],
+    IsT = [I || {I, #{kind := Kd, type := 'T'}} <- lists:enumerate(Args), Kd =/= scalar],
+    Vecs = [I || {I, {vector, _}} <- lists:enumerate(Kinds)],
+    OutTypes = [resolve(Ty, T) || #{type := Ty} <- Outs],
+    Spec = spec(K, T),
+    Base = run_forms(Mod, K, Kinds, Spec, #{}),
+    Want = canon(OutTypes, Base),
+    Assignments = [#{I => F} || I <- Vecs, F <- [list, binary, buffer]] ++
+                  [maps:from_list([{I, F} || I <- Vecs]) || F <- [list, binary, buffer]],
+    Calls = [check_form(Mod, K, T, Kinds, Spec, IsT, OutTypes, Want, Forms) || Forms <- Assignments],
+    1 + lists:sum(Calls).
+
+info(Mod, K) ->
+    [I] = [I || I = #{name := {M, N}} <- erlcuda:kernels(), M =:= Mod, N =:= K],
+    I.
+
+resolve('T', T) -> T;
+resolve(Ty, _) -> Ty.
+
+%% One call with vectors in the forms Forms (position => form; {Type,
+%% Binary} elsewhere, an inout always a buffer): 1 when it ran, 0 when the
+%% contract would run it on another T (not comparable).
+check_form(Mod, K, T, Kinds, Spec, IsT, OutTypes, Want, Forms) ->
+    Form = fun(I) -> maps:get(I, Forms, typed) end,
+    Fixed = [I || I <- IsT, lists:member(form_at(Kinds, I, Form), [typed, buffer])],
+    BadBinary = [I || I <- IsT, form_at(Kinds, I, Form) =:= binary, T =/= f32],
+    Case = {K, T, maps:to_list(Forms)},
+    if
+        IsT =/= [], Fixed =:= [], T =/= f32 ->
+            0; % every T vector a list or a plain binary: T is f32 then
+        BadBinary =/= [] ->
+            Got = try_forms(Mod, K, Kinds, Spec, Forms),
+            want_error(Case, {error, {badarg, {type, lists:min(BadBinary)}}}, Got),
+            1;
+        true ->
+            Got = run_forms(Mod, K, Kinds, Spec, Forms),
+            case canon(OutTypes, Got) of
+                Want -> ok;
+                Other -> throw({call_forms, Case, {got, Other}, {want, Want}})
+            end,
+            First = hd([I || {I, {_, _}} <- lists:enumerate(Kinds)]),
+            result_form(Case, form_at(Kinds, First, Form), OutTypes, Got),
+            1
+    end.
+
+form_at(Kinds, I, Form) ->
+    case lists:nth(I, Kinds) of
+        {inout, _} -> buffer;
+        _ -> Form(I)
+    end.
+
+%% The call's answer: the result, or for a kernel with no output (only
+%% inout buffers) the inout buffers' contents after it ({ok, ok} checked).
+run_forms(Mod, K, Kinds, Spec, Forms) ->
+    case try_forms(Mod, K, Kinds, Spec, Forms) of
+        {ok, {ok, R}, []} -> R;
+        {ok, ok, Inouts} -> {inouts, Inouts};
+        {error, _} = E -> throw({call_forms, {K, maps:to_list(Forms)}, E});
+        Other -> throw({call_forms, {K, maps:to_list(Forms)}, Other})
+    end.
+
+try_forms(Mod, K, Kinds, Spec, Forms) ->
+    Made = [case Kind of
+                {inout, Ty} -> {buf, form(buffer, Ty, V)};
+                {vector, Ty} ->
+                    case maps:get(I, Forms, typed) of
+                        buffer -> {buf, form(buffer, Ty, V)};
+                        F -> {arg, form(F, Ty, V)}
+                    end;
+                _ -> {arg, V}
+            end || {I, {Kind, V}} <- lists:enumerate(lists:zip(Kinds, Spec))],
+    Args = [A || {_, A} <- Made],
+    try erlcuda:launch_sync({Mod, K}, Args, [{timeout, 120000}]) of
+        {ok, ok} ->
+            Inouts = [begin {ok, V} = erlcuda:get(B), V end
+                      || {{buf, B}, {inout, _}} <- lists:zip(Made, Kinds)],
+            {ok, ok, Inouts};
+        {ok, _} = R -> {ok, R, []};
+        Error -> Error
+    after
+        [erlcuda:free(B) || {buf, B} <- Made]
+    end.
+
+want_error(_, Want, Want) -> ok;
+want_error(Case, Want, Got) -> throw({call_forms, Case, {got, Got}, {want, Want}}).
+
+%% The results' form follows the first vector argument: a list gives lists,
+%% a plain binary or a buffer a binary for f32 and {Type, Binary} otherwise,
+%% {Type, Binary} gives {Type, Binary}.
+result_form(_, _, _, {inouts, _}) -> ok;
+result_form(Case, F, [Ty], R) -> result_forms(Case, F, [{Ty, R}]);
+result_form(Case, F, Tys, R) -> result_forms(Case, F, lists:zip(Tys, tuple_to_list(R))).
+
+result_forms(Case, F, Outs) ->
+    [case {F, Ty, O} of
+         {list, _, L} when is_list(L) -> ok;
+         {typed, _, {Ty, B}} when is_binary(B) -> ok;
+         {_, f32, B} when F =/= typed, F =/= list, is_binary(B) -> ok;
+         {_, _, {Ty, B}} when F =/= typed, F =/= list, Ty =/= f32, is_binary(B) -> ok;
+         _ -> throw({call_forms, Case, {result_form, F, Ty, O}})
+     end || {Ty, O} <- Outs],
+    ok.
+
+%% Results as lists of values, whatever their form: floats (or the atoms
+%% of non-finite values) and integers.
+canon(_, {inouts, Vs}) -> {inouts, [values(V) || V <- Vs]};
+canon([Ty], R) -> [values(Ty, R)];
+canon(Tys, R) -> [values(Ty, O) || {Ty, O} <- lists:zip(Tys, tuple_to_list(R))].
+
+values({Ty, B}) -> values(Ty, B);
+values(B) -> values(f32, B).
+
+values(Ty, {Ty, B}) -> values(Ty, B);
+values(Ty, B) when is_binary(B) -> [value(Ty, V) || V <- raw(Ty, B)];
+values(Ty, L) when is_list(L) -> [value(Ty, V) || V <- L].
+
+value(Ty, V) when is_integer(V), (Ty =:= f32 orelse Ty =:= f64) -> float(V);
+value(_, V) -> V.
+
+raw(f32, B) -> [float_of(<<V:32/bits>>) || <<V:32/bits>> <= B];
+raw(f64, B) -> [float_of(<<V:64/bits>>) || <<V:64/bits>> <= B];
+raw(Ty, B) -> dec(Ty, B).
+
+float_of(<<F:32/float-native>>) -> F;
+float_of(<<F:64/float-native>>) -> F;
+float_of(Bits) ->
+    %% Erlang has no non-finite floats: the atoms the NIF gives in lists.
+    <<X:(bit_size(Bits))/native>> = Bits,
+    Man = bit_size(Bits) - case bit_size(Bits) of 32 -> 9; 64 -> 12 end,
+    Sign = X bsr (bit_size(Bits) - 1),
+    case {X band ((1 bsl Man) - 1), Sign} of
+        {0, 0} -> infinity;
+        {0, 1} -> neg_infinity;
+        _ -> nan
+    end.
+
+%% A small call of each kernel: each argument's values (a vector's as a
+%% list of numbers of its type, integer-valued).
+spec(cos_sim, T) -> [ints(T, 12, -3, 3), ints(T, 4, -2, 2), 3, 4];
+spec(argmax_rows, T) -> [ints(T, 12, 0, 4), 3, 4];
+spec(histogram, _) -> [ints(u8, 37, 0, 255)];
+spec(topk_rows, T) -> [ints(T, 15, 0, 5), 3, 5, 2];
+spec(gather, T) -> [ints(T, 6, 0, 9), [5, 0, 3, 3]];
+spec(axpbypcz, T) -> [num(T, 2), ints(T, 5, 0, 9), num(T, 1), ints(T, 5, 0, 9), num(T, 3), ints(T, 5, 0, 9)];
+spec(gelu, T) -> [ints(T, 7, -3, 3)];
+spec(log_softmax_rows, T) -> [ints(T, 12, -4, 4), 4];
+spec(u8_to_unit, _) -> [ints(u8, 9, 0, 255)];
+spec(scatter_add, T) -> [ints(T, 5, 0, 9), [4, 0, 4, 2, 0, 4], ints(T, 6, 0, 9)].
+
+ints(T, N, Lo, Hi) -> [num(T, Lo + rand:uniform(Hi - Lo + 1) - 1) || _ <- lists:seq(1, N)].
+
+num(T, V) when T =:= f32; T =:= f64 -> float(V);
+num(_, V) -> V.
+
+%% A vector's values in form F for an argument of type Ty: a list, a plain
+%% binary (native elements of Ty), {Ty, Binary}, or a buffer put from it.
+form(list, _, Vs) -> Vs;
+form(binary, Ty, Vs) -> element(2, enc(Ty, Vs));
+form(typed, Ty, Vs) -> enc(Ty, Vs);
+form(buffer, Ty, Vs) ->
+    {ok, B} = erlcuda:put(enc(Ty, Vs)),
+    B.
+
+%% The calls the contract refuses, each with its error, before anything
+%% reaches the device.
+refusals(Mod) ->
+    F32 = fun(L) -> element(2, enc(f32, L)) end,
+    {ok, Freed} = erlcuda:put({f32, F32([1.0, 2.0, 3.0, 4.0])}),
+    ok = erlcuda:free(Freed),
+    {ok, Acc} = erlcuda:put({f64, element(2, enc(f64, [0.0, 0.0]))}),
+    {ok, Q3} = erlcuda:put([1.0, 2.0, 3.0]),
+    X = [5.0, 1.0, 5.0, 7.0],
+    Cases =
+        [%% a plain binary holds elements of the argument's type
+         {histogram, [<<1, 2, 3>>], ok},
+         {u8_to_unit, [<<255>>], ok},
+         {gather, [F32([1.0]), <<0, 0, 0>>], {arg, 2}},
+         {cos_sim, [<<1, 2, 3>>, F32([1.0]), 1, 1], {arg, 1}},
+         %% {Type, Binary}: the argument's type, or T's set
+         {histogram, [{f32, F32([1.0])}], {type, 1}},
+         {u8_to_unit, [{s32, <<1:32/native>>}], {type, 1}},
+         {gather, [F32([1.0]), {u32, <<0:32/native>>}], {type, 2}},
+         {cos_sim, [{s32, <<1:32/native>>}, {s32, <<1:32/native>>}, 1, 1], {type, 1}},
+         {cos_sim, [{f64, element(2, enc(f64, [1.0]))}, F32([1.0]), 1, 1], {type, 2}},
+         %% a list of an integer type takes integers in its range
+         {histogram, [[1.5]], {arg, 1}},
+         {histogram, [[256]], {arg, 1}},
+         {histogram, [[-1]], {arg, 1}},
+         {gather, [[1.0], [0.0]], {arg, 2}},
+         %% an inout argument is only a buffer, of its type, named once
+         {scatter_add, [[0.0, 0.0], [1], [1.0]], {arg, 1}},
+         {scatter_add, [{f64, element(2, enc(f64, [0.0, 0.0]))}, [1], [1.0]], {arg, 1}},
+         {scatter_add, [Acc, [1], {f32, F32([1.0])}], {type, 3}},
+         {scatter_add, [Acc, [1], Acc], {arg, 3}},
+         %% lengths and ranges: the first argument that does not fit
+         {cos_sim, [X, Q3, 1, 4], {arg, 2}},
+         {topk_rows, [X, 1, 4, 0], {arg, 4}},
+         {topk_rows, [X, 1, 4, 5], {arg, 4}},
+         {topk_rows, [lists:duplicate(100, 1.0), 1, 100, 65], {arg, 4}},
+         {topk_rows, [[1.0], 1, 4, 0], {arg, 1}},
+         {argmax_rows, [[], 3, 0], {arg, 3}},
+         {argmax_rows, [[], 0, 0], {arg, 3}},
+         %% a freed buffer
+         {gelu, [Freed], buffer_freed}],
+    try
+        [case {Want, erlcuda:launch_sync({Mod, K}, Args, [{timeout, 120000}])} of
+             {ok, {ok, _}} -> ok;
+             {buffer_freed, {error, {buffer, freed}}} -> ok;
+             {{_, _}, {error, {badarg, Want}}} -> ok;
+             {_, Got} -> throw({call_forms, refused, K, Args, {got, Got}, {want, Want}})
+         end || {K, Args, Want} <- Cases],
+        %% The ranges as erlcuda:kernels() shows them; the edges accepted.
+        #{args := [_, _, _, #{name := k, range := <<"1..=cols&64">>}]} = info(Mod, topk_rows),
+        #{args := [_, _, #{name := cols, range := <<"1..">>}]} = info(Mod, argmax_rows),
+        {ok, {[7.0, 5.0, 5.0, 1.0], [3, 0, 2, 1]}} = erlcuda:launch_sync({Mod, topk_rows}, [X, 1, 4, 4]),
+        {ok, {_, I64}} = erlcuda:launch_sync({Mod, topk_rows}, [lists:duplicate(100, 1.0), 1, 100, 64]),
+        case I64 =:= lists:seq(0, 63) of
+            true -> ok;
+            false -> throw({call_forms, topk_rows, k_64, I64})
+        end,
+        {ok, []} = erlcuda:launch_sync({Mod, argmax_rows}, [[], 0, 1]),
+        length(Cases) + 3
+    after
+        erlcuda:free(Acc),
+        erlcuda:free(Q3)
     end.
 
 %% ------------------------------------------------------------ references
