@@ -1,9 +1,14 @@
 %% The README's demo: starts erlcuda (the GPU where there is one, else the CPU
-%% backend), runs the five built-in kernels and prints results and per-job latency.
+%% backend), runs the five built-in kernels and prints results and per-job
+%% latency, then loads the users' kernels of examples/kernels (built by
+%% `make example-module' into ModuleDir) and searches erlcuda's docs, found
+%% in the current folder, with them (erlcuda_demo_search).
 -module(erlcuda_demo).
--export([main/0]).
+-export([main/1]).
 
-main() ->
+main(ModuleDir) ->
+    %% The docs' passages it prints hold characters beyond Latin-1.
+    ok = io:setopts([{encoding, unicode}]),
     _ = erlcuda_bench:start(),
     [io:format("device ~p: backend ~p, ~ts, gpud os pid ~p, ready in ~.1f ms~n",
                [Id, B, Name, P, RU / 1000])
@@ -28,6 +33,9 @@ main() ->
     Lat = lists:sort([latency(vector_add, [A, B]) || _ <- lists:seq(1, 2000)]),
     io:format("  p50 ~.1f us   p99 ~.1f us~n", [pct(Lat, 0.50), pct(Lat, 0.99)]),
     burst(1000),
+    erlcuda_demo_search:run(ModuleDir),
+    %% Without the application's "stopped" report.
+    logger:set_primary_config(level, warning),
     application:stop(erlcuda).
 
 show(Kernel, Input, Args) ->
