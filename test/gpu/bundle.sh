@@ -46,6 +46,10 @@ mkdir -p "$out/user_modules"
 cp -r _build/user_modules/example _build/user_modules/faulty "$out/user_modules/"
 rm -rf "$out"/user_modules/*/target
 erlc -o "$out/bench" -pa "$out/lib/erlcuda/ebin" bench/*.erl
+# The docs the demo searches (run.sh demo; ?DOCS in bench/erlcuda_demo_search.erl).
+mkdir -p "$out/docs/guides"
+cp README.md CHANGELOG.md SECURITY.md "$out/docs/"
+cp guides/*.md "$out/docs/guides/"
 # The peers' half of the benchmarks (PyTorch, CuPy, erlcuda's PTX timed with
 # CUDA events) and the report, which needs only Python's standard library;
 # plot.py beside it, which report.py imports to draw the plots there (where

@@ -11,6 +11,8 @@
 #                    PCIe), then bench/erlcuda_bench.erl, in one run; raw
 #                    JSON, logs and the merged report go to $OUT (or .)
 #   run.sh mixed     the same for the mixed-load section alone
+#   run.sh demo      `make demo' there: the built-in kernels, then the
+#                    search over the bundled docs with the users' kernels
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
 #                    e.g. 'erlcuda_bench:busy_spin()'; ERL_FLAGS applies
 #   run.sh kernels   the built-in kernels' PTX alone, through CuPy
@@ -111,6 +113,7 @@ case "${1:-check}" in
         # benchmark does not fit. ERLCUDA_BENCH_MIXED_LANES=default,off,8,16
         # runs it once per lane_sms setting, to size the reservation.
         benchmark _mixed mixed "erlcuda_bench:main([mixed])" mixed ;;
+    demo) cd "$here/docs" && erl "erlcuda_demo:main(\"$here/user_modules/example\"), halt()" ;;
     eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
     kernels)
         # The kernels' PTX alone, through CuPy: both modules, every entry of
@@ -129,5 +132,5 @@ case "${1:-check}" in
         # The kit's device primitives and math (kernels/kit/gpu_tests),
         # through CuPy against NumPy: random inputs, a fresh seed each run.
         PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
-    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|mixed|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|mixed|demo|eval EXPR]" >&2; exit 2 ;;
 esac
