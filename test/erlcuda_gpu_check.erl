@@ -3,14 +3,18 @@
 %% Plain Erlang (kernel and stdlib only), so it runs on Debian's erlang-base
 %% alone. Prints a summary; halts with status 1 if any check failed.
 -module(erlcuda_gpu_check).
--export([main/0, main/1, buffers_reuse/1]).
+-export([main/0, main/1, buffers_reuse/2]).
 
 -define(LARGE, (1 bsl 26)).
 
 main() -> main([]).
 
-%% Options: {gpud_fault, Path} (a gpud built with fault injection).
+%% Options: {gpud_fault, Path} (a gpud built with fault injection);
+%% {only, Prefixes}: only the checks whose label starts with one of them
+%% (a short GPU call for the checks of one change), e.g.
+%% bash .gpu-bundle/run.sh eval 'erlcuda_gpu_check:main([{only, ["device buffers"]}])'.
 main(Opts) ->
+    erlang:put(only, proplists:get_value(only, Opts, all)),
     %% gpud's info lines (device, JIT and registration times) in the log,
     %% other events from notice up as before.
     logger:set_primary_config(level, info),
@@ -33,13 +37,13 @@ main(Opts) ->
                  check("pipelined vector_add from binaries, 2^25+77, every element",
                        fun pipelined/0),
                  check("kill -9 of gpud mid-load", fun kill_mid_load/0),
-                 figures(),
+                 [figures() || erlang:get(only) =:= all],
                  user_checks(),
                  check("device buffers: put/get every type, launch between buffers, 2^26",
                        fun buffers/0),
                  check("device buffers: oom is an answer, frees come back", fun buffers_oom/0),
                  check("device buffers: a free while a launch reads, reuse, eviction",
-                       fun buffers_reuse/0),
+                       fun() -> buffers_reuse(Env) end),
                  check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
                  check("latency lane and paced copies: results bit-identical",
                        fun() -> lane_and_pacing(Env) end),
@@ -51,6 +55,17 @@ main(Opts) ->
     halt(case Failed of [] -> 0; _ -> 1 end).
 
 check(Label, Fun) ->
+    case erlang:get(only) of
+        Only when is_list(Only) ->
+            L = lists:flatten(Label),
+            case lists:any(fun(P) -> lists:prefix(P, L) end, Only) of
+                true -> run_check(Label, Fun);
+                false -> []
+            end;
+        _ -> run_check(Label, Fun)
+    end.
+
+run_check(Label, Fun) ->
     T0 = erlang:monotonic_time(millisecond),
     R = try Fun() of
             ok -> pass;
@@ -117,13 +132,14 @@ buffers_oom() ->
 
 %% The pool under the buffers: a buffer freed while a launch still reads
 %% it keeps its contents for that launch, though a new buffer of its size
-%% comes at once; put/free cycles reuse blocks; the limit filled with one
-%% size, freed, then filled with another evicts the cached blocks (without
-%% synchronizing the device) and every buffer keeps its contents.
-buffers_reuse() -> buffers_reuse(4096).
+%% comes at once; put/free cycles reuse blocks; under a limit of 1 GiB (the
+%% application restarted with it), the limit filled with one size, freed,
+%% then filled with another evicts the cached blocks (without synchronizing
+%% the device) and every buffer keeps its contents. N: the matmul's side
+%% (buffers_reuse/2 runs it smaller on the CPU backend).
+buffers_reuse(Env) -> buffers_reuse(Env, 4096).
 
-buffers_reuse(N) ->
-    #{used := Base} = erlcuda:memory(0),
+buffers_reuse(Env, N) ->
     Ones = binary:copy(<<1.0:32/float-native>>, N * N),
     {ok, A} = erlcuda:put(Ones),
     {ok, Ref} = erlcuda:launch(matmul, [A, A, N, N, N], [{timeout, 60000}]),
@@ -137,31 +153,34 @@ buffers_reuse(N) ->
     #{device_allocs := Allocs0} = erlcuda:memory(0),
     [begin {ok, T} = erlcuda:put(Ones), ok = erlcuda:free(T) end || _ <- lists:seq(1, 20)],
     #{device_allocs := Allocs0} = erlcuda:memory(0),
-    ok = wait_used(Base, 100),
-    #{limit := Lim} = erlcuda:memory(0),
-    Fill = fun(Size) ->
-                   Max = (Lim - Base) div Size,
-                   [begin
-                        {ok, Bf} = erlcuda:put({u8, binary:copy(<<I>>, Size)}, [{timeout, 60000}]),
-                        {I, Bf}
-                    end || I <- lists:seq(1, Max)]
-           end,
-    %% Under the 8 GiB limit: 1, 0.75, 0.5 and 1.5 GiB, each a size class.
-    Rounds = [Lim div 8, Lim div 32 * 3, Lim div 16, Lim div 16 * 3],
-    Counts = [begin
-                  Bufs = Fill(Size),
-                  {error, oom} = erlcuda:put({u8, binary:copy(<<0>>, Size)}, [{timeout, 60000}]),
-                  {I, Last} = lists:last(Bufs),
-                  {ok, {u8, Got}} = erlcuda:get(Last),
-                  Size = byte_size(Got),
-                  [I] = lists:usort(binary_to_list(binary:part(Got, Size - 4096, 4096))),
-                  [ok = erlcuda:free(Bf) || {_, Bf} <- Bufs],
-                  ok = wait_used(Base, 100),
-                  length(Bufs)
-              end || Size <- Rounds],
-    #{device_allocs := Allocs1} = erlcuda:memory(0),
-    {ok, io_lib:format("buffers per round ~w (~w MiB), ~p device allocations",
-                       [Counts, [S bsr 20 || S <- Rounds], Allocs1 - Allocs0])}.
+    Lim = 1 bsl 30,
+    ok = erlcuda_ref:start_app(Env ++ [{device_memory_limit, Lim}]),
+    try
+        %% 128, 96, 64 and 192 MiB: each a size class of its own.
+        Rounds = [Lim div 8, Lim div 32 * 3, Lim div 16, Lim div 16 * 3],
+        Counts = [fill_check_free(Size, Lim div Size) || Size <- Rounds],
+        #{device_allocs := Allocs} = erlcuda:memory(0),
+        {ok, io_lib:format("buffers per round ~w (~w MiB, limit 1 GiB), ~p device allocations",
+                           [Counts, [S bsr 20 || S <- Rounds], Allocs])}
+    after
+        ok = erlcuda_ref:start_app(Env)
+    end.
+
+%% Count buffers of Size bytes, each of its own byte value; one more is
+%% oom; the last one's contents come back; all freed. Returns Count.
+fill_check_free(Size, Count) ->
+    Bufs = [begin
+                {ok, Bf} = erlcuda:put({u8, binary:copy(<<I>>, Size)}, [{timeout, 60000}]),
+                {I, Bf}
+            end || I <- lists:seq(1, Count)],
+    {error, oom} = erlcuda:put({u8, <<0:(Size * 8)>>}, [{timeout, 60000}]),
+    {I, Last} = lists:last(Bufs),
+    {ok, {u8, Got}} = erlcuda:get(Last),
+    Size = byte_size(Got),
+    [I] = lists:usort(binary_to_list(binary:part(Got, Size - 4096, 4096))),
+    [ok = erlcuda:free(Bf) || {_, Bf} <- Bufs],
+    ok = wait_used(0, 100),
+    Count.
 
 %% Until `used' is back to Base or below (a buffer of an earlier check may
 %% be garbage-collected meanwhile).
