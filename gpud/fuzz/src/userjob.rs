@@ -176,12 +176,16 @@ fn elem(id: u8) -> ElemType {
 /// VM's `sig_eval`, the kit's `Len::eval`), so `a*b*c` with a*b past 2^64-1
 /// is refused even when c is 0. Every factor is below 2^32 by then
 /// (dimensions were checked first), so four of them fit a u128.
-fn eval(len: &Len, param: &[u64], free: &[u64]) -> Option<u128> {
-    let value = |f: &Factor| match *f {
+fn factor_value(f: &Factor, param: &[u64], free: &[u64]) -> u128 {
+    match *f {
         Factor::Const(c) => u128::from(c),
         Factor::Dim(i) => u128::from(param[i]),
         Factor::Free(k) => u128::from(free[k]),
-    };
+    }
+}
+
+fn eval(len: &Len, param: &[u64], free: &[u64]) -> Option<u128> {
+    let value = |f: &Factor| factor_value(f, param, free);
     let mut p = 1u128;
     let mut overflow = false;
     for f in &len.factors {
@@ -202,11 +206,7 @@ fn eval(len: &Len, param: &[u64], free: &[u64]) -> Option<u128> {
 /// that leaves a remainder breaks it; a length past 2^64-1 breaks a lower
 /// bound and keeps an upper one.
 fn keeps(b: &Bound, v: u64, param: &[u64], free: &[u64]) -> bool {
-    let value = |f: &Factor| match *f {
-        Factor::Const(c) => u128::from(c),
-        Factor::Dim(i) => u128::from(param[i]),
-        Factor::Free(k) => u128::from(free[k]),
-    };
+    let value = |f: &Factor| factor_value(f, param, free);
     let mut p = 1u128;
     let mut overflow = false;
     for f in &b.len.factors {
