@@ -3,11 +3,15 @@
  * (parse_args: the one checker of built-in and users' kernels alike), its
  * vectors into the arena (copy_vec), and a device buffer as a term
  * (new_buffer, buffer_unusable). The rest of the NIF uses only the
- * functions declared for args.c in erlcuda_nif.h. It calls no file above
+ * functions declared for args.c in args.h. It calls no file above
  * it: parsing a launch must not depend on how one is published.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "arena.h"
+#include "args.h"
+#include "copy.h"
+#include "signature.h"
 
 #include <math.h>
 #include <string.h>

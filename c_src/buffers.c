@@ -31,7 +31,14 @@
  * unknown to gpud, never another buffer.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "arena.h"
+#include "args.h"
+#include "buffers.h"
+#include "pipeline.h"
+#include "shm.h"
+#include "slot_cache.h"
+#include "submit.h"
 
 #include <string.h>
 

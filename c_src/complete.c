@@ -2,10 +2,18 @@
  * complete.c: completion. The completion thread drains the CQ and sends
  * {erlcuda, Ref, Result} straight to the process that called launch; no
  * Erlang server is in the path. A slot leaves INFLIGHT once, by a CAS
- * (claim_job, cancel_job): see erlcuda_nif.h.
+ * (claim_job, cancel_job): see device_state.h.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "args.h"
+#include "buffers.h"
+#include "complete.h"
+#include "pipeline.h"
+#include "results.h"
+#include "shm.h"
+#include "slot_cache.h"
+#include "submit.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -17,7 +17,8 @@
  * made its own threads.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "copy.h"
 
 #include <string.h>
 #include <unistd.h>

@@ -9,7 +9,14 @@
  * one of them unmaps the arena.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "arena.h"
+#include "complete.h"
+#include "device.h"
+#include "prefault.h"
+#include "shm.h"
+#include "slot_cache.h"
+#include "submit.h"
 
 #include <errno.h>
 #include <string.h>

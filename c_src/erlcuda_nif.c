@@ -1,14 +1,23 @@
 /*
  * erlcuda_nif.c: the NIF's entry table, load/upgrade/unload, and the entry
  * functions, each of which checks its arguments' terms and calls the file
- * that does the work (the floors and their files: erlcuda_nif.h).
+ * that does the work (the floors and their files: device_state.h).
  *
  * load makes the atoms (atoms.c) and the kernel rows (args.c), opens the
  * resource types and starts the pool of copy threads (copy.c); unload
  * stops it.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "args.h"
+#include "atoms.h"
+#include "buffers.h"
+#include "complete.h"
+#include "copy.h"
+#include "device.h"
+#include "kernels.h"
+#include "launch.h"
+#include "stats.h"
 
 /* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
  *               pipeline_bytes, zero_copy_bytes, poison_outputs, prefault_arena
@@ -211,7 +220,7 @@ static ERL_NIF_TERM nif_in_flight(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     return enif_make_uint(env, __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED));
 }
 
-/* await_spin(Handle, Ref) -> answered | waiting: see erlcuda_nif.h. */
+/* await_spin(Handle, Ref) -> answered | waiting: see complete.h. */
 static ERL_NIF_TERM nif_await_spin(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);

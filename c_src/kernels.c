@@ -6,7 +6,9 @@
  * sig_parse (signature.c), the VM's one reader of the language.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "kernels.h"
+#include "signature.h"
 
 #include <string.h>
 

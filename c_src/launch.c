@@ -8,7 +8,15 @@
  * answers a few finished jobs itself (reap_cq, complete.c).
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "arena.h"
+#include "args.h"
+#include "buffers.h"
+#include "complete.h"
+#include "kernels.h"
+#include "launch.h"
+#include "pipeline.h"
+#include "submit.h"
 
 #include <string.h>
 
@@ -284,7 +292,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     return 0;
 }
 
-/* module_op(Handle, load | unload, Slot, Path): see erlcuda_nif.h. The path
+/* module_op(Handle, load | unload, Slot, Path): see launch.h. The path
  * travels in the job's input region, why a load failed in its output. */
 ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[])
 {

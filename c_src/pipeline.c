@@ -46,7 +46,11 @@
  * more entries than slots); without enough free slots it runs unpipelined.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "args.h"
+#include "copy.h"
+#include "pipeline.h"
+#include "submit.h"
 
 #include <string.h>
 

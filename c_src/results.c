@@ -5,7 +5,9 @@
  * in the form of the job's first vector argument.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "args.h"
+#include "results.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /* slot_cache.c: per-thread caches of free inline job slots (slot_cache.h). */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "slot_cache.h"
 
 #include <string.h>
 

@@ -6,7 +6,8 @@
  * Every counter is a relaxed load: the map is a snapshot, not a cut.
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "stats.h"
 
 /* gpud's counters: X(field of struct ec_stats, stats key). */
 #define GPUD_STATS(X)                                                                            \

@@ -9,7 +9,13 @@
  * (buffers.c).
  */
 #define _GNU_SOURCE
-#include "erlcuda_nif.h"
+#include "device_state.h"
+#include "arena.h"
+#include "kernels.h"
+#include "prefault.h"
+#include "shm.h"
+#include "slot_cache.h"
+#include "submit.h"
 
 #include <string.h>
 
@@ -178,7 +184,7 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
 }
 
 /* A slot back to free, carrying nothing of its last job: every field of
- * the job's (JOB_FIRST_FIELD on, erlcuda_nif.h) zeroed, the slot's own
+ * the job's (JOB_FIRST_FIELD on, device_state.h) zeroed, the slot's own
  * reset. Its regions must be freed or handed over already. The caller
  * puts the slot (and its credits) where free slots go. */
 void clear_slot(struct device *d, struct job *j)

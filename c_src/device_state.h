@@ -1,7 +1,9 @@
 /*
- * erlcuda_nif.h: private to the NIF's own files (not the shared-memory
+ * device_state.h: the state the NIF's files share (not the shared-memory
  * contract: that is erlcuda_ring.h). The NIF is split by concern into
- * floors; a file calls only files on the floors below its own:
+ * floors; a file calls only files on the floors below its own, and
+ * includes only their headers. The floors are c_src/layers.py's, which
+ * checks both (make test runs it); from the top:
  *
  *   erlcuda_nif.c  the entry table, load/upgrade/unload, thin entry functions
  *   device.c       a device's life: open, accept (the handshake), reset
@@ -14,18 +16,18 @@
  *   pipeline.c     the pipelined submit: a large job from binaries published
  *                  in parts as its inputs are copied in
  *   submit.c       the ring producer: slots, regions, the SQ push
- *   slot_cache.c   per-thread caches of free slots
+ *   results.c      terms out: a finished job's outputs
  *   args.c         terms in: a call's Args checked against its kernel's
  *                  signature, vectors into the arena, buffers as terms
- *   results.c      terms out: a finished job's outputs
  *   kernels.c      the kernels: built-in rows, users' kernels, kernels/0
- *   signature.c    the signature language's reader (signature.h; a leaf)
- *   atoms.h        every atom; with erlcuda_ring.h, the bottom floor
- *   copy.c, arena.c, shm.c, prefault.c   leaves that call no other file
- *
- * (device.c and stats.c share a floor, as slot_cache.c and submit.c do.)
- * This header holds the structures they share, inline helpers every floor
- * uses, and each file's functions, declared bottom floor first.
+ *   slot_cache.c, signature.c, copy.c, arena.c, shm.c, prefault.c, atoms.c
+ *                  leaves that call no other file (signature.c is the
+ *                  signature language's reader; atoms.h, every atom)
+
+ * Each file's functions are declared in a header of its name (args.h for
+ * args.c); this one holds the structures they share and the inline
+ * helpers every floor uses, and has no file of its own, as erlcuda_ring.h
+ * and profile.h have none: any floor may include them.
  *
  * Locks, in the order they are taken:
  *   life (rwlock)  read by every user of the mapping, written by close;
@@ -45,8 +47,8 @@
  * one that wins the CAS out of INFLIGHT sends a message, so every job gets
  * exactly one answer, or none at all when launch_sync cancelled it first.
  */
-#ifndef ERLCUDA_NIF_H
-#define ERLCUDA_NIF_H
+#ifndef ERLCUDA_DEVICE_STATE_H
+#define ERLCUDA_DEVICE_STATE_H
 
 #include <erl_nif.h>
 
@@ -411,281 +413,5 @@ static inline enum buffer_state buffer_state(const struct device *d, const struc
         return BUF_LOST;
     return BUF_LIVE;
 }
-
-/* ---------------------------------------------------- copy.c: the copies --
- * A leaf, like arena.c, shm.c and prefault.c: it calls no other file. */
-
-/* Starts the copy pool of `threads` threads (0: the default; the first
- * holder decides) or takes another hold of it; called by load/upgrade.
- * Never fails: without threads a copy runs on its caller. */
-void copy_pool_hold(uint32_t threads);
-/* Drops a hold; the last one stops the threads and waits for them. Called
- * by unload, when no code of this library instance can run any more. */
-void copy_pool_release(void);
-/* memcpy into the arena, over the copy pool when large (copy_streaming). */
-void copy_bytes(void *dst, const void *src, size_t n);
-/* memcpy into the arena; large copies with streaming stores, fenced before
- * it returns (the caller may publish the bytes at once). */
-void copy_streaming(void *dst, const void *src, size_t n);
-/* Calls piece(arg, i) for every i in 0 .. pieces - 1, in that order of
- * start, on the caller and pool threads, `threads` at once at most (0: as
- * many as the pool has, copy_threads()); returns when all have returned. */
-void copy_pieces(void (*piece)(void *arg, uint32_t i), void *arg, uint32_t pieces, uint32_t threads);
-/* The copy pool's threads, the caller's included. */
-uint32_t copy_threads(void);
-/* Pieces that finish together run at most this many at once (copy.c). */
-#define SPREAD_COPY_THREADS 8u
-
-/* ------------------------------------------------ args.c: term conversion --
- * Everything else knows the kernels and their arguments only through these
- * (and struct job_spec / struct vec, which submit reads). */
-
-/* The resource type of a result binary that stays in the arena. */
-extern ErlNifResourceType *REGION_RT;
-/* The resource type of a device buffer (struct buffer_res). */
-extern ErlNifResourceType *BUFFER_RT;
-/* Parses the Args of kernel s->kernel (the caller sets it, from kernel_id)
- * into s, s->nin included. Returns 0 when s is filled, 1 when the job is too
- * large for a normal scheduler (only when !dirty), or -1 with *err set to the
- * {error, _} answer. Reads the mapping (arena lookups): the caller holds
- * d->life. */
-int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
-               struct job_spec *s, ERL_NIF_TERM *err);
-/* Parses one vector (not a buffer) for put: 0, 1 to go dirty (only when
- * !dirty), or -1 with *err set. */
-int parse_vector(ErlNifEnv *env, ERL_NIF_TERM t, int dirty, struct vec *v, ERL_NIF_TERM *err);
-/* Writes a vector argument to dst (v->len elements of its type; lists as f32). Returns 0 if a
- * list element is not a number (dst is then partly written). */
-int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst);
-/* Bytes per element of an enum ec_type. */
-unsigned type_bytes(uint8_t type);
-/* A number (or nan, infinity, neg_infinity) as a double. */
-int term_to_double(ErlNifEnv *env, ERL_NIF_TERM t, double *out);
-/* The buffer a term is, or NULL. */
-struct buffer_res *get_buffer(ErlNifEnv *env, ERL_NIF_TERM t);
-/* Makes a new buffer of device d (a fresh id, the current epoch): its
- * resource term in env, or 0 when out of memory. */
-ERL_NIF_TERM new_buffer(ErlNifEnv *env, struct device *d, uint8_t type, uint32_t len);
-/* Why buffer b cannot be used on device d now ({buffer, freed | lost |
- * {device, D}}), or 0 when it can (buffer_state). */
-ERL_NIF_TERM buffer_unusable(ErlNifEnv *env, struct device *d, struct buffer_res *b);
-
-/* ------------------------------------------ results.c: term conversion out */
-
-/* A double as a term: a float, or nan, infinity, neg_infinity. */
-ERL_NIF_TERM float_term(ErlNifEnv *env, double f);
-/* The answer of a finished kernel job, built in env: `ok` (no outputs),
- * its one output, or a tuple of them; (j->zero_copy) a single output as a
- * resource binary over the output region. */
-ERL_NIF_TERM result_term(ErlNifEnv *env, struct device *d, struct job *j);
-
-/* ---------------------------------------------- kernels.c: the kernels --- */
-
-/* Parses the built-in rows; called by load/upgrade, after atoms_load.
- * Returns -1 when a row does not parse (a build that cannot load). */
-int kernels_load(ErlNifEnv *env);
-/* The built-in kernel an atom names, or NULL when it names none. */
-const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
-/* user_kernel(Row) -> {ok, Kernel} | {error, Why}: a user's kernel as
- * erlcuda_modules describes it when its module is loaded, {Id, Slot, Gen,
- * Args, Outs, Blocks, Types}, read and checked into a KERNEL_RT resource.
- * {error, Why}: the blocks length does not read against the signature (Why:
- * the reader's message); badarg for a row that is not one. */
-ERL_NIF_TERM make_user_kernel(ErlNifEnv *env, ERL_NIF_TERM row);
-extern ErlNifResourceType *KERNEL_RT;
-/* A launch's user kernel, {Kernel, {Given, Grid, Block, SharedBytes}}:
- * *ki points into Kernel's resource, alive while the term is. Returns 0
- * when the term is not one. */
-int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
-                struct launch_opts *o);
-/* The live generation of module slot `slot` (0: none); set by
- * erlcuda_nif:module_gen/2. A submit of a user's kernel publishes only while
- * its generation is live, checked under sq_lock (publish_checked). */
-uint32_t module_gen(uint32_t slot);
-void set_module_gen(uint32_t slot, uint32_t gen);
-/* kernels(): one map per built-in (name, id, args, outputs, types, shape,
- * entry, accumulate). */
-ERL_NIF_TERM kernels_term(ErlNifEnv *env);
-/* signature(Args, Outs) -> {ok, ArgMaps, OutMaps, UsesT} | {error, Why}:
- * a user's manifest line read as the NIF reads it. */
-ERL_NIF_TERM signature_term(ErlNifEnv *env, ERL_NIF_TERM args, ERL_NIF_TERM outs);
-
-/* ------------------------------------------- submit.c: the ring producer --
- * Slots, regions and the SQ. */
-
-/* Returns a region to its segment's allocator. Caller holds d->lock. */
-void free_region_locked(struct device *d, struct region *r);
-/* Allocates a region of `bytes` (growing the arena). Caller holds d->lock.
- * 0 or -1. */
-int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r);
-/* A slot and regions for a job (see submit.c): the slot, -1 busy, -2 never. */
-int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes, uint32_t credits,
-                    int keep_out);
-/* Gives back a slot reserved but not published. */
-void unreserve_job(struct device *d, uint32_t idx);
-/* A slot's job fields back to free; the caller puts the slot (and its
- * credits) where free slots go. */
-void clear_slot(struct device *d, struct job *j);
-/* Frees slot idx (its regions unless exported, its credits); its env must
- * be clear already. Caller holds d->lock. */
-void free_slot_locked(struct device *d, uint32_t idx);
-/* Frees job idx's env, regions (unless exported) and slots. Caller holds
- * d->lock. */
-void release_job_locked(struct device *d, uint32_t idx);
-/* The one SQ write: slot idx INFLIGHT, its descriptor at the tail, then the
- * tail stored with release, as erlcuda_ring.h orders it. Caller holds sq_lock; no wake-up. */
-void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
-/* Publishes one descriptor of slot idx (sq_push_locked) and wakes gpud. */
-void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
-/* publish, unless an input buffer of s (may be NULL) was freed or lost
- * since it was checked (-2), or s's kernel is a user's whose module
- * generation was retired (-1): then nothing is published. */
-int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
-                    const struct job_spec *s);
-/* Wakes gpud if it sleeps, after a publish. */
-void wake_gpud(struct device *d);
-
-/* ------------------------------------- pipeline.c: the pipelined submit --
- * A large job from binaries published as several descriptors (parts) as its
- * inputs are copied in; see pipeline.c for how each shape is split. */
-
-/* How a job is split. parts == 1: not pipelined. */
-struct pipe_plan {
-    uint32_t parts;     /* descriptors (a matmul's slices of the put of B included) */
-    uint32_t pieces;    /* slices copied and published as kernel jobs */
-    uint64_t slice;     /* elements (a matmul: rows of A) per piece; the last may have fewer */
-    uint64_t out_elems; /* the output region's elements: out_len, or a reduction's partials */
-    uint32_t b_pieces;  /* a matmul: slices of B, each put on its own */
-    uint64_t b_slice;   /* and their elements; the last may have fewer */
-};
-/* The plan for checked job s (parts == 1 unless it is worth pipelining). */
-void pipeline_plan(const struct device *d, const struct job_spec *s, struct pipe_plan *p);
-/* Back to one descriptor (not enough free slots for the parts). */
-void pipeline_unplan(const struct job_spec *s, struct pipe_plan *p);
-/* Copies job idx's inputs into `dst` (per vector) and publishes its parts
- * from `whole`, its descriptor over all of its regions; returns when all are
- * published (the binaries are only valid during the NIF call). Caller holds
- * d->life and d->pipe (read). Returns 0, or -1 with nothing published (the
- * VM is out of memory). */
-int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
-                     const struct job_spec *s, uint8_t *dst[2], const struct pipe_plan *plan);
-/* How many parts a put of `bytes` from a binary is published as: 1 below
- * the device's pipeline_bytes, else one per slice (as an elementwise job's),
- * at most PIPELINE_MAX_PARTS. */
-uint32_t pipeline_put_parts(const struct device *d, uint64_t bytes);
-/* Copies a put's binary src -> dst (whole->in0_len elements) in `parts`
- * slices over the copy pool, publishing each as a slice of the buffer
- * (EC_CONTROL_PUT, byte offset in p.u64[0]) as soon as it is in, so gpud's
- * copies to the device overlap this copy. Slot idx holds parts - 1 credit
- * slots. Returns when all are published; caller holds d->life (read). */
-void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
-                          const uint8_t *src, uint8_t *dst, uint32_t parts);
-/* Completes the answer of a pipelined job of `parts` descriptors once all
- * are back and OK: a reduction's partials are added into its result. */
-void pipeline_finish(struct device *d, struct job *j, uint32_t parts);
-
-/* ---------------------------------------------- buffers.c: device buffers -- */
-
-/* put(Handle, Vector): a put descriptor; {ok, Ref}, then {erlcuda, Ref,
- * {ok, Buf} | {error, Reason}}. Returns 1 to go dirty (when !dirty). */
-int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
-/* get(Buf): a get descriptor; {ok, Ref}, then {erlcuda, Ref, {ok, Vector}}. */
-ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, ERL_NIF_TERM ref);
-/* Queues buffer b's free (once; never blocks: the destructor calls it). */
-void queue_free(struct buffer_res *b);
-/* Publishes queued frees as free descriptors, as far as slots and arena
- * allow. Caller holds d->life (read) and not d->lock. */
-void flush_frees(struct device *d);
-/* free(Buf): queue_free, then flush_frees while the device is open. */
-void buffer_free(struct buffer_res *b);
-/* buffer_info(Buf): {Device, Type, Len, live | freed | lost}. */
-ERL_NIF_TERM buffer_info(ErlNifEnv *env, struct buffer_res *b);
-/* BUFFER_RT's destructor: queues the free and wakes the completion thread
- * to send it. */
-void buffer_dtor(ErlNifEnv *env, void *obj);
-
-/* ----------------------------------------------- complete.c: completion -- */
-
-/* Starts the device's completion thread. Returns 0 or an errno value. */
-int start_completion_thread(struct device *d);
-/* Stops it and waits for it, if it runs. */
-void stop_completion_thread(struct device *d);
-/* Consumes every CQE present and answers their jobs. Caller holds cq_lock
- * (or the completion thread is gone). Returns the CQEs consumed. */
-uint32_t drain_cq(struct device *d, ErlNifEnv *caller_env);
-/* Answers up to REAP_MAX completed jobs on the calling scheduler thread
- * (with its own erts allocator instance), if the CQ has some and nobody
- * else is taking them. Called by submits; the caller holds d->life (read). */
-void reap_cq(struct device *d, ErlNifEnv *caller_env);
-/* The {error, _} answer of a gpud status other than OK. */
-ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status);
-
-/* The last small job this scheduler thread submitted with the caller's
- * reference (launch_sync's): set by a submit that published one inline job,
- * cleared by any other submit. ref_hash tells await_spin it is the job
- * awaited: an entry left by a job whose await ran on another thread (its
- * process moved) must not be spun for. */
-struct last_submit {
-    struct device *d;
-    uint32_t idx, gen;
-    ErlNifPid pid;
-    ErlNifUInt64 ref_hash;
-};
-extern __thread struct last_submit last_submit;
-/* Jobs in flight on the device above which await_spin does not spin: the
- * caller's scheduler is then better spent on other processes. */
-#define SYNC_SPIN_MAX_IN_FLIGHT 2u
-/* await_spin(Handle, Ref) -> answered | waiting. Spins on the calling
- * scheduler, up to the device's sync_spin_us, until the job the calling
- * process just submitted with reference Ref (last_submit) is answered,
- * taking CQEs itself meanwhile: the answer is then in the caller's mailbox
- * without a completion thread's enif_send waking a sleeping scheduler. */
-ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d, ERL_NIF_TERM ref);
-/* Answers every job still in flight with {error, Reason}. The caller holds
- * cq_lock (or the completion thread is gone), and d->lock. */
-void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
-/* Cancels the job in flight whose ref is `ref`. Returns 1 when no answer
- * will be sent, 0 when it is in the mailbox or on its way. */
-int cancel_job(struct device *d, ERL_NIF_TERM ref);
-
-/* ------------------------------------------------------ launch.c: launch --
- * submit(Handle, Kernel, Args, Flags) on device d. Returns 0 with *result
- * the answer, or 1 when the job must move to a dirty scheduler (only when
- * !dirty): the caller reschedules it. */
-int submit_job(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
-               ERL_NIF_TERM ref, ERL_NIF_TERM *result);
-/* module_op(Handle, load | unload, Slot, Path): a control descriptor, in
- * order with the jobs around it; {ok, Ref}, then {erlcuda, Ref, ok} or
- * {erlcuda, Ref, {error, {module, Why}}}. */
-ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[]);
-
-/* ------------------------------------------- device.c: a device's life -- */
-
-/* The resource type of a device (struct device). */
-extern ErlNifResourceType *DEVICE_RT;
-/* The device a term is, or NULL. */
-struct device *get_device(ErlNifEnv *env, ERL_NIF_TERM t);
-/* open(Device, Opts) -> {ok, Handle} | {error, Reason} (erlcuda_nif.c). */
-ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts);
-/* The abstract socket name gpud is given, as a binary. */
-ERL_NIF_TERM device_socket_name(ErlNifEnv *env, struct device *d);
-/* Accepts gpud (OS pid `pid`) within timeout ms and hands it the memory:
- * ok | {error, timeout | peer | Errno}. */
-ERL_NIF_TERM device_accept(ErlNifEnv *env, struct device *d, int pid, int timeout);
-/* gpud has exited: jobs it answered are answered, every other job in
- * flight gets {error, Reason}, buffers are lost, the rings start again. */
-void device_reset(ErlNifEnv *env, struct device *d, ERL_NIF_TERM reason);
-/* Ends the device for good, every job in flight answered {error, Reason};
- * idempotent. */
-void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
-/* DEVICE_RT's and REGION_RT's destructors. */
-void device_dtor(ErlNifEnv *env, void *obj);
-void region_dtor(ErlNifEnv *env, void *obj);
-
-/* ------------------------------------------------- stats.c: the stats map -- */
-
-/* stats(Handle): the device's counters, the profile's sums and gpud's. */
-ERL_NIF_TERM stats_term(ErlNifEnv *env, struct device *d);
 
 #endif

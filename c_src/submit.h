@@ -1,0 +1,42 @@
+/* submit.h: the ring producer (slots, regions, the SQ push) (submit.c). */
+#ifndef ERLCUDA_SUBMIT_H
+#define ERLCUDA_SUBMIT_H
+
+#include "device_state.h"
+
+/*
+ * Slots, regions and the SQ. */
+
+/* Returns a region to its segment's allocator. Caller holds d->lock. */
+void free_region_locked(struct device *d, struct region *r);
+/* Allocates a region of `bytes` (growing the arena). Caller holds d->lock.
+ * 0 or -1. */
+int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r);
+/* A slot and regions for a job (see submit.c): the slot, -1 busy, -2 never. */
+int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes, uint32_t credits,
+                    int keep_out);
+/* Gives back a slot reserved but not published. */
+void unreserve_job(struct device *d, uint32_t idx);
+/* A slot's job fields back to free; the caller puts the slot (and its
+ * credits) where free slots go. */
+void clear_slot(struct device *d, struct job *j);
+/* Frees slot idx (its regions unless exported, its credits); its env must
+ * be clear already. Caller holds d->lock. */
+void free_slot_locked(struct device *d, uint32_t idx);
+/* Frees job idx's env, regions (unless exported) and slots. Caller holds
+ * d->lock. */
+void release_job_locked(struct device *d, uint32_t idx);
+/* The one SQ write: slot idx INFLIGHT, its descriptor at the tail, then the
+ * tail stored with release, as erlcuda_ring.h orders it. Caller holds sq_lock; no wake-up. */
+void sq_push_locked(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
+/* Publishes one descriptor of slot idx (sq_push_locked) and wakes gpud. */
+void publish(struct device *d, uint32_t idx, const struct ec_sqe *sqe);
+/* publish, unless an input buffer of s (may be NULL) was freed or lost
+ * since it was checked (-2), or s's kernel is a user's whose module
+ * generation was retired (-1): then nothing is published. */
+int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
+                    const struct job_spec *s);
+/* Wakes gpud if it sleeps, after a publish. */
+void wake_gpud(struct device *d);
+
+#endif
