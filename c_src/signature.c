@@ -329,13 +329,14 @@ static int output(struct sig *s, unsigned i, struct span it, const char **why)
         o->scalar = 1;
         o->len.nf = 1;
         o->len.f[0] = (struct sig_factor){SIG_F_CONST, 1};
-    } else if (span_is(kind, "o")) {
+    } else if (span_is(kind, "o") || span_is(kind, "w")) {
         if (!r3.p)
             FAIL("an output is NAME:o:TYPE:LEN");
         if (parse_len(s, r3, -1, &o->len, why) != 0)
             return -1;
+        o->whole = span_is(kind, "w");
     } else {
-        FAIL("an output's kind is o or s");
+        FAIL("an output's kind is o, w or s");
     }
     s->uses_t |= o->type == SIG_TYPE_T;
     s->nouts++;

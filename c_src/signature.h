@@ -54,6 +54,7 @@ struct sig_arg {
 struct sig_out {
     char name[EC_MAX_NAME + 1];
     uint8_t scalar; /* given back as a number */
+    uint8_t whole;  /* w: the kernel writes every element (need not start zeroed) */
     uint8_t type;
     struct sig_len len;
 };

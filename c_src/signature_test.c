@@ -59,7 +59,10 @@ int main(void)
     expect(parse("acc:io:T:n,idx:v:u32:m,vals:v:T:m", "-", &s) == 0 && s.nouts == 0 &&
                s.arg[0].kind == SIG_INOUT,
            "scatter_add: io only");
-    expect(parse("x:v:T:n", "sum:s:T", &s) == 0 && s.out[0].scalar, "a scalar output");
+    expect(parse("x:v:T:n", "sum:s:T", &s) == 0 && s.out[0].scalar && !s.out[0].whole, "a scalar output");
+    expect(parse("x:v:T:n", "y:w:T:n,z:o:T:n", &s) == 0 && s.out[0].whole && !s.out[0].scalar &&
+               !s.out[1].whole,
+           "a w output is written in full, an o one is not");
     expect(parse("p:v:u8:n", "h:o:u32:256", &s) == 0 && !s.uses_t, "no T");
     expect(parse("a:v:T:n,b:v:T:n,c:v:T:n,d:v:T:n,e:v:T:n,f:v:T:n,g:v:T:n,h:v:T:n",
                  "w:o:T:n,x:o:T:n,y:o:u32:n,z:o:u8:n", &s) == 0,

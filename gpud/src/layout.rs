@@ -818,7 +818,7 @@ static void print_sig(const char *name, const char *args, const char *outs)
     }
     for (unsigned i = 0; i < s.nouts; i++) {
         const struct sig_out *o = &s.out[i];
-        printf(" ->%s:%s:%u", o->name, o->scalar ? "s" : "o", o->type);
+        printf(" ->%s:%s:%u", o->name, o->scalar ? "s" : o->whole ? "w" : "o", o->type);
         if (!o->scalar) {
             printf("=");
             print_len(&o->len);
@@ -902,6 +902,7 @@ int main(void)
     /* Signatures beyond the built-in rows (SAMPLE_SIGS, the same text). */
     print_sig("sample_topk", "x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64", "v:o:T:rows*k,i:o:u32:rows*k");
     print_sig("sample_free_bound", "x:v:T:n,a:d:1..,c:d:a..=n/a", "y:o:T:n");
+    print_sig("sample_whole", "x:v:T:n,k:d", "y:w:T:n,m:o:u32:k,s:s:f64");
     EC_STATUSES(STATUS)
     EC_TYPES(TYPE)
     EC_SHAPES(SHAPE)
@@ -948,7 +949,7 @@ int main(void)
             }
         }
         for o in s.outs() {
-            t += &format!(" ->{}:{}:{}", o.name.as_str(), if o.scalar { "s" } else { "o" }, o.ty as u8);
+            t += &format!(" ->{}:{}:{}", o.name.as_str(), if o.scalar { "s" } else if o.whole { "w" } else { "o" }, o.ty as u8);
             if !o.scalar {
                 t += &format!("={}", len(&o.len));
             }
@@ -1088,9 +1089,10 @@ int main(void)
         put("const.EC_FLAG_FAULT", EC_FLAG_FAULT.to_string());
 
         // The probe's print_sig of signatures beyond the built-in rows.
-        const SAMPLE_SIGS: [(&str, &str, &str); 2] = [
+        const SAMPLE_SIGS: [(&str, &str, &str); 3] = [
             ("sample_topk", "x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64", "v:o:T:rows*k,i:o:u32:rows*k"),
             ("sample_free_bound", "x:v:T:n,a:d:1..,c:d:a..=n/a", "y:o:T:n"),
+            ("sample_whole", "x:v:T:n,k:d", "y:w:T:n,m:o:u32:k,s:s:f64"),
         ];
         for (name, a, o) in SAMPLE_SIGS {
             put(&format!("kernel.{name}.sig"), sig_text(&Sig::parse(a, o).unwrap()));

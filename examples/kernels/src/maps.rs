@@ -24,7 +24,7 @@ kernel! {
     /// out[j] = table[index[j]]: Args [Table, Index]. An index outside
     /// 0 ≤ i < n gives 0 (of T) and reads nothing.
     gather, T: Element in [u8, s32, u32, s64, f32, f64],
-    (table: v(T, n), index: v(s32, m)) -> (out: o(T, m)),
+    (table: v(T, n), index: v(s32, m)) -> (out: w(T, m)),
     blocks = elements(m), threads = 256, block_rule = any, shared = 0,
     gpu(job, block) {
         let (n, m) = (job.len(0), job.len(1));
@@ -53,7 +53,7 @@ kernel! {
     /// Integers wrap; floats: the GPU fuses the multiply-adds (one rounding
     /// less than the CPU's plain products and sums).
     axpbypcz, T: Numeric in [s32, u32, s64, f32, f64],
-    (a: s(T), x: v(T, n), b: s(T), y: v(T, n), c: s(T), z: v(T, n)) -> (out: o(T, n)),
+    (a: s(T), x: v(T, n), b: s(T), y: v(T, n), c: s(T), z: v(T, n)) -> (out: w(T, n)),
     blocks = elements(n), threads = 256, block_rule = any, shared = 0,
     gpu(job, block) {
         let n = job.len(0);
@@ -82,7 +82,7 @@ kernel! {
     /// libm (math.rs: within 3.5 ulp, accurate for x < 0 too, where the
     /// formula taken literally cancels); f64 with libm's erfc.
     gelu, T: Float in [f32, f64],
-    (x: v(T, n)) -> (y: o(T, n)),
+    (x: v(T, n)) -> (y: w(T, n)),
     blocks = elements(n), threads = 256, block_rule = any, shared = 0,
     gpu(job, block) {
         let n = job.len(0);
@@ -106,7 +106,7 @@ kernel! {
     /// unit[i] = p[i] / 255 as f32 (0.0 to 1.0, correctly rounded): Args
     /// [P], P u8.
     u8_to_unit, [],
-    (p: v(u8, n)) -> (unit: o(f32, n)),
+    (p: v(u8, n)) -> (unit: w(f32, n)),
     blocks = elements(n), threads = 256, block_rule = any, shared = 0,
     gpu(job, block) {
         let n = job.len(0);

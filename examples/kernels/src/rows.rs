@@ -127,7 +127,7 @@ kernel! {
     /// each one block reduction, and the results are written from the
     /// registers; a longer row is read a second time to write it.
     log_softmax_rows, T: Float in [f32, f64],
-    (x: v(T, n), cols: d) -> (y: o(T, n)),
+    (x: v(T, n), cols: d) -> (y: w(T, n)),
     blocks = n / cols, threads = 256, block_rule = warps, shared = 0,
     gpu(job, row) {
         let at = row as usize * cols as usize;

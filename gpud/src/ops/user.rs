@@ -20,9 +20,14 @@ impl KernelOp for UserOp {
         for (i, r) in job.inputs().iter().enumerate().chain(outs.zip(job.outputs())) {
             ptrs.addr[i] = arena.host_ptr(*r) as u64;
         }
-        // Every output starts zeroed, as the signature language promises:
-        // a kernel may add into it, or leave parts of it alone.
-        for r in job.outputs() {
+        // Every output starts zeroed, as the signature language promises
+        // (a kernel may add into it, or leave parts of it alone), but for
+        // a `w` output, which the kernel writes in full.
+        let outs = self.0.sig.outs();
+        for (k, r) in job.outputs().iter().enumerate() {
+            if outs.get(k).is_some_and(|o| o.whole) {
+                continue;
+            }
             // SAFETY: the job's own output region (arena or host buffer),
             // r.bytes() long at host_ptr; nothing else touches it while the
             // job runs (KernelOp::cpu).
@@ -58,10 +63,14 @@ impl KernelOp for UserOp {
         u64::from(job.blocks())
     }
 
-    /// Every output of a user's kernel starts zeroed; gpud cannot tell
-    /// which kernels add into theirs atomically, so none is written
-    /// through the mapping.
+    /// Every output of a user's kernel starts zeroed unless its signature
+    /// says the kernel writes it in full (`w`): gpud cannot tell which
+    /// kernels add into theirs atomically, so a job with an `o` or `s`
+    /// output has them all in zeroed device scratch (or zeroed in their
+    /// buffers), and one whose outputs are all `w` has them written as a
+    /// built-in kernel's are, through the mapping or in place, with no
+    /// memset and no copy back.
     fn accumulates_into_output(&self, _job: &Job) -> bool {
-        true
+        self.0.sig.outs().iter().any(|o| !o.whole)
     }
 }

@@ -41,11 +41,16 @@
 ///   with a range (`1..`, `..= 64`, `1 ..= cols & 64`: inclusive, each
 ///   side lengths joined by `&`, every one holding; a call outside is
 ///   refused with `{badarg, {arg, I}}`). Outputs, in the order
-///   callers get them: `name: o(TY, LEN)` a vector, `name: s(TY)` one
-///   element given back as a number; `-> ()` for none (the kernel then
-///   has an io argument). TY is `T` or an element type; LEN a length of
-///   the signature language (`n`, `rows * cols`, `n / cols`, `256`:
-///   `c_src/erlcuda_ring.h`, "Signatures"). Every output starts zeroed.
+///   callers get them: `name: o(TY, LEN)` a vector, which starts zeroed
+///   (the kernel may add into it, atomically or not, or leave parts of
+///   it alone); `name: w(TY, LEN)` a vector the kernel writes in full,
+///   every element, and never adds into: it does not start zeroed, and
+///   gpud writes it where it lies (no scratch, no memset, no copy back:
+///   a small job then costs what a built-in's does); `name: s(TY)` one
+///   element given back as a number (zeroed); `-> ()` for none (the
+///   kernel then has an io argument). TY is `T` or an element type; LEN
+///   a length of the signature language (`n`, `rows * cols`, `n / cols`,
+///   `256`: `c_src/erlcuda_ring.h`, "Signatures").
 /// * `blocks`: virtual blocks per job, `elements(LEN)` (LEN / (threads ·
 ///   4), rounded up), `chunks(LEN)` (LEN / (threads · 256)) or `LEN`;
 ///   `threads` (the default block size) and `shared` (dynamic shared
@@ -58,7 +63,7 @@
 ///   |---|---|---|
 ///   | `v` | `*const R` | `&[R]` (the job's length) |
 ///   | `io` | `*mut R` | `&mut [R]` |
-///   | `o`, output `s` | `*mut R` | `&mut [R]` (one element for `s`) |
+///   | `o`, `w`, output `s` | `*mut R` | `&mut [R]` (one element for `s`) |
 ///   | `s` argument | `R` | `R` |
 ///   | `d` | `u32` | `u32` |
 ///
@@ -117,7 +122,7 @@ macro_rules! kernel {
 /// ```
 ///
 /// Arguments: at least one `v`, any `s`, in the order callers pass them.
-/// Manifest: `args=x:v:T:n,lo:s:T,hi:s:T outs=out:o:T:n blocks=elements(n)
+/// Manifest: `args=x:v:T:n,lo:s:T,hi:s:T outs=out:w:T:n blocks=elements(n)
 /// threads=256 block_rule=any shared=0`. The GPU entry streams
 /// `blockDim.x · 4` elements per virtual block, with 16-byte vector loads
 /// and stores when every pointer is 16-byte aligned; the host entry is a

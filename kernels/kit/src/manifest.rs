@@ -272,7 +272,7 @@ const fn item(t: Text, it: &Item, output: bool) -> Option<Text> {
     let k = it.kind.as_bytes();
     let (ty, len) = if output {
         match k {
-            b"o" => (true, true),
+            b"o" | b"w" => (true, true),
             b"s" => (true, false),
             _ => return None,
         }
@@ -441,7 +441,7 @@ pub type RuleTokens<'a> = (&'a str, &'a [&'a str]);
 /// The signature the three fixed-shape macros stand for, checked as any
 /// `kernel!`: every `v` is `NAME:v:T:n` (one length `n`), every `s`
 /// `NAME:s:T`, every `d` (table! only) `NAME:d`; T is Float over `types`.
-/// * elementwise!: `out:o:T:n`, `blocks=elements(n)`, 256 threads,
+/// * elementwise!: `out:w:T:n`, `blocks=elements(n)`, 256 threads,
 ///   `block_rule=any`, no shared memory;
 /// * reduction!: `sum:s:T`, `blocks=chunks(n)`, 256 threads,
 ///   `block_rule=pow2`, [`crate::BLOCK_SHARED_BYTES`];
@@ -497,7 +497,8 @@ pub const fn legacy(
         return err(name, "a kernel takes at least one vector (v) argument");
     }
     let (outs, rule, blocks, threads, shared) = match shape {
-        Shape::Elementwise => (Text::EMPTY.push(b"out:o:T:n"), "any", Text::EMPTY.push(b"elements(n)"), DEFAULT_THREADS, 0),
+        // Every element of an elementwise kernel's output is written: `w`.
+        Shape::Elementwise => (Text::EMPTY.push(b"out:w:T:n"), "any", Text::EMPTY.push(b"elements(n)"), DEFAULT_THREADS, 0),
         Shape::Reduction => {
             (Text::EMPTY.push(b"sum:s:T"), "pow2", Text::EMPTY.push(b"chunks(n)"), DEFAULT_THREADS, crate::BLOCK_SHARED_BYTES)
         }

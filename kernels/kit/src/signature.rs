@@ -257,11 +257,14 @@ pub struct Arg {
 }
 
 /// An output: `scalar` when it is given back as a number (`s`, one
-/// element); its job slot is `MAX_VECTORS + ` its index.
+/// element); `whole` when the kernel writes every element of it (`w`), so
+/// that it need not start zeroed (an `o` or `s` output does); its job slot
+/// is `MAX_VECTORS + ` its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Out {
     pub name: Name,
     pub scalar: bool,
+    pub whole: bool,
     pub ty: Ty,
     pub len: Len,
 }
@@ -289,7 +292,7 @@ pub struct Sig {
 }
 
 const ARG0: Arg = Arg { name: Name::EMPTY, kind: Kind::Dim, ty: None, len: Len::NONE, slot: 0 };
-const OUT0: Out = Out { name: Name::EMPTY, scalar: false, ty: Ty::F32, len: Len::NONE };
+const OUT0: Out = Out { name: Name::EMPTY, scalar: false, whole: false, ty: Ty::F32, len: Len::NONE };
 
 impl Sig {
     pub const fn args(&self) -> &[Arg] {
@@ -583,10 +586,11 @@ impl Sig {
             Some(t) => t,
             None => return Err("a type is u8, s32, u32, s64, f32, f64 or T"),
         };
-        let scalar = match kind {
-            b"o" => false,
-            b"s" => true,
-            _ => return Err("an output's kind is o or s"),
+        let (scalar, whole) = match kind {
+            b"o" => (false, false),
+            b"w" => (false, true),
+            b"s" => (true, false),
+            _ => return Err("an output's kind is o, w or s"),
         };
         let len = if scalar {
             if !len.is_empty() {
@@ -605,7 +609,7 @@ impl Sig {
         if matches!(ty, Ty::T) {
             self.uses_t = true;
         }
-        self.outs[self.nouts as usize] = Out { name, scalar, ty, len };
+        self.outs[self.nouts as usize] = Out { name, scalar, whole, ty, len };
         self.nouts += 1;
         Ok(self)
     }
@@ -805,7 +809,11 @@ mod tests {
         let s = Sig::parse("acc:io:T:n,idx:v:u32:m,vals:v:T:m", "-").unwrap();
         assert_eq!((s.nouts, s.args[0].kind), (0, Kind::Inout));
         let s = Sig::parse("x:v:T:n", "sum:s:T").unwrap();
-        assert!(s.outs[0].scalar && s.uses_t);
+        assert!(s.outs[0].scalar && !s.outs[0].whole && s.uses_t);
+        // `w`: written in full, so not zeroed first; `o` starts zeroed.
+        let s = Sig::parse("x:v:T:n", "y:w:T:n,z:o:T:n").unwrap();
+        assert!(s.outs[0].whole && !s.outs[0].scalar && !s.outs[1].whole);
+        assert_eq!(Sig::parse("x:v:T:n", "y:q:T:n").err(), Some("an output's kind is o, w or s"));
         let s = Sig::parse("p:v:u8:n", "h:o:u32:256").unwrap();
         assert!(!s.uses_t);
     }

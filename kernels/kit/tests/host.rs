@@ -496,12 +496,12 @@ fn the_macros_store_their_manifest_lines() {
     assert_eq!(
         lines,
         [
-            "kernel axpy types=f32,f64 args=alpha:s:T,x:v:T:n,y:v:T:n outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
+            "kernel axpy types=f32,f64 args=alpha:s:T,x:v:T:n,y:v:T:n outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
             "kernel bindings types=u8,s64 args=a:v:T:n,b:io:s32:m,c:s:f32,d:d:1..=m&64,e:s:T,f:v:f64:d*2 outs=g:o:T:n,h:s:u32 blocks=chunks(n/1) threads=96 block_rule=any shared=16",
             "kernel byte_hist types=- args=x:v:u8:n outs=counts:o:u32:256,total:s:s64 blocks=elements(n) threads=256 block_rule=any shared=0",
-            "kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
-            "kernel expm1ish types=f64 args=x:v:T:n outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
-            "kernel job_axpy types=f32,f64 args=alpha:s:T,x:v:T:n,y:v:T:n outs=out:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
+            "kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
+            "kernel expm1ish types=f64 args=x:v:T:n outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
+            "kernel job_axpy types=f32,f64 args=alpha:s:T,x:v:T:n,y:v:T:n outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0",
             "kernel job_row_max types=f32,f64 args=x:v:T:n,cols:d outs=out:o:T:n/cols blocks=n/cols threads=128 block_rule=warps shared=264",
             "kernel job_sumsq types=f32,f64 args=x:v:T:n outs=sum:s:T blocks=chunks(n) threads=256 block_rule=pow2 shared=264",
             "kernel masked_dot types=f32,f64 args=x:v:T:rows*cols,w:v:f64:cols,mask:v:u8:rows,scale:s:T,shift:s:s32,rows:d,cols:d outs=y:o:T:rows,hits:s:u32 blocks=rows threads=256 block_rule=warps shared=264",
