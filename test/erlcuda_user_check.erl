@@ -245,6 +245,13 @@ growth_worker(I, Left, Failed) ->
     Want = {f64, binary:copy(<<(min(X, 10000.0)):64/float-native>>, N)},
     case erlcuda:launch_sync({example, clamp}, [Vec, 0.0, 10000.0], [{timeout, 60000}]) of
         {ok, Want} -> growth_worker(I, Left - 1, Failed);
+        {error, busy} ->
+            %% Not accepted: the arena's segments were all taken by the jobs
+            %% in flight (200 callers' 20,000-element vectors can outgrow
+            %% them while the segments added are few): try again, as the
+            %% API says. What is counted is a job accepted and then failed.
+            timer:sleep(1),
+            growth_worker(I, Left, Failed);
         {ok, {T, B}} -> growth_worker(I, Left - 1, [{I, Left, N, {wrong, T, byte_size(B)}} | Failed]);
         Other -> growth_worker(I, Left - 1, [{I, Left, N, Other} | Failed])
     end.
