@@ -408,7 +408,9 @@ devices(cluster) ->
 %% and their peak, arena use and growth (`arena_grown_ahead': segments added
 %% once the arena was three quarters full, before a job needed them;
 %% `arena_grown_on_miss': added for a job that fitted nowhere), busy
-%% refusals, gpud's batches and launches,
+%% refusals, `result_bytes' (output bytes read into result terms: a list
+%% or a copied binary; none for a zero-copy result or a free), gpud's
+%% batches and launches,
 %% `max_batch' and `batch_hist' (bucket i counts drains of 2^i to 2^(i+1)-1
 %% jobs), bad descriptors, restarts, and the fields of {@link devices/0}.
 -spec stats(non_neg_integer()) -> map() | {error, {no_device, term()}}.
