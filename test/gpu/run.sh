@@ -113,6 +113,16 @@ case "${1:-check}" in
         # benchmark does not fit. ERLCUDA_BENCH_MIXED_LANES=default,off,8,16
         # runs it once per lane_sms setting, to size the reservation.
         benchmark _mixed mixed "erlcuda_bench:main([mixed])" mixed ;;
+    lanes)
+        # The lane sweep alone, no peers, in one call: the mixed-load section
+        # once per lane_sms setting (default off,4,8,16) with shorter rows
+        # (20,000 small jobs), each pass's small-job tail beside its large
+        # jobs' loss (the ratio column), to choose the default reservation.
+        ERLCUDA_BENCH_MIXED_LANES="${ERLCUDA_BENCH_MIXED_LANES:-off,4,8,16}" \
+        ERLCUDA_BENCH_MIXED_SMALL_JOBS="${ERLCUDA_BENCH_MIXED_SMALL_JOBS:-20000}" \
+        ERLCUDA_BENCH_JSON="${OUT:-.}/erlang_lanes.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
+            erl "logger:set_primary_config(level, error), erlcuda_bench:main([mixed]), halt()" \
+            2>&1 | tee "${OUT:-.}/lanes.log" ;;
     demo) cd "$here/docs" && erl "erlcuda_demo:main(\"$here/user_modules/example\"), halt()" ;;
     eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
     kernels)
@@ -132,5 +142,5 @@ case "${1:-check}" in
         # The kit's device primitives and math (kernels/kit/gpu_tests),
         # through CuPy against NumPy: random inputs, a fresh seed each run.
         PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
-    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|mixed|demo|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|mixed|lanes|demo|eval EXPR]" >&2; exit 2 ;;
 esac
