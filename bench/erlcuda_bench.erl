@@ -831,14 +831,16 @@ buffers() ->
     %% the first two stay in the arena; every job crosses PCIe). PyTorch's
     %% figure is peers.py's device.chain_add_saxpy_dot.
     X = big_bin(1 bsl 26),
-    Chain = fun() ->
-                    {ok, Xb} = erlcuda:put(X, Opts),
+    Chain = fun(From) -> fun() ->
+                    {ok, Xb} = erlcuda:put(From, Opts),
                     {ok, S} = erlcuda:launch_sync(vector_add, [Xb, Xb], [{output, buffer} | Opts]),
                     {ok, Y} = erlcuda:launch_sync(saxpy, [0.5, S, Xb], [{output, buffer} | Opts]),
                     {ok, _} = erlcuda:launch_sync(dot_product, [Y, Xb], Opts),
                     [ok = erlcuda:free(Z) || Z <- [Xb, S, Y]]
-            end,
-    Report("chain.put_add_saxpy_dot.2^26", timed_reps(Ms(Chain), 2, 20), <<"ms">>, fun(T) -> T end),
+            end end,
+    Report("chain.put_add_saxpy_dot.2^26", timed_reps(Ms(Chain(X)), 2, 20), <<"ms">>, fun(T) -> T end),
+    {ok, Xp} = erlcuda:pin(X),
+    Report("chain.pinned_add_saxpy_dot.2^26", timed_reps(Ms(Chain(Xp)), 2, 20), <<"ms">>, fun(T) -> T end),
     BinChain = fun() ->
                        {ok, S} = erlcuda:launch_sync(vector_add, [X, X], Opts),
                        {ok, Y} = erlcuda:launch_sync(saxpy, [0.5, S, X], Opts),
@@ -868,6 +870,11 @@ put_get() ->
     GBs = fun(T) -> 256 * 1048576 / (T * 1.0e6) end,
     Puts = timed_reps(buffers_ms(fun() -> {ok, B} = erlcuda:put(Big, Opts), ok = erlcuda:free(B) end), 2, 10),
     buffers_report("put.256MiB", Puts, <<"GB/s">>, GBs),
+    %% The same binary pinned once (erlcuda:pin/1, in the arena): the put
+    %% reads it in place, as PyTorch's upload reads a pinned tensor.
+    {ok, Pinned} = erlcuda:pin(Big),
+    PPuts = timed_reps(buffers_ms(fun() -> {ok, B} = erlcuda:put(Pinned, Opts), ok = erlcuda:free(B) end), 2, 10),
+    buffers_report("put_pinned.256MiB", PPuts, <<"GB/s">>, GBs),
     {ok, A} = erlcuda:put(Big, Opts),
     {ok, B} = erlcuda:put(big_bin(1 bsl 26), Opts),
     Gets = timed_reps(buffers_ms(fun() -> {ok, _} = erlcuda:get(A) end), 2, 10),

@@ -99,6 +99,14 @@ TARGETS = [
       of="pcie_pinned", record="pcie.h2d"),
     T("buffers.get.256MiB", ">=", 0.8, "get of 256 MiB vs pinned PCIe device to host", "buffers",
       of="pcie_pinned", record="pcie.d2h"),
+    T("buffers.put_pinned.256MiB", ">=", 0.8, "put of a pinned 256 MiB binary (erlcuda:pin/1) vs pinned PCIe "
+      "host to device", "buffers", of="pcie_pinned", record="pcie.h2d"),
+    T("buffers.chain.put_add_saxpy_dot.2^26", "<=", 1.2, "chain add, saxpy, dot on 2^26 from a put of a plain "
+      "binary vs PyTorch from pinned", "buffers", of="pytorch_cuda",
+      record="device.chain_add_saxpy_dot.n67108864.from_pinned"),
+    T("buffers.chain.pinned_add_saxpy_dot.2^26", "<=", 1.2, "chain add, saxpy, dot on 2^26 from a put of a "
+      "pinned binary vs PyTorch from pinned", "buffers", of="pytorch_cuda",
+      record="device.chain_add_saxpy_dot.n67108864.from_pinned"),
 ]
 
 # The example kernels of examples/kernels (DESIGN.md, "The example kernels"),
@@ -155,7 +163,7 @@ KNOWN = [
     (r"gpud\.(cold_start_ready|cold_start_no_jit_cache|restart_ready|kill9_to_served)", ("ms",)),
     (r"gpud\.idle_cpu", ("%", "% of a core")),
     (r"profile\.callers_\d+", ("ns",)),
-    (r"buffers\.(put|get)\.\d+MiB", ("GB/s",)),
+    (r"buffers\.(put|put_pinned|get)\.\d+MiB", ("GB/s",)),
     (r"buffers\.(vector_add|chain\.[a-z_]+)\.2\^\d+", ("ms",)),
     (r"buffers\.matmul\.n\d+", ("TFLOP/s",)),
     (r"device\.vector_add\.n\d+", ("ms",)),
@@ -956,10 +964,13 @@ def profile_table(figs):
         "extra.msacc_schedulers of the merged JSON)."]
 
 
-BUFFERS_ORDER = ["buffers.put.", "buffers.get.", "buffers.vector_add.", "buffers.chain.put_",
-                 "buffers.chain.binaries_", "buffers.chain.", "buffers.matmul."]
+BUFFERS_ORDER = ["buffers.put.", "buffers.put_pinned.", "buffers.get.", "buffers.vector_add.",
+                 "buffers.chain.put_", "buffers.chain.pinned_", "buffers.chain.binaries_", "buffers.chain.",
+                 "buffers.matmul."]
 CHAIN_WAYS = [  # (record prefix, system, how)
     ("buffers.chain.put_add_saxpy_dot.", OWN, "erlcuda, device buffers (from `put` to the scalar)"),
+    ("buffers.chain.pinned_add_saxpy_dot.", OWN,
+     "erlcuda, device buffers (from `put` of a pinned binary, erlcuda:pin/1, to the scalar)"),
     ("buffers.chain.binaries_add_saxpy_dot.", OWN, "erlcuda, binaries (every job crosses PCIe)"),
     ("device.chain_add_saxpy_dot.n67108864.from_pinned", "pytorch_cuda",
      "PyTorch, tensors on the device (from the upload of a pinned input)"),

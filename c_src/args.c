@@ -186,9 +186,7 @@ static int inspect_vec(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t limit, struct ve
     return 1;
 }
 
-/* Is the binary's data inside one of the device's arena segments (a result
- * of an earlier job, or part of one)? Then the job can name it directly. */
-static int find_in_arena(struct device *d, struct vec *v)
+int vec_in_arena(struct device *d, struct vec *v)
 {
     const uint8_t *p = v->bin.data;
     if (((uintptr_t)p & (TYPE_BYTES[v->type] - 1)) != 0)
@@ -441,7 +439,7 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
             too_big = 1;
         else if (v->buf)
             ; /* nothing to copy */
-        else if (v->is_binary && !find_in_arena(d, v))
+        else if (v->is_binary && !vec_in_arena(d, v))
             bin_bytes += v->bin.size;
         else if (!v->is_binary)
             list_elems += v->len;

@@ -22,6 +22,11 @@ int parse_args(ErlNifEnv *env, struct device *d, ERL_NIF_TERM args, int dirty,
 /* Parses one vector (not a buffer) for put: 0, 1 to go dirty (only when
  * !dirty), or -1 with *err set. */
 int parse_vector(ErlNifEnv *env, ERL_NIF_TERM t, int dirty, struct vec *v, ERL_NIF_TERM *err);
+/* Is binary vector v's data inside one of the device's arena segments (a
+ * result of an earlier job or part of one, or pinned: pinned.c), aligned to
+ * its type? Then sets v->in_arena and v->addr, and a job or a put names it
+ * directly, with no copy. Caller holds d->life. */
+int vec_in_arena(struct device *d, struct vec *v);
 /* Writes a vector argument to dst (v->len elements of its type; lists as f32). Returns 0 if a
  * list element is not a number (dst is then partly written). */
 int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst);

@@ -226,12 +226,15 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         return r > 0;
     }
     uint64_t bytes = v.len * type_bytes(v.type);
+    /* A binary already in the arena (a result, or pinned: pinned.c) is
+     * named where it lies: gpud's DMA reads it, nothing is copied. */
+    int in_arena = v.is_binary && bytes > 0 && vec_in_arena(d, &v);
     /* A large binary is copied in slices over the copy pool, each published
      * as soon as it is in, so gpud's copies to the device overlap the copy
      * into the arena (the pipelined put: max(copy, DMA), not their sum).
      * A list is converted element by element on this thread: one piece. */
-    uint32_t parts = v.is_binary ? pipeline_put_parts(d, bytes) : 1;
-    uint64_t in_bytes = arena_round(bytes ? bytes : 1);
+    uint32_t parts = v.is_binary && !in_arena ? pipeline_put_parts(d, bytes) : 1;
+    uint64_t in_bytes = in_arena ? 0 : arena_round(bytes ? bytes : 1);
     int64_t idx = bytes > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, parts - 1, 0);
     if (idx == -1 && parts > 1) {
         parts = 1; /* not enough free slots for the extra descriptors: one is fine */
@@ -245,7 +248,11 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         return 0;
     }
     struct job *j = &d->jobs[idx];
-    if (parts == 1 && !copy_vec(env, &v, region_ptr(d, &j->in))) {
+    if (in_arena) {
+        /* Keeps the binary, and so its region, alive while gpud reads it. */
+        enif_make_copy(j->env, v.bin_term);
+        count(&d->c.arena_inputs, 1);
+    } else if (parts == 1 && !copy_vec(env, &v, region_ptr(d, &j->in))) {
         unreserve_job(d, (uint32_t)idx);
         enif_rwlock_runlock(d->life);
         *result = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 1)));
@@ -263,7 +270,7 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
      * submit_put_pipelined cuts it into its parts. */
     struct ec_sqe sqe = {
         .flags = EC_FLAG_OUT_BUF,
-        .in0 = region_addr(&j->in),
+        .in0 = in_arena ? v.addr : region_addr(&j->in),
         .in0_len = (uint32_t)v.len,
         .out = b->id,
         .out_len = (uint32_t)v.len,

@@ -184,7 +184,8 @@ struct buffer_res {
     X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(buffer_frees, buffer_frees)         \
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
     X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \
-    X(arena_grown_on_miss, arena_grown_on_miss) X(result_bytes, result_bytes)
+    X(arena_grown_on_miss, arena_grown_on_miss) X(result_bytes, result_bytes)                  \
+    X(pinned_bytes, pinned_bytes)
 
 struct counters {
 #define NIF_COUNTER_FIELD(FIELD, KEY) uint64_t FIELD;

@@ -12,6 +12,7 @@
 #include "args.h"
 #include "atoms.h"
 #include "buffers.h"
+#include "pinned.h"
 #include "complete.h"
 #include "copy.h"
 #include "device.h"
@@ -143,6 +144,30 @@ static ERL_NIF_TERM nif_put(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
     if (submit_put(env, d, argv, 0, ref, &result) == 0)
         return result;
     return enif_schedule_nif(env, "put_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, put_dirty, argc, argv);
+}
+
+/* pin(Handle, Binary) -> {ok, Binary'} | {error, _}: a copy of Binary in
+ * the arena (pinned.c). Large copies go to a dirty scheduler. */
+static ERL_NIF_TERM pin_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    ERL_NIF_TERM result;
+    (void)argc;
+    if (!d)
+        return enif_make_badarg(env);
+    pin_binary(env, d, argv[1], 1, &result);
+    return result;
+}
+
+static ERL_NIF_TERM nif_pin(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct device *d = get_device(env, argv[0]);
+    ERL_NIF_TERM result;
+    if (!d)
+        return enif_make_badarg(env);
+    if (pin_binary(env, d, argv[1], 0, &result) == 0)
+        return result;
+    return enif_schedule_nif(env, "pin_dirty", ERL_NIF_DIRTY_JOB_CPU_BOUND, pin_dirty, argc, argv);
 }
 
 /* get(Buf[, Ref]) -> {ok, Ref} | {error, _}; then {erlcuda, Ref, {ok, Vector}}. */
@@ -320,6 +345,7 @@ static ErlNifFunc nif_funcs[] = {
     {"module_gen", 2, nif_module_gen, 0},
     {"put", 2, nif_put, 0},
     {"put", 3, nif_put, 0},
+    {"pin", 2, nif_pin, 0},
     {"get", 1, nif_get, 0},
     {"get", 2, nif_get, 0},
     {"free", 1, nif_free, 0},

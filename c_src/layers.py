@@ -28,7 +28,7 @@ FLOORS = [
     ["args"],
     ["results", "submit"],
     ["pipeline"],
-    ["buffers"],
+    ["buffers", "pinned"],
     ["complete"],
     ["launch", "device", "stats"],
     ["erlcuda_nif"],

@@ -170,7 +170,7 @@
 
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, devices/1, stats/1,
          kernels/0, load_module/2, unload_module/1,
-         put/1, put/2, get/1, free/1, memory/1]).
+         put/1, put/2, pin/1, pin/2, get/1, free/1, memory/1]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
               kernel_info/0, buffer/0]).
@@ -327,6 +327,46 @@ put(Vector, Opts) ->
         {error, _} = E -> E
     end.
 
+%% @equiv pin(Vector, [])
+-spec pin(binary() | {elem_type(), binary()}) -> {ok, binary() | {elem_type(), binary()}} | {error, reason()}.
+pin(Vector) ->
+    pin(Vector, []).
+
+%% @doc Copies a binary (or `{Type, Binary}') into pinned host memory that
+%% the device maps (its arena), and answers the copy in the same form:
+%% PyTorch's `pin_memory()'. A job or a {@link put/2} reads a pinned binary
+%% where it lies, so its transfer runs at the bus's speed; a plain binary
+%% is first copied into that memory by the VM, on every call, and that
+%% copy shares the host's memory bandwidth with the transfer. Results of
+%% jobs at least `zero_copy_bytes' large, and binaries from {@link get/1}
+%% as large, are there already: pinning one returns it as it is. The
+%% memory is the binary's until it is garbage collected, and counts in the
+%% arena (`arena_max_bytes'). Options: `{device, N}' (default 0). Errors:
+%% `{badarg, {arg, 1}}' (not a binary or `{Type, Binary}'), `{badarg,
+%% too_large}' (larger than the arena can grow), `busy' (the arena is
+%% full of regions in use now), `closed'.
+-spec pin(binary() | {elem_type(), binary()}, [option()]) ->
+          {ok, binary() | {elem_type(), binary()}} | {error, reason()}.
+pin(Vector, Opts) ->
+    case options(Opts) of
+        {ok, Device0, _Timeout, [], host} when is_integer(Device0); Device0 =:= default ->
+            Device = case Device0 of default -> 0; N -> N end,
+            case {Vector, handle(Device)} of
+                {_, undefined} -> {error, {no_device, Device}};
+                {Bin, H} when is_binary(Bin) -> erlcuda_nif:pin(H, Bin);
+                {{Type, Bin}, H} when is_binary(Bin), (Type =:= f32 orelse Type =:= f64 orelse
+                                                        Type =:= s32 orelse Type =:= u32 orelse
+                                                        Type =:= s64 orelse Type =:= u8) ->
+                    case erlcuda_nif:pin(H, Bin) of
+                        {ok, Pinned} -> {ok, {Type, Pinned}};
+                        {error, _} = E -> E
+                    end;
+                _ -> {error, {badarg, {arg, 1}}}
+            end;
+        {ok, _, _, _, _} -> {error, {badarg, opts}};
+        {error, _} = E -> E
+    end.
+
 %% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
 %% Errors: `{buffer, freed | lost}', `{badarg, buffer}' (<a
 %% href="#Errors">Errors</a>).
@@ -409,7 +449,9 @@ devices(cluster) ->
 %% once the arena was three quarters full, before a job needed them;
 %% `arena_grown_on_miss': added for a job that fitted nowhere), busy
 %% refusals, `result_bytes' (output bytes read into result terms: a list
-%% or a copied binary; none for a zero-copy result or a free), gpud's
+%% or a copied binary; none for a zero-copy result or a free),
+%% `pinned_bytes' (bytes copied by {@link pin/2}), `arena_inputs' (binaries
+%% a job or a put read in the arena, with no copy), gpud's
 %% batches and launches,
 %% `max_batch' and `batch_hist' (bucket i counts drains of 2^i to 2^(i+1)-1
 %% jobs), bad descriptors, restarts, and the fields of {@link devices/0}.

@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, get/1, get/2, free/1,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
          buffer_info/1]).
 
 -on_load(init/0).
@@ -136,6 +136,11 @@ put(_H, _Vector) -> ?NOT_LOADED.
 %% @doc put/2 with the caller's reference (see submit/5).
 -spec put(handle(), term(), reference()) -> {ok, reference()} | {error, term()}.
 put(_H, _Vector, _Ref) -> ?NOT_LOADED.
+
+%% @doc A copy of `Binary' in the device's arena: `{ok, Binary2}' (the
+%% same bytes, in pinned memory the GPU reads in place) or `{error, Reason}'.
+-spec pin(handle(), term()) -> {ok, binary()} | {error, term()}.
+pin(_H, _Binary) -> ?NOT_LOADED.
 
 %% @doc Queues a get of buffer `Buf'; the answer is `{erlcuda, Ref, {ok,
 %% Vector}}' (a binary for f32, else `{Type, Binary}').

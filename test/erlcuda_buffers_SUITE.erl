@@ -13,7 +13,8 @@
          gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
          pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
-         frees_build_no_result/1, memory_pressure_evicts/1]).
+         frees_build_no_result/1, memory_pressure_evicts/1, pinned_binaries_are_read_in_place/1,
+         pin_refuses_bad_input/1]).
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
@@ -21,7 +22,7 @@ all() ->
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
      large_copies_let_small_jobs_through, frees_build_no_result, memory_pressure_evicts,
-     other_device].
+     pinned_binaries_are_read_in_place, pin_refuses_bad_input, other_device].
 
 init_per_suite(Config) ->
     Config.
@@ -40,6 +41,9 @@ init_per_testcase(memory_pressure_evicts, Config) ->
     %% Room for four 1 MiB blocks: filling it with other sizes evicts the
     %% cached ones.
     ok = erlcuda_ref:start_app([{device_memory_limit, 4 bsl 20}]),
+    Config;
+init_per_testcase(pin_refuses_bad_input, Config) ->
+    ok = erlcuda_ref:start_app([{arena_bytes, 1 bsl 20}, {arena_max_bytes, 4 bsl 20}]),
     Config;
 init_per_testcase(other_device, Config) ->
     ok = erlcuda_ref:start_app([{devices, [0, 1]}]),
@@ -602,3 +606,74 @@ fill(Elems, K, Acc) ->
     I = length(Acc) + 1,
     {ok, B} = erlcuda:put(f32s(lists:duplicate(Elems, float(I)))),
     fill(Elems, K - 1, [{I, B} | Acc]).
+
+%% pin/1,2 copies a binary into the arena once; a put and a job then read
+%% it where it lies (stats' arena_inputs counts each), with the bits the
+%% plain binary gives; pinning a pinned binary copies nothing; the region
+%% goes back to the arena once the binary is garbage collected.
+pinned_binaries_are_read_in_place(_) ->
+    #{arena_used := Used0} = erlcuda:stats(0),
+    lists:foreach(
+      fun(N) ->
+              Bin = f32s([rand:uniform() - 0.5 || _ <- lists:seq(1, N)]),
+              #{pinned_bytes := P0, arena_inputs := A0} = erlcuda:stats(0),
+              {ok, Pinned} = erlcuda:pin(Bin),
+              ?assertEqual(Bin, Pinned),
+              #{pinned_bytes := P1} = erlcuda:stats(0),
+              ?assertEqual(byte_size(Bin), P1 - P0),
+              {ok, Again} = erlcuda:pin(Pinned),
+              ?assertEqual(P1, maps:get(pinned_bytes, erlcuda:stats(0))),
+              ?assertEqual(Pinned, Again),
+              {ok, B} = erlcuda:put(Pinned),
+              ?assertEqual({ok, Bin}, erlcuda:get(B)),
+              {ok, Sum} = erlcuda:launch_sync(vector_add, [Pinned, Pinned]),
+              #{arena_inputs := A1} = erlcuda:stats(0),
+              %% The put, and both inputs of the launch.
+              ?assertEqual(3, A1 - A0),
+              ?assertEqual({ok, Sum}, erlcuda:launch_sync(vector_add, [Bin, Bin])),
+              ok = erlcuda:free(B)
+      end, [1, 1023, (1 bsl 20) + 7]),
+    %% Typed: the type stays, the bytes move; a u8 binary of odd size too.
+    {ok, {u8, <<1, 2, 3>>}} = erlcuda:pin({u8, <<1, 2, 3>>}),
+    {ok, {f64, D}} = erlcuda:pin({f64, <<1.5:64/float-native, 2.5:64/float-native>>}),
+    {ok, Db} = erlcuda:put({f64, D}),
+    ?assertEqual({ok, {f64, D}}, erlcuda:get(Db)),
+    ok = erlcuda:free(Db),
+    {ok, <<>>} = erlcuda:pin(<<>>),
+    %% Every pinned region above is garbage now: the arena gets it back.
+    await_arena_used(Used0, 5000).
+
+await_arena_used(Want, Deadline) ->
+    erlang:garbage_collect(),
+    #{arena_used := U} = erlcuda:stats(0),
+    if
+        U =< Want -> ok;
+        Deadline =< 0 -> ct:fail({arena_used, U, want, Want});
+        true -> timer:sleep(20), await_arena_used(Want, Deadline - 20)
+    end.
+
+pin_refuses_bad_input(_) ->
+    {error, {badarg, {arg, 1}}} = erlcuda:pin(foo),
+    {error, {badarg, {arg, 1}}} = erlcuda:pin([1.0, 2.0]),
+    {error, {badarg, {arg, 1}}} = erlcuda:pin({f16, <<0:16>>}),
+    {error, {badarg, {arg, 1}}} = erlcuda:pin({f32, [1.0]}),
+    {error, {no_device, 7}} = erlcuda:pin(<<1, 2>>, [{device, 7}]),
+    {error, {badarg, {opt, bogus}}} = erlcuda:pin(<<1, 2>>, [bogus]),
+    {error, {badarg, opts}} = erlcuda:pin(<<1, 2>>, [{output, buffer}]),
+    %% Larger than the arena may ever grow (4 MiB here): refused for good,
+    %% not busy; while pinned binaries hold the arena, busy; then room again.
+    {error, {badarg, too_large}} = erlcuda:pin(binary:copy(<<0>>, (4 bsl 20) + 1)),
+    {ok, Held} = erlcuda:pin(binary:copy(<<1>>, 3 bsl 20)),
+    {error, busy} = erlcuda:pin(binary:copy(<<2>>, 3 bsl 20)),
+    ?assertEqual(3 bsl 20, byte_size(Held)),
+    await_pin(binary:copy(<<2>>, 3 bsl 20), 5000).
+
+%% Pins Bin once the arena has room again (the held binary above garbage
+%% collected).
+await_pin(Bin, Deadline) ->
+    erlang:garbage_collect(),
+    case erlcuda:pin(Bin) of
+        {ok, P} -> ?assertEqual(Bin, P);
+        {error, busy} when Deadline > 0 -> timer:sleep(20), await_pin(Bin, Deadline - 20);
+        Other -> ct:fail({pin, Other})
+    end.
