@@ -434,9 +434,10 @@ growth(Env) ->
         Other -> Other
     end.
 
-%% Small launches go on the latency lane (with lane_sms 16: 16 SMs of their
-%% own in a green context, on a stream of the greatest priority), large ones
-%% on the kernels' own streams in the other SMs: a small vector_add's result
+%% Small launches go on the latency lane (by default 8 SMs of their own in
+%% a green context, with lane_sms 16 16 of them, on a stream of the
+%% greatest priority), large ones on the kernels' own streams in the other
+%% SMs while small jobs run, else on every SM: a small vector_add's result
 %% is bit-identical to the same elements of a large one, and every result
 %% (vector_add, a small matmul, a put/get round trip) the same bits with no
 %% SMs reserved (lane_sms off: the priority stream alone; 1024, more SMs
@@ -453,6 +454,10 @@ lane_and_pacing(Env) ->
                   {ok, Small} = erlcuda:launch_sync(vector_add, [binary:part(A, 0, 4000),
                                                                  binary:part(B, 0, 4000)]),
                   true = Small =:= binary:part(Large, 0, 4000),
+                  %% Right after a small job: under a reservation, on the
+                  %% SMs not reserved; the first, after none for a while, on
+                  %% every SM (a wide stream): the same bits.
+                  {ok, Large} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
                   {ok, MM} = erlcuda:launch_sync(matmul, [MA, MB, 64, 64, 64]),
                   {ok, Buf} = erlcuda:put(V, [{timeout, 60000}]),
                   {ok, Got} = erlcuda:get(Buf),
@@ -466,6 +471,7 @@ lane_and_pacing(Env) ->
                    after ok = erlcuda_ref:start_app(Env)
                    end
            end,
+    Green = With([], fun(#{lane := L, lane_sms := S}) -> L =:= green andalso S >= 8 end),
     Green = With([{lane_sms, 16}], fun(#{lane := L, lane_sms := S}) -> L =:= green andalso S >= 16 end),
     Green = With([{lane_sms, 16}, {copy_piece_bytes, 65536}, {copies_in_flight, 3}],
                  fun(#{lane := L}) -> L =:= green end),

@@ -128,10 +128,15 @@ impl<M> Pacer<M> {
         self.paced_until = Some(now + SMALL_WINDOW);
     }
 
+    /// Whether a small launch came in the last `SMALL_WINDOW`.
+    pub fn small_recently(&self, now: Instant) -> bool {
+        self.paced_until.is_some_and(|t| now < t)
+    }
+
     /// Pieces a direction may have in flight now: `depth` while small jobs
     /// run, else as many as make the pacer's `ahead` bytes.
     pub fn depth(&self, now: Instant) -> usize {
-        if self.paced_until.is_some_and(|t| now < t) {
+        if self.small_recently(now) {
             self.pacing.depth
         } else {
             self.pacing.depth.max(self.ahead / self.pacing.piece)

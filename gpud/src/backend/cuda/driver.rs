@@ -343,6 +343,14 @@ pub(super) unsafe fn event_record(e: sys::CUevent, stream: sys::CUstream) -> DRe
     check(unsafe { sys::cuEventRecord(e, stream) })
 }
 
+/// Makes `stream`'s later work wait for the work before `e`'s last record.
+///
+/// # Safety
+/// `e` and `stream` are live (created and not destroyed).
+pub(super) unsafe fn stream_wait_event(stream: sys::CUstream, e: sys::CUevent) -> DResult<()> {
+    check(unsafe { sys::cuStreamWaitEvent(stream, e, 0) })
+}
+
 /// Whether the work before `e`'s record has finished: Ok(false) while it
 /// runs (CUDA_ERROR_NOT_READY), Err when it failed.
 ///

@@ -2,11 +2,14 @@
 //! launches' streams are made, so that a large launch cannot hold a small
 //! one back.
 //!
-//! With SMs reserved (`--lane-sms N`, a driver of CUDA 12.5 or later) two
-//! green contexts split the device: N SMs (the driver rounds up to its
-//! granularity) run small launches only, the rest run everything else.
-//! Every kernel stream is made in one of the two, none in the primary
-//! context, whose kernels could take every SM. Launches on them run
+//! With SMs reserved (`--lane-sms N`, by default 8; a driver of CUDA 12.5
+//! or later) two green contexts split the device: N SMs (the driver rounds
+//! up to its granularity) run small launches only, the rest run everything
+//! else while small jobs run. While none has come for `SMALL_WINDOW`
+//! (pace.rs), large launches go on streams of the primary context instead
+//! ([`Lane::wide_stream`]), whose kernels may take every SM: the reserved
+//! SMs idle only while there are small jobs to keep them for. Launches on
+//! the green contexts' streams run
 //! functions of the modules the primary context loaded, read memory it
 //! allocated and registered, and are followed by its events. Before gpud
 //! serves, a kernel that does nothing is run that way on a stream of each
@@ -134,6 +137,18 @@ impl Lane {
             // SAFETY: the context lives until close, after its streams.
             Some(g) => setup("cuGreenCtxStreamCreate", unsafe { driver::green_stream_create(g.rest, 0) }),
             None => setup("cuStreamCreate", driver::stream_create_non_blocking()),
+        }
+    }
+
+    /// Under a reservation, a stream in the primary context, whose kernels
+    /// may take every SM, the reserved ones too (`None` without one: the
+    /// work streams have every SM already). A large launch goes there while
+    /// no small job runs (launch.rs), so the reservation costs large jobs
+    /// nothing when there are no small ones to keep it for.
+    pub(super) fn wide_stream(&self) -> Result<Option<sys::CUstream>> {
+        match &self.green {
+            Some(_) => Ok(Some(setup("cuStreamCreate", driver::stream_create_non_blocking())?)),
+            None => Ok(None),
         }
     }
 

@@ -234,18 +234,26 @@ impl CudaBackend {
     /// The entry, stream and opened-up shared memory of a launch's kernel;
     /// a built-in kernel's launches take its streams in turn, a small
     /// launch (`small`) the latency lane's where there is one.
-    fn entry(&mut self, kernel: KernelRef, ty: ElemType, small: bool) -> (sys::CUfunction, sys::CUstream, u32) {
-        let (f, stream, smem) = self.entry_stream(kernel, ty);
-        (f, if small && !self.lane.stream.is_null() { self.lane.stream } else { stream }, smem)
+    /// Under a reservation, a large launch made while no small job has
+    /// come for `SMALL_WINDOW` takes a wide stream (every SM, mod.rs
+    /// `Wide`); one made while small jobs run leaves them their SMs.
+    fn entry(&mut self, kernel: KernelRef, ty: ElemType, small: bool) -> Result<(sys::CUfunction, sys::CUstream, u32)> {
+        let wide = !small && self.wide.is_some() && !self.paced.small_recently(std::time::Instant::now());
+        let (f, stream, smem) = self.entry_stream(kernel, ty, wide)?;
+        Ok((f, if small && !self.lane.stream.is_null() { self.lane.stream } else { stream }, smem))
     }
 
-    fn entry_stream(&mut self, kernel: KernelRef, ty: ElemType) -> (sys::CUfunction, sys::CUstream, u32) {
-        match kernel {
+    fn entry_stream(&mut self, kernel: KernelRef, ty: ElemType, wide: bool) -> Result<(sys::CUfunction, sys::CUstream, u32)> {
+        Ok(match kernel {
             KernelRef::Builtin(k) => {
                 let i = kidx(k);
                 let t = self.turn[i];
                 self.turn[i] = (t + 1) % STREAMS_PER_KERNEL;
-                (self.funcs[i][ty as usize], self.streams[i][t], self.smem_max[i][ty as usize])
+                let stream = match &self.wide {
+                    Some(w) if wide => w.streams[i][t],
+                    _ => self.streams[i][t],
+                };
+                (self.funcs[i][ty as usize], stream, self.smem_max[i][ty as usize])
             }
             KernelRef::User(id) => {
                 let f = self
@@ -254,9 +262,24 @@ impl CudaBackend {
                     .find_map(|m| m.funcs.get(&id))
                     .map_or(ptr::null_mut(), |fs| fs[ty as usize]);
                 let smem = self.user_smem_max.get(&(id, ty as u8)).copied().unwrap_or(SMEM_DEFAULT_MAX);
-                (f, self.user_stream, smem)
+                let stream = match &self.wide {
+                    Some(w) if wide => w.user,
+                    _ => self.user_stream,
+                };
+                if stream != self.user_last {
+                    if let Some(w) = &self.wide {
+                        // Users' launches run in the order made (an inout
+                        // buffer's updates): the new stream waits for the
+                        // last launch on the old one.
+                        // SAFETY: both streams and the event live as long as the backend.
+                        ck(unsafe { driver::event_record(w.switch, self.user_last) }, "cuEventRecord")?;
+                        ck(unsafe { driver::stream_wait_event(stream, w.switch) }, "cuStreamWaitEvent")?;
+                    }
+                    self.user_last = stream;
+                }
+                (f, stream, smem)
             }
-        }
+        })
     }
 
     fn set_smem_max(&mut self, kernel: KernelRef, ty: ElemType, bytes: u32) {
@@ -280,7 +303,7 @@ impl CudaBackend {
             // Puts' and gets' copies go paced while small jobs run (pace.rs).
             self.paced.note_small(std::time::Instant::now());
         }
-        let (f, stream, smem_max) = self.entry(kernel, launch.ty, small);
+        let (f, stream, smem_max) = self.entry(kernel, launch.ty, small)?;
         if f.is_null() {
             return Err(Error::Device(format!("no entry for {kernel:?} on {:?}", launch.ty)));
         }
