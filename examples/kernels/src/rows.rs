@@ -38,7 +38,7 @@ kernel! {
     /// 128 threads: a 1024-column row is two groups of four a thread,
     /// both loads in flight at once.
     cos_sim, T: Float in [f32, f64],
-    (x: v(T, rows * cols), q: v(T, cols), rows: d, cols: d) -> (sim: o(T, rows)),
+    (x: v(T, rows * cols), q: v(T, cols), rows: d, cols: d) -> (sim: w(T, rows)),
     blocks = rows, threads = 128, block_rule = warps, shared = 0,
     gpu(job, row) {
         let (d, xx, qq) = gpu::dot_norms(x.add(row as usize * cols as usize), q, cols);
@@ -49,7 +49,8 @@ kernel! {
     cpu(job) {
         let c = cols as usize;
         if c == 0 {
-            // Every norm is 0: the outputs stay 0.
+            // Every norm is 0. `sim` is w: written here, never zeroed first.
+            sim.fill(T::ZERO);
             return;
         }
         let qq = erlcuda_kernel::sum(c, |j| q[j] * q[j]);
@@ -69,7 +70,7 @@ kernel! {
     /// One block of 128 threads per row (as `cos_sim`), one reduction of
     /// (value, index) pairs in the order of order.rs.
     argmax_rows, T: Numeric in [u8, s32, u32, s64, f32, f64],
-    (x: v(T, rows * cols), rows: d, cols: d(1..)) -> (index: o(u32, rows)),
+    (x: v(T, rows * cols), rows: d, cols: d(1..)) -> (index: w(u32, rows)),
     blocks = rows, threads = 128, block_rule = warps, shared = 0,
     gpu(job, row) {
         let best = gpu::first_in_row(x.add(row as usize * cols as usize), cols);
@@ -100,7 +101,7 @@ kernel! {
     /// bodies fill slots with no element, K > cols or past the 64th, with
     /// T's lowest and index 2^32 − 1.)
     topk_rows, T: Numeric in [u8, s32, u32, s64, f32, f64],
-    (x: v(T, rows * cols), rows: d, cols: d, k: d(1 ..= cols & 64)) -> (values: o(T, rows * k), indices: o(u32, rows * k)),
+    (x: v(T, rows * cols), rows: d, cols: d, k: d(1 ..= cols & 64)) -> (values: w(T, rows * k), indices: w(u32, rows * k)),
     blocks = rows, threads = 256, block_rule = warps, shared = 0,
     gpu(job, row) {
         if k > 0 {
