@@ -11,6 +11,12 @@
 #                    PCIe), then bench/erlcuda_bench.erl, in one run; raw
 #                    JSON, logs and the merged report go to $OUT (or .)
 #   run.sh mixed     the same for the mixed-load section alone
+#   run.sh part ERL PEERS
+#                    the same for some sections only: ERL erlcuda_bench's
+#                    (comma-separated atoms, e.g. large,buffers,examples),
+#                    PEERS peers.py's (e.g. pcie,large,device_resident,
+#                    examples); files peers_part.json, erlang_part.json,
+#                    RESULTS_part.md
 #   run.sh demo      `make demo' there: the built-in kernels, then the
 #                    search over the bundled docs with the users' kernels
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
@@ -107,6 +113,7 @@ case "${1:-check}" in
     cargo) cargo_tests ;;
     erlang) check ;;
     bench) benchmark "" "" "erlcuda_bench:main()" bench ;;
+    part) benchmark _part "${3:?run.sh part ERL PEERS}" "erlcuda_bench:main([${2:?}])" "part $2 $3" ;;
     mixed)
         # The mixed-load section alone (small jobs beside large ones), in
         # the same call as PyTorch's: a few minutes where the whole
@@ -142,5 +149,5 @@ case "${1:-check}" in
         # The kit's device primitives and math (kernels/kit/gpu_tests),
         # through CuPy against NumPy: random inputs, a fresh seed each run.
         PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
-    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|mixed|lanes|demo|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|part ERL PEERS|mixed|lanes|demo|eval EXPR]" >&2; exit 2 ;;
 esac
