@@ -42,10 +42,10 @@ example="$tmp/example"
 "$build" "$root/examples/kernels" "$example" >/dev/null
 cat >"$tmp/want" <<'EOF'
 erlcuda-module 2
-kernel argmax_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d:1.. outs=index:o:u32:rows blocks=rows threads=128 block_rule=warps shared=0
+kernel argmax_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d:1.. outs=index:w:u32:rows blocks=rows threads=128 block_rule=warps shared=0
 kernel axpbypcz types=s32,u32,s64,f32,f64 args=a:s:T,x:v:T:n,b:s:T,y:v:T:n,c:s:T,z:v:T:n outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
-kernel cos_sim types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d outs=sim:o:T:rows blocks=rows threads=128 block_rule=warps shared=0
+kernel cos_sim types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d outs=sim:w:T:rows blocks=rows threads=128 block_rule=warps shared=0
 kernel gather types=u8,s32,u32,s64,f32,f64 args=table:v:T:n,index:v:s32:m outs=out:w:T:m blocks=elements(m) threads=256 block_rule=any shared=0
 kernel gelu types=f32,f64 args=x:v:T:n outs=y:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel histogram types=- args=p:v:u8:n outs=counts:o:u32:256 blocks=chunks(n) threads=256 block_rule=any shared=0
@@ -54,7 +54,7 @@ kernel row_sums types=f32,f64 args=x:v:T:n,cols:d outs=out:o:T:n/cols blocks=n/c
 kernel scatter_add types=s32,u32,s64,f32,f64 args=acc:io:T:n,index:v:u32:m,vals:v:T:m outs=- blocks=elements(m) threads=256 block_rule=any shared=0
 kernel softmax types=f32,f64 args=x:v:T:n,cols:d outs=out:o:T:n blocks=n/cols threads=256 block_rule=warps shared=264
 kernel sumsq types=f32,f64 args=x:v:T:n outs=sum:s:T blocks=chunks(n) threads=256 block_rule=pow2 shared=264
-kernel topk_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64 outs=values:o:T:rows*k,indices:o:u32:rows*k blocks=rows threads=256 block_rule=warps shared=0
+kernel topk_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64 outs=values:w:T:rows*k,indices:w:u32:rows*k blocks=rows threads=256 block_rule=warps shared=0
 kernel u8_to_unit types=- args=p:v:u8:n outs=unit:w:f32:n blocks=elements(n) threads=256 block_rule=any shared=0
 EOF
 diff -u "$tmp/want" "$example/manifest" || fail "examples/kernels: unexpected manifest (diff above)"
