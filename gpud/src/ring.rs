@@ -33,6 +33,9 @@ pub struct Ring {
     cq_mask: u32,
     /// Our SQ head: authoritative, published to shared memory after each drain.
     sq_head: u32,
+    /// Entries up to here were looked at by `sq_pending_any` (from
+    /// `sq_head`; reset by each drain).
+    sq_seen: u32,
     /// Our CQ tail: entries up to here are written; published by `cq_publish`.
     cq_tail: u32,
     cq_published: u32,
@@ -51,12 +54,14 @@ impl Ring {
             sq_mask: geo.sq_entries - 1,
             cq_mask: geo.cq_entries - 1,
             sq_head: 0,
+            sq_seen: 0,
             cq_tail: 0,
             cq_published: 0,
             sq_efd,
             cq_efd,
         };
         r.sq_head = r.sq_head_atomic().load(Ordering::Acquire);
+        r.sq_seen = r.sq_head;
         r.cq_tail = r.cq_tail_atomic().load(Ordering::Acquire);
         r.cq_published = r.cq_tail;
         r
@@ -120,6 +125,32 @@ impl Ring {
         self.sq_tail_atomic().load(Ordering::Relaxed) != self.sq_head
     }
 
+    /// Whether an entry past those looked at before satisfies `f`, without
+    /// taking any (`drain_sq` still reads each once, for validation): the
+    /// daemon's look for a small job while large launches hold the drain
+    /// limit. Entries looked at stay looked at until drained, so each is
+    /// judged once; a VM that rewrites one changes only when it is drained.
+    pub fn sq_pending_any(&mut self, f: impl Fn(&Sqe) -> bool) -> bool {
+        let tail = self.sq_tail_atomic().load(Ordering::Acquire);
+        let pending = tail.wrapping_sub(self.sq_head);
+        if pending > self.geo.sq_entries {
+            return true; // corrupt: drain_sq says so
+        }
+        let seen = self.sq_seen.wrapping_sub(self.sq_head).min(pending);
+        let sq = self.sq_base();
+        let mut found = false;
+        for i in seen..pending {
+            let idx = (self.sq_head.wrapping_add(i) & self.sq_mask) as usize;
+            // SAFETY: as in drain_sq; a copy, judged and dropped.
+            if f(&unsafe { sq.add(idx).read_volatile() }) {
+                found = true;
+                break;
+            }
+            self.sq_seen = self.sq_head.wrapping_add(i + 1);
+        }
+        found
+    }
+
     /// Copies every pending SQE out of the ring (each exactly once), then
     /// releases the slots to the VM by publishing the new head.
     pub fn drain_sq(&mut self, out: &mut Vec<Sqe>) -> Drain {
@@ -141,6 +172,7 @@ impl Ring {
         // After an overrun, skip to the VM's tail: what lies between is not
         // a ring any more, and waiting for it would never end.
         self.sq_head = if overrun.is_some() { tail } else { self.sq_head.wrapping_add(take) };
+        self.sq_seen = self.sq_head;
         // Release: our reads of the slots happen before the VM may reuse them.
         self.sq_head_atomic().store(self.sq_head, Ordering::Release);
         Drain {

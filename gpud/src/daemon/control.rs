@@ -46,6 +46,7 @@ impl Daemon {
                 self.in_flight.push(InFlight {
                     ticket,
                     kernel: None,
+                    small: false,
                     jobs: vec![sqe.user_data],
                     lands,
                     drain: self.next_drain,

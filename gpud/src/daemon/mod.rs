@@ -151,6 +151,9 @@ struct InFlight {
     ticket: Ticket,
     /// The kernel launched; None for a copy.
     kernel: Option<KernelRef>,
+    /// Every job of the launch is small ([`Job::is_small`]): such drains
+    /// alone hold back a small job (wait.rs).
+    small: bool,
     /// Its jobs' `user_data`, all an answer needs: the backend took what
     /// it runs at submit.
     jobs: Vec<u64>,

@@ -47,6 +47,7 @@ impl Daemon {
                 Ok(ticket) => self.in_flight.push(InFlight {
                     ticket,
                     kernel: Some(kernel),
+                    small: jobs.iter().all(Job::is_small),
                     jobs: jobs.iter().map(Job::user_data).collect(),
                     lands: None,
                     drain,
@@ -64,6 +65,7 @@ impl Daemon {
                         self.in_flight.push(InFlight {
                             ticket: 0,
                             kernel: Some(kernel),
+                            small: false,
                             jobs: Vec::new(),
                             lands: None,
                             drain,

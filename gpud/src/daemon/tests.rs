@@ -400,3 +400,80 @@ fn users_jobs_run_from_their_records() {
     // SAFETY: the daemon is gone.
     unsafe { ring.free() };
 }
+
+/// A small job in the SQ is drained at once while large launches hold the
+/// drain limit, and only then: not while small launches hold it (their
+/// batching is what the limit is for), nor when the SQ holds only large
+/// jobs or control descriptors. The SQ is only looked at, never taken.
+#[test]
+fn a_small_job_is_not_held_behind_large_launches() {
+    const SQ: u32 = 8;
+    let ring = HeapRing::new(SQ, SQ, 4096u64);
+    let (base, total, geo) = (ring.base, ring.total, ring.geo);
+    let sq_off = ring.sq_off;
+    let vadd = |user_data, n: u32| Sqe {
+        user_data,
+        kernel: Kernel::VectorAdd.id(),
+        in0_len: n,
+        in1_len: n,
+        out_len: n,
+        ..Sqe::default()
+    };
+    let big = 1u32 << 22;
+    let entries = [
+        vadd(1, big),
+        Sqe { kernel: EC_CONTROL_PUT, in0_len: 16, out_len: 16, ..Sqe::default() },
+        vadd(2, big),
+        vadd(3, 1000),
+    ];
+    let h = base.as_ptr().cast::<Header>();
+    let publish = |n: u32| {
+        // SAFETY: in bounds of the buffer; no references kept.
+        unsafe { (*h).sq_tail.0.store(n, Ordering::Release) };
+    };
+    // SAFETY: as above.
+    unsafe {
+        for (i, s) in entries.iter().enumerate() {
+            base.as_ptr().add(sq_off as usize).cast::<Sqe>().add(i).write(*s);
+        }
+    }
+    let (mut d, _vm) = heap_daemon(base, total, geo);
+    let launch = |drain, small| InFlight {
+        ticket: 0,
+        kernel: Some(KernelRef::Builtin(Kernel::VectorAdd)),
+        small,
+        jobs: Vec::new(),
+        lands: None,
+        drain,
+        drained: Instant::now(),
+        submitted: Instant::now(),
+    };
+    // The limit open: nothing is held (the loop drains anyway).
+    publish(4);
+    assert!(!d.small_job_held());
+    // Two drains of large launches in flight: the small job is held.
+    d.in_flight = vec![launch(1, false), launch(1, false), launch(2, false)];
+    assert!(d.small_job_held());
+    // Only large jobs and a put in the SQ: nothing to drain early; the
+    // small one published after them is found, the others not read again.
+    publish(3);
+    assert!(!d.small_job_held());
+    assert!(!d.small_job_held());
+    publish(4);
+    assert!(d.small_job_held());
+    // A user's job (its lengths in its record) may be small.
+    let user = Sqe { flags: crate::layout::EC_FLAG_ARGS, kernel: 1, ..vadd(5, big) };
+    assert!(crate::descriptor::may_be_small(&user));
+    assert!(!crate::descriptor::may_be_small(&vadd(6, big)));
+    // Drains of small launches hold the limit: the small job waits to
+    // coalesce, as before.
+    d.in_flight = vec![launch(1, true), launch(2, true), launch(3, false)];
+    assert!(!d.small_job_held());
+    // Nothing was taken from the SQ.
+    // SAFETY: as above.
+    assert_eq!(unsafe { (*h).sq_head.0.load(Ordering::Relaxed) }, 0);
+    d.in_flight.clear();
+    drop(d);
+    // SAFETY: the daemon is gone.
+    unsafe { ring.free() };
+}

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::region::Region;
-use crate::layout::{ElemType, Kernel, Shape, EC_MAX_PARAMS, EC_MAX_SLOTS, EC_MAX_VECTORS};
+use crate::layout::{ElemType, Kernel, Shape, Sqe, EC_FLAG_ARGS, EC_MAX_PARAMS, EC_MAX_SLOTS, EC_MAX_VECTORS};
 
 /// Which kernel a job runs: a row of the built-in table, or a user's
 /// kernel of a loaded module (by id, see `modules.rs`).
@@ -56,6 +56,29 @@ pub(super) struct Wide {
 /// launches take the latency lane. To be sized by the mixed-load benchmark
 /// (`bench/erlcuda_mixed_bench.erl`).
 pub const SMALL_JOB_WORK: u64 = 1 << 20;
+
+/// Whether a descriptor still in the SQ may be a small job (see
+/// [`SMALL_JOB_WORK`]), read before validation: the daemon drains the SQ
+/// for one at once, however many large launches are in flight
+/// (daemon/wait.rs). A hint only, on lengths the VM wrote, so a lie
+/// changes nothing but when a drain happens: a user's job counts as small
+/// (its lengths are in its record), a control descriptor or an unknown
+/// kernel as not (they launch nothing).
+pub fn may_be_small(sqe: &Sqe) -> bool {
+    if sqe.flags & EC_FLAG_ARGS != 0 {
+        return true;
+    }
+    let Some(k) = Kernel::from_id(sqe.kernel) else { return false };
+    let base = sqe.in0_len as u64 + sqe.in1_len as u64 + sqe.out_len as u64;
+    let work = match k.row().shape {
+        Shape::Matmul => {
+            let d = sqe.p.decode(k.plan());
+            base.max(d[0].saturating_mul(d[1]).saturating_mul(d[2]))
+        }
+        _ => base,
+    };
+    work <= SMALL_JOB_WORK
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Job {

@@ -33,7 +33,7 @@ mod tests;
 mod user_tests;
 
 pub use check::{BufferTable, NoBuffers};
-pub use job::{Geometry, Job, KernelRef};
+pub use job::{may_be_small, Geometry, Job, KernelRef};
 pub use region::{Region, SegmentSizes, Sizes, BUFFER_SEG};
 
 use crate::layout::{
