@@ -25,6 +25,11 @@
 %%   extra.arena_segments_added says how many segments each round's small
 %%   stream saw added.
 %%
+%% Beside each K but arena_growth, the small jobs over ?OUTLIER_US are
+%% placed in the large job that was running when they started (how far
+%% into it, and its length: a line under the row, and extra.outliers), so
+%% that a tail points at the phase of the large job it came from.
+%%
 %% What it measures: the small jobs' p50, p99 and max (us) alone and beside
 %% each K (the large process started first, the small jobs timed while it
 %% runs, then it stops after its job in flight); and each K's throughput
@@ -62,6 +67,13 @@
 -define(COLD_ARENA_MIN, (1 bsl 20)).
 -define(CPU_SCALE, 64).
 -define(TIMEOUT, 600000).
+%% Small jobs slower than this are kept with their start (at most
+%% ?MAX_OUTLIERS a row), and each large job's span, so that a row's tail
+%% can be placed in the large job it fell in (extra.outliers).
+-define(OUTLIER_US, 1000).
+-define(MAX_OUTLIERS, 40).
+-define(OUTLIERS, erlcuda_mixed_outliers).
+-define(SPANS, erlcuda_mixed_spans).
 
 kinds() ->
     [<<"matmul_4096_buffers">>, <<"matmul_4096_binaries">>, <<"vector_add_2^26_binaries">>,
@@ -228,8 +240,9 @@ kind(K, P, Common) ->
         Alone = large_alone(Job, maps:get(alone_ms, P)),
         {A, B, Want} = small_inputs(),
         warm_small(A, B, Want, maps:get(warm, P)),
+        spans_open(),
         {Ts, Us, Cut, Beside} = beside(Job, A, B, Want, maps:get(small_jobs, P), maps:get(budget_ms, P)),
-        Extra = Common#{size => Size},
+        Extra = Common#{size => Size, outliers => spans_close(K)},
         small_records(["mixed.small.beside.", K], Ts,
                       Extra#{seconds => Us / 1.0e6, cut_short => Cut, jobs_wanted => maps:get(small_jobs, P),
                              large_jobs => length(element(1, Beside))}),
@@ -325,6 +338,7 @@ small_loop(A, B, Want, Left, Deadline, Acc) ->
             R = erlcuda:launch_sync(vector_add, [A, B], [{timeout, ?TIMEOUT}]),
             T = (erlang:monotonic_time(nanosecond) - T0) / 1000,
             R =:= {ok, Want} orelse exit({small_job, R}),
+            T > ?OUTLIER_US andalso note_span(?OUTLIERS, T0, T),
             small_loop(A, B, Want, Left - 1, Deadline, [T | Acc])
     end.
 
@@ -367,6 +381,7 @@ large_loop(Job, Stop, Min, Acc, Busy) ->
             case Job() of
                 ok ->
                     T = (erlang:monotonic_time(nanosecond) - T0) / 1.0e6,
+                    note_span(?SPANS, T0, T * 1000),
                     %% Its results (arena binaries, buffers) freed before the next.
                     erlang:garbage_collect(),
                     large_loop(Job, Stop, Min, [T | Acc], Busy);
@@ -450,6 +465,46 @@ large_case(K, P) ->
 
 answer(_, {error, busy}) -> busy;
 answer(K, Other) -> error({K, Other}).
+
+%% ------------------------------------------------------------ outliers
+
+%% Where the small stream's slowest jobs fell: ETS tables that the small and
+%% large processes write while a row runs (note_span/3; nothing is written
+%% where the tables do not exist, as in the arena_growth rows).
+spans_open() ->
+    [begin catch ets:delete(T), ets:new(T, [named_table, public, ordered_set]) end
+     || T <- [?OUTLIERS, ?SPANS]],
+    ok.
+
+note_span(Table, StartNs, Us) ->
+    case ets:info(Table, size) of
+        undefined -> ok; % no table: a row that does not place its tail
+        N when Table =:= ?SPANS; N < ?MAX_OUTLIERS -> ets:insert(Table, {StartNs, Us}), ok;
+        _ -> ok
+    end.
+
+%% [#{us, into_large_ms, large_ms}]: each outlier's time, how far into the
+%% large job then running it started, and that job's length (into_large_ms
+%% undefined: it started between large jobs). Prints them when there are
+%% any; drops the tables.
+spans_close(K) ->
+    Outliers = ets:tab2list(?OUTLIERS),
+    Spans = ets:tab2list(?SPANS),
+    ets:delete(?OUTLIERS),
+    ets:delete(?SPANS),
+    Placed = [case [{St, L} || {St, L} <- Spans, St =< S, S < St + L * 1000] of
+                  [{St, L} | _] -> #{us => Us, into_large_ms => (S - St) / 1.0e6, large_ms => L / 1000};
+                  [] -> #{us => Us, into_large_ms => undefined, large_ms => undefined}
+              end || {S, Us} <- Outliers],
+    Worst = lists:sublist(lists:reverse(lists:sort(fun(#{us := X}, #{us := Y}) -> X =< Y end, Placed)), 12),
+    Placed =:= [] orelse
+        io:format("  ~s: ~b small jobs over ~b us kept; the slowest (us @ ms into a large job of ms): ~s~n",
+                  [K, length(Placed), ?OUTLIER_US,
+                   lists:join(", ", [case I of
+                                         undefined -> io_lib:format("~w @ between", [round(U)]);
+                                         _ -> io_lib:format("~w @ ~.1f of ~.1f", [round(U), I, L])
+                                     end || #{us := U, into_large_ms := I, large_ms := L} <- Worst])]),
+    Placed.
 
 %% ------------------------------------------------------------ records, rows
 
