@@ -83,14 +83,14 @@ check(set(figs["matmul.end_to_end.n4096"]["peers"]) == {"pytorch_pinned", "pytor
 check(all(set(f["peers"]) == {"pytorch_priority"} and f["peer_n"]["pytorch_priority"] for n, f in figs.items()
           if n.startswith("mixed.")), "mixed peers")
 
-# targets: 53 on 49 records, all evaluated; the fixtures make 16 of them miss
+# targets: 56 on 52 records, all evaluated; the fixtures make 17 of them miss
 t = {n: f["targets"] for n, f in figs.items() if "targets" in f}
 flat = [(n, x) for n, xs in t.items() for x in xs]
-check(len(flat) == 53 and len(t) == 49, "expected 53 targets on 49 records, got %d on %d" % (len(flat), len(t)))
+check(len(flat) == 56 and len(t) == 52, "expected 56 targets on 52 records, got %d on %d" % (len(flat), len(t)))
 check(all(isinstance(x["met"], bool) and x["op"] in ("<=", ">=", "<") and isinstance(x["value"], (int, float))
           and isinstance(x["reached"], (int, float)) and x["text"]
           and x["goal"] in ("speed", "buffers", "base", "kernels", "isolation") for _, x in flat), "target fields")
-check(sum(x["goal"] == "speed" for _, x in flat) == 14 and sum(x["goal"] == "buffers" for _, x in flat) == 6
+check(sum(x["goal"] == "speed" for _, x in flat) == 14 and sum(x["goal"] == "buffers" for _, x in flat) == 9
       and sum(x["goal"] == "kernels" for _, x in flat) == 16 and sum(x["goal"] == "isolation" for _, x in flat) == 15,
       "targets per goal")
 missed = sorted((n, x["desc"]) for n, x in flat if not x["met"])
@@ -104,6 +104,8 @@ want_missed = sorted([
     ("buffers.vector_add.2^26", "vector_add 2^26 between device buffers, vs PyTorch CUDA"),
     ("buffers.matmul.n8192", "matmul 8192 from device buffers vs cuBLAS SGEMM"),
     ("buffers.put.256MiB", "put of 256 MiB vs pinned PCIe host to device"),
+    ("buffers.chain.put_add_saxpy_dot.2^26",
+     "chain add, saxpy, dot on 2^26 from a put of a plain binary vs PyTorch from pinned"),
     ("examples.argmax_rows.device", "argmax_rows 16384x1024 f32 from device buffers vs PyTorch"),
     ("examples.gather.device", "gather 2^24 s32 of 2^26 f32 from device buffers vs PyTorch"),
     ("examples.topk_rows.small_p50", "topk_rows small job p50 vs vector_add 1000 in the same loop"),
@@ -245,10 +247,10 @@ grep -q '^## fake-h200$' "$md" || fail "Markdown machine section"
 grep -q 'FAKE DATA' "$md" || fail "Markdown does not flag fake data"
 grep -q '^### Targets$' "$md" || fail "no Targets section"
 grep -q '^| target | goal | record | wanted | reached | result | by |$' "$md" || fail "no Targets table header"
-[ "$(grep -c '\*\*met\*\*' "$md")" -eq 37 ] || fail "expected 37 met targets in the Markdown"
-[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 16 ] || fail "expected 16 missed targets in the Markdown"
-grep -q '^53 targets: 37 met, 16 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
-grep -q '^targets: 37 met, 16 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
+[ "$(grep -c '\*\*met\*\*' "$md")" -eq 39 ] || fail "expected 39 met targets in the Markdown"
+[ "$(grep -c '\*\*missed\*\*' "$md")" -eq 17 ] || fail "expected 17 missed targets in the Markdown"
+grep -q '^56 targets: 39 met, 17 missed, 0 not evaluated, 0 not measured\.$' "$md" || fail "targets summary line"
+grep -q '^targets: 39 met, 17 missed, 0 not evaluated, 0 not measured$' "$T/out1.txt" || fail "targets line on stdout"
 # the first record of a machine: no baseline, said in one line (stdout, and the Markdown)
 [ "$(tail -n1 "$T/out1.txt")" = "Not compared: no baseline record (\`$T/results/fake-h200.json\` absent)." ] \
     || fail "no-baseline line on stdout: $(tail -n1 "$T/out1.txt")"
@@ -391,9 +393,9 @@ grep -q 'PTX matmul kernel 4096 vs cuBLAS SGEMM.*not measured' "$T/cpu-section.m
 grep -qF '| ≤ 1.2 × pytorch_cuda `device.vector_add.n67108864` | 0.251 ms | not evaluated | no pytorch_cuda `device.vector_add.n67108864` record |' "$T/cpu-section.md" \
     || fail "relative target without its base not 'not evaluated'"
 grep -qF '| ≤ 0.5 ms | 0.251 ms | **met** |' "$T/cpu-section.md" || fail "the other target of the same record evaluated"
-grep -q '^53 targets: 31 met, 9 missed, 12 not evaluated, 1 not measured\.$' "$T/cpu-section.md" \
-    || fail "CPU targets summary: $(grep '^53 targets' "$T/cpu-section.md")"
-grep -q '^targets: 31 met, 9 missed, 12 not evaluated, 1 not measured$' "$T/out3.txt" || fail "CPU targets line on stdout"
+grep -q '^56 targets: 31 met, 9 missed, 15 not evaluated, 1 not measured\.$' "$T/cpu-section.md" \
+    || fail "CPU targets summary: $(grep "^56 targets" "$T/cpu-section.md")"
+grep -q '^targets: 31 met, 9 missed, 15 not evaluated, 1 not measured$' "$T/out3.txt" || fail "CPU targets line on stdout"
 grep -q 'set for an H200; here they are for reference only' "$T/cpu-section.md" || fail "CPU targets note"
 grep -qF '| `examples.cos_sim.device` | ≤ 1.25 × pytorch_cuda | 0.0412 ms | not evaluated | no pytorch_cuda record |' "$T/cpu-section.md" \
     || fail "CPU: example target without PyTorch not 'not evaluated'"
@@ -419,7 +421,7 @@ grep -q 'examples.cos_sim.device: erlcuda ran 16x1024 f32, pytorch_cuda ran 1638
 grep -qF '| `examples.cos_sim.device` | ≤ 1.25 × pytorch_cuda | 0.0412 ms | not evaluated | erlcuda ran 16x1024 f32, pytorch_cuda ran 16384x1024 f32 |' "$T/R4.md" \
     || fail "scaled run's target row"
 grep -qF '| cos_sim | 16x1024 f32 (PyTorch: 16384x1024 f32) | 0.0412 | 0.0251 | 0.102 |  |' "$T/R4.md" || fail "scaled run's row"
-grep -q '^targets: 36 met, 16 missed, 1 not evaluated, 0 not measured$' "$T/out4.txt" || fail "scaled run's targets line"
+grep -q '^targets: 38 met, 17 missed, 1 not evaluated, 0 not measured$' "$T/out4.txt" || fail "scaled run's targets line"
 
 # 5. a scaled run of the mixed load (ERLCUDA_BENCH_MIXED_SCALE): none of its targets evaluated, said so
 python3 - "$HERE/erlang.json" "$T/mixed-scaled.json" <<'EOF'
@@ -432,7 +434,7 @@ json.dump(d, open(sys.argv[2], "w"))
 EOF
 python3 "$BENCH/report.py" --machine mixed-scaled --erlang "$T/mixed-scaled.json" --peers "$HERE/peers.json" \
     --out-dir "$T/r5" --md "$T/R5.md" >"$T/out5.txt" 2>"$T/err5.txt" || { cat "$T/err5.txt"; fail "report.py on the scaled mixed run"; }
-grep -q '^targets: 26 met, 12 missed, 15 not evaluated, 0 not measured$' "$T/out5.txt" || fail "scaled mixed run's targets line"
+grep -q '^targets: 28 met, 13 missed, 15 not evaluated, 0 not measured$' "$T/out5.txt" || fail "scaled mixed run's targets line"
 grep -qF '| `mixed.small.beside.arena_growth.max` | ≤ 2,000 us | 9,800 us | not evaluated | a scaled run (ERLCUDA_BENCH_MIXED_SCALE 64) |' "$T/R5.md" \
     || fail "scaled mixed run's target row"
 grep -qF '| ≥ 0.85 × erlcuda `mixed.large.put_get_256MiB.alone` | 66 jobs/s | not evaluated | a scaled run (ERLCUDA_BENCH_MIXED_SCALE 64) |' "$T/R5.md" \
@@ -473,7 +475,7 @@ cat >"$T/want6.txt" <<EOF
 | record | system | unit | baseline | new | new / baseline | worse by |
 |---|---|---|---|---|---|---|
 | \`latency.vector_add_1000.p50\` | erlcuda | us | 12.8 | 15.4 | 1.20× | 20.0% |
-122 of erlcuda's records compared, 1 new, 1 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
+124 of erlcuda's records compared, 1 new, 1 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
 Peers more than 15% worse (not erlcuda's code: the machine or its libraries changed; for context):
 | record | system | unit | baseline | new | new / baseline | worse by |
 |---|---|---|---|---|---|---|
@@ -487,7 +489,7 @@ w = c["worse"]
 assert len(w) == 1 and w[0]["name"] == "latency.vector_add_1000.p50" and w[0]["system"] == "erlcuda", w
 assert w[0]["baseline"] == 12.8 and abs(w[0]["value"] - 15.36) < 1e-9 and abs(w[0]["ratio"] - 1.2) < 1e-9, w
 assert [r["name"] for r in c["peers_worse"]] == ["pcie.h2d"], c["peers_worse"]
-assert (c["compared"], c["new"], c["missing"], c["threshold"]) == (122, 1, 1, 0.15), c
+assert (c["compared"], c["new"], c["missing"], c["threshold"]) == (124, 1, 1, 0.15), c
 EOF
 sed -n '/^### Regressions$/,/^### Latency/p' "$T/R6.md" >"$T/reg6.md"
 grep -qxF "1 of erlcuda's records more than 15% worse than \`reg-h200.json\` of 2026-12-02T16:00:00+00:00:" "$T/reg6.md" \
@@ -503,7 +505,7 @@ python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/new-erlang.json" --pe
 sed -n '/^targets: /,$p' "$T/out7.txt" | tail -n +3 >"$T/reg7.txt"
 cat >"$T/want7.txt" <<EOF
 No regression: no erlcuda record more than 15% worse than \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00.
-123 of erlcuda's records compared, 0 new, 0 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
+125 of erlcuda's records compared, 0 new, 0 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
 Peers: none more than 15% worse.
 EOF
 diff "$T/want7.txt" "$T/reg7.txt" >&2 || fail "the no-regression lines on stdout (want, got above)"
