@@ -62,11 +62,14 @@ int pin_binary(ErlNifEnv *env, struct device *d, ERL_NIF_TERM term, int dirty, E
     struct region r;
     dev_lock(d);
     int got = region_alloc_locked(d, arena_round(bin.size), &r);
+    /* No segment that large, and none can be added: refused for good. */
+    int never = got != 0 && !can_ever_fit_locked(d, arena_round(bin.size));
     dev_unlock(d);
     if (got != 0) {
         enif_rwlock_runlock(d->life);
-        count(&d->c.busy, 1);
-        *result = make_error(env, ATOM_busy);
+        if (!never)
+            count(&d->c.busy, 1);
+        *result = never ? make_badarg(env, ATOM_too_large) : make_error(env, ATOM_busy);
         return 0;
     }
     uint8_t *at = region_ptr(d, &r);

@@ -99,10 +99,7 @@ int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r)
     return 0;
 }
 
-/* Could a region of `bytes` ever be had, however long one waits: in a
- * segment that large, or in one the arena can still grow by? Caller holds
- * d->lock. */
-static int can_ever_fit_locked(const struct device *d, uint64_t bytes)
+int can_ever_fit_locked(const struct device *d, uint64_t bytes)
 {
     if (bytes == 0)
         return 1;

@@ -12,6 +12,10 @@ void free_region_locked(struct device *d, struct region *r);
 /* Allocates a region of `bytes` (growing the arena). Caller holds d->lock.
  * 0 or -1. */
 int region_alloc_locked(struct device *d, uint64_t bytes, struct region *r);
+/* Could a region of `bytes` ever be had, however long one waits: in a
+ * segment that large, or in one the arena can still grow by (segments
+ * never merge)? Caller holds d->lock. */
+int can_ever_fit_locked(const struct device *d, uint64_t bytes);
 /* A slot and regions for a job (see submit.c): the slot, -1 busy, -2 never. */
 int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes, uint32_t credits,
                     int keep_out);

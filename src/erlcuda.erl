@@ -343,8 +343,9 @@ pin(Vector) ->
 %% memory is the binary's until it is garbage collected, and counts in the
 %% arena (`arena_max_bytes'). Options: `{device, N}' (default 0). Errors:
 %% `{badarg, {arg, 1}}' (not a binary or `{Type, Binary}'), `{badarg,
-%% too_large}' (larger than the arena can grow), `busy' (the arena is
-%% full of regions in use now), `closed'.
+%% too_large}' (the arena has no segment that large and cannot grow one:
+%% never), `busy' (the arena is full of regions in use now: retry),
+%% `closed'.
 -spec pin(binary() | {elem_type(), binary()}, [option()]) ->
           {ok, binary() | {elem_type(), binary()}} | {error, reason()}.
 pin(Vector, Opts) ->

@@ -666,7 +666,11 @@ pin_refuses_bad_input(_) ->
     {ok, Held} = erlcuda:pin(binary:copy(<<1>>, 3 bsl 20)),
     {error, busy} = erlcuda:pin(binary:copy(<<2>>, 3 bsl 20)),
     ?assertEqual(3 bsl 20, byte_size(Held)),
-    await_pin(binary:copy(<<2>>, 3 bsl 20), 5000).
+    await_pin(binary:copy(<<2>>, 3 bsl 20), 5000),
+    %% Below the limit, but the arena is at it in segments of 1 and 3 MiB,
+    %% which never merge: 3.5 MiB can never fit, refused for good too.
+    {error, {badarg, too_large}} = erlcuda:pin(binary:copy(<<3>>, 7 bsl 19)),
+    ok.
 
 %% Pins Bin once the arena has room again (the held binary above garbage
 %% collected).
