@@ -456,8 +456,13 @@ impl Gpud {
         let sum: u64 = phases[..phases.len() - 1].iter().map(|p| p.1).sum();
         assert!(total >= sum && total - sum < phases.len() as u64, "phases do not add up to the total: {l:?}");
         let l = self.line(Duration::from_secs(10)).expect("no lane line after the startup line");
-        let lanes: &[&str] = if backend() == "cpu" { &["lane none"] } else { &["lane none", "lane priority"] };
-        assert!(lanes.contains(&l.as_str()), "unexpected line after startup {l:?}");
+        // On a GPU: green (the default reservation, `lane green <lane SMs>
+        // <other SMs>`) where the driver has green contexts, else priority.
+        let lane_ok = match backend().as_str() {
+            "cpu" => l == "lane none",
+            _ => l == "lane none" || l == "lane priority" || l.starts_with("lane green "),
+        };
+        assert!(lane_ok, "unexpected line after startup {l:?}");
         let l = self.line(Duration::from_secs(10)).expect("no ready line after the lane line");
         let want = format!("ready {} ", backend());
         assert!(l.starts_with(&want), "unexpected line after the lane line {l:?}");
