@@ -207,8 +207,8 @@ params(S) ->
       cold_arena => max(?COLD_ARENA_MIN, ?COLD_ARENA div S)}.
 
 %% Small jobs a stream: ERLCUDA_BENCH_MIXED_SMALL_JOBS where set (a sweep of
-%% lane settings in one GPU call: the large jobs keep their sizes, the rows
-%% get shorter), else ?SMALL_JOBS scaled. The records' jobs_wanted says
+%% lane settings in a few minutes: the large jobs keep their sizes, the
+%% rows get shorter), else ?SMALL_JOBS scaled. The records' jobs_wanted says
 %% how many; report.py evaluates no target of a stream under 100,000.
 small_jobs(S) ->
     case os:getenv("ERLCUDA_BENCH_MIXED_SMALL_JOBS") of
