@@ -12,8 +12,8 @@
  * pin_memory(): the copy is paid once, where the caller chooses, and every
  * later transfer of the binary runs at the bus's speed.
  *
- * The region is the same kind a large result binary holds (struct
- * region_res): freed by region_dtor when the last reference goes.
+ * The region is exported as a large result's is (region_binary,
+ * results.c): freed by region_dtor when the last reference goes.
  */
 #define _GNU_SOURCE
 #include "device_state.h"
@@ -21,6 +21,7 @@
 #include "atoms.h"
 #include "copy.h"
 #include "pinned.h"
+#include "results.h"
 #include "submit.h"
 
 #include <string.h>
@@ -74,8 +75,8 @@ int pin_binary(ErlNifEnv *env, struct device *d, ERL_NIF_TERM term, int dirty, E
     }
     uint8_t *at = region_ptr(d, &r);
     copy_bytes(at, bin.data, bin.size);
-    struct region_res *rr = enif_alloc_resource(REGION_RT, sizeof *rr);
-    if (!rr) {
+    ERL_NIF_TERM out = region_binary(env, d, &r, at, bin.size);
+    if (!out) {
         dev_lock(d);
         free_region_locked(d, &r);
         dev_unlock(d);
@@ -83,12 +84,6 @@ int pin_binary(ErlNifEnv *env, struct device *d, ERL_NIF_TERM term, int dirty, E
         *result = make_error(env, ATOM_enomem);
         return 0;
     }
-    rr->d = d;
-    rr->r = r;
-    enif_keep_resource(d);
-    __atomic_add_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
-    ERL_NIF_TERM out = enif_make_resource_binary(env, rr, at, bin.size);
-    enif_release_resource(rr);
     count(&d->c.pinned_bytes, bin.size);
     enif_rwlock_runlock(d->life);
     *result = enif_make_tuple2(env, ATOM_ok, out);

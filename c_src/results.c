@@ -46,6 +46,21 @@ static ERL_NIF_TERM elem_term(ErlNifEnv *env, const uint8_t *p, uint8_t type, ui
     }
 }
 
+ERL_NIF_TERM region_binary(ErlNifEnv *env, struct device *d, const struct region *r, const uint8_t *at,
+                           size_t bytes)
+{
+    struct region_res *rr = enif_alloc_resource(REGION_RT, sizeof *rr);
+    if (!rr)
+        return 0;
+    rr->d = d;
+    rr->r = *r;
+    enif_keep_resource(d);
+    __atomic_add_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
+    ERL_NIF_TERM bin = enif_make_resource_binary(env, rr, at, bytes);
+    enif_release_resource(rr);
+    return bin;
+}
+
 /* Output k of job j. `whole`: the job's only output, which may be handed
  * over as a resource binary on its region (j->zero_copy). */
 static ERL_NIF_TERM output_term(ErlNifEnv *env, struct device *d, struct job *j, unsigned k, int whole)
@@ -66,16 +81,8 @@ static ERL_NIF_TERM output_term(ErlNifEnv *env, struct device *d, struct job *j,
     }
     ERL_NIF_TERM bin = 0;
     if (whole && j->zero_copy) {
-        struct region_res *rr = enif_alloc_resource(REGION_RT, sizeof *rr);
-        if (rr) {
-            rr->d = d;
-            rr->r = j->out;
-            enif_keep_resource(d);
-            __atomic_add_fetch(&d->exported, 1, __ATOMIC_ACQ_REL);
-            j->out_taken = 1;
-            bin = enif_make_resource_binary(env, rr, out, bytes);
-            enif_release_resource(rr);
-        }
+        bin = region_binary(env, d, &j->out, out, bytes);
+        j->out_taken = bin != 0;
     }
     if (!bin) {
         count(&d->c.result_bytes, bytes);
