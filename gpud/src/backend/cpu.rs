@@ -33,6 +33,8 @@ pub struct CpuBackend {
     done: Vec<Ticket>,
     /// Puts' and gets' copies, a piece at a time.
     copies: Pacer<()>,
+    /// Each piece takes at least this long (fault injection only, else 0).
+    piece_delay: std::time::Duration,
 }
 
 impl CpuBackend {
@@ -44,6 +46,7 @@ impl CpuBackend {
             done: Vec::new(),
             // Copied when issued: nothing goes ahead (pace.rs).
             copies: Pacer::new(Pacing::default(), 0),
+            piece_delay: slow_copies(),
         }
     }
 }
@@ -72,6 +75,19 @@ fn slow_registration() -> std::time::Duration {
         0
     };
     std::time::Duration::from_millis(ms)
+}
+
+/// With `fault-injection`, ERLCUDA_GPUD_SLOW_COPY_US makes each piece of a
+/// put's or get's copy take at least that long, as a GPU's copy engine
+/// does at PCIe speed, so that tests on a loaded machine can tell a small
+/// job held behind one piece from one held behind a whole copy.
+fn slow_copies() -> std::time::Duration {
+    let us = if cfg!(feature = "fault-injection") {
+        std::env::var("ERLCUDA_GPUD_SLOW_COPY_US").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    } else {
+        0
+    };
+    std::time::Duration::from_micros(us)
 }
 
 impl ModuleLoader for CpuBackend {
@@ -130,9 +146,13 @@ impl Backend for CpuBackend {
         done.append(&mut self.done);
         // A piece is copied when it is issued: each poll moves every copy
         // on by `depth` pieces, so gpud's loop serves the SQ between them.
+        let delay = self.piece_delay;
         self.copies.advance(
             done,
             |dir, dev, host, n| {
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
                 // SAFETY: `dev` lies in a live buffer block and `host` in the
                 // copy's own arena region, n bytes each (copy_in, copy_out),
                 // disjoint.
