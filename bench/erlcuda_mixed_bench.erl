@@ -241,8 +241,11 @@ kind(K, P, Common) ->
         {A, B, Want} = small_inputs(),
         warm_small(A, B, Want, maps:get(warm, P)),
         spans_open(),
+        G0 = erlcuda:stats(0),
         {Ts, Us, Cut, Beside} = beside(Job, A, B, Want, maps:get(small_jobs, P), maps:get(budget_ms, P)),
-        Extra = Common#{size => Size, outliers => spans_close(K)},
+        Stalls = stalls(G0, erlcuda:stats(0)),
+        print_stalls(K, Stalls),
+        Extra = Common#{size => Size, outliers => spans_close(K), gpud_stalls => Stalls},
         small_records(["mixed.small.beside.", K], Ts,
                       Extra#{seconds => Us / 1.0e6, cut_short => Cut, jobs_wanted => maps:get(small_jobs, P),
                              large_jobs => length(element(1, Beside))}),
@@ -277,19 +280,22 @@ arena_growth(K, P, Common) ->
                       Alone = large_window(Job, max(1, Us div 1000), 1),
                       {Ts, Us, Cut, Beside, Alone,
                        maps:get(arena_segments, S1) - maps:get(arena_segments, S0),
-                       maps:get(arena_bytes, S1) - maps:get(arena_bytes, S0)}
+                       maps:get(arena_bytes, S1) - maps:get(arena_bytes, S0), stalls(S0, S1)}
                   end || _ <- lists:seq(1, ?ROUNDS)],
-        Ts = lists:append([T || {T, _, _, _, _, _, _} <- Rounds]),
-        Us = lists:sum([U || {_, U, _, _, _, _, _} <- Rounds]),
-        Cut = lists:any(fun(C) -> C end, [C || {_, _, C, _, _, _, _} <- Rounds]),
+        Ts = lists:append([T || {T, _, _, _, _, _, _, _} <- Rounds]),
+        Us = lists:sum([U || {_, U, _, _, _, _, _, _} <- Rounds]),
+        Cut = lists:any(fun(C) -> C end, [C || {_, _, C, _, _, _, _, _} <- Rounds]),
+        Stalls = lists:foldl(fun add_stalls/2, #{}, [St || {_, _, _, _, _, _, _, St} <- Rounds]),
+        print_stalls(K, Stalls),
         Join = fun(Ls) -> {lists:append([L || {L, _} <- Ls]), lists:sum([Bz || {_, Bz} <- Ls])} end,
-        Beside = Join([Bs || {_, _, _, Bs, _, _, _} <- Rounds]),
-        Alone = Join([Al || {_, _, _, _, Al, _, _} <- Rounds]),
+        Beside = Join([Bs || {_, _, _, Bs, _, _, _, _} <- Rounds]),
+        Alone = Join([Al || {_, _, _, _, Al, _, _, _} <- Rounds]),
         Extra = Common#{size => iolist_to_binary([Size, ", from a ", bytes_text(maps:get(cold_arena, P)),
                                                   " arena"]),
                         rounds => ?ROUNDS, arena_start_bytes => maps:get(cold_arena, P),
-                        arena_segments_added => [G || {_, _, _, _, _, G, _} <- Rounds],
-                        arena_bytes_grown => [G || {_, _, _, _, _, _, G} <- Rounds]},
+                        arena_segments_added => [G || {_, _, _, _, _, G, _, _} <- Rounds],
+                        arena_bytes_grown => [G || {_, _, _, _, _, _, G, _} <- Rounds],
+                        gpud_stalls => Stalls},
         small_records(["mixed.small.beside.", K], Ts,
                       Extra#{seconds => Us / 1.0e6, cut_short => Cut, jobs_wanted => PerRound * ?ROUNDS,
                              large_jobs => length(element(1, Beside))}),
@@ -505,6 +511,35 @@ spans_close(K) ->
                                          _ -> io_lib:format("~w @ ~.1f of ~.1f", [round(U), I, L])
                                      end || #{us := U, into_large_ms := I, large_ms := L} <- Worst])]),
     Placed.
+
+%% gpud's stalls (steps of its loop of 1 ms or more, stats/1's
+%% gpud_stalls_*) between two stats/1 snapshots, for each phase that had
+%% any: #{Phase => #{n => Steps, ms => their total}}. The phase is the part
+%% of gpud's loop a row's small jobs waited behind (a copy queued, the
+%% driver's enqueue, a poll, a segment; guides/observability.md).
+stalls(S0, S1) ->
+    maps:from_list(
+      [{P, #{n => N, ms => (maps:get(stall_key("gpud_stall_ns_", P), S1, 0)
+                             - maps:get(stall_key("gpud_stall_ns_", P), S0, 0)) / 1.0e6}}
+       || {K, V1} <- lists:sort(maps:to_list(S1)), is_integer(V1),
+          "gpud_stalls_" ++ Phase <- [atom_to_list(K)],
+          P <- [list_to_binary(Phase)],
+          N <- [V1 - maps:get(K, S0, 0)], N > 0]).
+
+stall_key(Prefix, P) -> list_to_atom(Prefix ++ binary_to_list(P)).
+
+add_stalls(M, Acc) ->
+    maps:fold(fun(P, #{n := N, ms := Ms}, A) ->
+                      #{n := N0, ms := Ms0} = maps:get(P, A, #{n => 0, ms => 0.0}),
+                      A#{P => #{n => N0 + N, ms => Ms0 + Ms}}
+              end, Acc, M).
+
+print_stalls(K, Stalls) when map_size(Stalls) =:= 0 ->
+    io:format("  ~s: no step of gpud's loop took 1 ms or more~n", [K]);
+print_stalls(K, Stalls) ->
+    io:format("  ~s: gpud's steps of 1 ms or more (phase: steps, ms in all): ~s~n",
+              [K, lists:join(", ", [io_lib:format("~s ~b, ~.1f", [P, N, Ms])
+                                    || {P, #{n := N, ms := Ms}} <- lists:sort(maps:to_list(Stalls))])]).
 
 %% ------------------------------------------------------------ records, rows
 

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 8u
+#define EC_ABI_VERSION 9u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -431,6 +431,25 @@ struct ec_cqe {
 
 #define EC_BATCH_HIST_BUCKETS 16u /* bucket i counts batches of size [2^i, 2^(i+1)) */
 
+/* Stalls: a step of gpud's loop that takes EC_STALL_NS or longer holds every
+ * job that comes meanwhile, small ones too; ec_stats counts such steps per
+ * phase (index, stats/1 key):
+ *   0 drain    one drain of the SQ, whole: validation, control, submits;
+ *   1 submit   one launch handed to the backend (CUDA: the driver calls
+ *              that enqueue it; the CPU backend runs it here);
+ *   2 poll     one poll of the backend: events queried, copy pieces issued;
+ *   3 answer   the completions of finished launches written to the CQ;
+ *   4 control  one buffer control descriptor: alloc, free, a copy queued;
+ *   5 segments arena segments read from the socket or adopted once
+ *              registered.
+ * Drain contains submit and control; the others are apart. */
+#define EC_STALL_NS 1000000u
+#define EC_STALL_PHASES 6u
+/* X(NAME, INDEX, stats key suffix): gpud's StallPhase, stats.c's keys. */
+#define EC_STALLS(X)                                                                             \
+    X(DRAIN, 0, drain) X(SUBMIT, 1, submit) X(POLL, 2, poll) X(ANSWER, 3, answer)                \
+    X(CONTROL, 4, control) X(SEGMENTS, 5, segments)
+
 /* Written by gpud only (relaxed stores), read by the VM for stats/1. Never
  * reset by a ring reset, so the counts run across gpud restarts. */
 struct ec_stats {
@@ -460,6 +479,11 @@ struct ec_stats {
     uint64_t launch_drain_ns;
     uint64_t launch_run_ns;
     uint64_t launch_answer_ns;
+    /* Stalls per phase (EC_STALL_PHASES above): how many steps took
+     * EC_STALL_NS or longer, their time, and the longest step of all. */
+    uint64_t stalls[EC_STALL_PHASES];
+    uint64_t stall_ns[EC_STALL_PHASES];
+    uint64_t stall_max_ns[EC_STALL_PHASES];
 };
 
 struct ec_header {

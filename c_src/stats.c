@@ -73,6 +73,13 @@ ERL_NIF_TERM stats_term(ErlNifEnv *env, struct device *d)
             hist = enif_make_list_cell(env, enif_make_uint64(env, load64(&g->batch_hist[i - 1])),
                                        hist);
         enif_make_map_put(env, m, enif_make_atom(env, "batch_hist"), hist, &m);
+        /* Steps of gpud's loop that took EC_STALL_NS or longer, per phase. */
+#define PUT_STALLS(NAME, INDEX, KEY)                                                             \
+        put(env, &m, "gpud_stalls_" #KEY, load64(&g->stalls[INDEX]));                          \
+        put(env, &m, "gpud_stall_ns_" #KEY, load64(&g->stall_ns[INDEX]));                      \
+        put(env, &m, "gpud_stall_max_ns_" #KEY, load64(&g->stall_max_ns[INDEX]));
+        EC_STALLS(PUT_STALLS)
+#undef PUT_STALLS
     }
     enif_rwlock_runlock(d->life);
     enif_make_map_put(env, m, enif_make_atom(env, "closed"), d->closed ? ATOM_true : ATOM_false,

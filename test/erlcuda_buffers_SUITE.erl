@@ -532,7 +532,7 @@ small_jobs_beside_a_get() ->
     Bin = binary:copy(V, 1024),
     {ok, B} = erlcuda:put(Bin),
     Self = self(),
-    #{submitted := S0} = erlcuda:stats(0),
+    #{submitted := S0, gpud_stalls_poll := P0} = erlcuda:stats(0),
     T0 = erlang:monotonic_time(millisecond),
     Getter = spawn_link(fun() -> Self ! {got, self(), erlcuda:get(B)} end),
     %% Small jobs only once the get is in the ring: each then came through
@@ -546,6 +546,13 @@ small_jobs_beside_a_get() ->
     %% 512 pieces of 2 ms at least: a copy not paced would let one through.
     ?assert(Ms >= 1000, Ms),
     ?assert(Smalls >= 20, Smalls),
+    %% gpud's stall counters name the phase the small jobs waited behind:
+    %% each piece is copied in a poll of the backend (the CPU's copies are
+    %% synchronous), 2 ms or more each.
+    #{gpud_stalls_poll := P1, gpud_stall_max_ns_poll := PollMax,
+      gpud_stall_ns_poll := PollNs} = erlcuda:stats(0),
+    ?assert(P1 - P0 >= 500, {P1, P0}),
+    ?assert(PollMax >= 2000000 andalso PollNs >= 2000000 * (P1 - P0), {PollMax, PollNs}),
     ok = erlcuda:free(B).
 
 await_submitted(Want, Deadline) ->

@@ -30,7 +30,7 @@ const _: () = assert!(
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 8;
+pub const EC_ABI_VERSION: u32 = 9;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -68,6 +68,35 @@ pub const EC_OPT_SHARED_BYTES: u32 = 4;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
+/// A step of gpud's loop this long or longer is a stall (`ec_stats.stalls`).
+pub const EC_STALL_NS: u64 = 1_000_000;
+/// The phases stalls are counted in: [`StallPhase`].
+pub const EC_STALL_PHASES: usize = 6;
+
+/// The phases of gpud's loop whose stalls `ec_stats` counts, by index
+/// (the comment above EC_STALL_NS in the header says what each covers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallPhase {
+    Drain = 0,
+    Submit = 1,
+    Poll = 2,
+    Answer = 3,
+    Control = 4,
+    Segments = 5,
+}
+
+impl StallPhase {
+    /// Each phase with its stats/1 key suffix (the header's EC_STALLS; the
+    /// layout probe compares the two).
+    pub const ALL: [(&'static str, StallPhase); EC_STALL_PHASES] = [
+        ("drain", StallPhase::Drain),
+        ("submit", StallPhase::Submit),
+        ("poll", StallPhase::Poll),
+        ("answer", StallPhase::Answer),
+        ("control", StallPhase::Control),
+        ("segments", StallPhase::Segments),
+    ];
+}
 /// One past the largest kernel id.
 pub const EC_KERNEL_COUNT: u32 = KERNEL_ROWS.len() as u32 + 1;
 pub const EC_STATUS_COUNT: u32 = 13;
@@ -354,6 +383,9 @@ c_struct! {
         pub launch_drain_ns: AtomicU64,
         pub launch_run_ns: AtomicU64,
         pub launch_answer_ns: AtomicU64,
+        pub stalls: [AtomicU64; EC_STALL_PHASES],
+        pub stall_ns: [AtomicU64; EC_STALL_PHASES],
+        pub stall_max_ns: [AtomicU64; EC_STALL_PHASES],
     }
 }
 
@@ -865,7 +897,8 @@ int main(void)
     OF(ec_stats, buf_used); OF(ec_stats, buf_peak); OF(ec_stats, buf_limit);
     OF(ec_stats, buf_count); OF(ec_stats, buf_cached); OF(ec_stats, buf_device_allocs);
     OF(ec_stats, launches_timed); OF(ec_stats, launch_drain_ns); OF(ec_stats, launch_run_ns);
-    OF(ec_stats, launch_answer_ns);
+    OF(ec_stats, launch_answer_ns); OF(ec_stats, stalls); OF(ec_stats, stall_ns);
+    OF(ec_stats, stall_max_ns);
 
     SZ(ec_header); AL(ec_header);
     OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);
@@ -887,7 +920,7 @@ int main(void)
     P("const.EC_MAGIC_HI", EC_MAGIC >> 32);
     P("const.EC_MAGIC_LO", EC_MAGIC & 0xffffffffu);
     C(EC_ABI_VERSION); C(EC_CACHELINE); C(EC_HEADER_BYTES); C(EC_ARENA_ALIGN);
-    C(EC_NEED_WAKEUP); C(EC_ADDR_SEGMENT_SHIFT); C(EC_BATCH_HIST_BUCKETS);
+    C(EC_NEED_WAKEUP); C(EC_ADDR_SEGMENT_SHIFT); C(EC_BATCH_HIST_BUCKETS); C(EC_STALL_NS); C(EC_STALL_PHASES);
     P("const.EC_ADDR_OFFSET_MASK_HI", EC_ADDR_OFFSET_MASK >> 32);
     P("const.EC_ADDR_OFFSET_MASK_LO", EC_ADDR_OFFSET_MASK & 0xffffffffu);
     C(EC_KERNEL_COUNT); C(EC_STATUS_COUNT); C(EC_MAX_SEGMENTS);
@@ -904,6 +937,8 @@ int main(void)
     print_sig("sample_free_bound", "x:v:T:n,a:d:1..,c:d:a..=n/a", "y:o:T:n");
     print_sig("sample_whole", "x:v:T:n,k:d", "y:w:T:n,m:o:u32:k,s:s:f64");
     EC_STATUSES(STATUS)
+#define STALL(NAME, INDEX, KEY) P("stall." #KEY ".index", INDEX);
+    EC_STALLS(STALL)
     EC_TYPES(TYPE)
     EC_SHAPES(SHAPE)
     return 0;
@@ -1066,6 +1101,11 @@ int main(void)
         put("const.EC_NEED_WAKEUP", EC_NEED_WAKEUP.to_string());
         put("const.EC_ADDR_SEGMENT_SHIFT", EC_ADDR_SEGMENT_SHIFT.to_string());
         put("const.EC_BATCH_HIST_BUCKETS", EC_BATCH_HIST_BUCKETS.to_string());
+        put("const.EC_STALL_NS", EC_STALL_NS.to_string());
+        put("const.EC_STALL_PHASES", EC_STALL_PHASES.to_string());
+        for (key, phase) in StallPhase::ALL {
+            put(&format!("stall.{key}.index"), (phase as usize).to_string());
+        }
         put(
             "const.EC_ADDR_OFFSET_MASK_HI",
             (EC_ADDR_OFFSET_MASK >> 32).to_string(),

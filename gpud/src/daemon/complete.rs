@@ -11,13 +11,16 @@ use super::{nanos, Daemon};
 use crate::descriptor::{Job, KernelRef};
 use crate::error::Result;
 use crate::handshake::peer_closed;
-use crate::layout::{Cqe, Status};
+use crate::layout::{Cqe, StallPhase, Status};
 
 impl Daemon {
     /// Collects finished tickets into `self.done`. True when there are some.
     /// On a backend failure answers everything in flight first.
     pub(super) fn poll_backend(&mut self) -> Result<bool> {
-        if let Err(e) = self.backend.poll(&mut self.done) {
+        let t = Instant::now();
+        let polled = self.backend.poll(&mut self.done);
+        self.count_stall(StallPhase::Poll, t);
+        if let Err(e) = polled {
             log!(Error, "gpud[{}]: device failed: {e}", self.device);
             self.fail_all();
             return Err(e);
@@ -66,6 +69,7 @@ impl Daemon {
         self.done.clear();
         self.release_buffers();
         self.count_work(started);
+        self.count_stall(StallPhase::Answer, started);
         Ok(true)
     }
 

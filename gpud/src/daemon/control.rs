@@ -9,7 +9,7 @@ use super::{Daemon, InFlight, Wake};
 use crate::descriptor::Region;
 use crate::error::Result;
 use crate::layout::{
-    ElemType, Sqe, Status, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_GET, EC_CONTROL_PUT, EC_CONTROL_UNLOAD_MODULE,
+    ElemType, Sqe, StallPhase, Status, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_GET, EC_CONTROL_PUT, EC_CONTROL_UNLOAD_MODULE,
     EC_FLAG_IN0_BUF, EC_FLAG_OUT_BUF, EC_FREE_MAX_IDS, EC_MAX_SEGMENTS,
 };
 
@@ -27,6 +27,13 @@ impl Daemon {
     /// around it: answered at once, or (a put's or get's copy) once the
     /// copy is done. Ok(false) when the VM went away.
     pub(super) fn buffer_control(&mut self, sqe: &Sqe) -> Result<bool> {
+        let t = Instant::now();
+        let r = self.buffer_control_step(sqe);
+        self.count_stall(StallPhase::Control, t);
+        r
+    }
+
+    fn buffer_control_step(&mut self, sqe: &Sqe) -> Result<bool> {
         let mut outcome = self.run_buffer_control(sqe)?;
         if outcome == Ctl::Answer(Status::Oom) && self.buffers.has_pending() {
             if !self.make_room()? {

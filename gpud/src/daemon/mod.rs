@@ -41,7 +41,7 @@ use crate::coalesce::Coalescer;
 use crate::descriptor::KernelRef;
 use crate::error::{Error, Result};
 use crate::handshake;
-use crate::layout::Sqe;
+use crate::layout::{Sqe, StallPhase, EC_STALL_NS};
 use crate::modules::Registry;
 use crate::ring::Ring;
 use crate::segment::Segments;
@@ -280,5 +280,20 @@ impl Daemon {
     /// Adds the time since `t` to the `work_ns` statistic.
     fn count_work(&self, t: Instant) {
         self.ring.stats().work_ns.fetch_add(nanos(t.elapsed()), Ordering::Relaxed);
+    }
+
+    /// Counts a step of `phase` that began at `t` as a stall if it took
+    /// EC_STALL_NS or longer: every job that came meanwhile waited for it,
+    /// and the counts per phase say which part of the loop a small job's
+    /// tail came from (stats/1, `gpud_stalls_*`).
+    fn count_stall(&self, phase: StallPhase, t: Instant) {
+        let ns = nanos(t.elapsed());
+        if ns < EC_STALL_NS {
+            return;
+        }
+        let (s, i) = (self.ring.stats(), phase as usize);
+        s.stalls[i].fetch_add(1, Ordering::Relaxed);
+        s.stall_ns[i].fetch_add(ns, Ordering::Relaxed);
+        s.stall_max_ns[i].fetch_max(ns, Ordering::Relaxed);
     }
 }

@@ -9,7 +9,7 @@ use crate::backend::Launch;
 use crate::coalesce::{self, Coalescer};
 use crate::descriptor::{Job, KernelRef};
 use crate::error::Result;
-use crate::layout::Status;
+use crate::layout::{StallPhase, Status};
 use crate::ops::user::UserOp;
 
 impl Daemon {
@@ -43,7 +43,10 @@ impl Daemon {
                 independent: coalesce::independent(jobs),
             };
             let arena = self.segments.arena().with_host_buffers(self.backend.host_buffers());
-            match self.backend.submit(&arena, &launch) {
+            let t = Instant::now();
+            let submitted = self.backend.submit(&arena, &launch);
+            self.count_stall(StallPhase::Submit, t);
+            match submitted {
                 Ok(ticket) => self.in_flight.push(InFlight {
                     ticket,
                     kernel: Some(kernel),

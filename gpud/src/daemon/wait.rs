@@ -12,6 +12,7 @@ use nix::sys::time::TimeSpec;
 use super::{Daemon, InFlight, Wake};
 use crate::backend::MAX_DRAINS_IN_FLIGHT;
 use crate::error::{Error, Result};
+use crate::layout::StallPhase;
 use crate::segment::SockState;
 
 /// How long the segment messages announced in the hello may take to come.
@@ -55,13 +56,16 @@ impl Daemon {
                 return Ok(());
             }
             if self.segments.has_registered() {
+                let t = Instant::now();
                 self.adopt_segments(false)?;
+                self.count_stall(StallPhase::Segments, t);
             }
             let can_drain = self.drains_in_flight(false) < MAX_DRAINS_IN_FLIGHT;
             if can_drain && self.parked_ready {
                 let t = Instant::now();
                 let more = self.run_parked()?;
                 self.count_work(t);
+                self.count_stall(StallPhase::Drain, t);
                 if !more {
                     return Ok(());
                 }
@@ -71,6 +75,7 @@ impl Daemon {
                 let t = Instant::now();
                 let more = self.process_drain()?;
                 self.count_work(t);
+                self.count_stall(StallPhase::Drain, t);
                 if !more || self.quit_due(&mut last_check)? {
                     return Ok(());
                 }
@@ -278,7 +283,10 @@ impl Daemon {
 
     /// Reads queued arena-segment messages. Quit when the VM hung up.
     pub(super) fn read_segments(&mut self) -> Result<Wake> {
-        match self.segments.receive(&self.sock, &mut *self.backend, self.device) {
+        let t = Instant::now();
+        let got = self.segments.receive(&self.sock, &mut *self.backend, self.device);
+        self.count_stall(StallPhase::Segments, t);
+        match got {
             Ok(SockState::Open) => Ok(Wake::Look),
             Ok(SockState::Closed) => Ok(self.quit("the VM closed the socket")),
             Err(e) => {
