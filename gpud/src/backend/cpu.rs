@@ -60,7 +60,7 @@ struct CpuRegistrar {
 impl Registrar for CpuRegistrar {
     fn register(&mut self, base: NonNull<u8>, bytes: u64) -> Result<Registered> {
         std::thread::sleep(self.delay);
-        Ok(Registered { base, bytes, dev: 0, reg_base: base.as_ptr() as usize, took: self.delay })
+        Ok(Registered { base, bytes, dev: 0, reg_base: base.as_ptr() as usize, reg_bytes: bytes as usize, piece: 0, took: self.delay })
     }
 }
 

@@ -182,6 +182,11 @@ pub struct Registered {
     /// The start of the range the backend registered (page-aligned around
     /// `base`; unregistered when the backend closes).
     pub reg_base: usize,
+    /// The range's length, and the grid it was registered in pieces on
+    /// (CUDA: a registration per piece of `REGISTER_PIECE`, cuda/memory.rs), or 0
+    /// where it was registered whole.
+    pub reg_bytes: usize,
+    pub piece: usize,
     /// How long the registration took.
     pub took: std::time::Duration,
 }

@@ -444,7 +444,10 @@ impl CudaBackend {
             // input region, which the VM leaves alone until the job is
             // answered; `c.dev` is this slot's scratch, free until its
             // event fires.
-            ck(unsafe { driver::memcpy_htod_async(c.dev, c.host, c.bytes, stream) }, "cuMemcpyHtoDAsync (input)")?;
+            // Cut on the registration grid: a copy may not span two.
+            super::memory::copy_on_grid(c.dev, c.host as usize, c.bytes, |dev, host, n| {
+                ck(unsafe { driver::memcpy_htod_async(dev, host as *const u8, n, stream) }, "cuMemcpyHtoDAsync (input)")
+            })?;
         }
         // SAFETY: the staging buffer holds at least bytes.len() bytes
         // (reserve_table) and is not in use (free slot).
@@ -488,7 +491,9 @@ impl CudaBackend {
             // SAFETY: `c.host` is registered arena memory of the job's own
             // output region, which nothing else touches until the job is
             // answered; `c.dev` is this slot's scratch.
-            ck(unsafe { driver::memcpy_dtoh_async(c.host, c.dev, c.bytes, stream) }, "cuMemcpyDtoHAsync (output)")?;
+            super::memory::copy_on_grid(c.dev, c.host as usize, c.bytes, |dev, host, n| {
+                ck(unsafe { driver::memcpy_dtoh_async(host as *mut u8, dev, n, stream) }, "cuMemcpyDtoHAsync (output)")
+            })?;
         }
         // SAFETY: the slot's event and one of this backend's streams.
         ck(unsafe { driver::event_record(slot.event, stream) }, "cuEventRecord")?;

@@ -16,13 +16,77 @@ use crate::buffers::BufferMemory;
 use crate::descriptor::Region;
 use crate::error::{Error, Result};
 
+/// Arena memory is registered with the driver in pieces of at most this
+/// many bytes, cut on a grid of absolute addresses. cuMemHostRegister
+/// holds a driver-wide lock for as long as one call takes, and the driver
+/// calls of gpud's loop (launches, copies, event queries) wait on it, off
+/// the loop's thread or not: in the project's probe (H200), registering
+/// 512 MiB pre-faulted in one call on another thread stalled the launching
+/// thread up to 29 ms, and 1.6 ms with at most 32 MiB a call; small jobs
+/// beside arena growth (a 768 MiB segment) waited up to 47 ms on an H100.
+/// A copy across two registrations fails, so every copy between the arena
+/// and the device is cut on the same grid ([`grid_pieces`]); a kernel
+/// reads across them as one range (the device address of registered
+/// memory is its host address, checked at registration).
+pub const REGISTER_PIECE: usize = 32 << 20;
+
+/// `[at, at + bytes)` cut where it crosses a multiple of `piece` (absolute
+/// addresses): each piece's offset from `at` and length, in order; one
+/// piece where `piece` is 0, none where `bytes` is 0.
+pub(super) fn grid_pieces(at: usize, bytes: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut off = 0;
+    std::iter::from_fn(move || {
+        if off >= bytes {
+            return None;
+        }
+        let here = at + off;
+        let n = if piece == 0 { bytes - off } else { (piece - here % piece).min(bytes - off) };
+        let r = (off, n);
+        off += n;
+        Some(r)
+    })
+}
+
+/// Issues `copy(dev, host, n)` for each piece of `[host, host + bytes)` on
+/// the registration grid, the device side moved along with it: a copy
+/// between the arena and the device never spans two registrations.
+pub(super) fn copy_on_grid(
+    dev: u64,
+    host: usize,
+    bytes: usize,
+    mut copy: impl FnMut(u64, usize, usize) -> Result<()>,
+) -> Result<()> {
+    for (off, n) in grid_pieces(host, bytes, REGISTER_PIECE) {
+        copy(dev + off as u64, host + off, n)?;
+    }
+    Ok(())
+}
+
 /// An arena segment as the device sees it.
 pub(super) struct Segment {
-    /// Registered range (page-aligned around the segment).
+    /// Registered range (page-aligned around the segment), and the grid of
+    /// its registrations (0: one registration).
     pub(super) reg_base: *mut c_void,
+    pub(super) reg_bytes: usize,
+    pub(super) piece: usize,
     /// Device address of the segment's first byte.
     pub(super) dev: u64,
     pub(super) bytes: u64,
+}
+
+impl Segment {
+    /// Gives the segment's registrations back to the driver (the backend's
+    /// Drop; errors after a fault are ignored).
+    pub(super) fn unregister(&self) {
+        if self.reg_base.is_null() {
+            return;
+        }
+        for (off, _) in grid_pieces(self.reg_base as usize, self.reg_bytes, self.piece) {
+            // SAFETY: the start of a registration this backend made, given
+            // back once, after every stream has been synchronized.
+            let _ = unsafe { driver::mem_host_unregister((self.reg_base as usize + off) as *mut c_void) };
+        }
+    }
 }
 
 /// Raw device memory for buffers (the cache over it is buffers.rs's), in
@@ -114,7 +178,13 @@ impl CudaBackend {
         if seg >= self.segs.len() || self.segs[seg].is_some() {
             return Err(Error::Device(format!("segment {seg} registered twice")));
         }
-        self.segs[seg] = Some(Segment { reg_base: reg.reg_base as *mut c_void, dev: reg.dev, bytes: reg.bytes });
+        self.segs[seg] = Some(Segment {
+            reg_base: reg.reg_base as *mut c_void,
+            reg_bytes: reg.reg_bytes,
+            piece: reg.piece,
+            dev: reg.dev,
+            bytes: reg.bytes,
+        });
         log!(
             Info,
             "gpud[{}]: cuda: registered segment {seg} ({} bytes) in {:.1} ms, {:.1} ms after gpud started",
@@ -150,20 +220,18 @@ impl CudaBackend {
                     None => ck(driver::event_create(), "cuEventCreate")?,
                 };
                 let s = streams[dir as usize];
-                if n > 0 {
-                    // SAFETY: `dev..+n` lies in a live buffer block and
-                    // `host..+n` in the copy's own region of registered
-                    // arena memory, untouched until its job is answered
-                    // (copy_in, copy_out); both streams are this backend's.
-                    match dir {
-                        Dir::ToDevice => {
-                            ck(unsafe { driver::memcpy_htod_async(dev, host as *const u8, n, s) }, "cuMemcpyHtoDAsync (put)")?
-                        }
-                        Dir::ToHost => {
-                            ck(unsafe { driver::memcpy_dtoh_async(host as *mut u8, dev, n, s) }, "cuMemcpyDtoHAsync (get)")?
-                        }
+                // SAFETY: `dev..+n` lies in a live buffer block and
+                // `host..+n` in the copy's own region of registered arena
+                // memory, untouched until its job is answered (copy_in,
+                // copy_out); both streams are this backend's.
+                copy_on_grid(dev, host, n, |dev, host, n| match dir {
+                    Dir::ToDevice => {
+                        ck(unsafe { driver::memcpy_htod_async(dev, host as *const u8, n, s) }, "cuMemcpyHtoDAsync (put)")
                     }
-                }
+                    Dir::ToHost => {
+                        ck(unsafe { driver::memcpy_dtoh_async(host as *mut u8, dev, n, s) }, "cuMemcpyDtoHAsync (get)")
+                    }
+                })?;
                 // SAFETY: an event of this backend's, on its stream.
                 ck(unsafe { driver::event_record(e, s) }, "cuEventRecord (copy)")?;
                 Ok(e)
@@ -197,11 +265,14 @@ impl CudaBackend {
 }
 
 /// Registers `bytes` at `base` with the driver (cuMemHostRegister of the
-/// whole pages around it) in the context current on this thread.
+/// whole pages around it, a call per piece of REGISTER_PIECE's grid) in
+/// the context current on this thread. Where the pieces' device addresses
+/// do not line up as one range (a driver without host-pointer identity
+/// for registered memory), the range is registered again in one call.
 fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
     let t = Instant::now();
     if bytes == 0 {
-        return Ok(Registered { base, bytes, dev: 0, reg_base: 0, took: t.elapsed() });
+        return Ok(Registered { base, bytes, dev: 0, reg_base: 0, reg_bytes: 0, piece: 0, took: t.elapsed() });
     }
     // Register whole pages: the mapping covers them (mmap maps whole
     // pages; segment 0 sits inside the ring's mapping).
@@ -209,13 +280,55 @@ fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
     let start = base.as_ptr() as usize;
     let reg_start = start & !(page - 1);
     let reg_end = (start + bytes as usize).next_multiple_of(page);
-    // SAFETY: the range is mapped read-write for as long as the backend
-    // lives (the daemon drops the backend before the mappings), and is
-    // unregistered in the backend's Drop once adopted.
-    ck(unsafe { driver::mem_host_register(reg_start as *mut c_void, reg_end - reg_start) }, "cuMemHostRegister")?;
+    let reg_bytes = reg_end - reg_start;
+    let mut piece = REGISTER_PIECE;
+    register_pieces(reg_start, reg_bytes, piece)?;
     // SAFETY: `base` lies in the range just registered.
-    let dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
-    Ok(Registered { base, bytes, dev, reg_base: reg_start, took: t.elapsed() })
+    let mut dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
+    let mut one_range = true;
+    for (off, _) in grid_pieces(reg_start, reg_bytes, piece).skip(1) {
+        let at = reg_start + off;
+        // SAFETY: `at` starts a piece registered above.
+        let d = ck(unsafe { driver::mem_host_device_pointer(at as *mut c_void) }, "cuMemHostGetDevicePointer")?;
+        one_range &= d == dev.wrapping_add((at - start) as u64);
+    }
+    if !one_range {
+        unregister_pieces(reg_start, reg_bytes, piece);
+        piece = 0;
+        register_pieces(reg_start, reg_bytes, piece)?;
+        // SAFETY: as above.
+        dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
+        log!(Info, "cuda: registered pieces map apart on the device: a segment is registered whole");
+    }
+    Ok(Registered { base, bytes, dev, reg_base: reg_start, reg_bytes, piece, took: t.elapsed() })
+}
+
+/// cuMemHostRegister of each piece of `[start, start + bytes)` on the grid
+/// of `piece` (0: the whole range at once); on a failure, the pieces
+/// registered so far are given back.
+fn register_pieces(start: usize, bytes: usize, piece: usize) -> Result<()> {
+    let mut done = 0;
+    for (off, n) in grid_pieces(start, bytes, piece) {
+        // SAFETY: the range is mapped read-write for as long as the
+        // backend lives (the daemon drops the backend before the
+        // mappings), and is unregistered in the backend's Drop once
+        // adopted.
+        let r = ck(unsafe { driver::mem_host_register((start + off) as *mut c_void, n) }, "cuMemHostRegister");
+        if let Err(e) = r {
+            unregister_pieces(start, done, piece);
+            return Err(e);
+        }
+        done = off + n;
+    }
+    Ok(())
+}
+
+/// Gives back the registrations of [`register_pieces`] over `bytes`.
+fn unregister_pieces(start: usize, bytes: usize, piece: usize) {
+    for (off, _) in grid_pieces(start, bytes, piece) {
+        // SAFETY: the start of a registration made by register_pieces.
+        let _ = unsafe { driver::mem_host_unregister((start + off) as *mut c_void) };
+    }
 }
 
 /// Registers segments on the daemon's registration thread, in the
@@ -238,5 +351,33 @@ impl Registrar for CudaRegistrar {
             self.current = true;
         }
         register_range(base, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grid_pieces;
+
+    fn pieces(at: usize, bytes: usize, piece: usize) -> Vec<(usize, usize)> {
+        grid_pieces(at, bytes, piece).collect()
+    }
+
+    /// Cut only where the range crosses the grid; contiguous, covering.
+    #[test]
+    fn copies_and_registrations_are_cut_on_the_grid() {
+        assert_eq!(pieces(0, 0, 32), vec![]);
+        assert_eq!(pieces(5, 10, 32), vec![(0, 10)]);
+        assert_eq!(pieces(30, 10, 32), vec![(0, 2), (2, 8)]);
+        assert_eq!(pieces(32, 64, 32), vec![(0, 32), (32, 32)]);
+        assert_eq!(pieces(31, 66, 32), vec![(0, 1), (1, 32), (33, 32), (65, 1)]);
+        assert_eq!(pieces(30, 10, 0), vec![(0, 10)]);
+        for (at, bytes) in [(4096, 100 << 20), (12345, (64 << 20) + 7), ((32 << 20) - 1, 2)] {
+            let p = pieces(at, bytes, 32 << 20);
+            assert_eq!(p.iter().map(|x| x.1).sum::<usize>(), bytes);
+            for w in p.windows(2) {
+                assert_eq!(w[0].0 + w[0].1, w[1].0);
+                assert_eq!((at + w[1].0) % (32 << 20), 0);
+            }
+        }
     }
 }

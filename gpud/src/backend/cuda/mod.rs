@@ -450,9 +450,7 @@ impl Drop for CudaBackend {
         // SAFETY (each call below): created by this backend, released once,
         // after the synchronize above; the context is released last.
         for s in self.segs.iter().flatten() {
-            if !s.reg_base.is_null() {
-                let _ = unsafe { driver::mem_host_unregister(s.reg_base) };
-            }
+            s.unregister();
         }
         for &s in self.streams.iter().flatten() {
             let _ = unsafe { driver::stream_destroy(s) };
