@@ -267,15 +267,15 @@ large_check(dot_product, [A, B], R) ->
     {S, Abs} = fold_dot(A, B, 0.0, 0.0),
     within(R, S, Abs, erlcuda_ref:depth(dot_product, byte_size(A) div 4, 0));
 large_check(matmul, [A, B, _M, N, K], R) ->
-    samples(byte_size(R) div 4,
-            fun(Idx) ->
-                    I = Idx div N, J = Idx rem N,
-                    Ts = [at(A, I * K + P) * at(B, P * N + J) || P <- lists:seq(0, K - 1)],
-                    %% A chain of K multiply-adds in f32 (the stated accumulation).
-                    abs(at(R, Idx) - lists:sum(Ts)) =<
-                        erlcuda_ref:depth(matmul, 0, K) * erlcuda_ref:unit(f32)
-                            * lists:sum([abs(T) || T <- Ts]) + 1.0e-30
-            end).
+    samples(byte_size(R) div 4, fun(Idx) -> matmul_at(A, B, N, K, R, Idx) end).
+
+%% Element Idx of the M×N product R of A (M×K) and B (K×N) within bounds.
+matmul_at(A, B, N, K, R, Idx) ->
+    I = Idx div N, J = Idx rem N,
+    Ts = [at(A, I * K + P) * at(B, P * N + J) || P <- lists:seq(0, K - 1)],
+    %% A chain of K multiply-adds in f32 (the stated accumulation).
+    abs(at(R, Idx) - lists:sum(Ts)) =<
+        erlcuda_ref:depth(matmul, 0, K) * erlcuda_ref:unit(f32) * lists:sum([abs(T) || T <- Ts]) + 1.0e-30.
 
 fold_sum(<<X:32/float-native, A/binary>>, S, Abs) -> fold_sum(A, S + X, Abs + abs(X));
 fold_sum(<<>>, S, Abs) -> {S, Abs}.
@@ -439,6 +439,21 @@ growth(Env) ->
     ok = erlcuda_ref:start_app(Env ++ [{arena_bytes, 64 bsl 20}, {arena_max_bytes, 1 bsl 30}]),
     N = 1 bsl 24,
     A = rand_bin(N), B = rand_bin(N),
+    %% Segments are registered 32 MiB at a time and copies cut at the
+    %% same boundaries (cuda/memory.rs): a put/get round trip of an odd
+    %% size and a matmul whose inputs (36 MiB each) are copied to the
+    %% device, both across boundaries of a grown segment, before the
+    %% arena is filled.
+    V = rand_bin((1 bsl 24) + 7),
+    {ok, Vb} = erlcuda:put(V, [{timeout, 60000}]),
+    {ok, V} = erlcuda:get(Vb),
+    ok = erlcuda:free(Vb),
+    {M, K} = {9216, 1024},
+    MA = rand_bin(M * K), MB = rand_bin(K * K),
+    {ok, MM} = erlcuda:launch_sync(matmul, [MA, MB, M, K, K], [{timeout, 60000}]),
+    %% 500 samples: large_check's 100,000 of 1024 terms each take minutes.
+    [] = [Idx || Idx <- [rand:uniform(M * K) - 1 || _ <- lists:seq(1, 500)],
+                 not matmul_at(MA, MB, K, K, MM, Idx)],
     Held = hold(A, B, []),
     #{arena_segments := Segs, busy := Busy} = erlcuda:stats(0),
     Bad = [R || R <- Held, large_check(vector_add, [A, B], R) =/= ok],
