@@ -512,21 +512,18 @@ spans_close(K) ->
                                      end || #{us := U, into_large_ms := I, large_ms := L} <- Worst])]),
     Placed.
 
-%% gpud's stalls (steps of its loop of 1 ms or more, stats/1's
-%% gpud_stalls_*) between two stats/1 snapshots, for each phase that had
-%% any: #{Phase => #{n => Steps, ms => their total}}. The phase is the part
-%% of gpud's loop a row's small jobs waited behind (a copy queued, the
-%% driver's enqueue, a poll, a segment; guides/observability.md).
+%% The stalls between two stats/1 snapshots (steps of 1 ms or more), for
+%% each phase that had any: #{Phase => #{n => Steps, ms => their total}}.
+%% gpud's phases (gpud_stalls_*: the part of its loop a row's small jobs
+%% waited behind: a copy queued, the driver's enqueue, a poll, a segment;
+%% guides/observability.md) and the VM side's: `vm_lock' (waits for the
+%% device's locks) and `vm_answer' (passes over the CQ).
 stalls(S0, S1) ->
-    maps:from_list(
-      [{P, #{n => N, ms => (maps:get(stall_key("gpud_stall_ns_", P), S1, 0)
-                             - maps:get(stall_key("gpud_stall_ns_", P), S0, 0)) / 1.0e6}}
-       || {K, V1} <- lists:sort(maps:to_list(S1)), is_integer(V1),
-          "gpud_stalls_" ++ Phase <- [atom_to_list(K)],
-          P <- [list_to_binary(Phase)],
-          N <- [V1 - maps:get(K, S0, 0)], N > 0]).
-
-stall_key(Prefix, P) -> list_to_atom(Prefix ++ binary_to_list(P)).
+    Gpud = [{list_to_binary(Phase), K, list_to_atom("gpud_stall_ns_" ++ Phase)}
+            || K <- lists:sort(maps:keys(S1)), "gpud_stalls_" ++ Phase <- [atom_to_list(K)]],
+    Vm = [{<<"vm_lock">>, lock_stalls, lock_stall_ns}, {<<"vm_answer">>, answer_stalls, answer_stall_ns}],
+    D = fun(K) -> maps:get(K, S1, 0) - maps:get(K, S0, 0) end,
+    maps:from_list([{P, #{n => D(N), ms => D(Ns) / 1.0e6}} || {P, N, Ns} <- Gpud ++ Vm, D(N) > 0]).
 
 add_stalls(M, Acc) ->
     maps:fold(fun(P, #{n := N, ms := Ms}, A) ->
@@ -535,9 +532,9 @@ add_stalls(M, Acc) ->
               end, Acc, M).
 
 print_stalls(K, Stalls) when map_size(Stalls) =:= 0 ->
-    io:format("  ~s: no step of gpud's loop took 1 ms or more~n", [K]);
+    io:format("  ~s: no step of gpud's loop or the VM side took 1 ms or more~n", [K]);
 print_stalls(K, Stalls) ->
-    io:format("  ~s: gpud's steps of 1 ms or more (phase: steps, ms in all): ~s~n",
+    io:format("  ~s: steps of 1 ms or more (phase: steps, ms in all): ~s~n",
               [K, lists:join(", ", [io_lib:format("~s ~b, ~.1f", [P, N, Ms])
                                     || {P, #{n := N, ms := Ms}} <- lists:sort(maps:to_list(Stalls))])]).
 

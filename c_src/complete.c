@@ -305,8 +305,10 @@ static void answer_chunk(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
     uint64_t *p = d->prof.complete;
     prof_add(&p[PC_DRAINS], 1);
     prof_add(&p[PC_CQES], n);
-    prof_add(&p[PC_ANSWER_NS], (uint64_t)(mono_ns() - t0 - released));
+    int64_t took = mono_ns() - t0;
+    prof_add(&p[PC_ANSWER_NS], (uint64_t)(took - released));
     prof_add(&p[PC_RELEASE_NS], (uint64_t)released);
+    count_stall(&d->c.answer_stalls, &d->c.answer_stall_ns, &d->c.answer_stall_max_ns, (uint64_t)took);
 }
 
 /* Consumes every CQE present and answers their jobs. Caller holds cq_lock

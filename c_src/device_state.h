@@ -185,7 +185,14 @@ struct buffer_res {
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
     X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \
     X(arena_grown_on_miss, arena_grown_on_miss) X(result_bytes, result_bytes)                  \
-    X(pinned_bytes, pinned_bytes)
+    X(pinned_bytes, pinned_bytes)                                                               \
+    /* The VM side's stalls (EC_STALL_NS or longer, as gpud's): waits for   \
+     * the device lock or the SQ's, and passes over the CQ (answering a     \
+     * chunk of completions and releasing their slots); how many, their    \
+     * time, the longest. */                                                \
+    X(lock_stalls, lock_stalls) X(lock_stall_ns, lock_stall_ns)                                 \
+    X(lock_stall_max_ns, lock_stall_max_ns) X(answer_stalls, answer_stalls)                     \
+    X(answer_stall_ns, answer_stall_ns) X(answer_stall_max_ns, answer_stall_max_ns)
 
 struct counters {
 #define NIF_COUNTER_FIELD(FIELD, KEY) uint64_t FIELD;
@@ -342,20 +349,38 @@ struct job_spec {
 
 /* -------------------------------------------------------- small helpers -- */
 
+static inline void count(uint64_t *c, uint64_t n) { __atomic_add_fetch(c, n, __ATOMIC_RELAXED); }
+
+/* A step of the VM side that took `ns`: a stall (counted in *n, *sum and
+ * *max) when EC_STALL_NS or longer, as gpud counts its own. */
+static inline void count_stall(uint64_t *n, uint64_t *sum, uint64_t *max, uint64_t ns)
+{
+    if (ns < EC_STALL_NS)
+        return;
+    count(n, 1);
+    count(sum, ns);
+    uint64_t m = __atomic_load_n(max, __ATOMIC_RELAXED);
+    while (ns > m && !__atomic_compare_exchange_n(max, &m, ns, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
 static inline void timed_lock(struct device *d, pthread_mutex_t *m)
 {
-    if (!prof_timing) {
-        pthread_mutex_lock(m);
-        return;
-    }
-    /* A timed submit (profile.h): did it wait for the lock, and how long? */
-    prof_add(&d->prof.submit[PS_LOCKS], 1);
+    /* Uncontended: no clock read. A wait is timed on every call (a stall
+     * of a millisecond holds a small job as long), and in timed submits
+     * (profile.h) summed. */
+    if (prof_timing)
+        prof_add(&d->prof.submit[PS_LOCKS], 1);
     if (pthread_mutex_trylock(m) == 0)
         return;
     int64_t t0 = mono_ns();
     pthread_mutex_lock(m);
-    prof_add(&d->prof.submit[PS_LOCK_WAITS], 1);
-    prof_add(&d->prof.submit[PS_LOCK_WAIT_NS], (uint64_t)(mono_ns() - t0));
+    uint64_t waited = (uint64_t)(mono_ns() - t0);
+    count_stall(&d->c.lock_stalls, &d->c.lock_stall_ns, &d->c.lock_stall_max_ns, waited);
+    if (prof_timing) {
+        prof_add(&d->prof.submit[PS_LOCK_WAITS], 1);
+        prof_add(&d->prof.submit[PS_LOCK_WAIT_NS], waited);
+    }
 }
 
 static inline void dev_lock(struct device *d) { timed_lock(d, &d->lock); }
@@ -369,8 +394,6 @@ static inline void dev_unlock(struct device *d) { pthread_mutex_unlock(&d->lock)
 #else
 #define cpu_relax() __asm__ __volatile__("" ::: "memory")
 #endif
-
-static inline void count(uint64_t *c, uint64_t n) { __atomic_add_fetch(c, n, __ATOMIC_RELAXED); }
 
 /* Jobs (ring entries) in flight: up by n, and the peak with it. */
 static inline void in_flight_add(struct device *d, uint32_t n)
