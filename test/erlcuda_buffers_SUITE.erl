@@ -14,7 +14,7 @@
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
          pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
          frees_build_no_result/1, memory_pressure_evicts/1, pinned_binaries_are_read_in_place/1,
-         pin_refuses_bad_input/1]).
+         pin_refuses_bad_input/1, stalls_are_counted/1]).
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
@@ -22,7 +22,7 @@ all() ->
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
      large_copies_let_small_jobs_through, frees_build_no_result, memory_pressure_evicts,
-     pinned_binaries_are_read_in_place, pin_refuses_bad_input, other_device].
+     pinned_binaries_are_read_in_place, pin_refuses_bad_input, stalls_are_counted, other_device].
 
 init_per_suite(Config) ->
     Config.
@@ -715,6 +715,48 @@ pin_refuses_bad_input(_) ->
     %% which never merge: 3.5 MiB can never fit, refused for good too.
     {error, {badarg, too_large}} = erlcuda:pin(binary:copy(<<3>>, 7 bsl 19)),
     ok.
+
+%% Steps of a millisecond or more are counted where they happen: a list
+%% result of 2^20 elements is built on the completion thread (an answer
+%% stall: every other caller's answer waited for it), and on the CPU
+%% backend a vector_add of 2^23 elements runs inside gpud's submit (a
+%% submit stall, within a drain stall).
+stalls_are_counted(_) ->
+    Keys = [answer_stalls, answer_stall_ns, answer_stall_max_ns, lock_stalls, lock_stall_ns,
+            lock_stall_max_ns, gpud_stalls_submit, gpud_stall_ns_submit, gpud_stall_max_ns_submit,
+            gpud_stalls_drain, gpud_stalls_poll, gpud_stalls_answer, gpud_stalls_control,
+            gpud_stalls_segments],
+    {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
+    Delta = fun(S0, S1) -> maps:from_list([{K, maps:get(K, S1) - maps:get(K, S0)} || K <- Keys]) end,
+    S1 = erlcuda:stats(0),
+    L = [float(I) || I <- lists:seq(1, 1 bsl 20)],
+    {ok, [2.0 | _]} = erlcuda:launch_sync(vector_add, [L, L], [{timeout, 60000}]),
+    %% The completion pass is counted once it is over, after its answers
+    %% were sent: the counters may move just after the answer comes.
+    S2 = await_stat(answer_stalls, maps:get(answer_stalls, S1) + 1, 10000),
+    #{answer_stalls := A, answer_stall_ns := Ans, answer_stall_max_ns := AMax} = Delta(S1, S2),
+    ?assert(A >= 1 andalso Ans >= A * 1000000, {A, Ans}),
+    ?assert(maps:get(answer_stall_max_ns, S2) >= 1000000 andalso AMax >= 0),
+    %% One job between device buffers (a job from binaries this large is
+    %% cut in slices): 2^23 elements, 96 MiB read and written.
+    {ok, Bb} = erlcuda:put(binary:copy(<<1.0:32/float-native>>, 1 bsl 23)),
+    S3 = erlcuda:stats(0),
+    {ok, Yb} = erlcuda:launch_sync(vector_add, [Bb, Bb], [{output, buffer}, {timeout, 60000}]),
+    {ok, <<2.0:32/float-native, _/binary>>} = erlcuda:get(Yb),
+    S4 = await_stat(gpud_stalls_drain, maps:get(gpud_stalls_drain, S3) + 1, 10000),
+    #{gpud_stalls_submit := Sub, gpud_stall_ns_submit := SubNs, gpud_stalls_drain := Dr} = Delta(S3, S4),
+    ?assert(Sub >= 1 andalso SubNs >= Sub * 1000000 andalso Dr >= 1, {Sub, SubNs, Dr}),
+    ?assert(maps:get(gpud_stall_max_ns_submit, S4) >= 1000000),
+    [ok = erlcuda:free(X) || X <- [Bb, Yb]].
+
+%% stats/1 once Key has reached Want.
+await_stat(Key, Want, Deadline) ->
+    S = erlcuda:stats(0),
+    case maps:get(Key, S) >= Want of
+        true -> S;
+        false when Deadline =< 0 -> ct:fail({Key, maps:get(Key, S), want, Want});
+        false -> timer:sleep(5), await_stat(Key, Want, Deadline - 5)
+    end.
 
 %% Pins Bin once the arena has room again (the held binary above garbage
 %% collected).
