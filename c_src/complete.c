@@ -110,6 +110,22 @@ static void send_answer(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *msg_
     enif_clear_env(msg_env);
 }
 
+/* Hands a large list result to the device's list converter (results.h):
+ * {erlcuda_list_result, Pid, Ref, Items}. Returns 1 once sent (and clears
+ * msg_env), 0 when the converter is gone: the caller then answers as
+ * usual, from the same region. */
+static int send_to_converter(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *msg_env,
+                             struct job *j, ERL_NIF_TERM items)
+{
+    ERL_NIF_TERM msg = enif_make_tuple4(msg_env, ATOM_erlcuda_list_result, enif_make_pid(msg_env, &j->pid),
+                                        enif_make_copy(msg_env, j->ref), items);
+    if (!enif_send(caller_env, &d->list_pid, msg_env, msg))
+        return 0;
+    count(&d->c.list_results_handed, 1);
+    enif_clear_env(msg_env);
+    return 1;
+}
+
 /* A control descriptor's answer: ok, {error, {module, Why}} with gpud's
  * reason from the output region, or {error, {gpud, Status}}. */
 static ERL_NIF_TERM control_result(ErlNifEnv *env, struct device *d, struct job *j, int32_t status)
@@ -174,6 +190,7 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
     /* A free answers nobody (send_answer), so it builds no result. */
     if (claim == 1 && j->output != OUTPUT_FREE) {
         ERL_NIF_TERM result;
+        int handed = 0; /* to the list converter, which answers */
         if (j->output == OUTPUT_CONTROL) {
             result = control_result(m, d, j, status);
         } else if (status != EC_STATUS_OK) {
@@ -182,9 +199,14 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
             /* A put, or a launch with {output, buffer}: the new buffer. */
             result = enif_make_tuple2(m, ATOM_ok, enif_make_copy(m, j->buf_term));
         } else {
-            result = enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
+            ERL_NIF_TERM items;
+            handed = list_handed(m, d, j, &items) && send_to_converter(d, caller_env, m, j, items);
+            /* Not sent: the region stays readable (a handed region is kept
+             * by the binaries in m until m is cleared). */
+            result = handed ? 0 : enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         }
-        send_answer(d, caller_env, m, j, result);
+        if (!handed)
+            send_answer(d, caller_env, m, j, result);
         if (j->t_pub) {
             /* A timed submit's job (profile.h, round trip). */
             uint64_t *p = d->prof.complete;

@@ -156,7 +156,7 @@ static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNi
 
 /* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
  *               pipeline_bytes, zero_copy_bytes, poison_outputs, prefault_arena
- *               [, sync_spin_us]}) -> {ok, Handle} | {error, Reason} */
+ *               [, sync_spin_us, list_converter]}) -> {ok, Handle} | {error, Reason} */
 ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts)
 {
     unsigned dev;
@@ -182,6 +182,14 @@ ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts)
     if (enif_get_map_value(env, opts, ATOM_sync_spin_us, &t) &&
         (!enif_get_uint64(env, t, &sync_spin) || sync_spin > 1000))
         return enif_make_badarg(env);
+    /* Optional: a local pid that builds large list results (results.h). */
+    ErlNifPid list_pid;
+    int has_list_pid = 0;
+    if (enif_get_map_value(env, opts, ATOM_list_converter, &t)) {
+        if (!enif_get_local_pid(env, t, &list_pid))
+            return enif_make_badarg(env);
+        has_list_pid = 1;
+    }
 
     struct device *d = enif_alloc_resource(DEVICE_RT, sizeof *d);
     memset(d, 0, sizeof *d);
@@ -199,6 +207,10 @@ ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts)
      * completion thread spins spin_us only. */
     d->busy_spin_us = sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? (uint32_t)busy_spin : 0;
     d->sync_spin_us = (uint32_t)sync_spin;
+    if (has_list_pid) {
+        d->list_pid = list_pid;
+        d->has_list_pid = 1;
+    }
     d->arena_max = arena_max;
     d->zero_copy_bytes = zero_copy;
     d->pipeline_bytes = pipeline;

@@ -185,7 +185,7 @@ struct buffer_res {
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
     X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \
     X(arena_grown_on_miss, arena_grown_on_miss) X(result_bytes, result_bytes)                  \
-    X(pinned_bytes, pinned_bytes)                                                               \
+    X(pinned_bytes, pinned_bytes) X(list_results_handed, list_results_handed)                    \
     /* The VM side's stalls (EC_STALL_NS or longer, as gpud's): waits for   \
      * the device lock or the SQ's, and passes over the CQ (answering a     \
      * chunk of completions and releasing their slots); how many, their    \
@@ -236,6 +236,10 @@ struct device {
     uint64_t exported;                   /* live region_res, __atomic */
     uint32_t id, nslots, spin_us, busy_spin_us;
     uint32_t sync_spin_us; /* await_spin's budget; 0: never spin */
+    /* Where large list results go to be built (open's list_converter:
+     * the device's server), off the completion thread (results.h). */
+    ErlNifPid list_pid;
+    int has_list_pid;
     struct job *jobs;
     uint32_t *free_stack;
     uint32_t nfree;

@@ -13,6 +13,7 @@
 #include "atoms.h"
 #include "buffers.h"
 #include "pinned.h"
+#include "results.h"
 #include "complete.h"
 #include "copy.h"
 #include "device.h"
@@ -245,6 +246,23 @@ static ERL_NIF_TERM nif_in_flight(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     return enif_make_uint(env, __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED));
 }
 
+/* list_of(Type, Binary) -> [Number]: the elements of Binary (native
+ * endian, of Type) as a result's list form (results.h, list_handed); dirty
+ * CPU, for the list converter. */
+static ERL_NIF_TERM nif_list_of(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    ErlNifBinary bin;
+    for (unsigned ty = 0; ty < EC_TYPE_COUNT; ty++) {
+        if (!enif_is_identical(argv[0], TYPE_ATOMS[ty]))
+            continue;
+        if (!enif_inspect_binary(env, argv[1], &bin) || bin.size % type_bytes((uint8_t)ty) != 0)
+            return enif_make_badarg(env);
+        return list_term(env, bin.data, (uint8_t)ty, bin.size / type_bytes((uint8_t)ty));
+    }
+    return enif_make_badarg(env);
+}
+
 /* await_spin(Handle, Ref) -> answered | waiting: see complete.h. */
 static ERL_NIF_TERM nif_await_spin(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
@@ -338,6 +356,7 @@ static ErlNifFunc nif_funcs[] = {
     {"stats", 1, nif_stats, 0},
     {"in_flight", 1, nif_in_flight, 0},
     {"await_spin", 2, nif_await_spin, 0},
+    {"list_of", 2, nif_list_of, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"kernels", 0, nif_kernels, 0},
     {"signature", 2, nif_signature, 0},
     {"user_kernel", 1, nif_user_kernel, 0},

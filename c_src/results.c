@@ -61,6 +61,48 @@ ERL_NIF_TERM region_binary(ErlNifEnv *env, struct device *d, const struct region
     return bin;
 }
 
+ERL_NIF_TERM list_term(ErlNifEnv *env, const uint8_t *p, uint8_t type, uint64_t n)
+{
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (uint64_t i = n; i > 0; i--)
+        list = enif_make_list_cell(env, elem_term(env, p, type, i - 1), list);
+    return list;
+}
+
+int list_handed(ErlNifEnv *env, struct device *d, struct job *j, ERL_NIF_TERM *items)
+{
+    uint64_t elems = 0;
+    for (unsigned k = 0; k < j->nout; k++)
+        elems += j->outs[k].scalar ? 0 : j->outs[k].len;
+    if (j->form != FORM_LIST || !d->has_list_pid || elems < LIST_HAND_ELEMS || j->out.inl)
+        return 0;
+    /* One resource binary over the whole output region (kept until the
+     * converter's binaries are garbage collected), a sub-binary each. */
+    const uint8_t *base = region_ptr(d, &j->out);
+    size_t total = 0;
+    for (unsigned k = 0; k < j->nout; k++) {
+        const struct out_spec *o = &j->outs[k];
+        size_t end = o->off + (size_t)o->len * type_bytes(o->type);
+        total = end > total ? end : total;
+    }
+    ERL_NIF_TERM whole = region_binary(env, d, &j->out, base, total);
+    if (!whole)
+        return 0;
+    j->out_taken = 1;
+    ERL_NIF_TERM l = enif_make_list(env, 0);
+    for (unsigned k = j->nout; k > 0; k--) {
+        const struct out_spec *o = &j->outs[k - 1];
+        ERL_NIF_TERM item =
+            o->scalar ? enif_make_tuple2(env, ATOM_value, elem_term(env, base + o->off, o->type, 0))
+                      : enif_make_tuple2(env, TYPE_ATOMS[o->type],
+                                         enif_make_sub_binary(env, whole, o->off,
+                                                              (size_t)o->len * type_bytes(o->type)));
+        l = enif_make_list_cell(env, item, l);
+    }
+    *items = l;
+    return 1;
+}
+
 /* Output k of job j. `whole`: the job's only output, which may be handed
  * over as a resource binary on its region (j->zero_copy). */
 static ERL_NIF_TERM output_term(ErlNifEnv *env, struct device *d, struct job *j, unsigned k, int whole)
@@ -74,10 +116,7 @@ static ERL_NIF_TERM output_term(ErlNifEnv *env, struct device *d, struct job *j,
      * a copied binary; a zero-copy binary reads none). */
     if (j->form == FORM_LIST) {
         count(&d->c.result_bytes, bytes);
-        ERL_NIF_TERM list = enif_make_list(env, 0);
-        for (uint64_t i = o->len; i > 0; i--)
-            list = enif_make_list_cell(env, elem_term(env, out, o->type, i - 1), list);
-        return list;
+        return list_term(env, out, o->type, o->len);
     }
     ERL_NIF_TERM bin = 0;
     if (whole && j->zero_copy) {

@@ -126,6 +126,9 @@ init({Id, Backend, Probe}) ->
              spin_us => Env(completion_spin_us),
              busy_spin_us => Env(completion_busy_spin_us),
              sync_spin_us => sync_spin_us(Env(sync_spin_us)),
+             %% Large list results are built off the completion thread,
+             %% from here (erlcuda_lists).
+             list_converter => self(),
              pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
              poison_outputs => Env(poison_outputs),
              %% Off unless asked: gpud populates the arena's pages itself
@@ -191,6 +194,9 @@ handle_info({timeout, T, step}, #{timer := T, step := Step} = S) ->
 handle_info({'EXIT', _PortOrOther, _}, S) ->
     %% A port's exit_status, which always comes first, has handled it.
     {noreply, S};
+handle_info({erlcuda_list_result, Pid, Ref, Items}, S) ->
+    _ = erlcuda_lists:answer(Pid, Ref, Items),
+    {noreply, S};
 handle_info(restart, #{status := down} = S) ->
     {noreply, start(S)};
 handle_info(_Msg, S) ->
@@ -201,8 +207,20 @@ terminate(_Reason, #{id := Id, handle := H, probe_port := Probe} = S) ->
     catch port_close(Probe),
     stop_gpud(S),
     erlcuda_nif:close(H),
+    %% Large list results handed here and not built yet: answered still
+    %% (the device is closed, so no more come; their binaries keep the
+    %% arena mapped).
+    answer_list_results(),
     persistent_term:erase({?MODULE, Id}),
     ok.
+
+answer_list_results() ->
+    receive
+        {erlcuda_list_result, Pid, Ref, Items} ->
+            _ = erlcuda_lists:answer(Pid, Ref, Items),
+            answer_list_results()
+    after 0 -> ok
+    end.
 
 %%% Starting gpud
 

@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_of/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
          buffer_info/1]).
 
 -on_load(init/0).
@@ -38,7 +38,10 @@ init() ->
 %% arena), `poison_outputs' (fill outputs with NaN before each job),
 %% `prefault_arena' (fault the arena's pages in on a thread of the NIF's
 %% own, ahead of gpud's registration of them with the GPU: c_src/prefault.h).
-%% Optional: `sync_spin_us' (await_spin/2's budget, at most 1000; absent: 0).
+%% Optional: `sync_spin_us' (await_spin/2's budget, at most 1000; absent: 0),
+%% `list_converter' (a local pid that is sent large list results to build,
+%% `{erlcuda_list_result, Pid, Ref, Items}': erlcuda_lists; absent: built
+%% by the completion thread).
 -spec open(non_neg_integer(), #{atom() => term()}) -> {ok, handle()} | {error, atom()}.
 open(_Device, _Opts) -> ?NOT_LOADED.
 
@@ -99,6 +102,13 @@ in_flight(_H) -> ?NOT_LOADED.
 %% scheduler thread (`waiting').
 -spec await_spin(handle(), reference()) -> answered | waiting.
 await_spin(_H, _Ref) -> ?NOT_LOADED.
+
+%% @doc The elements of `Bin' (native-endian, of `Type') as a result's list
+%% form: numbers, and `nan', `infinity' or `neg_infinity' for floats that
+%% are none. On a dirty scheduler: erlcuda_lists builds large list results
+%% with it.
+-spec list_of(atom(), binary()) -> [number() | nan | infinity | neg_infinity].
+list_of(_Type, _Bin) -> ?NOT_LOADED.
 
 %% @doc Queues a control descriptor: load (or unload) users' module slot
 %% `Slot' from directory `Path' on this device; the answer is the message

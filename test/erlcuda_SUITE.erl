@@ -20,7 +20,7 @@ groups() ->
                             non_finite_values, prop_random_vectors]},
      {stack, [sequence], [concurrent_callers, kill_gpud_under_load, launch_sync_timeout,
                           timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty,
-                          zero_copy_chain, sync_calls_leave_the_mailbox]},
+                          zero_copy_chain, sync_calls_leave_the_mailbox, large_list_results]},
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]},
      {cached_ring, [], [busy_when_full_with_slot_caches]},
@@ -122,6 +122,53 @@ element_types(_) ->
     {error, {badarg, {arg, 1}}} = erlcuda:launch(reduce, [{f16, <<1, 2>>}]),
     {error, {badarg, {arg, 1}}} = erlcuda:launch(saxpy, [foo, [1.0], [1.0]]),
     {ok, [nan]} = erlcuda:launch_sync(saxpy, [nan, [1.0], [1.0]]),
+    ok.
+
+%% A list result of 16,384 elements or more is built off the completion
+%% thread (erlcuda_lists, through the device's server), with the very
+%% answer the thread would have built: floats, and nan, infinity and
+%% neg_infinity where the bits are none; one answer a job, async or sync.
+%% One element fewer is built by the thread, the same way.
+large_list_results(_) ->
+    %% infinity, neg_infinity, a NaN, -0.0 (the sum keeps L's element).
+    Specials32 = [16#7F800000, 16#FF800000, 16#7FC00000, 16#80000000],
+    Specials64 = [16#7FF0000000000000, 16#FFF0000000000000, 16#7FF8000000000001, 16#8000000000000000],
+    lists:foreach(
+      fun({Type, Bits, Specials, N}) ->
+              L = [float(I rem 1000) - 500.0 || I <- lists:seq(1, N)],
+              %% The second vector: zeros, then special values at the end.
+              Zeros = binary:copy(<<0:Bits>>, N - length(Specials)),
+              Second = {Type, <<Zeros/binary, << <<S:Bits/native>> || S <- Specials >>/binary>>},
+              Want = lists:sublist(L, N - length(Specials)) ++
+                  [case S of
+                       _ when S =:= 16#7F800000; S =:= 16#7FF0000000000000 -> infinity;
+                       _ when S =:= 16#FF800000; S =:= 16#FFF0000000000000 -> neg_infinity;
+                       _ when S =:= 16#80000000; S =:= 16#8000000000000000 -> lists:last(L);
+                       _ -> nan
+                   end || S <- Specials],
+              #{list_results_handed := H0} = erlcuda:stats(0),
+              {ok, Got} = erlcuda:launch_sync(vector_add, [L, Second], [{timeout, 60000}]),
+              ?assertEqual(N, length(Got)),
+              ?assertEqual(Want, Got),
+              {ok, Ref} = erlcuda:launch(vector_add, [L, Second], [{timeout, 60000}]),
+              receive {erlcuda, Ref, {ok, Got2}} -> ?assertEqual(Want, Got2)
+              after 60000 -> ct:fail({no_answer, Type, N})
+              end,
+              receive {erlcuda, Ref, Again} -> ct:fail({second_answer, Again}) after 100 -> ok end,
+              #{list_results_handed := H1} = erlcuda:stats(0),
+              ?assertEqual(case N >= 16384 of true -> 2; false -> 0 end, H1 - H0)
+      end,
+      [{f32, 32, Specials32, 16384}, {f32, 32, Specials32, 16383}, {f32, 32, Specials32, (1 bsl 18) + 7},
+       {f64, 64, Specials64, 16384}, {f64, 64, Specials64, 16383}]),
+    {'EXIT', {badarg, _}} = catch erlcuda_nif:list_of(f16, <<>>),
+    {'EXIT', {badarg, _}} = catch erlcuda_nif:list_of(f32, <<1, 2, 3>>),
+    {'EXIT', {badarg, _}} = catch erlcuda_nif:list_of(u8, foo),
+    [1, 255] = erlcuda_nif:list_of(u8, <<1, 255>>),
+    [-1, 7] = erlcuda_nif:list_of(s64, <<-1:64/signed-native, 7:64/signed-native>>),
+    [-2, 4294967295] = erlcuda_nif:list_of(s32, <<-2:32/signed-native>>) ++ erlcuda_nif:list_of(u32, <<-1:32>>),
+    %% The smallest denormal, exactly.
+    <<Tiny:32/float-native>> = <<1:32/native>>,
+    [Tiny] = erlcuda_nif:list_of(f32, <<1:32/native>>),
     ok.
 
 %% erlcuda:kernels/0 reports the table, and every kernel it names runs.

@@ -70,6 +70,19 @@ bytes_and_ranges(_) ->
     ?assertEqual({ok, ok}, erlcuda:launch_sync({example, scatter_add}, [Acc, [2, 0, 2], [1.0, 2.0, 3.0]])),
     ?assertEqual({ok, << <<V:32/float-native>> || V <- [3.0, 1.0, 5.0] >>}, erlcuda:get(Acc)),
     ok = erlcuda:free(Acc),
+    %% Two outputs in list form, 2048 rows of K 8 each (16,384 elements a
+    %% list: built off the completion thread, erlcuda_lists): the tuple
+    %% the typed call gives, as lists.
+    Rows = [[float((R * 7 + C * 13) rem 31) || C <- lists:seq(1, 16)] || R <- lists:seq(1, 2048)],
+    Flat = lists:append(Rows),
+    #{list_results_handed := H0} = erlcuda:stats(0),
+    {ok, {Vs, Is}} = erlcuda:launch_sync({example, topk_rows}, [Flat, 2048, 16, 8]),
+    {ok, {{f32, Vb}, {u32, Ib}}} =
+        erlcuda:launch_sync({example, topk_rows}, [{f32, << <<V:32/float-native>> || V <- Flat >>}, 2048, 16, 8]),
+    ?assertEqual([V || <<V:32/float-native>> <= Vb], Vs),
+    ?assertEqual([I || <<I:32/native>> <= Ib], Is),
+    ?assertEqual(16384, length(Is)),
+    ?assertMatch(#{list_results_handed := H1} when H1 =:= H0 + 1, erlcuda:stats(0)),
     ok.
 
 %% Every vector argument of every example kernel, for every type it

@@ -1,0 +1,34 @@
+%% @private
+%% Large list results, built off the NIF's completion thread. That thread
+%% answers every job of a device, one after the other: a list of a million
+%% elements built there held it 15 ms, and every other caller's answer
+%% with it. A job whose outputs in list form hold 16,384 elements or more
+%% (LIST_HAND_ELEMS, c_src/results.h) is described to the device's server
+%% instead, as one item per output: `{Type, Binary}' over the job's output
+%% region, or `{value, Number}' for a scalar output; the server hands it
+%% here, and a process of its own builds the lists on a dirty scheduler
+%% (erlcuda_nif:list_of/2, the same conversion the thread does) and sends
+%% the caller the answer it would have had: `{erlcuda, Ref, {ok, Result}}'.
+-module(erlcuda_lists).
+
+-export([answer/3]).
+
+-type item() :: {erlcuda:elem_type(), binary()} | {value, number() | nan | infinity | neg_infinity}.
+
+%% @doc Answers job `Ref' of process `Pid' from its outputs' items, in a
+%% new process; every such job gets exactly one answer (an error one if the
+%% lists could not be built).
+-spec answer(pid(), reference(), [item()]) -> pid().
+answer(Pid, Ref, Items) ->
+    spawn(fun() -> Pid ! {erlcuda, Ref, result(Items)} end).
+
+result(Items) ->
+    try [output(I) || I <- Items] of
+        [One] -> {ok, One};
+        Outs -> {ok, list_to_tuple(Outs)}
+    catch
+        C:E -> {error, {result, {C, E}}}
+    end.
+
+output({value, V}) -> V;
+output({Type, Bin}) -> erlcuda_nif:list_of(Type, Bin).
