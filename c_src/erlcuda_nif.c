@@ -246,21 +246,57 @@ static ERL_NIF_TERM nif_in_flight(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     return enif_make_uint(env, __atomic_load_n(&d->in_flight, __ATOMIC_RELAXED));
 }
 
-/* list_of(Type, Binary) -> [Number]: the elements of Binary (native
- * endian, of Type) as a result's list form (results.h, list_handed); dirty
- * CPU, for the list converter. */
-static ERL_NIF_TERM nif_list_of(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+/* One item of a handed list result (results.h, list_handed) as its
+ * output: {Type, Binary} a list, {value, N} N. 0 when malformed. */
+static ERL_NIF_TERM handed_output(ErlNifEnv *env, ErlNifEnv *from, ERL_NIF_TERM item)
 {
-    (void)argc;
+    const ERL_NIF_TERM *t;
+    int n;
     ErlNifBinary bin;
+    if (!enif_get_tuple(from, item, &n, &t) || n != 2)
+        return 0;
+    if (enif_is_identical(t[0], ATOM_value))
+        return enif_is_number(from, t[1]) || enif_is_atom(from, t[1]) ? enif_make_copy(env, t[1]) : 0;
     for (unsigned ty = 0; ty < EC_TYPE_COUNT; ty++) {
-        if (!enif_is_identical(argv[0], TYPE_ATOMS[ty]))
+        if (!enif_is_identical(t[0], TYPE_ATOMS[ty]))
             continue;
-        if (!enif_inspect_binary(env, argv[1], &bin) || bin.size % type_bytes((uint8_t)ty) != 0)
-            return enif_make_badarg(env);
+        if (!enif_inspect_binary(from, t[1], &bin) || bin.size % type_bytes((uint8_t)ty) != 0)
+            return 0;
         return list_term(env, bin.data, (uint8_t)ty, bin.size / type_bytes((uint8_t)ty));
     }
-    return enif_make_badarg(env);
+    return 0;
+}
+
+/* list_answer(Pid, Ref, Items) -> ok: sends Pid {erlcuda, Ref, {ok, Result}}
+ * built from a handed list result's items (results.h): the one output, or
+ * a tuple of them. Dirty CPU, for erlcuda_lists: the answer is built in an
+ * env of its own and sent without a copy, as the completion thread would
+ * have sent it. badarg for malformed items, sending nothing. */
+static ERL_NIF_TERM nif_list_answer(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    ErlNifPid pid;
+    unsigned len;
+    if (!enif_get_local_pid(env, argv[0], &pid) || !enif_is_ref(env, argv[1]) ||
+        !enif_get_list_length(env, argv[2], &len) || len == 0 || len > EC_MAX_OUTPUTS)
+        return enif_make_badarg(env);
+    ErlNifEnv *m = enif_alloc_env();
+    if (!m)
+        return make_error(env, ATOM_enomem);
+    ERL_NIF_TERM outs[EC_MAX_OUTPUTS], head, tail = argv[2];
+    for (unsigned k = 0; k < len; k++) {
+        enif_get_list_cell(env, tail, &head, &tail);
+        if (!(outs[k] = handed_output(m, env, head))) {
+            enif_free_env(m);
+            return enif_make_badarg(env);
+        }
+    }
+    ERL_NIF_TERM result = len == 1 ? outs[0] : enif_make_tuple_from_array(m, outs, len);
+    ERL_NIF_TERM msg = enif_make_tuple3(m, ATOM_erlcuda, enif_make_copy(m, argv[1]),
+                                        enif_make_tuple2(m, ATOM_ok, result));
+    enif_send(env, &pid, m, msg);
+    enif_free_env(m);
+    return ATOM_ok;
 }
 
 /* await_spin(Handle, Ref) -> answered | waiting: see complete.h. */
@@ -356,7 +392,7 @@ static ErlNifFunc nif_funcs[] = {
     {"stats", 1, nif_stats, 0},
     {"in_flight", 1, nif_in_flight, 0},
     {"await_spin", 2, nif_await_spin, 0},
-    {"list_of", 2, nif_list_of, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"list_answer", 3, nif_list_answer, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"kernels", 0, nif_kernels, 0},
     {"signature", 2, nif_signature, 0},
     {"user_kernel", 1, nif_user_kernel, 0},

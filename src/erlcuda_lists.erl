@@ -6,9 +6,11 @@
 %% (LIST_HAND_ELEMS, c_src/results.h) is described to the device's server
 %% instead, as one item per output: `{Type, Binary}' over the job's output
 %% region, or `{value, Number}' for a scalar output; the server hands it
-%% here, and a process of its own builds the lists on a dirty scheduler
-%% (erlcuda_nif:list_of/2, the same conversion the thread does) and sends
-%% the caller the answer it would have had: `{erlcuda, Ref, {ok, Result}}'.
+%% here, and a process of its own builds the answer on a dirty scheduler
+%% (erlcuda_nif:list_answer/3, the same conversion the thread does) and
+%% sends the caller the message it would have had, `{erlcuda, Ref, {ok,
+%% Result}}', without a copy: built in an env of its own, as the thread
+%% builds its answers.
 -module(erlcuda_lists).
 
 -export([answer/3]).
@@ -17,18 +19,11 @@
 
 %% @doc Answers job `Ref' of process `Pid' from its outputs' items, in a
 %% new process; every such job gets exactly one answer (an error one if the
-%% lists could not be built).
+%% items could not be built).
 -spec answer(pid(), reference(), [item()]) -> pid().
 answer(Pid, Ref, Items) ->
-    spawn(fun() -> Pid ! {erlcuda, Ref, result(Items)} end).
-
-result(Items) ->
-    try [output(I) || I <- Items] of
-        [One] -> {ok, One};
-        Outs -> {ok, list_to_tuple(Outs)}
-    catch
-        C:E -> {error, {result, {C, E}}}
-    end.
-
-output({value, V}) -> V;
-output({Type, Bin}) -> erlcuda_nif:list_of(Type, Bin).
+    spawn(fun() ->
+                  try erlcuda_nif:list_answer(Pid, Ref, Items)
+                  catch C:E -> Pid ! {erlcuda, Ref, {error, {result, {C, E}}}}
+                  end
+          end).

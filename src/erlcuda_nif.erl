@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_of/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_answer/3, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
          buffer_info/1]).
 
 -on_load(init/0).
@@ -103,12 +103,13 @@ in_flight(_H) -> ?NOT_LOADED.
 -spec await_spin(handle(), reference()) -> answered | waiting.
 await_spin(_H, _Ref) -> ?NOT_LOADED.
 
-%% @doc The elements of `Bin' (native-endian, of `Type') as a result's list
-%% form: numbers, and `nan', `infinity' or `neg_infinity' for floats that
-%% are none. On a dirty scheduler: erlcuda_lists builds large list results
-%% with it.
--spec list_of(atom(), binary()) -> [number() | nan | infinity | neg_infinity].
-list_of(_Type, _Bin) -> ?NOT_LOADED.
+%% @doc Sends `Pid' `{erlcuda, Ref, {ok, Result}}', Result built from a
+%% large list result's items (one per output: `{Type, Binary}' a list of
+%% its elements, `{value, N}' N; one item gives its output, several a
+%% tuple), as the completion thread would have built it. On a dirty
+%% scheduler, for erlcuda_lists; badarg (nothing sent) for bad items.
+-spec list_answer(pid(), reference(), [{atom(), term()}]) -> ok.
+list_answer(_Pid, _Ref, _Items) -> ?NOT_LOADED.
 
 %% @doc Queues a control descriptor: load (or unload) users' module slot
 %% `Slot' from directory `Path' on this device; the answer is the message

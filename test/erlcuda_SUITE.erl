@@ -160,15 +160,24 @@ large_list_results(_) ->
       end,
       [{f32, 32, Specials32, 16384}, {f32, 32, Specials32, 16383}, {f32, 32, Specials32, (1 bsl 18) + 7},
        {f64, 64, Specials64, 16384}, {f64, 64, Specials64, 16383}]),
-    {'EXIT', {badarg, _}} = catch erlcuda_nif:list_of(f16, <<>>),
-    {'EXIT', {badarg, _}} = catch erlcuda_nif:list_of(f32, <<1, 2, 3>>),
-    {'EXIT', {badarg, _}} = catch erlcuda_nif:list_of(u8, foo),
-    [1, 255] = erlcuda_nif:list_of(u8, <<1, 255>>),
-    [-1, 7] = erlcuda_nif:list_of(s64, <<-1:64/signed-native, 7:64/signed-native>>),
-    [-2, 4294967295] = erlcuda_nif:list_of(s32, <<-2:32/signed-native>>) ++ erlcuda_nif:list_of(u32, <<-1:32>>),
-    %% The smallest denormal, exactly.
+    %% list_answer/3 itself: every type, one output or a tuple, a scalar
+    %% as it is; bad items are badarg and send nothing.
+    Answer = fun(Items) ->
+                     R = make_ref(),
+                     ok = erlcuda_nif:list_answer(self(), R, Items),
+                     receive {erlcuda, R, A} -> A after 5000 -> ct:fail({no_answer, Items}) end
+             end,
     <<Tiny:32/float-native>> = <<1:32/native>>,
-    [Tiny] = erlcuda_nif:list_of(f32, <<1:32/native>>),
+    {ok, [Tiny]} = Answer([{f32, <<1:32/native>>}]),
+    {ok, {[1, 255], [-1, 7], [-2], 2.5}} =
+        Answer([{u8, <<1, 255>>}, {s64, <<-1:64/signed-native, 7:64/signed-native>>},
+                {s32, <<-2:32/signed-native>>}, {value, 2.5}]),
+    {ok, {[4294967295], [nan, 1.5]}} =
+        Answer([{u32, <<-1:32>>}, {f64, <<16#7FF8000000000000:64/native, 1.5:64/float-native>>}]),
+    [{'EXIT', {badarg, _}} = catch erlcuda_nif:list_answer(self(), make_ref(), Bad)
+     || Bad <- [[], [{f16, <<>>}], [{f32, <<1, 2, 3>>}], [{u8, foo}], [{value, <<>>}], [foo],
+                lists:duplicate(5, {u8, <<>>})]],
+    receive {erlcuda, _, Unwanted} -> ct:fail({sent, Unwanted}) after 50 -> ok end,
     ok.
 
 %% erlcuda:kernels/0 reports the table, and every kernel it names runs.
