@@ -1137,6 +1137,32 @@ def mixed_target_text(t, figs):
     return "{}: {}".format(lim, "met" if r["met"] else "missed")
 
 
+def mixed_waits(small):
+    """A line per small-job row with erlcuda's stall counts (extra.gpud_stalls)
+    or its slowest jobs placed in the large ones (extra.outliers); [] where no
+    row has either."""
+    lines = []
+    for k in sorted(small, key=lambda k: (-1, "") if k == "" else mixed_order(k)):
+        ex = extra_of(next(iter(small[k].values())), OWN)
+        stalls, outliers = ex.get("gpud_stalls"), ex.get("outliers")
+        if not isinstance(stalls, dict) and not isinstance(outliers, list):
+            continue
+        parts = []
+        if isinstance(stalls, dict):
+            parts.append("steps of 1 ms or more: " + (", ".join(
+                "{} {} ({} ms)".format(p, st.get("n"), fmt(st.get("ms"))) for p, st in sorted(stalls.items())
+                if isinstance(st, dict)) or "none"))
+        if isinstance(outliers, list) and outliers:
+            worst = sorted((o for o in outliers if isinstance(o, dict) and isinstance(o.get("us"), (int, float))),
+                           key=lambda o: -o["us"])[:8]
+            parts.append("small jobs over 1 ms: {}, the slowest {}".format(len(outliers), ", ".join(
+                "{} @ {}".format(fmt(o["us"]), "between large jobs" if not isinstance(o.get("into_large_ms"), (int, float))
+                                 else "{} of {}".format(fmt(o["into_large_ms"]), fmt(o.get("large_ms"))))
+                for o in worst)))
+        lines.append("- {}: {}".format(k or "nothing (alone)", "; ".join(parts)))
+    return lines
+
+
 def mixed_tables(gf):
     """The mixed load: the small jobs' p50, p99 and max alone and beside each large
     kind, erlcuda's and PyTorch's (priority streams); then the large jobs'
@@ -1181,6 +1207,13 @@ def mixed_tables(gf):
         L += table(["small jobs beside", "erlcuda p50 us", "p99 us", "max us", "jobs",
                     "PyTorch p50 us", "p99 us", "max us", "jobs", "targets"], rows)
         L += wrong_note([f for fs in small.values() for f in fs.values()])
+        waits = mixed_waits(small)
+        if waits:
+            L += ["", "Where erlcuda's small jobs waited, beside each large kind: the steps of 1 ms or more "
+                      "while they ran, per phase (steps, ms in all; gpud's loop: drain, submit, poll, answer, "
+                      "control, segments; the VM side: vm_lock, vm_answer; guides/observability.md), and the "
+                      "slowest small jobs over 1 ms, each placed in the large job then running (us @ ms into a "
+                      "large job of ms):", ""] + waits
         if cut:
             notes.append("Cut short by the time budget: " + "; ".join(cut) + ".")
     if large:
