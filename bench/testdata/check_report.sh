@@ -243,6 +243,10 @@ EOF
 
 md="$T/RESULTS.md"
 grep -q '^# erlcuda benchmark results' "$md" || fail "Markdown title"
+grep -qF -- '- matmul_4096_buffers: steps of 1 ms or more: submit 3 (4.50 ms), vm_lock 1 (1.25 ms); small jobs over 1 ms: 1, the slowest 1,630 @ 2.50 of 3.10' "$md" \
+    || fail "the mixed load's stalls and outliers line"
+grep -q '^- matmul_4096_binaries' "$md" && fail "a stalls line for a row with neither stalls nor outliers"
+
 grep -q '^## fake-h200$' "$md" || fail "Markdown machine section"
 grep -q 'FAKE DATA' "$md" || fail "Markdown does not flag fake data"
 grep -q '^### Targets$' "$md" || fail "no Targets section"
