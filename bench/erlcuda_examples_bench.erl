@@ -34,7 +34,7 @@
 %% Alone: `bash .gpu-bundle/run.sh eval "erlcuda_examples_bench:main()"'
 %% (writes $ERLCUDA_BENCH_JSON, default examples.json).
 -module(erlcuda_examples_bench).
--export([main/0, run/0, module_dir/0, kernels/0]).
+-export([main/0, run/0, module_dir/0, kernels/0, launches/2]).
 
 -define(MOD, example).
 -define(REPS, 50).
@@ -76,6 +76,35 @@ main() ->
     ok = file:write_file(Out, erlcuda_bench:json(#{meta => Meta,
                                                    records => lists:reverse(erlang:get(records))})),
     io:format("~nwrote ~s (~p records)~n", [Out, length(erlang:get(records))]).
+
+%% Launches of kernels Ks for a profiler (`run.sh ncu': Nsight Compute
+%% over gpud): each at DESIGN's size from device buffers to a buffer and
+%% as a small job from binaries (the benchmark's two cases), N times each,
+%% every answer checked for success only. Starts erlcuda and loads the
+%% example module (module_dir/0); timing is the profiler's.
+launches(Ks, N) ->
+    logger:set_primary_config(level, error),
+    erlcuda_bench:start(),
+    {ok, Dir, _} = module_dir(),
+    ok = erlcuda:load_module(?MOD, Dir),
+    try
+        [begin
+             #{inputs := Inputs, args := ArgsF} = Case = device_case(K, 1),
+             Bufs = [begin {ok, B} = erlcuda:put(V, [{timeout, ?TIMEOUT}]), B end || V <- Inputs],
+             Opts = maps:get(opts, Case, [{output, buffer}, {timeout, ?TIMEOUT}]),
+             [release(result(K, erlcuda:launch_sync({?MOD, K}, ArgsF(Bufs), Opts)))
+              || _ <- lists:seq(1, N)],
+             [erlcuda:free(B) || B <- Bufs],
+             {Size, Args, Free} = small_case(K),
+             [result(K, erlcuda:launch_sync({?MOD, K}, Args, [{timeout, ?TIMEOUT}])) || _ <- lists:seq(1, N)],
+             Free(),
+             io:format("~p: ~p launches at ~s from buffers, ~p at ~s from binaries~n",
+                       [K, N, maps:get(size, Case), N, Size])
+         end || K <- Ks],
+        ok
+    after
+        erlcuda:unload_module(?MOD)
+    end.
 
 %% The section, in erlcuda_bench's process (its records go through
 %% erlcuda_bench:record/7); erlcuda started. Notes of what was skipped go

@@ -23,6 +23,13 @@
 #                    e.g. 'erlcuda_bench:busy_spin()'; ERL_FLAGS applies
 #   run.sh kernels   the built-in kernels' PTX alone, through CuPy
 #   run.sh kit       the kit's device primitives and math, through CuPy
+#   run.sh ncu [KS]  Nsight Compute over gpud: example kernels KS (comma-
+#                    separated; default argmax_rows,gelu,topk_rows,histogram)
+#                    launched 3 times each at DESIGN's size from buffers and
+#                    as small jobs (erlcuda_examples_bench:launches/2), every
+#                    section of each launch in $OUT/ncu.ncu-rep, the details
+#                    page as text in $OUT/ncu.txt (profile before changing a
+#                    kernel: bench/EXPERIMENTS.md keeps what it showed)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d /tmp/erlcuda-gpu.XXXXXX)
@@ -131,6 +138,18 @@ case "${1:-check}" in
             erl "logger:set_primary_config(level, error), erlcuda_bench:main([mixed]), halt()" \
             2>&1 | tee "${OUT:-.}/lanes.log" ;;
     demo) cd "$here/docs" && erl "erlcuda_demo:main(\"$here/user_modules/example\"), halt()" ;;
+    ncu)
+        ks="${2:-argmax_rows,gelu,topk_rows,histogram}"
+        out="${OUT:-.}"
+        # The kernels run in gpud, a child of the VM: every process is
+        # followed. Clocks left alone (the device notes' advice).
+        ERLCUDA_USER_MODULES="$here/user_modules" \
+        ncu --target-processes all --clock-control none --set full -f -o "$out/ncu" \
+            --kernel-name-base function --kernel-name "regex:(${ks//,/|})" \
+            "$root/bin/erl" -noshell +S "$(nproc)" -pa "$here/lib/erlcuda/ebin" -pa "$here/test" \
+            -pa "$here/bench" -eval "erlcuda_examples_bench:launches([$ks], 3), halt()" 2>&1 | tail -n 40
+        ncu --import "$out/ncu.ncu-rep" --page details --print-units base > "$out/ncu.txt"
+        echo "ncu: $(grep -c '^  [a-z_0-9]*.*(' "$out/ncu.txt" || true) kernel launches in $out/ncu.txt" ;;
     eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
     kernels)
         # The kernels' PTX alone, through CuPy: both modules, every entry of
