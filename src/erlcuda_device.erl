@@ -207,9 +207,10 @@ terminate(_Reason, #{id := Id, handle := H, probe_port := Probe} = S) ->
     catch port_close(Probe),
     stop_gpud(S),
     erlcuda_nif:close(H),
-    %% Large list results handed here and not built yet: answered still
-    %% (the device is closed, so no more come; their binaries keep the
-    %% arena mapped).
+    %% Large list results handed here and not built yet: answered still,
+    %% before the handle goes (launch_sync, finding none after a timeout,
+    %% takes the answer from the mailbox); the device is closed, so no more
+    %% come, and their binaries keep the arena mapped.
     answer_list_results(),
     persistent_term:erase({?MODULE, Id}),
     ok.
@@ -217,7 +218,7 @@ terminate(_Reason, #{id := Id, handle := H, probe_port := Probe} = S) ->
 answer_list_results() ->
     receive
         {erlcuda_list_result, Pid, Ref, Items} ->
-            _ = erlcuda_lists:answer(Pid, Ref, Items),
+            ok = erlcuda_lists:answer_now(Pid, Ref, Items),
             answer_list_results()
     after 0 -> ok
     end.

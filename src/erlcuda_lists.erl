@@ -13,7 +13,7 @@
 %% builds its answers.
 -module(erlcuda_lists).
 
--export([answer/3]).
+-export([answer/3, answer_now/3]).
 
 -type item() :: {erlcuda:elem_type(), binary()} | {value, number() | nan | infinity | neg_infinity}.
 
@@ -22,8 +22,15 @@
 %% items could not be built).
 -spec answer(pid(), reference(), [item()]) -> pid().
 answer(Pid, Ref, Items) ->
-    spawn(fun() ->
-                  try erlcuda_nif:list_answer(Pid, Ref, Items)
-                  catch C:E -> Pid ! {erlcuda, Ref, {error, {result, {C, E}}}}
-                  end
-          end).
+    spawn(fun() -> answer_now(Pid, Ref, Items) end).
+
+%% @doc answer/3 in the calling process: the answer is sent when it
+%% returns (the device's server uses it as it stops, before the device's
+%% handle is gone, so that a caller that finds no handle finds its answer).
+-spec answer_now(pid(), reference(), [item()]) -> ok.
+answer_now(Pid, Ref, Items) ->
+    try erlcuda_nif:list_answer(Pid, Ref, Items)
+    catch C:E ->
+            Pid ! {erlcuda, Ref, {error, {result, {C, E}}}},
+            ok
+    end.

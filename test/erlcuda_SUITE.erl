@@ -20,7 +20,8 @@ groups() ->
                             non_finite_values, prop_random_vectors]},
      {stack, [sequence], [concurrent_callers, kill_gpud_under_load, launch_sync_timeout,
                           timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty,
-                          zero_copy_chain, sync_calls_leave_the_mailbox, large_list_results]},
+                          zero_copy_chain, sync_calls_leave_the_mailbox, large_list_results,
+                          list_results_answered_as_the_server_stops]},
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]},
      {cached_ring, [], [busy_when_full_with_slot_caches]},
@@ -178,6 +179,34 @@ large_list_results(_) ->
      || Bad <- [[], [{f16, <<>>}], [{f32, <<1, 2, 3>>}], [{u8, foo}], [{value, <<>>}], [foo],
                 lists:duplicate(5, {u8, <<>>})]],
     receive {erlcuda, _, Unwanted} -> ct:fail({sent, Unwanted}) after 50 -> ok end,
+    ok.
+
+%% A large list result handed to the device's server while it cannot take
+%% it (suspended), then the server stopped: its terminate answers it, and
+%% the device comes back.
+list_results_answered_as_the_server_stops(_) ->
+    Server = erlcuda_device:registered_name(0),
+    H = erlcuda_device:handle(0),
+    L = [float(I) || I <- lists:seq(1, 20000)],
+    #{list_results_handed := H0} = erlcuda_nif:stats(H),
+    ok = sys:suspend(Server),
+    {ok, Ref} = erlcuda:launch(vector_add, [L, L]),
+    Handed = fun W(N) ->
+                     case erlcuda_nif:stats(H) of
+                         #{list_results_handed := X} when X > H0 -> ok;
+                         _ when N =:= 0 -> ct:fail(never_handed);
+                         _ -> timer:sleep(10), W(N - 1)
+                     end
+             end,
+    Handed(1000),
+    ok = sys:terminate(Server, shutdown),
+    Want = [2 * X || X <- L],
+    receive {erlcuda, Ref, {ok, Got}} -> ?assertEqual(Want, Got)
+    after 10000 -> ct:fail(no_answer)
+    end,
+    receive {erlcuda, Ref, Again} -> ct:fail({second_answer, Again}) after 100 -> ok end,
+    _ = erlcuda_ref:wait_ready(),
+    {ok, [4.0]} = erlcuda:launch_sync(vector_add, [[1.0], [3.0]]),
     ok.
 
 %% erlcuda:kernels/0 reports the table, and every kernel it names runs.
