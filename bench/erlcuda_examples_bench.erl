@@ -34,7 +34,7 @@
 %% Alone: `bash .gpu-bundle/run.sh eval "erlcuda_examples_bench:main()"'
 %% (writes $ERLCUDA_BENCH_JSON, default examples.json).
 -module(erlcuda_examples_bench).
--export([main/0, run/0, module_dir/0, kernels/0, launches/2]).
+-export([main/0, run/0, module_dir/0, kernels/0, launches/2, blocks/3]).
 
 -define(MOD, example).
 -define(REPS, 50).
@@ -105,6 +105,73 @@ launches(Ks, N) ->
     after
         erlcuda:unload_module(?MOD)
     end.
+
+%% Launch geometries side by side, for one kernel at DESIGN's size from
+%% device buffers: each launch option list of Variants (e.g. [[], [{block,
+%% 32}], [{block, 256}]]: the kernel's own geometry, then overrides; users'
+%% kernels take {block, B} and {grid, G}) timed as examples.K.device is,
+%% in rounds that interleave the variants (median of the rounds' medians),
+%% each variant's result compared with the first's, bit for bit (the
+%% example kernels give the same bits at any geometry). Prints a table; an
+%% experiment to run before changing a kernel's declared geometry:
+%%   bash .gpu-bundle/run.sh eval \
+%%     'erlcuda_examples_bench:blocks(argmax_rows, [[], [{block, 32}], [{block, 64}]], 5)'
+blocks(K, Variants, Rounds) ->
+    logger:set_primary_config(level, error),
+    erlcuda_bench:start(),
+    {ok, Dir, _} = module_dir(),
+    ok = erlcuda:load_module(?MOD, Dir),
+    #{size := Size, bytes := Bytes, inputs := Inputs, args := ArgsF} = device_case(K, scale()),
+    Bufs = [begin {ok, B} = erlcuda:put(V, [{timeout, ?TIMEOUT}]), B end || V <- Inputs],
+    Args = ArgsF(Bufs),
+    Call = fun(Opts) ->
+                   fun() ->
+                           T0 = erlang:monotonic_time(nanosecond),
+                           R = erlcuda:launch_sync({?MOD, K}, Args, [{output, buffer}, {timeout, ?TIMEOUT} | Opts]),
+                           {(erlang:monotonic_time(nanosecond) - T0) / 1.0e6, result(K, R)}
+                   end
+           end,
+    try
+        Want = fetch_all(element(2, (Call(hd(Variants)))())),
+        Same = [begin
+                    {_, R} = (Call(V))(),
+                    Got = fetch_all(R),
+                    release(R),
+                    {V, Got =:= Want}
+                end || V <- Variants],
+        Times = [[begin
+                      F = Call(V),
+                      warm(F, ?WARM, erlang:monotonic_time(millisecond) + ?BUDGET_MS div 5),
+                      S0 = erlcuda:stats(0),
+                      Ts = lists:sort(reps(F, ?REPS div 2)),
+                      S1 = erlcuda:stats(0),
+                      D = fun(Key) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
+                      {pct(Ts, 0.5), case D(gpud_launches_timed) of
+                                         0 -> 0.0;
+                                         L -> D(gpud_launch_run_ns) / L / 1.0e6
+                                     end}
+                  end || V <- Variants] || _ <- lists:seq(1, Rounds)],
+        io:format("~p at ~s from device buffers, ~p rounds (median of the rounds' medians):~n",
+                  [K, Size, Rounds]),
+        io:format("~-28s ~10s ~10s ~9s ~s~n", ["launch options", "wall ms", "gpud ms", "GB/s", "same bits"]),
+        [begin
+             Col = [lists:nth(I, Round) || Round <- Times],
+             Wall = pct(lists:sort([W || {W, _} <- Col]), 0.5),
+             Run = pct(lists:sort([G || {_, G} <- Col]), 0.5),
+             io:format("~-28s ~10.4f ~10.4f ~9.1f ~s~n",
+                       [io_lib:format("~w", [V]), Wall, Run, Bytes / (Wall * 1.0e6),
+                        case proplists:get_value(V, Same) of true -> "yes"; false -> "NO" end])
+         end || {I, V} <- lists:zip(lists:seq(1, length(Variants)), Variants)],
+        ok
+    after
+        [erlcuda:free(B) || B <- Bufs],
+        erlcuda:unload_module(?MOD)
+    end.
+
+%% A result's outputs brought back (buffers fetched), for comparison.
+fetch_all(B) when is_reference(B) -> element(2, erlcuda:get(B));
+fetch_all(T) when is_tuple(T) -> [fetch_all(X) || X <- tuple_to_list(T)];
+fetch_all(X) -> X.
 
 %% The section, in erlcuda_bench's process (its records go through
 %% erlcuda_bench:record/7); erlcuda started. Notes of what was skipped go
