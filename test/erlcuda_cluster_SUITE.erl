@@ -115,10 +115,14 @@ any_on_an_idle_cluster_stays_local(Config) ->
 
 %% cluster_local_bias: a remote device must be that many jobs less busy.
 %% With a bias larger than anything queued here, concurrent `any' jobs all
-%% stay here; with 0 (the default) the same load reaches the peer.
+%% stay here; with 0 (the default) the same load reaches the peer. Each
+%% job takes the CPU backend milliseconds (matmul 256^3), so that jobs are
+%% in flight here when the next is routed even if the launching process
+%% is descheduled between launches on a loaded machine (with 96^3, each
+%% was done before the next launch there, and all 40 stayed here).
 local_bias_keeps_jobs_here(Config) ->
     [{P, _B}] = ?config(peers, Config),
-    {Args, Expected} = ones_matmul(96),
+    {Args, Expected} = ones_matmul(256),
     Burst = fun() ->
                     Refs = [ok(erlcuda:launch(matmul, Args, [{device, any}])) || _ <- lists:seq(1, 40)],
                     [{ok, Expected} = one_answer(R) || R <- Refs]
