@@ -121,8 +121,16 @@ any_on_an_idle_cluster_stays_local(Config) ->
 %% is descheduled between launches on a loaded machine (with 96^3, each
 %% was done before the next launch there, and all 40 stayed here).
 local_bias_keeps_jobs_here(Config) ->
-    [{P, _B}] = ?config(peers, Config),
+    [{P, B}] = ?config(peers, Config),
     {Args, Expected} = ones_matmul(256),
+    %% The peer's device as this node's view has it: up and idle (a view
+    %% at most a period old; on a loaded machine the earlier tests' load
+    %% could still show in it, and a device not up takes no `any' job).
+    wait_until(fun() ->
+                       [#{status := St, in_flight := F}] =
+                           [D || D = #{node := N, id := 0} <- erlcuda:devices(cluster), N =:= B],
+                       St =:= up andalso F =:= 0
+               end),
     Burst = fun() ->
                     Refs = [ok(erlcuda:launch(matmul, Args, [{device, any}])) || _ <- lists:seq(1, 40)],
                     [{ok, Expected} = one_answer(R) || R <- Refs]
