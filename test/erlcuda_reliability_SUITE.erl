@@ -642,7 +642,9 @@ overload_burst(_) ->
     ?assertEqual(?BURST_CALLERS * ?BURST_PER_CALLER, Answered),
     ?assertEqual(?BURST_CALLERS * ?BURST_PER_CALLER, maps:get(submitted, S) - Sub0),
     ?assert(Retries > 0),
-    ?assertEqual(0, maps:get(in_flight, S)),
+    %% The last answers are sent before their slots are released (and
+    %% in_flight counted down), in the same pass: nothing stays in flight.
+    wait_stats(fun(#{in_flight := F}) -> F =:= 0 end, 500),
     %% Bounded: the VM's heap grows by less than 256 MB (callers' mailboxes
     %% hold at most 8 answers each), its RSS by less than 512 MB.
     ?assert(MemPeak - Mem0 < 256 * 1024 * 1024),
