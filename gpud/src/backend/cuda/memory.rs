@@ -78,13 +78,8 @@ impl Segment {
     /// Gives the segment's registrations back to the driver (the backend's
     /// Drop; errors after a fault are ignored).
     pub(super) fn unregister(&self) {
-        if self.reg_base.is_null() {
-            return;
-        }
-        for (off, _) in grid_pieces(self.reg_base as usize, self.reg_bytes, self.piece) {
-            // SAFETY: the start of a registration this backend made, given
-            // back once, after every stream has been synchronized.
-            let _ = unsafe { driver::mem_host_unregister((self.reg_base as usize + off) as *mut c_void) };
+        if !self.reg_base.is_null() {
+            unregister_pieces(self.reg_base as usize, self.reg_bytes, self.piece);
         }
     }
 }
@@ -323,7 +318,8 @@ fn register_pieces(start: usize, bytes: usize, piece: usize) -> Result<()> {
     Ok(())
 }
 
-/// Gives back the registrations of [`register_pieces`] over `bytes`.
+/// Gives back the registrations of [`register_pieces`] over `bytes` (a
+/// failed registration's, or a segment's once every stream is synchronized).
 fn unregister_pieces(start: usize, bytes: usize, piece: usize) {
     for (off, _) in grid_pieces(start, bytes, piece) {
         // SAFETY: the start of a registration made by register_pieces.
