@@ -42,7 +42,7 @@ example="$tmp/example"
 "$build" "$root/examples/kernels" "$example" >/dev/null
 cat >"$tmp/want" <<'EOF'
 erlcuda-module 2
-kernel argmax_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d:1.. outs=index:w:u32:rows blocks=rows threads=128 block_rule=warps shared=0
+kernel argmax_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d:1.. outs=index:w:u32:rows blocks=rows threads=32 block_rule=warps shared=0
 kernel axpbypcz types=s32,u32,s64,f32,f64 args=a:s:T,x:v:T:n,b:s:T,y:v:T:n,c:s:T,z:v:T:n outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel cos_sim types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d outs=sim:w:T:rows blocks=rows threads=128 block_rule=warps shared=0
