@@ -34,7 +34,7 @@
 %% Alone: `bash .gpu-bundle/run.sh eval "erlcuda_examples_bench:main()"'
 %% (writes $ERLCUDA_BENCH_JSON, default examples.json).
 -module(erlcuda_examples_bench).
--export([main/0, run/0, module_dir/0, kernels/0, launches/2, blocks/3]).
+-export([main/0, run/0, module_dir/0, kernels/0, launches/2, blocks/3, small_blocks/3]).
 
 -define(MOD, example).
 -define(REPS, 50).
@@ -518,6 +518,45 @@ small(K) ->
                   [K, Size, P50, pct(Ks, 0.99), Va50, P50 / Va50])
     after
         Free()
+    end.
+
+%% Launch geometries side by side for K's small job (small_case/1, from
+%% binaries, one in flight), as blocks/3 does for the large one: each
+%% launch option list of Variants paired with vector_add 1000 in the same
+%% loop, a block of ?SMALL_BLOCK pairs per variant and round, the rounds
+%% interleaving the variants. Prints p50, p99 and the ratio to
+%% vector_add's p50 per variant, e.g.
+%%   bash .gpu-bundle/run.sh eval \
+%%     'erlcuda_examples_bench:small_blocks(topk_rows, [[], [{block, 64}]], 3)'
+small_blocks(K, Variants, Rounds) ->
+    logger:set_primary_config(level, error),
+    erlcuda_bench:start(),
+    {ok, Dir, _} = module_dir(),
+    ok = erlcuda:load_module(?MOD, Dir),
+    Va = [f32_block(1000), f32_block(1000)],
+    VaF = fun() -> {ok, _} = erlcuda:launch_sync(vector_add, Va) end,
+    {Size, Args, Free} = small_case(K),
+    KF = fun(Opts) ->
+                 fun() -> result(K, erlcuda:launch_sync({?MOD, K}, Args, [{timeout, ?TIMEOUT} | Opts])) end
+         end,
+    try
+        [begin VaF(), (KF(V))() end || V <- Variants, _ <- lists:seq(1, ?SMALL_WARM)],
+        Res = [[small_block(VaF, KF(V)) || V <- Variants] || _ <- lists:seq(1, Rounds)],
+        io:format("~p small (~s) from binaries, ~p rounds of ~p pairs with vector_add 1000:~n",
+                  [K, Size, Rounds, ?SMALL_BLOCK]),
+        io:format("~-28s ~9s ~9s ~14s ~7s~n", ["launch options", "p50 us", "p99 us", "vector_add p50", "ratio"]),
+        [begin
+             Col = [lists:nth(I, R) || R <- Res],
+             Vs = lists:sort(lists:append([X || {X, _} <- Col])),
+             Ks = lists:sort(lists:append([X || {_, X} <- Col])),
+             io:format("~-28s ~9.1f ~9.1f ~14.1f ~7.2f~n",
+                       [io_lib:format("~w", [V]), pct(Ks, 0.5), pct(Ks, 0.99), pct(Vs, 0.5),
+                        pct(Ks, 0.5) / pct(Vs, 0.5)])
+         end || {I, V} <- lists:zip(lists:seq(1, length(Variants)), Variants)],
+        ok
+    after
+        Free(),
+        erlcuda:unload_module(?MOD)
     end.
 
 small_block(VaF, KF) ->
