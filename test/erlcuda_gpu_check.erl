@@ -439,7 +439,7 @@ growth(Env) ->
     ok = erlcuda_ref:start_app(Env ++ [{arena_bytes, 64 bsl 20}, {arena_max_bytes, 1 bsl 30}]),
     N = 1 bsl 24,
     A = rand_bin(N), B = rand_bin(N),
-    %% Segments are registered 32 MiB at a time and copies cut at the
+    %% Segments are registered 16 MiB at a time and copies cut at the
     %% same boundaries (cuda/memory.rs): a put/get round trip of an odd
     %% size and a matmul whose inputs (36 MiB each) are copied to the
     %% device, both across boundaries of a grown segment, before the

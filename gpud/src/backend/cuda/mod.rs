@@ -175,6 +175,9 @@ pub struct CudaBackend {
     lane: Lane,
     copy_streams: [sys::CUstream; 2],
     spare_events: Vec<sys::CUevent>,
+    /// Held while the loop makes a launch's or a copy's driver calls: the
+    /// registration thread waits for its turn (memory.rs, `LoopTurn`).
+    loop_turn: memory::LoopTurn,
     /// Benchmarks force a placement for every job.
     force_mode: Option<Placement>,
     // Reused per launch.
@@ -300,6 +303,7 @@ impl CudaBackend {
             lane,
             copy_streams,
             spare_events: Vec::new(),
+            loop_turn: memory::LoopTurn::default(),
             force_mode: None,
             bytes: Vec::new(),
             ptrs: Vec::new(),
@@ -344,7 +348,7 @@ impl Backend for CudaBackend {
     }
 
     fn registrar(&self) -> Box<dyn Registrar> {
-        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false })
+        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false, turn: self.loop_turn.clone() })
     }
 
     fn adopt_segment(&mut self, seg: usize, reg: Registered) -> Result<()> {
@@ -356,6 +360,8 @@ impl Backend for CudaBackend {
     }
 
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
+        let turn = self.loop_turn.clone();
+        let _held = turn.hold();
         self.submit_inner(arena, launch)
     }
 
