@@ -141,13 +141,25 @@ case "${1:-check}" in
     ncu)
         ks="${2:-argmax_rows,gelu,topk_rows,histogram}"
         out="${OUT:-.}"
-        # The kernels run in gpud, a child of the VM: every process is
-        # followed. Clocks left alone (the device notes' advice).
+        # Only gpud is profiled: the VM starts it through this wrapper (app
+        # env gpud). Followed from the VM (--target-processes all), the
+        # profiler broke erl_child_setup and the VM stopped. ncu's own lines
+        # go to a log, off gpud's stdout. Clocks left alone (the device
+        # notes' advice).
+        printf '%s\n' '#!/bin/sh' \
+            "exec ncu --target-processes application-only --clock-control none --set full -f -o '$out/ncu' --log-file '$out/ncu-profiler.log' --kernel-name-base function --kernel-name 'regex:(${ks//,/|})' '$here/lib/erlcuda/priv/gpud' \"\$@\"" \
+            >"$tmp/gpud-ncu"
+        chmod +x "$tmp/gpud-ncu"
         ERLCUDA_USER_MODULES="$here/user_modules" \
-        ncu --target-processes all --clock-control none --set full -f -o "$out/ncu" \
-            --kernel-name-base function --kernel-name "regex:(${ks//,/|})" \
             "$root/bin/erl" -noshell +S "$(nproc)" -pa "$here/lib/erlcuda/ebin" -pa "$here/test" \
-            -pa "$here/bench" -eval "erlcuda_examples_bench:launches([$ks], 3), halt()" 2>&1 | tail -n 40
+            -pa "$here/bench" -erlcuda gpud "\"$tmp/gpud-ncu\"" \
+            -eval "erlcuda_examples_bench:launches([$ks], 3), halt()" 2>&1 | tail -n 40
+        # gpud ends when the VM closes its stdin; then ncu writes the report.
+        for _ in $(seq 1 120); do
+            pgrep -f "$tmp/gpud-ncu|--log-file $out/ncu-profiler.log" >/dev/null || break
+            sleep 1
+        done
+        tail -n 5 "$out/ncu-profiler.log" 2>/dev/null || true
         ncu --import "$out/ncu.ncu-rep" --page details --print-units base > "$out/ncu.txt"
         echo "ncu: $(grep -c '^  [a-z_0-9]*.*(' "$out/ncu.txt" || true) kernel launches in $out/ncu.txt" ;;
     eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
