@@ -83,11 +83,8 @@ main() ->
 %% every answer checked for success only. Starts erlcuda and loads the
 %% example module (module_dir/0); timing is the profiler's.
 launches(Ks, N) ->
-    logger:set_primary_config(level, error),
-    erlcuda_bench:start(),
-    {ok, Dir, _} = module_dir(),
-    ok = erlcuda:load_module(?MOD, Dir),
-    try
+    with_module(
+      fun() ->
         [begin
              #{inputs := Inputs, args := ArgsF} = Case = device_case(K, 1),
              Bufs = [begin {ok, B} = erlcuda:put(V, [{timeout, ?TIMEOUT}]), B end || V <- Inputs],
@@ -102,8 +99,17 @@ launches(Ks, N) ->
                        [K, N, maps:get(size, Case), N, Size])
          end || K <- Ks],
         ok
-    after
-        erlcuda:unload_module(?MOD)
+      end).
+
+%% F() with erlcuda started and the example module (module_dir/0) loaded,
+%% unloaded after: the experiments run alone through run.sh eval.
+with_module(F) ->
+    logger:set_primary_config(level, error),
+    erlcuda_bench:start(),
+    {ok, Dir, _} = module_dir(),
+    ok = erlcuda:load_module(?MOD, Dir),
+    try F()
+    after erlcuda:unload_module(?MOD)
     end.
 
 %% Launch geometries side by side, for one kernel at DESIGN's size from
@@ -117,10 +123,9 @@ launches(Ks, N) ->
 %%   bash .gpu-bundle/run.sh eval \
 %%     'erlcuda_examples_bench:blocks(argmax_rows, [[], [{block, 32}], [{block, 64}]], 5)'
 blocks(K, Variants, Rounds) ->
-    logger:set_primary_config(level, error),
-    erlcuda_bench:start(),
-    {ok, Dir, _} = module_dir(),
-    ok = erlcuda:load_module(?MOD, Dir),
+    with_module(fun() -> blocks_loaded(K, Variants, Rounds) end).
+
+blocks_loaded(K, Variants, Rounds) ->
     #{size := Size, bytes := Bytes, inputs := Inputs, args := ArgsF} = device_case(K, scale()),
     Bufs = [begin {ok, B} = erlcuda:put(V, [{timeout, ?TIMEOUT}]), B end || V <- Inputs],
     Args = ArgsF(Bufs),
@@ -164,8 +169,7 @@ blocks(K, Variants, Rounds) ->
          end || {I, V} <- lists:zip(lists:seq(1, length(Variants)), Variants)],
         ok
     after
-        [erlcuda:free(B) || B <- Bufs],
-        erlcuda:unload_module(?MOD)
+        [erlcuda:free(B) || B <- Bufs]
     end.
 
 %% A result's outputs brought back (buffers fetched), for comparison.
@@ -529,10 +533,9 @@ small(K) ->
 %%   bash .gpu-bundle/run.sh eval \
 %%     'erlcuda_examples_bench:small_blocks(topk_rows, [[], [{block, 64}]], 3)'
 small_blocks(K, Variants, Rounds) ->
-    logger:set_primary_config(level, error),
-    erlcuda_bench:start(),
-    {ok, Dir, _} = module_dir(),
-    ok = erlcuda:load_module(?MOD, Dir),
+    with_module(fun() -> small_blocks_loaded(K, Variants, Rounds) end).
+
+small_blocks_loaded(K, Variants, Rounds) ->
     Va = [f32_block(1000), f32_block(1000)],
     VaF = fun() -> {ok, _} = erlcuda:launch_sync(vector_add, Va) end,
     {Size, Args, Free} = small_case(K),
@@ -555,8 +558,7 @@ small_blocks(K, Variants, Rounds) ->
          end || {I, V} <- lists:zip(lists:seq(1, length(Variants)), Variants)],
         ok
     after
-        Free(),
-        erlcuda:unload_module(?MOD)
+        Free()
     end.
 
 small_block(VaF, KF) ->
