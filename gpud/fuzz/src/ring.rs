@@ -55,7 +55,7 @@ use gpud::handshake::{validate_header, HeaderFields, Mapping};
 use gpud::layout::{
     Cqe, ElemType, Header, JobArgs, SegmentMsg, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_CONTROL_FREE,
     EC_CONTROL_LOAD_MODULE, EC_CONTROL_PUT, EC_FLAG_ARGS, EC_FLAG_OUT_BUF, EC_HEADER_BYTES, EC_JOB_ARGS_BYTES, EC_NEED_WAKEUP,
-    EC_SEGMENT_MAGIC, EC_USER_KERNEL_BASE,
+    EC_MAX_VECTORS, EC_SEGMENT_MAGIC, EC_USER_KERNEL_BASE,
 };
 use gpud::modules::{kernel_id, Registry};
 use gpud::ring::Ring;
@@ -172,7 +172,13 @@ pub fn run(data: &[u8]) {
                 let k = usize::from(c.u8()) % specs.len();
                 // No buffer exists here (see below): io arguments name
                 // unknown ones, and no output makes one.
-                let (s, a) = userjob::gen_job(c, kernel_id(0, k), &specs[k], &mut place, &mut |_, _, _| {});
+                let (s, mut a) = userjob::gen_job(c, kernel_id(0, k), &specs[k], &mut place, &mut |_, _, _| {});
+                // Nor does a record's corruption: an output bit of
+                // `buffers` asks for a new buffer, which gpud makes and
+                // the reference (no buffer table) refuses. A fuzzed
+                // record with one was answered ok against the
+                // reference's bad_buffer.
+                a.buffers &= (1 << EC_MAX_VECTORS) - 1;
                 records.push((s.in0, a));
                 s
             };
