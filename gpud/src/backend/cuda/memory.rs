@@ -68,7 +68,7 @@ pub(super) fn copy_on_grid(
 }
 
 /// Set while gpud's loop makes a launch's or a copy's driver calls
-/// ([`LoopTurn::hold`]); the registration thread starts no new piece while
+/// ([`LoopTurn::raise`]); the registration thread starts no new piece while
 /// it is set ([`LoopTurn::wait`]). Nothing makes the driver's lock fair:
 /// back from one piece, the registration thread may take it again for the
 /// next before a waiting launch gets it, so one launch could wait out
@@ -85,11 +85,14 @@ pub(super) struct LoopTurn(std::sync::Arc<std::sync::atomic::AtomicBool>);
 const TURN_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl LoopTurn {
-    /// Raises the flag until the guard drops (gpud's loop, around a
-    /// launch's or a copy's driver calls).
-    pub(super) fn hold(&self) -> TurnGuard<'_> {
+    /// gpud's loop, before a launch's or a copy's driver calls.
+    pub(super) fn raise(&self) {
         self.0.store(true, std::sync::atomic::Ordering::Release);
-        TurnGuard(self)
+    }
+
+    /// gpud's loop, after them.
+    pub(super) fn lower(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
     }
 
     /// Waits while the loop holds its turn, at most TURN_WAIT_MAX (the
@@ -99,14 +102,6 @@ impl LoopTurn {
         while self.0.load(std::sync::atomic::Ordering::Acquire) && t.elapsed() < TURN_WAIT_MAX {
             std::thread::yield_now();
         }
-    }
-}
-
-pub(super) struct TurnGuard<'a>(&'a LoopTurn);
-
-impl Drop for TurnGuard<'_> {
-    fn drop(&mut self) {
-        (self.0).0.store(false, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -256,7 +251,7 @@ impl CudaBackend {
         }
         let streams = self.copy_streams;
         let spare = RefCell::new(std::mem::take(&mut self.spare_events));
-        let _held = self.loop_turn.hold();
+        self.loop_turn.raise();
         let r = self.paced.advance(
             done,
             |dir, dev, host, n| {
@@ -285,6 +280,7 @@ impl CudaBackend {
             |e| ck(unsafe { driver::event_query(*e) }, "a copy on the GPU (cuEventQuery)"),
             |e| spare.borrow_mut().push(e),
         );
+        self.loop_turn.lower();
         self.spare_events = spare.into_inner();
         r
     }
@@ -445,7 +441,7 @@ mod tests {
         assert!(t.elapsed() < TURN_WAIT_MAX);
 
         let other = turn.clone();
-        let held = turn.hold();
+        turn.raise();
         let (started, on_start) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
             let t = Instant::now();
@@ -455,11 +451,11 @@ mod tests {
         });
         on_start.recv().unwrap();
         std::thread::sleep(Duration::from_micros(300));
-        drop(held);
+        turn.lower();
         let waited = waiter.join().unwrap();
         assert!(waited >= Duration::from_micros(300), "gave way for {waited:?} only");
 
-        let _held = turn.hold();
+        turn.raise();
         let t = Instant::now();
         turn.wait();
         assert!(t.elapsed() >= TURN_WAIT_MAX);

@@ -360,9 +360,10 @@ impl Backend for CudaBackend {
     }
 
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
-        let turn = self.loop_turn.clone();
-        let _held = turn.hold();
-        self.submit_inner(arena, launch)
+        self.loop_turn.raise();
+        let r = self.submit_inner(arena, launch);
+        self.loop_turn.lower();
+        r
     }
 
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
