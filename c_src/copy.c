@@ -21,6 +21,8 @@
 #include "copy.h"
 
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #if defined(__SSE2__)
@@ -53,6 +55,13 @@
 /* Threads a large copy is split over, fixed when the pool starts
  * (copy_pool_hold). */
 static uint32_t THREADS = 1;
+/* The nice value of the pool's threads (the app env copy_nice), fixed when
+ * the pool starts. A large copy keeps up to SPREAD_COPY_THREADS cores busy
+ * for milliseconds; at a higher nice value the scheduler's threads, gpud's
+ * loop and the completion thread get a core first, so a small job's
+ * answer does not wait a time slice behind a copy. The copy's caller (a
+ * scheduler) keeps its own priority. */
+static int NICE;
 
 uint32_t copy_threads(void) { return THREADS; }
 
@@ -111,6 +120,11 @@ static int task_wants_help(const struct copy_task *t)
 static void *pool_thread(void *arg)
 {
     struct copy_pool *p = arg;
+    /* Linux: setpriority on a thread id sets that thread's nice value. A
+     * value the process may not take (lower than its own without
+     * CAP_SYS_NICE) is refused and the thread keeps the process's. */
+    if (NICE != 0)
+        (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), NICE);
     enif_mutex_lock(p->lock);
     while (!p->stop) {
         struct copy_task *t = p->queue;
@@ -181,10 +195,11 @@ static struct copy_pool *pool_start(void)
     return p;
 }
 
-void copy_pool_hold(uint32_t wanted)
+void copy_pool_hold(uint32_t wanted, int nice)
 {
     if (POOL_HOLDS++ == 0) {
         THREADS = pick_threads(wanted);
+        NICE = nice < -20 ? -20 : nice > 19 ? 19 : nice;
         POOL = pool_start();
     }
 }

@@ -9,9 +9,10 @@
  * A leaf, like arena.c, shm.c and prefault.c: it calls no other file. */
 
 /* Starts the copy pool of `threads` threads (0: the default; the first
- * holder decides) or takes another hold of it; called by load/upgrade.
- * Never fails: without threads a copy runs on its caller. */
-void copy_pool_hold(uint32_t threads);
+ * holder decides) at nice value `nice` (0: the process's) or takes another
+ * hold of it; called by load/upgrade. Never fails: without threads a copy
+ * runs on its caller. */
+void copy_pool_hold(uint32_t threads, int nice);
 /* Drops a hold; the last one stops the threads and waits for them. Called
  * by unload, when no code of this library instance can run any more. */
 void copy_pool_release(void);

@@ -356,11 +356,17 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     if (!DEVICE_RT || !REGION_RT || !BUFFER_RT || !KERNEL_RT)
         return -1;
     /* Last: a failed load gets no unload, so it must hold nothing. info:
-     * the app env copy_threads, 0 for the default (erlcuda_nif:init/0). */
+     * {Threads, Nice}, the app envs copy_threads (0 for the default) and
+     * copy_nice (erlcuda_nif:init/0); anything else takes the defaults. */
     unsigned threads = 0;
-    if (!enif_get_uint(env, info, &threads))
+    int nice = 0, arity = 0;
+    const ERL_NIF_TERM *t;
+    if (!enif_get_tuple(env, info, &arity, &t) || arity != 2 || !enif_get_uint(env, t[0], &threads)
+        || !enif_get_int(env, t[1], &nice)) {
         threads = 0;
-    copy_pool_hold(threads);
+        nice = 0;
+    }
+    copy_pool_hold(threads, nice);
     return 0;
 }
 

@@ -26,7 +26,13 @@ init() ->
                   {ok, N} when is_integer(N), N >= 1 -> N;
                   _ -> 0
               end,
-    erlang:load_nif(filename:join(Priv, "erlcuda_nif"), Threads).
+    %% Their nice value (-20..19), also fixed at load: above 0 the VM's
+    %% schedulers and the completion thread get a core before a copy does.
+    Nice = case application:get_env(erlcuda, copy_nice) of
+               {ok, V} when is_integer(V), V >= -20, V =< 19 -> V;
+               _ -> 0
+           end,
+    erlang:load_nif(filename:join(Priv, "erlcuda_nif"), {Threads, Nice}).
 
 %% @doc Creates a device's memfd (sealed), rings, arena and handshake socket.
 %% Options (all required): `ring_entries' (power of two), `arena_bytes' (the

@@ -67,3 +67,22 @@ validation_test_() ->
       ?_assertEqual({error, {badarg, {type, 2}}},
                     erlcuda:launch(saxpy, [2, <<1.0:32/float-native>>, {f64, <<1.0:64/float-native>>}])),
       ?_assertEqual({error, {badarg, args}}, erlcuda:launch(saxpy, [[1.0], [1.0]]))]}.
+
+%% The app envs copy_threads and copy_nice reach the copy pool when the NIF
+%% loads: in a VM of its own (the pool is made once per VM), every thread
+%% named erlcuda.copy runs at the nice value asked for, and there are as
+%% many as asked for. Linux only (/proc).
+copy_pool_nice_test() ->
+    Ebin = filename:dirname(code:which(erlcuda_nif)),
+    Probe = "ok = application:load(erlcuda), {module, _} = code:ensure_loaded(erlcuda_nif),"
+        " T = \"/proc/\" ++ os:getpid() ++ \"/task/\","
+        " {ok, Ids} = file:list_dir(T),"
+        " Copy = [begin {ok, S} = file:read_file(T ++ I ++ \"/stat\"),"
+        "               [_, Rest] = binary:split(S, <<\") \">>),"
+        "               lists:nth(17, binary:split(Rest, <<\" \">>, [global])) end"
+        "         || I <- Ids, {ok, <<\"erlcuda.copy\", _/binary>>} <- [file:read_file(T ++ I ++ \"/comm\")]],"
+        " io:format(\"nices ~s~n\", [lists:join(\",\", Copy)]), halt().",
+    Out = os:cmd(lists:flatten(io_lib:format(
+                   "erl -noshell -pa '~s' -erlcuda copy_threads 3 -erlcuda copy_nice 7 -eval '~s' 2>&1",
+                   [Ebin, Probe]))),
+    ?assertMatch({match, _}, re:run(Out, "nices 7,7,7\\s*$")).
