@@ -34,7 +34,7 @@
 %% Alone: `bash .gpu-bundle/run.sh eval "erlcuda_examples_bench:main()"'
 %% (writes $ERLCUDA_BENCH_JSON, default examples.json).
 -module(erlcuda_examples_bench).
--export([main/0, run/0, module_dir/0, kernels/0, launches/2, blocks/3, small_blocks/3]).
+-export([main/0, run/0, module_dir/0, kernels/0, launches/2, blocks/3, small_blocks/3, phases/2]).
 
 -define(MOD, example).
 -define(REPS, 50).
@@ -168,6 +168,60 @@ blocks_loaded(K, Variants, Rounds) ->
                         case proplists:get_value(V, Same) of true -> "yes"; false -> "NO" end])
          end || {I, V} <- lists:zip(lists:seq(1, length(Variants)), Variants)],
         ok
+    after
+        [erlcuda:free(B) || B <- Bufs]
+    end.
+
+%% Where a launch from device buffers spends its wall time, for kernels Ks
+%% at DESIGN's size, as examples.K.device times them (a new output buffer,
+%% freed after each call outside the timing), N calls after warm-up: per
+%% call in us, the wall time (p50, mean), the NIF's submit, publish to the
+%% CQE taken and CQE to the answer sent (both sampled, prof_*), and gpud's
+%% drain (the job taken to its launch enqueued: output buffers made,
+%% tables, the driver's calls), run (enqueued to seen done) and answer;
+%% then the free that follows each call, timed on its own. The wall's
+%% excess over gpud's run is the record's `wall - gpud' of issue 33.
+phases(Ks, N) ->
+    with_module(fun() ->
+                        io:format("~-18s ~9s ~9s | ~8s ~9s ~8s | ~8s ~9s ~8s | ~8s~n",
+                                  ["kernel", "wall p50", "mean", "submit", "to CQE", "answer",
+                                   "g.drain", "g.run", "g.answer", "free"]),
+                        [phases_of(K, N) || K <- Ks],
+                        io:format("(us per call; submit, to CQE and answer: the NIF's sampled profile; "
+                                  "g.*: gpud's own)~n"),
+                        ok
+                end).
+
+phases_of(K, N) ->
+    #{inputs := Inputs, args := ArgsF} = device_case(K, scale()),
+    Bufs = [begin {ok, B} = erlcuda:put(V, [{timeout, ?TIMEOUT}]), B end || V <- Inputs],
+    Args = ArgsF(Bufs),
+    Opts = [{output, buffer}, {timeout, ?TIMEOUT}],
+    Call = fun() ->
+                   T0 = erlang:monotonic_time(nanosecond),
+                   R = erlcuda:launch_sync({?MOD, K}, Args, Opts),
+                   {(erlang:monotonic_time(nanosecond) - T0) / 1.0e3, result(K, R)}
+           end,
+    try
+        warm(Call, ?WARM, erlang:monotonic_time(millisecond) + ?BUDGET_MS div 5),
+        S0 = erlcuda:stats(0),
+        Rows = [begin
+                    {W, R} = Call(),
+                    F0 = erlang:monotonic_time(nanosecond),
+                    release(R),
+                    {W, (erlang:monotonic_time(nanosecond) - F0) / 1.0e3}
+                end || _ <- lists:seq(1, N)],
+        S1 = erlcuda:stats(0),
+        D = fun(Key) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
+        Per = fun(Key, Of) -> D(Key) / max(1, D(Of)) / 1.0e3 end,
+        Ws = lists:sort([W || {W, _} <- Rows]),
+        io:format("~-18s ~9.1f ~9.1f | ~8.1f ~9.1f ~8.1f | ~8.1f ~9.1f ~8.1f | ~8.1f~n",
+                  [K, pct(Ws, 0.5), lists:sum(Ws) / N,
+                   Per(prof_submit_ns, prof_submit_samples), Per(prof_trip_gpud_ns, prof_trip_samples),
+                   Per(prof_trip_answer_ns, prof_trip_samples),
+                   Per(gpud_launch_drain_ns, gpud_launches_timed), Per(gpud_launch_run_ns, gpud_launches_timed),
+                   Per(gpud_launch_answer_ns, gpud_launches_timed),
+                   pct(lists:sort([F || {_, F} <- Rows]), 0.5)])
     after
         [erlcuda:free(B) || B <- Bufs]
     end.
