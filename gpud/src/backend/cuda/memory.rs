@@ -27,8 +27,11 @@ use crate::error::{Error, Result};
 /// With 32 MiB pieces, small jobs beside arena growth still waited up to
 /// 5.5 ms (H100, `ERLCUDA_BENCH_MIXED_SCALE=4`, bench/EXPERIMENTS.md):
 /// 16 MiB, by the figure above about 0.8 ms a call, is meant to keep one
-/// piece under the 2 ms a small job may wait at most (to be measured:
-/// the mixed section's `arena_growth` row).
+/// piece under the 2 ms a small job may wait at most. Making the
+/// registration thread wait while the loop was in the driver (a flag the
+/// loop raised around its launches and copies) made it worse on an H100:
+/// 49-50 submit stalls of 1.8 ms in that row against 16, as a piece then
+/// started right when the loop left the driver, just before its next call.
 /// A copy across two registrations fails, so every copy between the arena
 /// and the device is cut on the same grid ([`grid_pieces`]); a kernel
 /// reads across them as one range (the device address of registered
@@ -65,44 +68,6 @@ pub(super) fn copy_on_grid(
         copy(dev + off as u64, host + off, n)?;
     }
     Ok(())
-}
-
-/// Set while gpud's loop makes a launch's or a copy's driver calls
-/// ([`LoopTurn::raise`]); the registration thread starts no new piece while
-/// it is set ([`LoopTurn::wait`]). Nothing makes the driver's lock fair:
-/// back from one piece, the registration thread may take it again for the
-/// next before a waiting launch gets it, so one launch could wait out
-/// several pieces. Beside arena growth on an H100 the loop's submits
-/// stalled 16 times, 3.2 ms each on average: two 32 MiB pieces' worth (one
-/// took 1.6 ms in the project's probe). With the turn, a submit waits for
-/// the one piece already under way at most (to be measured: the mixed
-/// section's `arena_growth` row and its stall line).
-#[derive(Clone, Default)]
-pub(super) struct LoopTurn(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-/// The longest the registration thread gives way before a piece: a loop
-/// that submits back to back must not hold a segment back for good.
-const TURN_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(2);
-
-impl LoopTurn {
-    /// gpud's loop, before a launch's or a copy's driver calls.
-    pub(super) fn raise(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// gpud's loop, after them.
-    pub(super) fn lower(&self) {
-        self.0.store(false, std::sync::atomic::Ordering::Release);
-    }
-
-    /// Waits while the loop holds its turn, at most TURN_WAIT_MAX (the
-    /// registration thread, before each piece).
-    fn wait(&self) {
-        let t = Instant::now();
-        while self.0.load(std::sync::atomic::Ordering::Acquire) && t.elapsed() < TURN_WAIT_MAX {
-            std::thread::yield_now();
-        }
-    }
 }
 
 /// An arena segment as the device sees it.
@@ -207,7 +172,7 @@ impl CudaBackend {
     /// Registers arena segment `seg` (`Backend::add_segment`).
     pub(super) fn register_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()> {
         // gpud's own thread: nothing of the loop's runs meanwhile.
-        let reg = register_range(base, bytes, &|| {})?;
+        let reg = register_range(base, bytes)?;
         self.adopt_registered(seg, reg)
     }
 
@@ -251,7 +216,6 @@ impl CudaBackend {
         }
         let streams = self.copy_streams;
         let spare = RefCell::new(std::mem::take(&mut self.spare_events));
-        self.loop_turn.raise();
         let r = self.paced.advance(
             done,
             |dir, dev, host, n| {
@@ -280,7 +244,6 @@ impl CudaBackend {
             |e| ck(unsafe { driver::event_query(*e) }, "a copy on the GPU (cuEventQuery)"),
             |e| spare.borrow_mut().push(e),
         );
-        self.loop_turn.lower();
         self.spare_events = spare.into_inner();
         r
     }
@@ -310,9 +273,7 @@ impl CudaBackend {
 /// the context current on this thread. Where the pieces' device addresses
 /// do not line up as one range (a driver without host-pointer identity
 /// for registered memory), the range is registered again in one call.
-/// `before_piece` runs before each call (the registration thread gives
-/// gpud's loop its turn there).
-fn register_range(base: NonNull<u8>, bytes: u64, before_piece: &dyn Fn()) -> Result<Registered> {
+fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
     let t = Instant::now();
     if bytes == 0 {
         return Ok(Registered { base, bytes, dev: 0, reg_base: 0, reg_bytes: 0, piece: 0, took: t.elapsed() });
@@ -325,7 +286,7 @@ fn register_range(base: NonNull<u8>, bytes: u64, before_piece: &dyn Fn()) -> Res
     let reg_end = (start + bytes as usize).next_multiple_of(page);
     let reg_bytes = reg_end - reg_start;
     let mut piece = REGISTER_PIECE;
-    register_pieces(reg_start, reg_bytes, piece, before_piece)?;
+    register_pieces(reg_start, reg_bytes, piece)?;
     // SAFETY: `base` lies in the range just registered.
     let mut dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
     let mut one_range = true;
@@ -338,7 +299,7 @@ fn register_range(base: NonNull<u8>, bytes: u64, before_piece: &dyn Fn()) -> Res
     if !one_range {
         unregister_pieces(reg_start, reg_bytes, piece);
         piece = 0;
-        register_pieces(reg_start, reg_bytes, piece, before_piece)?;
+        register_pieces(reg_start, reg_bytes, piece)?;
         // SAFETY: as above.
         dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
         log!(Info, "cuda: registered pieces map apart on the device: a segment is registered whole");
@@ -349,10 +310,9 @@ fn register_range(base: NonNull<u8>, bytes: u64, before_piece: &dyn Fn()) -> Res
 /// cuMemHostRegister of each piece of `[start, start + bytes)` on the grid
 /// of `piece` (0: the whole range at once); on a failure, the pieces
 /// registered so far are given back.
-fn register_pieces(start: usize, bytes: usize, piece: usize, before_piece: &dyn Fn()) -> Result<()> {
+fn register_pieces(start: usize, bytes: usize, piece: usize) -> Result<()> {
     let mut done = 0;
     for (off, n) in grid_pieces(start, bytes, piece) {
-        before_piece();
         // SAFETY: the range is mapped read-write for as long as the
         // backend lives (the daemon drops the backend before the
         // mappings), and is unregistered in the backend's Drop once
@@ -381,8 +341,6 @@ fn unregister_pieces(start: usize, bytes: usize, piece: usize) {
 pub(super) struct CudaRegistrar {
     pub(super) ctx: sys::CUcontext,
     pub(super) current: bool,
-    /// gpud's loop's turn at the driver (its backend's).
-    pub(super) turn: LoopTurn,
 }
 
 // SAFETY: a context handle may be made current on any thread; the daemon
@@ -397,15 +355,13 @@ impl Registrar for CudaRegistrar {
             ck(unsafe { driver::ctx_set_current(self.ctx) }, "cuCtxSetCurrent (registrar)")?;
             self.current = true;
         }
-        let turn = self.turn.clone();
-        register_range(base, bytes, &move || turn.wait())
+        register_range(base, bytes)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{grid_pieces, LoopTurn, TURN_WAIT_MAX};
-    use std::time::{Duration, Instant};
+    use super::grid_pieces;
 
     fn pieces(at: usize, bytes: usize, piece: usize) -> Vec<(usize, usize)> {
         grid_pieces(at, bytes, piece).collect()
@@ -428,36 +384,5 @@ mod tests {
                 assert_eq!((at + w[1].0) % (32 << 20), 0);
             }
         }
-    }
-
-    /// The registration thread starts a piece at once while the loop is
-    /// out of the driver, waits while it is in (until it leaves), and never
-    /// longer than TURN_WAIT_MAX.
-    #[test]
-    fn registration_waits_for_the_loop_s_turn() {
-        let turn = LoopTurn::default();
-        let t = Instant::now();
-        turn.wait();
-        assert!(t.elapsed() < TURN_WAIT_MAX);
-
-        let other = turn.clone();
-        turn.raise();
-        let (started, on_start) = std::sync::mpsc::channel();
-        let waiter = std::thread::spawn(move || {
-            let t = Instant::now();
-            started.send(()).unwrap();
-            other.wait();
-            t.elapsed()
-        });
-        on_start.recv().unwrap();
-        std::thread::sleep(Duration::from_micros(300));
-        turn.lower();
-        let waited = waiter.join().unwrap();
-        assert!(waited >= Duration::from_micros(300), "gave way for {waited:?} only");
-
-        turn.raise();
-        let t = Instant::now();
-        turn.wait();
-        assert!(t.elapsed() >= TURN_WAIT_MAX);
     }
 }

@@ -175,9 +175,6 @@ pub struct CudaBackend {
     lane: Lane,
     copy_streams: [sys::CUstream; 2],
     spare_events: Vec<sys::CUevent>,
-    /// Held while the loop makes a launch's or a copy's driver calls: the
-    /// registration thread waits for its turn (memory.rs, `LoopTurn`).
-    loop_turn: memory::LoopTurn,
     /// Benchmarks force a placement for every job.
     force_mode: Option<Placement>,
     // Reused per launch.
@@ -303,7 +300,6 @@ impl CudaBackend {
             lane,
             copy_streams,
             spare_events: Vec::new(),
-            loop_turn: memory::LoopTurn::default(),
             force_mode: None,
             bytes: Vec::new(),
             ptrs: Vec::new(),
@@ -348,7 +344,7 @@ impl Backend for CudaBackend {
     }
 
     fn registrar(&self) -> Box<dyn Registrar> {
-        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false, turn: self.loop_turn.clone() })
+        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false })
     }
 
     fn adopt_segment(&mut self, seg: usize, reg: Registered) -> Result<()> {
@@ -360,10 +356,7 @@ impl Backend for CudaBackend {
     }
 
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
-        self.loop_turn.raise();
-        let r = self.submit_inner(arena, launch);
-        self.loop_turn.lower();
-        r
+        self.submit_inner(arena, launch)
     }
 
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
