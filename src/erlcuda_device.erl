@@ -282,17 +282,20 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
             gpud_exited({spawn_failed, Why}, S#{status := starting})
     end.
 
-%% How gpud paces puts' and gets' copies, from the app env copy_piece_bytes
-%% and copies_in_flight (gpud checks the ranges and refuses to start on bad
-%% ones; the defaults are gpud's when these are `default').
+%% How gpud paces puts' and gets' copies and large launches that read host
+%% memory, from the app env copy_piece_bytes, copies_in_flight and
+%% mapped_grid (gpud checks the ranges and refuses to start on bad ones; the
+%% defaults are gpud's when these are `default').
 copy_args() ->
     Arg = fun(Key, Flag) ->
                   case application:get_env(erlcuda, Key, default) of
                       N when is_integer(N) -> [Flag, integer_to_list(N)];
+                      off when Key =:= mapped_grid -> [Flag, "off"];
                       _ -> []
                   end
           end,
-    Arg(copy_piece_bytes, "--copy-piece-bytes") ++ Arg(copies_in_flight, "--copies-in-flight").
+    Arg(copy_piece_bytes, "--copy-piece-bytes") ++ Arg(copies_in_flight, "--copies-in-flight")
+        ++ Arg(mapped_grid, "--mapped-grid").
 
 %% The SMs gpud reserves for small launches, from the app env lane_sms
 %% (`off', a count, or `default': gpud's).

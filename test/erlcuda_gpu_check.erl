@@ -473,7 +473,9 @@ growth(Env) ->
 %% SMs reserved (lane_sms off: the priority stream alone; 1024, more SMs
 %% than any device has: the same, as a fallback). Puts and
 %% gets go in pieces: a put/get round trip gives back the very bytes, at
-%% the default pacing and at 64 KiB pieces, 3 in flight.
+%% the default pacing and at 64 KiB pieces, 3 in flight. A large launch
+%% that reads host memory right after a small job runs on a capped grid
+%% (mapped_grid, by default 16 blocks; here also 1): the same bits.
 lane_and_pacing(Env) ->
     N = 1 bsl 21,
     A = rand_bin(N), B = rand_bin(N),
@@ -505,6 +507,8 @@ lane_and_pacing(Env) ->
     Green = With([{lane_sms, 16}], fun(#{lane := L, lane_sms := S}) -> L =:= green andalso S >= 16 end),
     Green = With([{lane_sms, 16}, {copy_piece_bytes, 65536}, {copies_in_flight, 3}],
                  fun(#{lane := L}) -> L =:= green end),
+    Green = With([{mapped_grid, 1}], fun(#{lane := L}) -> L =:= green end),
+    Green = With([{mapped_grid, off}], fun(#{lane := L}) -> L =:= green end),
     Green = With([{lane_sms, off}], fun(#{lane := L, lane_sms := S}) -> {L, S} =:= {priority, 0} end),
     %% More SMs than the device has: no reservation, the priority lane, said
     %% in devices() (gpud logs why).

@@ -1,6 +1,6 @@
 //! Command line: `gpud --probe [--backend B]` and
 //! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...
-//! [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N]
+//! [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off]
 //! [--lane-sms N|off]`.
 
 use crate::backend::pace::Pacing;
@@ -8,7 +8,7 @@ use crate::backend::{self, BackendKind};
 use crate::buffers::MemoryLimit;
 use crate::error::{Error, Result};
 
-pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--lane-sms N|off]\n       gpud --probe [--backend cpu|cuda|auto]";
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off] [--lane-sms N|off]\n       gpud --probe [--backend cpu|cuda|auto]";
 
 /// Default time spent polling the SQ before sleeping on its eventfd.
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -134,6 +134,17 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
                     .filter(|n| (1..=64).contains(n))
                     .ok_or_else(|| usage(format!("bad --copies-in-flight {v:?} (1 to 64)")))?
             }
+            "--mapped-grid" => {
+                let v = value("--mapped-grid")?;
+                pacing.mapped_grid = match v.as_str() {
+                    "off" => 0,
+                    n => n
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=1 << 20).contains(n))
+                        .ok_or_else(|| usage(format!("bad --mapped-grid {v:?} (off, or 1 to 1048576 blocks)")))?,
+                }
+            }
             "--lane-sms" => {
                 let v = value("--lane-sms")?;
                 lane_sms = Some(match v.as_str() {
@@ -236,7 +247,9 @@ mod tests {
             Ok(Command::Daemon(o)) => Some(o.pacing),
             _ => None,
         };
-        assert_eq!(pace("--copy-piece-bytes 1048576 --copies-in-flight 2"), Some(Pacing { piece: 1 << 20, depth: 2 }));
+        assert_eq!(pace("--copy-piece-bytes 1048576 --copies-in-flight 2"), Some(Pacing { piece: 1 << 20, depth: 2, ..Pacing::default() }));
+        assert_eq!(pace("--mapped-grid 64").map(|p| p.mapped_grid), Some(64));
+        assert_eq!(pace("--mapped-grid off").map(|p| p.mapped_grid), Some(0));
         let lane = |s: &str| match p(&format!("--socket x --device 0 {s}")) {
             Ok(Command::Daemon(o)) => Some(o.lane_sms),
             _ => None,
@@ -247,7 +260,7 @@ mod tests {
         for bad in ["--lane-sms 0", "--lane-sms -1", "--lane-sms 1025", "--lane-sms on"] {
             assert_eq!(lane(bad), None, "{bad}");
         }
-        for bad in ["--copy-piece-bytes 1000", "--copy-piece-bytes 0", "--copies-in-flight 0", "--copies-in-flight 65"] {
+        for bad in ["--copy-piece-bytes 1000", "--copy-piece-bytes 0", "--copies-in-flight 0", "--copies-in-flight 65", "--mapped-grid 0", "--mapped-grid on"] {
             assert_eq!(pace(bad), None, "{bad}");
         }
         for bad in ["--module x:/a", "--module 1000:/a", "--module 1:", "--module /a"] {

@@ -38,19 +38,38 @@ pub enum Dir {
 }
 
 /// Piece size and pieces in flight per direction (`--copy-piece-bytes`,
-/// `--copies-in-flight`).
+/// `--copies-in-flight`), and the most blocks a large launch that reads
+/// host memory through the mapping runs with while small jobs run
+/// (`--mapped-grid`, 0: no cap).
+///
+/// Why the cap: such a launch (a large job from binaries, its inputs read
+/// in place over PCIe) keeps every thread's loads in flight at once, far
+/// more than PCIe needs to run at full speed, and a small job's own reads
+/// of its inputs queue behind them. Beside `vector_add` of 2^24 from
+/// binaries (H100), small jobs took 1.3-1.5 ms about twice per large job,
+/// about as long as the launch's reads of one input, and small-job p99
+/// was 1.1-1.3 ms, with no step of gpud's loop or the VM that long. The
+/// kernels are grid-stride, so any grid is correct; fewer blocks keep
+/// fewer reads in flight. Swept there (mixed section at scale 4, small
+/// jobs' p99 / max µs, large jobs beside ÷ alone): no cap 713-716 / 944-958,
+/// 0.90-0.99; 256 blocks 531 / 923; 64: 259-262 / 404-437; 32: 142 / 533;
+/// 16: 71-79 / 158-634, 1.01-1.08; 8: 55 / 665, 0.97. 16 keeps the p99
+/// under 100 µs and costs the large job nothing: PCIe, not the SMs, bounds
+/// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
     pub piece: usize,
     pub depth: usize,
+    pub mapped_grid: u32,
 }
 
 impl Default for Pacing {
     /// 2 MiB, one in flight: between the probe's 1 MiB (p99 57 us, 36
     /// GB/s) and 4 MiB (116 us, 49 GB/s), for the goal of a small job's
-    /// p99 within 100 us beside any large one.
+    /// p99 within 100 us beside any large one; mapped launches capped at
+    /// 16 blocks (the sweep above).
     fn default() -> Pacing {
-        Pacing { piece: 2 << 20, depth: 1 }
+        Pacing { piece: 2 << 20, depth: 1, mapped_grid: 16 }
     }
 }
 
@@ -103,12 +122,12 @@ impl<M> Pacer<M> {
     /// A pacer that queues up to `ahead` bytes a direction while no small
     /// job runs (`AHEAD_BYTES` where copies are asynchronous, else 0).
     pub fn new(pacing: Pacing, ahead: usize) -> Pacer<M> {
-        let pacing = Pacing { piece: pacing.piece.max(4096), depth: pacing.depth.max(1) };
+        let pacing = Pacing { piece: pacing.piece.max(4096), depth: pacing.depth.max(1), ..pacing };
         Pacer { pacing, lanes: [Lane { waiting: VecDeque::new(), flying: VecDeque::new() }, Lane { waiting: VecDeque::new(), flying: VecDeque::new() }], open: 0, paced_until: None, ahead }
     }
 
     pub fn set_pacing(&mut self, pacing: Pacing) {
-        self.pacing = Pacing { piece: pacing.piece.max(4096), depth: pacing.depth.max(1) };
+        self.pacing = Pacing { piece: pacing.piece.max(4096), depth: pacing.depth.max(1), ..pacing };
     }
 
     /// Takes a copy; [`advance`](Pacer::advance) issues its pieces and
@@ -131,6 +150,16 @@ impl<M> Pacer<M> {
     /// Whether a small launch came in the last `SMALL_WINDOW`.
     pub fn small_recently(&self, now: Instant) -> bool {
         self.paced_until.is_some_and(|t| now < t)
+    }
+
+    /// The grid a large launch that reads host memory through the mapping
+    /// runs with now: `grid`, capped at `mapped_grid` while small jobs run.
+    pub fn mapped_grid(&self, grid: u32, now: Instant) -> u32 {
+        if self.pacing.mapped_grid > 0 && self.small_recently(now) {
+            grid.min(self.pacing.mapped_grid)
+        } else {
+            grid
+        }
     }
 
     /// Pieces a direction may have in flight now: `depth` while small jobs
@@ -198,7 +227,7 @@ mod tests {
     /// independent.
     #[test]
     fn pieces_are_paced_and_each_copy_reported_once() {
-        let mut p: Pacer<u32> = Pacer::new(Pacing { piece: 4096, depth: 1 }, AHEAD_BYTES);
+        let mut p: Pacer<u32> = Pacer::new(Pacing { piece: 4096, depth: 1, mapped_grid: 0 }, AHEAD_BYTES);
         // Small jobs run all along (the window outlasts the test).
         p.paced_until = Some(Instant::now() + Duration::from_secs(3600));
         p.push(Dir::ToDevice, 1, 1 << 20, 0, 10_000);
@@ -239,13 +268,29 @@ mod tests {
         );
     }
 
+    /// A large launch that reads host memory is capped at `mapped_grid`
+    /// blocks only while small jobs run, and never with the cap off.
+    #[test]
+    fn mapped_launches_are_capped_only_while_small_jobs_run() {
+        let t0 = Instant::now();
+        let mut p: Pacer<u32> = Pacer::new(Pacing { mapped_grid: 64, ..Pacing::default() }, AHEAD_BYTES);
+        assert_eq!(p.mapped_grid(8448, t0), 8448, "no small job yet");
+        p.note_small(t0);
+        assert_eq!(p.mapped_grid(8448, t0), 64);
+        assert_eq!(p.mapped_grid(10, t0), 10, "a smaller grid stays");
+        assert_eq!(p.mapped_grid(8448, t0 + SMALL_WINDOW), 8448, "the window has passed");
+        let mut off: Pacer<u32> = Pacer::new(Pacing { mapped_grid: 0, ..Pacing::default() }, AHEAD_BYTES);
+        off.note_small(t0);
+        assert_eq!(off.mapped_grid(8448, t0), 8448);
+    }
+
     /// With no small job in the window, a copy's pieces are queued ahead
     /// (AHEAD_BYTES a direction) in one poll; a small launch brings the
     /// depth back to `depth` for SMALL_WINDOW.
     #[test]
     fn pieces_go_ahead_unless_small_jobs_run() {
         let piece = 1 << 20;
-        let mut p: Pacer<u32> = Pacer::new(Pacing { piece, depth: 1 }, AHEAD_BYTES);
+        let mut p: Pacer<u32> = Pacer::new(Pacing { piece, depth: 1, mapped_grid: 0 }, AHEAD_BYTES);
         let t0 = Instant::now();
         assert_eq!(p.depth(t0), AHEAD_BYTES / piece);
         p.note_small(t0);
@@ -264,7 +309,7 @@ mod tests {
         assert_eq!(issued as usize, AHEAD_BYTES / piece, "31 done, one left: none issued");
         assert!(done.is_empty());
         // Where pieces are copied as they are issued, none go ahead.
-        let cpu: Pacer<u32> = Pacer::new(Pacing { piece, depth: 1 }, 0);
+        let cpu: Pacer<u32> = Pacer::new(Pacing { piece, depth: 1, mapped_grid: 0 }, 0);
         assert_eq!(cpu.depth(t0), 1);
     }
 }

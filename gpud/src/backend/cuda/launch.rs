@@ -318,6 +318,10 @@ impl CudaBackend {
         self.zero_dev.clear();
         let mut scratch_need = 0u64;
         let mut modes = Vec::with_capacity(jobs.len());
+        // Whether the kernel reads inputs from host memory through the
+        // mapping (pace.rs, `Pacing::mapped_grid`); not where the caller
+        // chose the grid.
+        let mut reads_host = false;
         for j in jobs {
             let mode = if j.fault() {
                 Placement::Mapped
@@ -325,6 +329,9 @@ impl CudaBackend {
                 self.force_mode.unwrap_or_else(|| policy(op, j, jobs.len()))
             };
             modes.push(mode);
+            reads_host |= mode == Placement::Mapped
+                && j.geometry().grid == 0
+                && j.inputs().iter().any(|r| !r.is_empty() && !r.is_buffer());
             if mode != Placement::Mapped {
                 for r in j.inputs().iter().filter(|r| !r.is_buffer()) {
                     scratch_need += r.bytes().next_multiple_of(SCRATCH_ALIGN);
@@ -467,10 +474,14 @@ impl CudaBackend {
             // device buffer that no other launch in flight uses.
             ck(unsafe { driver::memset_d8_async(d, bytes, stream) }, "cuMemsetD8Async")?;
         }
+        let now = std::time::Instant::now();
         for c in &self.chunks {
-            let dl = c.launch;
+            let mut dl = c.launch;
             if dl.grid == 0 {
                 continue; // no work: a zero grid is invalid
+            }
+            if !small && reads_host {
+                dl.grid = self.paced.mapped_grid(dl.grid, now);
             }
             let mut table = table_base + c.table_off as u64;
             let mut vals = dl.params;
