@@ -539,8 +539,12 @@ def py_round(v):
 
 # Python's math (glibc) per function; exp10 as pow(10, x) (correctly rounded
 # in glibc); domain errors and overflows become C's results below.
+def recip(v):
+    return math.copysign(math.inf, v) if v == 0 else 1.0 / v
+
+
 REF = {
-    "exp": math.exp, "exp2": lambda v: 2.0 ** v, "exp10": lambda v: 10.0 ** v, "expm1": math.expm1,
+    "recip": recip, "exp": math.exp, "exp2": lambda v: 2.0 ** v, "exp10": lambda v: 10.0 ** v, "expm1": math.expm1,
     "log": math.log, "log1p": math.log1p, "log2": math.log2, "log10": math.log10, "cbrt": lambda v: math.copysign(abs(v) ** (1 / 3), v),
     "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos, "atan": math.atan,
     "sinh": math.sinh, "cosh": math.cosh, "tanh": math.tanh, "asinh": math.asinh, "acosh": math.acosh, "atanh": math.atanh,
@@ -556,6 +560,7 @@ BINARY = {"pow", "hypot", "atan2", "fmod"}
 # Argument ranges (as tests/math.rs draws them): ("u", lo, hi) uniform,
 # ("l", lo, hi, signed) log-uniform magnitude; second for binary functions.
 DOMAIN = {
+    "recip": (("l", 1e-45, 3e38, 1), ("l", 1e-320, 1e308, 1)),
     "exp": (("u", -104, 89), ("u", -746, 710)), "exp2": (("u", -150, 128), ("u", -1075, 1024)),
     "exp10": (("u", -45, 38.5), ("u", -323, 308.2)), "expm1": (("u", -20, 88), ("u", -40, 709)),
     "log": (("l", 1e-45, 3e38, 0), ("l", 1e-320, 1e308, 0)), "log1p": (("u", -0.999, 1e3), ("u", -0.999, 1e3)),
@@ -674,7 +679,9 @@ def test_math(mod, rng):
     n = 1 << 15
     grid = np.array(IEEE_ARGS)
     for fid, (name, b32, b64) in enumerate(math_ulps()):
-        f, c_f, worst, special = REF[name], c_libm(name), {}, []
+        # recip is no libm function: its reference, the division, serves
+        # for its special cases too.
+        f, c_f, worst, special = REF[name], (REF[name] if name == "recip" else c_libm(name)), {}, []
         # The fixed special cases: every pair for two arguments, else y = 1.
         gx, gy = (np.repeat(grid, len(grid)), np.tile(grid, len(grid))) if name in BINARY else (grid, np.ones(len(grid)))
         for ti, (t, dt, bound) in enumerate((("f32", np.float32, b32), ("f64", np.float64, b64))):

@@ -6,7 +6,7 @@
 //! [`crate::element`].
 //!
 //! # Math
-//! Every function beyond `+ - * /`, `sqrt`, `fma` and `abs` is the `libm`
+//! Every function beyond `+ - * /`, `sqrt`, `fma`, `abs` and `recip` is the `libm`
 //! crate's (musl's algorithms in pure `no_std` Rust), compiled from the same
 //! source for the host and for nvptx64 (`-Zbuild-std=core`; ptxas accepts
 //! it for sm_90). Accuracy against a float64 reference: for f32, in f32
@@ -21,6 +21,7 @@
 //!
 //! | function | host f32 | host f64 | GPU f32 | GPU f64 |
 //! |---|---|---|---|---|
+//! | recip (one GPU run) | 0.50 | 0 | 0.50 | 0 |
 //! | exp | 0.87 | 1 | 0.86 | 1 |
 //! | exp2 | 0.50 | 1 | 0.50 | 1 |
 //! | exp10 | 3.64 | 4 | 3.50 | 3 |
@@ -96,6 +97,13 @@ pub trait Float: Numeric + Neg<Output = Self> {
     fn fma(self, b: Self, c: Self) -> Self;
     /// Correctly rounded.
     fn sqrt(self) -> Self;
+    /// 1/self within 1 ulp, without a division on the GPU: for f32 the
+    /// hardware's approximation refined by one Newton step, a handful of
+    /// instructions and no branch, where `1.0 / x` is a correctly rounded
+    /// division with a slow path behind a branch (a kernel's elements then
+    /// diverge). f64, and the host, divide. ±0 gives ±∞, ±∞ gives ±0, NaN
+    /// gives NaN, on both.
+    fn recip(self) -> Self;
     fn is_nan(self) -> bool;
     /// Neither infinite nor NaN.
     fn is_finite(self) -> bool;
@@ -205,13 +213,15 @@ pub trait Float: Numeric + Neg<Output = Self> {
     }
 }
 
-/// Each libm function's bound in ulps of the result type, against a
-/// float64 reference: `(name, f32 bound, f64 bound)`. The host test
+/// Each function's bound in ulps of the result type (libm's, and
+/// `recip`'s: the GPU's f32 is within 1 ulp, every other is a division),
+/// against a float64 reference: `(name, f32 bound, f64 bound)`. The host test
 /// (`tests/math.rs`) and the GPU test (`gpu_tests/run.py`, which reads this
 /// table from the source) fail above it. For f64 the reference is glibc's
 /// (itself within about 1 ulp, correctly rounded for exp, log, pow, sin,
 /// cos), so a bound there covers both libraries' errors.
 pub const MATH_ULPS: &[(&str, f64, f64)] = &[
+    ("recip", 1.0, 0.5),
     ("exp", 1.0, 2.0),
     ("exp2", 1.0, 2.0),
     ("exp10", 4.5, 6.0),
@@ -320,6 +330,28 @@ macro_rules! portable_float {
 }
 
 impl Float for f32 {
+    #[inline(always)]
+    fn recip(self) -> f32 {
+        #[cfg(target_arch = "nvptx64")]
+        {
+            // rcp.approx.f32 is within 1 ulp (subnormals kept: no .ftz);
+            // one Newton step on its residual halves that. Where the
+            // residual is not finite (0, ±inf, NaN, or a reciprocal past
+            // the range) the approximation is already the answer.
+            let r: f32;
+            // SAFETY: a register operation.
+            unsafe {
+                asm!("rcp.approx.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) self,
+                     options(pure, nomem, nostack, preserves_flags))
+            };
+            let e = Float::fma(-self, r, 1.0);
+            if e.is_finite() { Float::fma(r, e, r) } else { r }
+        }
+        #[cfg(not(target_arch = "nvptx64"))]
+        {
+            1.0 / self
+        }
+    }
     portable_float!(f32, fmaf32, sqrtf32,
         [exp = expf, exp2 = exp2f, exp10 = exp10f, expm1 = expm1f, log = logf, log1p = log1pf,
          log2 = log2f, log10 = log10f, cbrt = cbrtf, sin = sinf, cos = cosf, tan = tanf, asin = asinf,
@@ -366,6 +398,10 @@ impl Float for f32 {
 }
 
 impl Float for f64 {
+    #[inline(always)]
+    fn recip(self) -> f64 {
+        1.0 / self
+    }
     portable_float!(f64, fmaf64, sqrtf64,
         [exp = exp, exp2 = exp2, exp10 = exp10, expm1 = expm1, log = log, log1p = log1p,
          log2 = log2, log10 = log10, cbrt = cbrt, sin = sin, cos = cos, tan = tan, asin = asin,

@@ -177,6 +177,16 @@ const SPECIAL: &[(f64, f64)] = &[(0.0, 1.0), (-0.0, 1.0), (INF, 1.0), (-INF, 1.0
 fn cases() -> Vec<Case> {
     use Dist::*;
     vec![
+        // 1/x, its reference the float64 division (exact for an f32 x).
+        Case {
+            name: "recip",
+            f32: |x, _| Float::recip(x),
+            f64: |x, _| Float::recip(x),
+            reference: |x, _| 1.0 / x,
+            args32: &[(Log(1e-45, 3e38, true), NONE), (Uni(0.5, 2.0), NONE)],
+            args64: &[(Log(1e-320, 1e308, true), NONE), (Uni(0.5, 2.0), NONE)],
+            edges: &[(f32::MAX as f64, 0.0), (f32::MIN_POSITIVE as f64, 0.0), (3.0, 0.0), (-7.0, 0.0), (1e-40, 0.0), (5e-324, 0.0)],
+        },
         unary!(exp, &[(Uni(-104.0, 89.0), NONE), (Uni(-1.0, 1.0), NONE)], &[(Uni(-746.0, 710.0), NONE), (Uni(-1.0, 1.0), NONE)],
             &[(88.72283, 0.0), (-87.33655, 0.0), (-103.97, 0.0), (709.782712893384, 0.0), (-708.4, 0.0), (-745.13, 0.0), (1e-300, 0.0)]),
         unary!(exp2, &[(Uni(-150.0, 128.0), NONE)], &[(Uni(-1075.0, 1024.0), NONE)], &[(127.99, 0.0), (-149.5, 0.0), (1023.99, 0.0), (-1074.5, 0.0)]),

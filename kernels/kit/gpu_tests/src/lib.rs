@@ -415,7 +415,7 @@ const fn row(name: &str) -> usize {
 }
 
 dispatch!(
-    unary: exp, exp2, exp10, expm1, log, log1p, log2, log10, cbrt, sin, cos, tan, asin, acos, atan, sinh, cosh, tanh,
+    unary: recip, exp, exp2, exp10, expm1, log, log1p, log2, log10, cbrt, sin, cos, tan, asin, acos, atan, sinh, cosh, tanh,
         asinh, acosh, atanh, erf, erfc, lgamma, tgamma, floor, ceil, round, trunc;
     binary: pow, hypot, atan2, fmod
 );
