@@ -136,7 +136,12 @@ pass(System) ->
     {Scale, From} = scale(Backend),
     P = params(Scale),
     Kinds = selected(),
-    io:format("~s: lane ~p, lane_sms ~p~n", [System, maps:get(lane, Dev), maps:get(lane_sms, Dev)]),
+    %% The settings that shape the tails (the app env as the VM has it:
+    %% `default' is gpud's own, guides/configuration.md).
+    MappedGrid = application:get_env(erlcuda, mapped_grid, default),
+    CopyNice = application:get_env(erlcuda, copy_nice, 0),
+    io:format("~s: lane ~p, lane_sms ~p, mapped_grid ~p, copy_nice ~p~n",
+              [System, maps:get(lane, Dev), maps:get(lane_sms, Dev), MappedGrid, CopyNice]),
     io:format("mixed load: small job = vector_add 1000 from binaries, launch_sync, one in flight; "
               "scale ~p (~s): ~p small jobs a stream, matmul ~p^3, vectors of ~s, puts of ~s~n",
               [Scale, From, maps:get(small_jobs, P), maps:get(side, P), elems_text(maps:get(elems, P)),
@@ -145,7 +150,8 @@ pass(System) ->
               ["small jobs beside", "p50 us", "p99 us", "max us", "jobs",
                "large alone", "beside", "ratio", "large"]),
     Common = #{scale => Scale, scale_from => From, system => System,
-               lane => maps:get(lane, Dev), lane_sms => maps:get(lane_sms, Dev)},
+               lane => maps:get(lane, Dev), lane_sms => maps:get(lane_sms, Dev),
+               mapped_grid => MappedGrid, copy_nice => CopyNice},
     guard(alone, fun() -> alone(P, Common) end),
     [guard(K, fun() -> kind(K, P, Common) end) || K <- Kinds],
     io:format("(large: jobs/s of the large job alone and beside the small stream; ratio = beside / alone; "
