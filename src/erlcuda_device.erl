@@ -70,7 +70,8 @@
 -type probe() :: none | device | all.
 
 -define(ACCEPT_SLICE_MS, 50).
--define(START_TIMEOUT_MS, 20000).
+%% The probe's time at least; a longer gpud_start_timeout_ms (app env, the
+%% start's) raises it too: under a profiler both are slow.
 -define(PROBE_TIMEOUT_MS, 30000).
 %% How long an exited gpud's last output is waited for (see drain/2).
 -define(DRAIN_MS, 200).
@@ -232,7 +233,7 @@ start(#{backend := Backend} = S) ->
                   [{args, ["--probe", "--backend", atom_to_list(Backend)]},
                    exit_status, use_stdio, stderr_to_stdout, binary, {line, 1024}, hide]) of
         Port ->
-            step(probe, ?PROBE_TIMEOUT_MS, S#{status := starting, probe_port := Port,
+            step(probe, max(?PROBE_TIMEOUT_MS, start_timeout_ms()), S#{status := starting, probe_port := Port,
                                               probe_pid := os_pid(Port),
                                               probe_line := <<>>, partial := <<>>})
     catch error:Why ->
@@ -274,13 +275,19 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
                    {line, 4096}, hide]) of
         Port ->
             self() ! {accept, Port},
-            step(accept, ?START_TIMEOUT_MS, S#{port := Port, os_pid := os_pid(Port),
+            step(accept, start_timeout_ms(), S#{port := Port, os_pid := os_pid(Port),
                                                status := starting, started_at := T0,
                                                partial := <<>>, startup_line := undefined})
     catch error:Why ->
             logger:error("erlcuda device ~p: cannot run gpud: ~p", [Id, Why], meta(Id)),
             gpud_exited({spawn_failed, Why}, S#{status := starting})
     end.
+
+%% How long a start may take, gpud's run to its ready line (app env
+%% gpud_start_timeout_ms); past it the start counts as failed.
+start_timeout_ms() ->
+    {ok, Ms} = application:get_env(erlcuda, gpud_start_timeout_ms),
+    Ms.
 
 %% How gpud paces puts' and gets' copies and large launches that read host
 %% memory, from the app env copy_piece_bytes, copies_in_flight and

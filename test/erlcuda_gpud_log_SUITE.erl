@@ -16,7 +16,7 @@
 all() ->
     [ready_line_is_info, every_line_whole_and_in_order, last_line_without_newline,
      probe_diagnostics, device_fault_is_an_error, filter_keeps_gpud_lines,
-     protocol_lines].
+     protocol_lines, start_timeout].
 
 init_per_suite(Config) ->
     #{level := Level} = logger:get_primary_config(),
@@ -111,6 +111,20 @@ probe_diagnostics(_) ->
                 wait_log(fun(T) -> binary:match(T, <<"no CUDA backend">>) =/= nomatch end),
             ?assert(is_integer(P))
     end.
+
+%% gpud_start_timeout_ms bounds a start: a gpud that takes a second to
+%% come fails its start at 300 ms (said in last_exit), and comes up within
+%% 10 s.
+start_timeout(Config) ->
+    Script = wrapper(Config, "slow", "sleep 1\n"),
+    ok = erlcuda_ref:load_app([{gpud, Script}, {backend, cpu}, {gpud_start_timeout_ms, 300},
+                               {restart_backoff_ms, {5000, 5000}}]),
+    {ok, _} = application:ensure_all_started(erlcuda),
+    #{last_exit := Exit} = wait_device(fun(D) -> maps:get(last_exit, D, undefined) =/= undefined end),
+    ?assertMatch({start_failed, {_, timeout}}, Exit),
+    ok = erlcuda_ref:load_app([{gpud, Script}, {backend, cpu}, {gpud_start_timeout_ms, 10000}]),
+    {ok, _} = application:ensure_all_started(erlcuda),
+    #{status := up} = wait_device(fun(#{status := St}) -> St =:= up end).
 
 %% A device fault (a gpud built with fault injection): why gpud died is an
 %% error event of that gpud.

@@ -150,10 +150,16 @@ case "${1:-check}" in
             "exec ncu --target-processes application-only --clock-control none --set full -f -o '$out/ncu' --log-file '$out/ncu-profiler.log' --kernel-name-base function --kernel-name 'regex:(${ks//,/|})' '$here/lib/erlcuda/priv/gpud' \"\$@\"" \
             >"$tmp/gpud-ncu"
         chmod +x "$tmp/gpud-ncu"
+        # gpud starts slowly under the profiler: the start may take 10
+        # minutes (app env gpud_start_timeout_ms; at the default 20 s a
+        # start that runs out is tried again and again, and the one run of
+        # this on an H100 printed nothing in 200 s). The VM's lines go to
+        # $out/ncu-vm.log as they come, so a run cut short says where it was.
         ERLCUDA_USER_MODULES="$here/user_modules" \
             "$root/bin/erl" -noshell +S "$(nproc)" -pa "$here/lib/erlcuda/ebin" -pa "$here/test" \
-            -pa "$here/bench" -erlcuda gpud "\"$tmp/gpud-ncu\"" \
-            -eval "erlcuda_examples_bench:launches([$ks], 3), halt()" 2>&1 | tail -n 40
+            -pa "$here/bench" -erlcuda gpud "\"$tmp/gpud-ncu\"" -erlcuda gpud_start_timeout_ms 600000 \
+            -eval "erlcuda_examples_bench:launches([$ks], 3), halt()" >"$out/ncu-vm.log" 2>&1 || true
+        tail -n 40 "$out/ncu-vm.log"
         # gpud ends when the VM closes its stdin; then ncu writes the report.
         for _ in $(seq 1 120); do
             pgrep -f "$tmp/gpud-ncu|--log-file $out/ncu-profiler.log" >/dev/null || break
