@@ -34,7 +34,8 @@
 %% Alone: `bash .gpu-bundle/run.sh eval "erlcuda_examples_bench:main()"'
 %% (writes $ERLCUDA_BENCH_JSON, default examples.json).
 -module(erlcuda_examples_bench).
--export([main/0, run/0, module_dir/0, kernels/0, launches/2, blocks/3, small_blocks/3, phases/2]).
+-export([main/0, run/0, module_dir/0, kernels/0, launches/2, blocks/3, small_blocks/3, phases/2,
+         small_phases/2]).
 
 -define(MOD, example).
 -define(REPS, 50).
@@ -225,6 +226,47 @@ phases_of(K, N) ->
     after
         [erlcuda:free(B) || B <- Bufs]
     end.
+
+%% phases/2 for small jobs: each kernel K of Ks at about 1,000 elements from
+%% binaries (as examples.K.small_p50 runs it), one in flight, N calls, and
+%% the built-in vector_add of 1000 the same way first, as the reference;
+%% per call in us: the wall time (p50, mean), the NIF's sampled submit,
+%% publish to CQE and answer, gpud's drain, run and answer. Where a user's
+%% small job loses to vector_add, the column that grows says which side.
+small_phases(Ks, N) ->
+    with_module(fun() ->
+                        io:format("~-18s ~9s ~9s | ~8s ~9s ~8s | ~8s ~9s ~8s~n",
+                                  ["small job", "wall p50", "mean", "submit", "to CQE", "answer",
+                                   "g.drain", "g.run", "g.answer"]),
+                        Va = [f32_block(1000), f32_block(1000)],
+                        small_phases_row(vector_add, fun() -> {ok, _} = erlcuda:launch_sync(vector_add, Va) end, N),
+                        [begin
+                             {_, Args, Free} = small_case(K),
+                             try small_phases_row(K, fun() ->
+                                                           result(K, erlcuda:launch_sync({?MOD, K}, Args,
+                                                                                         [{timeout, ?TIMEOUT}]))
+                                                   end, N)
+                             after Free()
+                             end
+                         end || K <- Ks],
+                        io:format("(us per call; submit, to CQE and answer: the NIF's sampled profile; "
+                                  "g.*: gpud's own)~n"),
+                        ok
+                end).
+
+small_phases_row(Label, F, N) ->
+    [F() || _ <- lists:seq(1, ?SMALL_WARM)],
+    S0 = erlcuda:stats(0),
+    Ws = lists:sort([time_us(F) || _ <- lists:seq(1, N)]),
+    S1 = erlcuda:stats(0),
+    D = fun(Key) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
+    Per = fun(Key, Of) -> D(Key) / max(1, D(Of)) / 1.0e3 end,
+    io:format("~-18s ~9.1f ~9.1f | ~8.1f ~9.1f ~8.1f | ~8.1f ~9.1f ~8.1f~n",
+              [Label, pct(Ws, 0.5), lists:sum(Ws) / N,
+               Per(prof_submit_ns, prof_submit_samples), Per(prof_trip_gpud_ns, prof_trip_samples),
+               Per(prof_trip_answer_ns, prof_trip_samples),
+               Per(gpud_launch_drain_ns, gpud_launches_timed), Per(gpud_launch_run_ns, gpud_launches_timed),
+               Per(gpud_launch_answer_ns, gpud_launches_timed)]).
 
 %% A result's outputs brought back (buffers fetched), for comparison.
 fetch_all(B) when is_reference(B) -> element(2, erlcuda:get(B));
