@@ -47,6 +47,8 @@
 -define(SMALL_BLOCK, 1000).
 -define(SMALL_BLOCKS, 8).
 -define(TIMEOUT, 60000).
+%% Under the tables of phases/2 and small_phases/2.
+-define(PHASES_NOTE, "(us per call; submit, to CQE and answer: the NIF's sampled profile; g.*: gpud's own)").
 %% Bytes of an element block that repeats through a large input.
 -define(BLOCK_BYTES, (4 bsl 20)).
 
@@ -184,12 +186,9 @@ blocks_loaded(K, Variants, Rounds) ->
 %% excess over gpud's run is the record's `wall - gpud' of issue 33.
 phases(Ks, N) ->
     with_module(fun() ->
-                        io:format("~-18s ~9s ~9s | ~8s ~9s ~8s | ~8s ~9s ~8s | ~8s~n",
-                                  ["kernel", "wall p50", "mean", "submit", "to CQE", "answer",
-                                   "g.drain", "g.run", "g.answer", "free"]),
+                        io:format("~s | ~8s~n", [phase_header("kernel"), "free"]),
                         [phases_of(K, N) || K <- Ks],
-                        io:format("(us per call; submit, to CQE and answer: the NIF's sampled profile; "
-                                  "g.*: gpud's own)~n"),
+                        io:format("~s~n", [?PHASES_NOTE]),
                         ok
                 end).
 
@@ -213,16 +212,8 @@ phases_of(K, N) ->
                     {W, (erlang:monotonic_time(nanosecond) - F0) / 1.0e3}
                 end || _ <- lists:seq(1, N)],
         S1 = erlcuda:stats(0),
-        D = fun(Key) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
-        Per = fun(Key, Of) -> D(Key) / max(1, D(Of)) / 1.0e3 end,
-        Ws = lists:sort([W || {W, _} <- Rows]),
-        io:format("~-18s ~9.1f ~9.1f | ~8.1f ~9.1f ~8.1f | ~8.1f ~9.1f ~8.1f | ~8.1f~n",
-                  [K, pct(Ws, 0.5), lists:sum(Ws) / N,
-                   Per(prof_submit_ns, prof_submit_samples), Per(prof_trip_gpud_ns, prof_trip_samples),
-                   Per(prof_trip_answer_ns, prof_trip_samples),
-                   Per(gpud_launch_drain_ns, gpud_launches_timed), Per(gpud_launch_run_ns, gpud_launches_timed),
-                   Per(gpud_launch_answer_ns, gpud_launches_timed),
-                   pct(lists:sort([F || {_, F} <- Rows]), 0.5)])
+        io:format("~s | ~8.1f~n", [phase_row(K, [W || {W, _} <- Rows], S0, S1),
+                                     pct(lists:sort([F || {_, F} <- Rows]), 0.5)])
     after
         [erlcuda:free(B) || B <- Bufs]
     end.
@@ -235,9 +226,7 @@ phases_of(K, N) ->
 %% small job loses to vector_add, the column that grows says which side.
 small_phases(Ks, N) ->
     with_module(fun() ->
-                        io:format("~-18s ~9s ~9s | ~8s ~9s ~8s | ~8s ~9s ~8s~n",
-                                  ["small job", "wall p50", "mean", "submit", "to CQE", "answer",
-                                   "g.drain", "g.run", "g.answer"]),
+                        io:format("~s~n", [phase_header("small job")]),
                         Va = [f32_block(1000), f32_block(1000)],
                         small_phases_row(vector_add, fun() -> {ok, _} = erlcuda:launch_sync(vector_add, Va) end, N),
                         [begin
@@ -249,24 +238,35 @@ small_phases(Ks, N) ->
                              after Free()
                              end
                          end || K <- Ks],
-                        io:format("(us per call; submit, to CQE and answer: the NIF's sampled profile; "
-                                  "g.*: gpud's own)~n"),
+                        io:format("~s~n", [?PHASES_NOTE]),
                         ok
                 end).
 
 small_phases_row(Label, F, N) ->
     [F() || _ <- lists:seq(1, ?SMALL_WARM)],
     S0 = erlcuda:stats(0),
-    Ws = lists:sort([time_us(F) || _ <- lists:seq(1, N)]),
+    Ws = [time_us(F) || _ <- lists:seq(1, N)],
     S1 = erlcuda:stats(0),
+    io:format("~s~n", [phase_row(Label, Ws, S0, S1)]).
+
+%% The columns phases/2 and small_phases/2 share: a label, the calls' wall
+%% times (us; p50 and mean), and per call the stats/1 deltas between S0
+%% and S1: the NIF's sampled submit, publish to CQE and answer, gpud's
+%% drain, run and answer.
+phase_header(Label) ->
+    io_lib:format("~-18s ~9s ~9s | ~8s ~9s ~8s | ~8s ~9s ~8s",
+                  [Label, "wall p50", "mean", "submit", "to CQE", "answer", "g.drain", "g.run", "g.answer"]).
+
+phase_row(Label, Walls, S0, S1) ->
     D = fun(Key) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
     Per = fun(Key, Of) -> D(Key) / max(1, D(Of)) / 1.0e3 end,
-    io:format("~-18s ~9.1f ~9.1f | ~8.1f ~9.1f ~8.1f | ~8.1f ~9.1f ~8.1f~n",
-              [Label, pct(Ws, 0.5), lists:sum(Ws) / N,
-               Per(prof_submit_ns, prof_submit_samples), Per(prof_trip_gpud_ns, prof_trip_samples),
-               Per(prof_trip_answer_ns, prof_trip_samples),
-               Per(gpud_launch_drain_ns, gpud_launches_timed), Per(gpud_launch_run_ns, gpud_launches_timed),
-               Per(gpud_launch_answer_ns, gpud_launches_timed)]).
+    Ws = lists:sort(Walls),
+    io_lib:format("~-18s ~9.1f ~9.1f | ~8.1f ~9.1f ~8.1f | ~8.1f ~9.1f ~8.1f",
+                  [Label, pct(Ws, 0.5), lists:sum(Ws) / length(Ws),
+                   Per(prof_submit_ns, prof_submit_samples), Per(prof_trip_gpud_ns, prof_trip_samples),
+                   Per(prof_trip_answer_ns, prof_trip_samples),
+                   Per(gpud_launch_drain_ns, gpud_launches_timed), Per(gpud_launch_run_ns, gpud_launches_timed),
+                   Per(gpud_launch_answer_ns, gpud_launches_timed)]).
 
 %% A result's outputs brought back (buffers fetched), for comparison.
 fetch_all(B) when is_reference(B) -> element(2, erlcuda:get(B));
