@@ -63,6 +63,13 @@ pub struct Pacing {
     pub mapped_grid: u32,
 }
 
+impl Pacing {
+    /// At least a page a piece and one piece in flight.
+    fn at_least_one(self) -> Pacing {
+        Pacing { piece: self.piece.max(4096), depth: self.depth.max(1), ..self }
+    }
+}
+
 impl Default for Pacing {
     /// 2 MiB, one in flight: between the probe's 1 MiB (p99 57 us, 36
     /// GB/s) and 4 MiB (116 us, 49 GB/s), for the goal of a small job's
@@ -122,12 +129,11 @@ impl<M> Pacer<M> {
     /// A pacer that queues up to `ahead` bytes a direction while no small
     /// job runs (`AHEAD_BYTES` where copies are asynchronous, else 0).
     pub fn new(pacing: Pacing, ahead: usize) -> Pacer<M> {
-        let pacing = Pacing { piece: pacing.piece.max(4096), depth: pacing.depth.max(1), ..pacing };
-        Pacer { pacing, lanes: [Lane { waiting: VecDeque::new(), flying: VecDeque::new() }, Lane { waiting: VecDeque::new(), flying: VecDeque::new() }], open: 0, paced_until: None, ahead }
+        Pacer { pacing: pacing.at_least_one(), lanes: [Lane { waiting: VecDeque::new(), flying: VecDeque::new() }, Lane { waiting: VecDeque::new(), flying: VecDeque::new() }], open: 0, paced_until: None, ahead }
     }
 
     pub fn set_pacing(&mut self, pacing: Pacing) {
-        self.pacing = Pacing { piece: pacing.piece.max(4096), depth: pacing.depth.max(1), ..pacing };
+        self.pacing = pacing.at_least_one();
     }
 
     /// Takes a copy; [`advance`](Pacer::advance) issues its pieces and

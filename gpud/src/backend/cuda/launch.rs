@@ -474,13 +474,15 @@ impl CudaBackend {
             // device buffer that no other launch in flight uses.
             ck(unsafe { driver::memset_d8_async(d, bytes, stream) }, "cuMemsetD8Async")?;
         }
-        let now = std::time::Instant::now();
+        // Read once, and only for a launch the cap may concern: small
+        // launches are the hot path.
+        let now = (!small && reads_host).then(std::time::Instant::now);
         for c in &self.chunks {
             let mut dl = c.launch;
             if dl.grid == 0 {
                 continue; // no work: a zero grid is invalid
             }
-            if !small && reads_host {
+            if let Some(now) = now {
                 dl.grid = self.paced.mapped_grid(dl.grid, now);
             }
             let mut table = table_base + c.table_off as u64;
