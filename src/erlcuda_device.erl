@@ -228,12 +228,12 @@ answer_list_results() ->
 
 start(#{probe := none} = S) ->
     spawn_gpud(S);
-start(#{backend := Backend} = S) ->
+start(#{id := Id, backend := Backend} = S) ->
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, ["--probe", "--backend", atom_to_list(Backend)]},
                    exit_status, use_stdio, stderr_to_stdout, binary, {line, 1024}, hide]) of
         Port ->
-            step(probe, max(?PROBE_TIMEOUT_MS, start_timeout_ms()), S#{status := starting, probe_port := Port,
+            step(probe, max(?PROBE_TIMEOUT_MS, start_timeout_ms(Id)), S#{status := starting, probe_port := Port,
                                               probe_pid := os_pid(Port),
                                               probe_line := <<>>, partial := <<>>})
     catch error:Why ->
@@ -275,7 +275,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
                    {line, 4096}, hide]) of
         Port ->
             self() ! {accept, Port},
-            step(accept, start_timeout_ms(), S#{port := Port, os_pid := os_pid(Port),
+            step(accept, start_timeout_ms(Id), S#{port := Port, os_pid := os_pid(Port),
                                                status := starting, started_at := T0,
                                                partial := <<>>, startup_line := undefined})
     catch error:Why ->
@@ -284,10 +284,18 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     end.
 
 %% How long a start may take, gpud's run to its ready line (app env
-%% gpud_start_timeout_ms); past it the start counts as failed.
-start_timeout_ms() ->
-    {ok, Ms} = application:get_env(erlcuda, gpud_start_timeout_ms),
-    Ms.
+%% gpud_start_timeout_ms); past it the start counts as failed. A value that
+%% is no positive integer is said in the log, and the .app's 20 s used:
+%% erlang:start_timer would refuse it, and this server would die at every
+%% start.
+start_timeout_ms(Id) ->
+    case application:get_env(erlcuda, gpud_start_timeout_ms) of
+        {ok, Ms} when is_integer(Ms), Ms > 0, Ms =< 16#FFFFFFFF -> Ms;
+        {ok, Other} ->
+            logger:warning("erlcuda device ~p: gpud_start_timeout_ms ~p is not a count of "
+                           "milliseconds; using 20000", [Id, Other], meta(Id)),
+            20000
+    end.
 
 %% How gpud paces puts' and gets' copies and large launches that read host
 %% memory, from the app env copy_piece_bytes, copies_in_flight and
