@@ -257,6 +257,42 @@ int shm_handover(struct shm *s, int fd, uint32_t device)
     return 0;
 }
 
+/* The parent of `pid` by /proc/<pid>/stat ("pid (comm) state ppid ..."; the
+ * comm may hold spaces and parentheses, so the fields are read after the
+ * last ')'), or -1. */
+static pid_t parent_of(pid_t pid)
+{
+    char path[32], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *end = strrchr(buf, ')');
+    int ppid;
+    if (end == NULL || sscanf(end + 1, " %*c %d", &ppid) != 1)
+        return -1;
+    return (pid_t)ppid;
+}
+
+/* True when `pid` is `ancestor` or runs under it, within 8 generations: the
+ * program the VM spawned may run gpud as a child (a profiler such as
+ * Nsight Compute, `gpud` set to a wrapper that forks), and that child is
+ * as much the VM's as the program itself. */
+static int spawned_by(pid_t pid, pid_t ancestor)
+{
+    for (int gen = 0; gen <= 8 && pid > 1; gen++) {
+        if (pid == ancestor)
+            return 1;
+        pid = parent_of(pid);
+    }
+    return 0;
+}
+
 int shm_accept_peer(struct shm *s, pid_t expect_pid, int timeout_ms)
 {
     int64_t deadline = now_ms() + timeout_ms;
@@ -279,10 +315,11 @@ int shm_accept_peer(struct shm *s, pid_t expect_pid, int timeout_ms)
         }
         struct ucred cred;
         socklen_t clen = sizeof cred;
-        /* Only the gpud this VM spawned may have the arena: the kernel vouches
-         * for the peer's pid and uid, a name in argv proves nothing. */
+        /* Only the gpud this VM spawned (or a process under it) may have the
+         * arena: the kernel vouches for the peer's pid and uid, a name in
+         * argv proves nothing. */
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
-            cred.pid != expect_pid || cred.uid != getuid()) {
+            cred.uid != getuid() || !spawned_by(cred.pid, expect_pid)) {
             saw_stranger = 1;
             close(fd);
             continue;

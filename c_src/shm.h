@@ -56,8 +56,9 @@ void shm_reset_rings(struct shm *s);
  * connected, sends it the segment. Returns the new index or -errno. */
 int shm_add_segment(struct shm *s, uint64_t bytes);
 
-/* Waits up to timeout_ms for gpud to connect; a peer whose pid is not
- * expect_pid or whose uid is not ours is dropped and waiting goes on.
+/* Waits up to timeout_ms for gpud to connect; a peer that is neither
+ * expect_pid nor a descendant of it, or whose uid is not ours, is dropped
+ * and waiting goes on.
  * Returns the connected fd or -errno (-ETIMEDOUT, -EPERM when only strangers
  * called). */
 int shm_accept_peer(struct shm *s, pid_t expect_pid, int timeout_ms);

@@ -18,8 +18,8 @@
 -define(F_SEAL_GROW, 16#4).
 
 all() ->
-    [stranger_gets_nothing, stranger_of_another_uid_gets_nothing, no_names_in_dev_shm,
-     memfds_sealed].
+    [stranger_gets_nothing, stranger_of_another_uid_gets_nothing, child_of_spawned_gets_the_arena,
+     no_names_in_dev_shm, memfds_sealed].
 
 init_per_suite(Config) ->
     case os:find_executable("python3") of
@@ -102,6 +102,25 @@ stranger(Config, Prefix) ->
     ?assertMatch({ok, [3.0]}, erlcuda:launch_sync(vector_add, [[1.0], [2.0]])),
     [#{os_pid := P1, status := up}] = erlcuda:devices(),
     ok.
+
+%% The program the VM spawns may run gpud as its child (a profiler does, as
+%% `run.sh ncu` on the GPU machine): that child gets the arena, and jobs
+%% run. Here `gpud' is a shell script that forks gpud and waits for it.
+child_of_spawned_gets_the_arena(Config) ->
+    Path = filename:join(?config(priv_dir, Config), "forking_gpud.sh"),
+    ok = file:write_file(Path, ["#!/bin/sh\n'", erlcuda_sup:gpud_path(), "' \"$@\"\nexit $?\n"]),
+    ok = file:change_mode(Path, 8#755),
+    %% The CPU backend: no probe run (which would go through the script).
+    ok = erlcuda_ref:start_app([{gpud, Path}, {backend, cpu}]),
+    [#{os_pid := Sh, status := up}] = erlcuda:devices(),
+    ShPid = integer_to_list(Sh),
+    {ok, Children} = file:read_file("/proc/" ++ ShPid ++ "/task/" ++ ShPid ++ "/children"),
+    [Child] = string:lexemes(binary_to_list(Children), " \n"),
+    {ok, Comm} = file:read_file("/proc/" ++ Child ++ "/comm"),
+    ?assertEqual(<<"gpud\n">>, Comm),
+    Args = erlcuda_ref:args(vector_add, 1023, binary),
+    {ok, R} = erlcuda:launch_sync(vector_add, Args),
+    ok = erlcuda_ref:check(vector_add, Args, R).
 
 %%% (c) nothing named
 
