@@ -337,11 +337,14 @@ latency_split(BA, BB) ->
     Wait = lists:sum([W || {_, W} <- Ts]) / Jobs / 1000,
     Gpud = Per(prof_trip_gpud_ns, prof_trip_samples),
     Answer = Per(prof_trip_answer_ns, prof_trip_samples),
-    [Drain, Run, Cqe] = [Per(K, gpud_launches_timed)
-                         || K <- [gpud_launch_drain_ns, gpud_launch_run_ns, gpud_launch_answer_ns]],
+    [Drain, Run, Cqe, Backend, Enqueue] =
+        [Per(K, gpud_launches_timed)
+         || K <- [gpud_launch_drain_ns, gpud_launch_run_ns, gpud_launch_answer_ns, gpud_launch_backend_ns,
+                  gpud_launch_enqueue_ns]],
     M0 = #{launch_us => Launch, submit_nif_us => Per(prof_submit_ns, prof_submit_samples),
           gpud_us => Gpud, answer_us => Answer, wake_receive_us => Wait - Gpud - Answer,
           gpud_drain_us => Drain, gpud_run_us => Run, gpud_cqe_us => Cqe,
+          gpud_backend_us => Backend, gpud_enqueue_us => Enqueue,
           gpud_handoffs_us => Gpud - Drain - Run - Cqe,
           reaped_pct => 100 * D(reaped) / max(1, D(completed)),
           samples => D(prof_trip_samples)},
@@ -353,9 +356,10 @@ latency_split(BA, BB) ->
     M = maps:merge(M0, Tails),
     record("latency.vector_add_1000.split", erlcuda, Launch + Wait, us, null, Jobs, M),
     io:format("one-in-flight round trip, mean ~.1f us: launch ~.1f (NIF submit ~.1f), gpud ~.1f "
-              "(drain ~.1f, launch to seen done ~.1f, CQE ~.1f, hand-offs ~.1f), "
+              "(drain ~.1f of which the backend's submit ~.1f and its driver calls ~.1f, launch to seen done ~.1f, "
+              "CQE ~.1f, hand-offs ~.1f), "
               "answer ~.1f, wake-up and receive ~.1f (~p sampled jobs, ~.1f% answered by a scheduler)~n",
-              [Launch + Wait, Launch, maps:get(submit_nif_us, M), Gpud, Drain, Run, Cqe,
+              [Launch + Wait, Launch, maps:get(submit_nif_us, M), Gpud, Drain, Backend, Enqueue, Run, Cqe,
                Gpud - Drain - Run - Cqe, Answer, Wait - Gpud - Answer,
                D(prof_trip_samples), maps:get(reaped_pct, M)]),
     io:format("per job, p50 / p99 / p99.9 us: launch ~.1f / ~.1f / ~.1f, wait ~.1f / ~.1f / ~.1f~n~n",

@@ -48,7 +48,9 @@
 -define(SMALL_BLOCKS, 8).
 -define(TIMEOUT, 60000).
 %% Under the tables of phases/2 and small_phases/2.
--define(PHASES_NOTE, "(us per call; submit, to CQE and answer: the NIF's sampled profile; g.*: gpud's own)").
+-define(PHASES_NOTE, "(us per call; submit, to CQE and answer: the NIF's sampled profile; g.*: gpud's own, "
+                     "g.backend and g.driver the parts of g.drain in the backend's submit and, of that, in the "
+                     "driver calls that enqueue the launch)").
 %% Bytes of an element block that repeats through a large input.
 -define(BLOCK_BYTES, (4 bsl 20)).
 
@@ -252,20 +254,23 @@ small_phases_row(Label, F, N) ->
 %% The columns phases/2 and small_phases/2 share: a label, the calls' wall
 %% times (us; p50 and mean), and per call the stats/1 deltas between S0
 %% and S1: the NIF's sampled submit, publish to CQE and answer, gpud's
-%% drain, run and answer.
+%% drain (and of it the backend's submit, and of that the driver's
+%% enqueueing calls), run and answer.
 phase_header(Label) ->
-    io_lib:format("~-18s ~9s ~9s | ~8s ~9s ~8s | ~8s ~9s ~8s",
-                  [Label, "wall p50", "mean", "submit", "to CQE", "answer", "g.drain", "g.run", "g.answer"]).
+    io_lib:format("~-18s ~9s ~9s | ~8s ~9s ~8s | ~8s ~9s ~8s ~9s ~8s",
+                  [Label, "wall p50", "mean", "submit", "to CQE", "answer", "g.drain", "g.backend",
+                   "g.driver", "g.run", "g.answer"]).
 
 phase_row(Label, Walls, S0, S1) ->
     D = fun(Key) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
     Per = fun(Key, Of) -> D(Key) / max(1, D(Of)) / 1.0e3 end,
     Ws = lists:sort(Walls),
-    io_lib:format("~-18s ~9.1f ~9.1f | ~8.1f ~9.1f ~8.1f | ~8.1f ~9.1f ~8.1f",
+    io_lib:format("~-18s ~9.1f ~9.1f | ~8.1f ~9.1f ~8.1f | ~8.1f ~9.1f ~8.1f ~9.1f ~8.1f",
                   [Label, pct(Ws, 0.5), lists:sum(Ws) / length(Ws),
                    Per(prof_submit_ns, prof_submit_samples), Per(prof_trip_gpud_ns, prof_trip_samples),
                    Per(prof_trip_answer_ns, prof_trip_samples),
-                   Per(gpud_launch_drain_ns, gpud_launches_timed), Per(gpud_launch_run_ns, gpud_launches_timed),
+                   Per(gpud_launch_drain_ns, gpud_launches_timed), Per(gpud_launch_backend_ns, gpud_launches_timed),
+                   Per(gpud_launch_enqueue_ns, gpud_launches_timed), Per(gpud_launch_run_ns, gpud_launches_timed),
                    Per(gpud_launch_answer_ns, gpud_launches_timed)]).
 
 %% A result's outputs brought back (buffers fetched), for comparison.

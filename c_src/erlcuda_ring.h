@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 9u
+#define EC_ABI_VERSION 10u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -484,6 +484,12 @@ struct ec_stats {
     uint64_t stalls[EC_STALL_PHASES];
     uint64_t stall_ns[EC_STALL_PHASES];
     uint64_t stall_max_ns[EC_STALL_PHASES];
+    /* Of launch_drain_ns, the time inside the backend's submit (placement,
+     * tables, driver calls), and of that the driver calls that enqueue the
+     * launch's steps (copies, memsets, kernels, its event; 0 on the CPU
+     * backend): what is gpud's own loop and what the driver's. */
+    uint64_t launch_backend_ns;
+    uint64_t launch_enqueue_ns;
 };
 
 struct ec_header {

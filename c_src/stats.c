@@ -15,7 +15,8 @@
     X(bad_descriptors, bad_descriptors) X(max_batch, max_batch) X(sleeps, gpud_sleeps)          \
     X(work_ns, gpud_work_ns) X(launches_timed, gpud_launches_timed)                             \
     X(launch_drain_ns, gpud_launch_drain_ns) X(launch_run_ns, gpud_launch_run_ns)               \
-    X(launch_answer_ns, gpud_launch_answer_ns)                                                  \
+    X(launch_answer_ns, gpud_launch_answer_ns) X(launch_backend_ns, gpud_launch_backend_ns)      \
+    X(launch_enqueue_ns, gpud_launch_enqueue_ns)                                                \
     /* device buffers, as gpud accounts them (memory/1) */                                      \
     X(buf_used, buffers_used) X(buf_peak, buffers_peak) X(buf_limit, buffers_limit)             \
     X(buf_count, buffers) X(buf_cached, buffers_cached) X(buf_device_allocs, buffers_device_allocs)

@@ -30,7 +30,7 @@ const _: () = assert!(
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 9;
+pub const EC_ABI_VERSION: u32 = 10;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -386,6 +386,8 @@ c_struct! {
         pub stalls: [AtomicU64; EC_STALL_PHASES],
         pub stall_ns: [AtomicU64; EC_STALL_PHASES],
         pub stall_max_ns: [AtomicU64; EC_STALL_PHASES],
+        pub launch_backend_ns: AtomicU64,
+        pub launch_enqueue_ns: AtomicU64,
     }
 }
 
@@ -898,7 +900,7 @@ int main(void)
     OF(ec_stats, buf_count); OF(ec_stats, buf_cached); OF(ec_stats, buf_device_allocs);
     OF(ec_stats, launches_timed); OF(ec_stats, launch_drain_ns); OF(ec_stats, launch_run_ns);
     OF(ec_stats, launch_answer_ns); OF(ec_stats, stalls); OF(ec_stats, stall_ns);
-    OF(ec_stats, stall_max_ns);
+    OF(ec_stats, stall_max_ns); OF(ec_stats, launch_backend_ns); OF(ec_stats, launch_enqueue_ns);
 
     SZ(ec_header); AL(ec_header);
     OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);

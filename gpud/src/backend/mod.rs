@@ -119,6 +119,13 @@ pub trait Backend: ModuleLoader {
     /// exits.
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket>;
 
+    /// Of the last `submit`, the time in the driver calls that enqueued
+    /// its steps (the stats' `launch_enqueue_ns`); zero where there is no
+    /// driver.
+    fn last_enqueue(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Appends the tickets of launches and copies that have finished since
     /// the last call to `done` (in any order), and moves paced copies on.
     /// `Err` as for `submit`.

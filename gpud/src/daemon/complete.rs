@@ -64,6 +64,8 @@ impl Daemon {
             s.launch_drain_ns.fetch_add(nanos(f.submitted - f.drained), Ordering::Relaxed);
             s.launch_run_ns.fetch_add(nanos(started.saturating_duration_since(f.submitted)), Ordering::Relaxed);
             s.launch_answer_ns.fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
+            s.launch_backend_ns.fetch_add(nanos(f.backend), Ordering::Relaxed);
+            s.launch_enqueue_ns.fetch_add(nanos(f.enqueue), Ordering::Relaxed);
         }
         self.done = done;
         self.done.clear();

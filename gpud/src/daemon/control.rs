@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Daemon, InFlight, Wake};
 use crate::descriptor::Region;
@@ -59,6 +59,8 @@ impl Daemon {
                     drain: self.next_drain,
                     drained: self.drain_started,
                     submitted: Instant::now(),
+                    backend: Duration::ZERO,
+                    enqueue: Duration::ZERO,
                 });
                 self.buffers.publish(self.ring.stats());
                 return Ok(true);

@@ -164,6 +164,10 @@ struct InFlight {
     /// launch_* timings).
     drained: Instant,
     submitted: Instant,
+    /// Of `submitted - drained`: the backend's submit call, and its driver
+    /// calls that enqueue the launch (`Backend::last_enqueue`).
+    backend: Duration,
+    enqueue: Duration,
 }
 
 /// The daemon's state once the handshake is done. Public so that tests and

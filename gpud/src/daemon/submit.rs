@@ -2,7 +2,7 @@
 //! backend; a launch the backend refuses ends gpud, every job answered.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Daemon, InFlight};
 use crate::backend::Launch;
@@ -45,6 +45,7 @@ impl Daemon {
             let arena = self.segments.arena().with_host_buffers(self.backend.host_buffers());
             let t = Instant::now();
             let submitted = self.backend.submit(&arena, &launch);
+            let backend = t.elapsed();
             self.count_stall(StallPhase::Submit, t);
             match submitted {
                 Ok(ticket) => self.in_flight.push(InFlight {
@@ -56,6 +57,8 @@ impl Daemon {
                     drain,
                     drained,
                     submitted: Instant::now(),
+                    backend,
+                    enqueue: self.backend.last_enqueue(),
                 }),
                 Err(e) => {
                     log!(Error, "gpud[{}]: {kernel:?} launch failed: {e}", self.device);
@@ -74,6 +77,8 @@ impl Daemon {
                             drain,
                             drained,
                             submitted: Instant::now(),
+                            backend,
+                            enqueue: Duration::ZERO,
                         });
                         self.fail_all();
                         return Err(e);

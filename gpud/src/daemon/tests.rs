@@ -447,6 +447,8 @@ fn a_small_job_is_not_held_behind_large_launches() {
         drain,
         drained: Instant::now(),
         submitted: Instant::now(),
+        backend: std::time::Duration::ZERO,
+        enqueue: std::time::Duration::ZERO,
     };
     // The limit open: nothing is held (the loop drains anyway).
     publish(4);

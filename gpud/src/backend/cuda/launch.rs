@@ -444,6 +444,7 @@ impl CudaBackend {
 
         // 3. Enqueue: input copies, table upload, zeroing, launches, output
         //    copies, event.
+        let enqueue_started = std::time::Instant::now();
         let slot = &mut self.slots[slot_i];
         slot.reserve_table(&mut self.memory, self.bytes.len().max(64))?;
         for c in &self.copies_in {
@@ -510,6 +511,7 @@ impl CudaBackend {
         }
         // SAFETY: the slot's event and one of this backend's streams.
         ck(unsafe { driver::event_record(slot.event, stream) }, "cuEventRecord")?;
+        self.last_enqueue = enqueue_started.elapsed();
         let t = self.next_ticket;
         self.next_ticket += 1;
         slot.ticket = t;

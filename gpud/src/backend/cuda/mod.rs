@@ -169,6 +169,8 @@ pub struct CudaBackend {
     slots: Vec<Slot>,
     next_ticket: Ticket,
     busy: usize,
+    /// The last submit's driver calls (`Backend::last_enqueue`).
+    last_enqueue: Duration,
     /// Puts' and gets' copies, paced (`pace`), on a stream per direction;
     /// events of finished pieces kept for the next ones.
     paced: Pacer<sys::CUevent>,
@@ -298,6 +300,7 @@ impl CudaBackend {
             slots: Vec::new(),
             next_ticket: 1,
             busy: 0,
+            last_enqueue: Duration::ZERO,
             paced: Pacer::new(Pacing::default(), AHEAD_BYTES),
             lane,
             copy_streams,
@@ -359,6 +362,10 @@ impl Backend for CudaBackend {
 
     fn submit(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Result<Ticket> {
         self.submit_inner(arena, launch)
+    }
+
+    fn last_enqueue(&self) -> std::time::Duration {
+        self.last_enqueue
     }
 
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
