@@ -425,6 +425,15 @@ devices_and_stats(_) ->
     S = erlcuda:stats(0),
     [?assert(maps:is_key(K, S)) || K <- [submitted, completed, in_flight, batches, launches,
                                          max_batch, batch_hist, arena_used, restarts, busy]],
+    %% gpud's launch timings nest: the drain holds the backend's submit,
+    %% and that the driver's enqueueing calls (none on the CPU backend).
+    {ok, _} = erlcuda:launch_sync(vector_add, [[1.0], [2.0]]),
+    %% gpud adds a launch's timings after its answer: wait for the last.
+    ok = wait_stats(0, fun(#{gpud_launch_backend_ns := B}) -> B > 0 end),
+    #{gpud_launch_drain_ns := Drain, gpud_launch_backend_ns := Backend,
+      gpud_launch_enqueue_ns := Enqueue} = erlcuda:stats(0),
+    ?assert(Backend > 0 andalso Backend =< Drain),
+    ?assert(Enqueue =< Backend),
     ?assertEqual({error, {no_device, 3}}, erlcuda:stats(3)).
 
 %% A job too large for a normal scheduler moves to a dirty one and works.
