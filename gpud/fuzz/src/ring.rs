@@ -284,7 +284,7 @@ pub fn run(data: &[u8]) {
         for &(seg, bytes) in &segs[1..] {
             widest.set(seg as usize, bytes);
         }
-        let arena_now = arena_image(&c, arena_bytes, &records);
+        let arena_now = arena_image(&c, arena_bytes, &records, &slots);
         loop {
             let mem = ArenaRecords(&arena_now);
             let outs: Vec<Region> = slots
@@ -313,7 +313,7 @@ pub fn run(data: &[u8]) {
         for (i, s) in slots.iter().enumerate() {
             sq_slot(i as u32).write(*s);
         }
-        let image = arena_image(&c, arena_bytes, &records);
+        let image = arena_image(&c, arena_bytes, &records, &slots);
         std::ptr::copy_nonoverlapping(image.as_ptr(), base.add(arena_offset as usize), image.len());
     }
     let header_before = buf.snapshot(0, 256);
@@ -496,7 +496,7 @@ fn stats(s: &gpud::layout::Stats) -> [u64; 5] {
 
 /// The arena as the harness lays it out: the input's remaining bytes over
 /// and over, then the users' records where a whole one fits, 8-aligned.
-fn arena_image(c: &Cursor<'_>, arena_bytes: u64, records: &[(u64, JobArgs)]) -> Vec<u8> {
+fn arena_image(c: &Cursor<'_>, arena_bytes: u64, records: &[(u64, JobArgs)], slots: &[Sqe]) -> Vec<u8> {
     let rest = c.rest();
     let mut image: Vec<u8> = if rest.is_empty() {
         vec![0; arena_bytes as usize]
@@ -507,6 +507,20 @@ fn arena_image(c: &Cursor<'_>, arena_bytes: u64, records: &[(u64, JobArgs)]) -> 
         let off = addr & EC_ADDR_OFFSET_MASK;
         if addr >> EC_ADDR_SEGMENT_SHIFT == 0 && off.is_multiple_of(8) && off + u64::from(EC_JOB_ARGS_BYTES) <= arena_bytes {
             image[off as usize..][..EC_JOB_ARGS_BYTES as usize].copy_from_slice(&a.to_bytes());
+        }
+    }
+    // No record asks for a new output buffer, whatever lies where an entry
+    // points: records that overlap, or fuzzed bytes where none was written,
+    // once read as a record with an output bit of `buffers` set, which gpud
+    // answered ok (it makes the buffer) against the reference's
+    // bad_buffer. Clearing bits only, so no record gains one.
+    let at = std::mem::offset_of!(JobArgs, buffers) as u64;
+    for s in slots.iter().filter(|s| s.flags & EC_FLAG_ARGS != 0 && s.in0 >> EC_ADDR_SEGMENT_SHIFT == 0) {
+        let off = s.in0 & EC_ADDR_OFFSET_MASK;
+        if off + u64::from(EC_JOB_ARGS_BYTES) <= arena_bytes {
+            let field = &mut image[(off + at) as usize..][..4];
+            let bits = u32::from_ne_bytes(field.try_into().expect("four bytes")) & ((1 << EC_MAX_VECTORS) - 1);
+            field.copy_from_slice(&bits.to_ne_bytes());
         }
     }
     image
