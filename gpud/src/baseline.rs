@@ -16,7 +16,7 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use crate::backend::{self, Backend, BackendKind, Launch};
+use crate::backend::{self, BackendKind, Launch};
 use crate::descriptor::validate;
 use crate::error::{Error, Result};
 use crate::layout::{ElemType, Kernel, Shape, Sqe};
@@ -97,76 +97,3 @@ pub fn run(kind: BackendKind, device: u32) -> Result<()> {
             .map_err(|e| broken("stdout", e))?;
     }
 }
-
-/// `gpud-bench --param-probe`: a 1000-element f32 `vector_add` one job at a
-/// time through gpud's path (inputs copied into the registered arena, one
-/// launch through the backend, polled to its end, the result copied out,
-/// as `run` does) and through the launch-parameter path
-/// (`backend::cuda::param_probe`: inputs in the kernel's parameters, the
-/// output in mapped memory, a flag polled), in interleaved blocks; every
-/// result checked bit for bit. Prints p50 / p99 / max of each in µs.
-pub fn param_probe(device: u32) -> Result<()> {
-    use crate::backend::cuda::param_probe::ParamProbe;
-    use crate::backend::cuda::CudaBackend;
-    const N: usize = 1000;
-    const BLOCK: usize = 1000;
-    const ROUNDS: usize = 20;
-    let mut b = CudaBackend::open(device, backend::DEFAULT_LANE_SMS)?;
-    let mut ta = TestArena::new(&[2 << 20]);
-    ta.attach(&mut b)?;
-    let mut probe = ParamProbe::open(&b)?;
-    let (pa, pb, po) = (ta.alloc(0, N, 0), ta.alloc(0, N, 0), ta.alloc(0, N, 0));
-    let sizes = ta.sizes();
-    let mut rng = Rng(Instant::now().elapsed().as_nanos() as u64 ^ std::process::id() as u64);
-    let (a, bv) = (rng.vec(N), rng.vec(N));
-    let want: Vec<u32> = a.iter().zip(&bv).map(|(x, y)| (x + y).to_bits()).collect();
-    let sqe = Sqe { in0: pa, in1: pb, out: po, ..shaped_sqe(Kernel::VectorAdd, ElemType::F32, N as u32, [0; 3], &[]) };
-    let mut out = vec![0f32; N];
-    let check = |out: &mut Vec<f32>, path: &str| -> Result<()> {
-        if out.iter().map(|x| x.to_bits()).ne(want.iter().copied()) {
-            return Err(Error::Device(format!("param probe: a wrong result on the {path} path")));
-        }
-        out.fill(f32::NAN);
-        Ok(())
-    };
-    let mut gpud_path = |out: &mut Vec<f32>| -> Result<u64> {
-        let t = Instant::now();
-        ta.write_at(pa, &a);
-        ta.write_at(pb, &bv);
-        let job = validate(&sqe, &sizes).map_err(|s| broken("job", format!("{s:?}")))?;
-        let launch = Launch::builtin(Kernel::VectorAdd, ElemType::F32, std::slice::from_ref(&job), true);
-        backend::run_to_completion(&mut b, &ta.arena(), &launch)?;
-        ta.read_into(po, out);
-        Ok(t.elapsed().as_nanos() as u64)
-    };
-    let (mut g, mut p) = (Vec::new(), Vec::new());
-    for round in 0..=ROUNDS {
-        for _ in 0..BLOCK {
-            let ns = gpud_path(&mut out)?;
-            check(&mut out, "gpud")?;
-            if round > 0 {
-                g.push(ns);
-            }
-            let t = Instant::now();
-            probe.run(&a, &bv, &mut out)?;
-            let ns = t.elapsed().as_nanos() as u64;
-            check(&mut out, "parameter")?;
-            if round > 0 {
-                p.push(ns);
-            }
-        }
-    }
-    let stats = |v: &mut Vec<u64>| {
-        v.sort_unstable();
-        let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize] as f64 / 1e3;
-        (at(0.5), at(0.99), *v.last().unwrap() as f64 / 1e3)
-    };
-    let (gs, ps) = (stats(&mut g), stats(&mut p));
-    println!("{N}-element f32 vector_add, one job at a time, {} jobs each, alternating ({} {}):", g.len(), b.kind(), b.name());
-    println!("{:<44} {:>8} {:>8} {:>8}", "path", "p50 us", "p99 us", "max us");
-    println!("{:<44} {:>8.2} {:>8.2} {:>8.1}", "gpud's (mapped arena inputs, event)", gs.0, gs.1, gs.2);
-    println!("{:<44} {:>8.2} {:>8.2} {:>8.1}", "inputs in the parameters, flag polled", ps.0, ps.1, ps.2);
-    println!("parameters / gpud's, p50: {:.3}", ps.0 / gs.0);
-    Ok(())
-}
-

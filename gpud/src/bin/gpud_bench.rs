@@ -4,16 +4,14 @@
 //! - `gpud-bench --baseline [--backend B] [--device N]`: the in-process
 //!   baseline `bench/erlcuda_bench.erl` drives over a port (`baseline.rs`);
 //! - `gpud-bench --bench-backend [--device N]`: mapped vs copied inputs on
-//!   the CUDA backend, a table (`testvec::bench_backend`);
-//! - `gpud-bench --param-probe [--device N]`: a small job's inputs in the
-//!   kernel's parameters against gpud's path (`baseline::param_probe`).
+//!   the CUDA backend, a table (`testvec::bench_backend`).
 
 use std::process::ExitCode;
 
 use gpud::backend::BackendKind;
 use gpud::error::Error;
 
-const USAGE: &str = "usage: gpud-bench --baseline [--backend cpu|cuda|auto] [--device N]\n       gpud-bench --bench-backend [--device N]\n       gpud-bench --param-probe [--device N]";
+const USAGE: &str = "usage: gpud-bench --baseline [--backend cpu|cuda|auto] [--device N]\n       gpud-bench --bench-backend [--device N]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,7 +20,7 @@ fn main() -> ExitCode {
     let mut bad = None;
     while let Some(a) = it.next() {
         match a {
-            "--baseline" | "--bench-backend" | "--param-probe" if mode.is_none() => mode = Some(a),
+            "--baseline" | "--bench-backend" if mode.is_none() => mode = Some(a),
             "--backend" => match it.next().and_then(BackendKind::parse) {
                 Some(b) => backend = b,
                 None => bad = Some("bad --backend"),
@@ -36,9 +34,8 @@ fn main() -> ExitCode {
     }
     let result = match (bad, mode) {
         (None, Some("--baseline")) => gpud::baseline::run(backend, device),
-        (None, Some("--param-probe")) => gpud::baseline::param_probe(device),
         (None, Some(_)) => gpud::testvec::bench_backend(device),
-        (why, _) => Err(Error::Usage(why.unwrap_or("--baseline, --bench-backend or --param-probe").to_string())),
+        (why, _) => Err(Error::Usage(why.unwrap_or("--baseline or --bench-backend").to_string())),
     };
     if let Err(Error::Usage(_)) = &result {
         eprintln!("{USAGE}");

@@ -48,8 +48,6 @@ mod image;
 mod lane;
 mod launch;
 mod memory;
-#[cfg(feature = "testkit")]
-pub mod param_probe;
 mod user_module;
 
 use std::collections::HashMap;
