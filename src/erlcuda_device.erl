@@ -73,6 +73,9 @@
 %% The probe's time at least; a longer gpud_start_timeout_ms (app env, the
 %% start's) raises it too: under a profiler both are slow.
 -define(PROBE_TIMEOUT_MS, 30000).
+%% gpud_start_timeout_ms where the app env holds no count of milliseconds
+%% (the .app's default).
+-define(START_TIMEOUT_MS, 20000).
 %% How long an exited gpud's last output is waited for (see drain/2).
 -define(DRAIN_MS, 200).
 
@@ -293,8 +296,8 @@ start_timeout_ms(Id) ->
         {ok, Ms} when is_integer(Ms), Ms > 0, Ms =< 16#FFFFFFFF -> Ms;
         {ok, Other} ->
             logger:warning("erlcuda device ~p: gpud_start_timeout_ms ~p is not a count of "
-                           "milliseconds; using 20000", [Id, Other], meta(Id)),
-            20000
+                           "milliseconds; using ~p", [Id, Other, ?START_TIMEOUT_MS], meta(Id)),
+            ?START_TIMEOUT_MS
     end.
 
 %% How gpud paces puts' and gets' copies and large launches that read host
