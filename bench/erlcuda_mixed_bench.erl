@@ -523,13 +523,19 @@ spans_close(K) ->
 %% gpud's phases (gpud_stalls_*: the part of its loop a row's small jobs
 %% waited behind: a copy queued, the driver's enqueue, a poll, a segment;
 %% guides/observability.md) and the VM side's: `vm_lock' (waits for the
-%% device's locks) and `vm_answer' (passes over the CQ).
+%% device's locks) and `vm_answer' (passes over the CQ). Then the small
+%% jobs' own: `slow_jobs' (publish to answer), and where each waited
+%% (`job_queue', `job_gpud', `job_cq', `job_answer'): a small job's wait
+%% that no step of a loop shows.
 stalls(S0, S1) ->
     Gpud = [{list_to_binary(Phase), K, list_to_atom("gpud_stall_ns_" ++ Phase)}
             || K <- lists:sort(maps:keys(S1)), "gpud_stalls_" ++ Phase <- [atom_to_list(K)]],
     Vm = [{<<"vm_lock">>, lock_stalls, lock_stall_ns}, {<<"vm_answer">>, answer_stalls, answer_stall_ns}],
+    Jobs = [{<<"slow_jobs">>, slow_jobs, slow_job_ns}
+            | [{list_to_binary("job_" ++ Phase), K, list_to_atom("job_stall_ns_" ++ Phase)}
+               || K <- lists:sort(maps:keys(S1)), "job_stalls_" ++ Phase <- [atom_to_list(K)]]],
     D = fun(K) -> maps:get(K, S1, 0) - maps:get(K, S0, 0) end,
-    maps:from_list([{P, #{n => D(N), ms => D(Ns) / 1.0e6}} || {P, N, Ns} <- Gpud ++ Vm, D(N) > 0]).
+    maps:from_list([{P, #{n => D(N), ms => D(Ns) / 1.0e6}} || {P, N, Ns} <- Gpud ++ Vm ++ Jobs, D(N) > 0]).
 
 add_stalls(M, Acc) ->
     maps:fold(fun(P, #{n := N, ms := Ms}, A) ->
@@ -538,7 +544,7 @@ add_stalls(M, Acc) ->
               end, Acc, M).
 
 print_stalls(K, Stalls) when map_size(Stalls) =:= 0 ->
-    io:format("  ~s: no step of gpud's loop or the VM side took 1 ms or more~n", [K]);
+    io:format("  ~s: no step of gpud's loop or the VM side, and no small job, took 1 ms or more~n", [K]);
 print_stalls(K, Stalls) ->
     io:format("  ~s: steps of 1 ms or more (phase: steps, ms in all): ~s~n",
               [K, lists:join(", ", [io_lib:format("~s ~b, ~.1f", [P, N, Ms])

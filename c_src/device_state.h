@@ -149,7 +149,8 @@ struct job {
     uint32_t out_len;
     uint32_t ncredit;
     uint32_t credit[PIPELINE_MAX_PARTS - 1];
-    int64_t t_pub; /* a timed submit's publish (mono_ns, profile.h), else 0 */
+    int64_t t_pub; /* its publish (mono_ns): the round trip's and the stalls' split */
+    int timed;     /* a timed submit's job (profile.h, round trip) */
 };
 #define JOB_FIRST_FIELD kernel
 
@@ -192,7 +193,23 @@ struct buffer_res {
      * time, the longest. */                                                \
     X(lock_stalls, lock_stalls) X(lock_stall_ns, lock_stall_ns)                                 \
     X(lock_stall_max_ns, lock_stall_max_ns) X(answer_stalls, answer_stalls)                     \
-    X(answer_stall_ns, answer_stall_ns) X(answer_stall_max_ns, answer_stall_max_ns)
+    X(answer_stall_ns, answer_stall_ns) X(answer_stall_max_ns, answer_stall_max_ns)              \
+    /* Small jobs that took EC_STALL_NS or longer from publish to answer    \
+     * (slow_jobs), and where each waited that long, from its CQE's stamps \
+     * (erlcuda_ring.h): in the SQ until gpud's drain (queue), from the    \
+     * drain until gpud saw its launch done (gpud: the driver, the GPU, a  \
+     * launch ahead of it), until the VM took the CQE (cq), until the      \
+     * answer was sent (answer). A slow job with none of the four long     \
+     * waited in pieces. */                                                 \
+    X(slow_jobs, slow_jobs) X(slow_job_ns, slow_job_ns) X(slow_job_max_ns, slow_job_max_ns)      \
+    X(job_stalls_queue, job_stalls_queue) X(job_stall_ns_queue, job_stall_ns_queue)             \
+    X(job_stall_max_ns_queue, job_stall_max_ns_queue)                                          \
+    X(job_stalls_gpud, job_stalls_gpud) X(job_stall_ns_gpud, job_stall_ns_gpud)                 \
+    X(job_stall_max_ns_gpud, job_stall_max_ns_gpud)                                            \
+    X(job_stalls_cq, job_stalls_cq) X(job_stall_ns_cq, job_stall_ns_cq)                         \
+    X(job_stall_max_ns_cq, job_stall_max_ns_cq)                                                \
+    X(job_stalls_answer, job_stalls_answer) X(job_stall_ns_answer, job_stall_ns_answer)         \
+    X(job_stall_max_ns_answer, job_stall_max_ns_answer)
 
 struct counters {
 #define NIF_COUNTER_FIELD(FIELD, KEY) uint64_t FIELD;

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 10u
+#define EC_ABI_VERSION 11u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -422,11 +422,21 @@ struct ec_job_args {
 #define EC_JOB_ARGS_BYTES 256u
 _Static_assert(sizeof(struct ec_job_args) == EC_JOB_ARGS_BYTES, "ec_job_args is 256 bytes");
 
-/* A completion: 16 bytes. */
+/* A completion: 32 bytes. drained_ns and done_ns are gpud's
+ * CLOCK_MONOTONIC (the VM's clock too: one host) when the drain that took
+ * the job off the SQ began and when gpud saw its launch finished, for the
+ * jobs of a launch of small jobs only; 0 for every other (a large launch,
+ * a copy, a refused or control job). With the VM's own
+ * stamps (publish, CQE taken, answer sent) they split a small job's wait
+ * into queue, gpud and CQ (stats/1's job_stalls_*): a small job that waited
+ * a millisecond with no step of gpud's loop or the VM's that long must have
+ * waited in one of those. */
 struct ec_cqe {
     uint64_t user_data;
     int32_t status; /* enum ec_status */
     uint32_t batch; /* how many jobs of this kernel shared the launch */
+    uint64_t drained_ns;
+    uint64_t done_ns;
 };
 
 #define EC_BATCH_HIST_BUCKETS 16u /* bucket i counts batches of size [2^i, 2^(i+1)) */

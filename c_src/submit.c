@@ -285,7 +285,8 @@ int publish_checked(struct device *d, uint32_t idx, const struct ec_sqe *sqe,
         sq_unlock(d);
         return -2;
     }
-    d->jobs[idx].t_pub = prof_timing ? mono_ns() : 0;
+    d->jobs[idx].t_pub = mono_ns();
+    d->jobs[idx].timed = prof_timing;
     sq_push_locked(d, idx, sqe);
     sq_unlock(d);
     wake_gpud(d);

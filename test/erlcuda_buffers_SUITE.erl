@@ -729,7 +729,8 @@ stalls_are_counted(_) ->
     Keys = [answer_stalls, answer_stall_ns, answer_stall_max_ns, lock_stalls, lock_stall_ns,
             lock_stall_max_ns, gpud_stalls_submit, gpud_stall_ns_submit, gpud_stall_max_ns_submit,
             gpud_stalls_drain, gpud_stalls_poll, gpud_stalls_answer, gpud_stalls_control,
-            gpud_stalls_segments],
+            gpud_stalls_segments, slow_jobs, job_stalls_queue, job_stalls_gpud, job_stalls_cq,
+            job_stalls_answer],
     {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
     Delta = fun(S0, S1) -> maps:from_list([{K, maps:get(K, S1) - maps:get(K, S0)} || K <- Keys]) end,
     %% One job between device buffers (a job from binaries this large is
@@ -742,6 +743,11 @@ stalls_are_counted(_) ->
     #{gpud_stalls_submit := Sub, gpud_stall_ns_submit := SubNs, gpud_stalls_drain := Dr} = Delta(S1, S2),
     ?assert(Sub >= 1 andalso SubNs >= Sub * 1000000 andalso Dr >= 1, {Sub, SubNs, Dr}),
     ?assert(maps:get(gpud_stall_max_ns_submit, S2) >= 1000000),
+    %% A small job sent while that launch runs inside gpud's submit waits
+    %% for it: it is a slow job, and its CQE's stamps put the wait in the
+    %% queue (the SQ, while gpud was busy) or in gpud (a launch ahead of
+    %% its own).
+    slow_small_job(Bb, 5),
     %% The same job answered as a binary: 32 MiB copied by the completion
     %% thread. The pass is counted once it is over, after its answers were
     %% sent: the counter may move just after the answer comes.
@@ -751,6 +757,34 @@ stalls_are_counted(_) ->
     ?assert(A >= 1 andalso Ans >= A * 1000000, {A, Ans}),
     ?assert(maps:get(answer_stall_max_ns, S3) >= 1000000),
     [ok = erlcuda:free(X) || X <- [Bb, Yb]].
+
+%% A small job behind a 2^23-element vector_add run inside gpud's submit
+%% (the CPU backend): it starts 5 ms after the large one, which takes tens
+%% of milliseconds. Should gpud not have drained the large one by then
+%% (both in one drain), the small one may go first: tried again.
+slow_small_job(_, 0) ->
+    ct:fail(no_small_job_waited);
+slow_small_job(B, Tries) ->
+    S0 = erlcuda:stats(0),
+    {ok, Ref} = erlcuda:launch(vector_add, [B, B], [{output, buffer}, {timeout, 60000}]),
+    timer:sleep(5),
+    {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
+    Y = receive {erlcuda, Ref, {ok, Buf}} -> Buf after 60000 -> ct:fail(no_answer) end,
+    ok = erlcuda:free(Y),
+    S1 = erlcuda:stats(0),
+    D = fun(K) -> maps:get(K, S1) - maps:get(K, S0) end,
+    Waits = D(job_stalls_queue) + D(job_stalls_gpud),
+    case D(slow_jobs) of
+        0 ->
+            slow_small_job(B, Tries - 1);
+        1 ->
+            ?assert(Waits >= 1, Waits),
+            ?assert(D(job_stall_ns_queue) + D(job_stall_ns_gpud) >= Waits * 1000000),
+            ?assert(D(slow_job_ns) >= 1000000),
+            ?assert(maps:get(slow_job_max_ns, S1) >= 1000000);
+        N ->
+            ct:fail({slow_jobs, N})
+    end.
 
 %% stats/1 once Key has reached Want.
 await_stat(Key, Want, Deadline) ->

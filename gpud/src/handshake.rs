@@ -63,7 +63,7 @@ pub fn validate_header(h: &HeaderFields, total_bytes: u64) -> Result<Geometry> {
         return Err(bad(format!("sqe_bytes {}, want 64", h.sqe_bytes)));
     }
     if h.cqe_bytes as usize != std::mem::size_of::<Cqe>() {
-        return Err(bad(format!("cqe_bytes {}, want 16", h.cqe_bytes)));
+        return Err(bad(format!("cqe_bytes {}, want {}", h.cqe_bytes, std::mem::size_of::<Cqe>())));
     }
     if !h.sq_entries.is_power_of_two() || !h.cq_entries.is_power_of_two() {
         return Err(bad(format!(
@@ -409,7 +409,7 @@ mod tests {
     use super::*;
 
     fn good() -> HeaderFields {
-        HeaderFields::for_geometry(256, 256, 4096, 4096 + 256 * 64, 4096 + 256 * 64 + 256 * 16, 1 << 20)
+        HeaderFields::for_geometry(256, 256, 4096, 4096 + 256 * 64, 4096 + 256 * 64 + 256 * 32, 1 << 20)
     }
 
     fn total() -> u64 {
@@ -440,7 +440,7 @@ mod tests {
             ("abi", |h| h.abi_version = EC_ABI_VERSION + 1),
             ("header_bytes", |h| h.header_bytes = 2048),
             ("sqe", |h| h.sqe_bytes = 32),
-            ("cqe", |h| h.cqe_bytes = 32),
+            ("cqe", |h| h.cqe_bytes = 16),
             ("sq pow2", |h| h.sq_entries = 255),
             ("cq pow2", |h| h.cq_entries = 0),
             ("sq zero", |h| h.sq_entries = 0),

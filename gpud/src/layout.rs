@@ -30,7 +30,7 @@ const _: () = assert!(
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 10;
+pub const EC_ABI_VERSION: u32 = 11;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -348,7 +348,7 @@ impl Params {
 }
 
 c_struct! {
-    /// `struct ec_cqe`: one completion, 16 bytes.
+    /// `struct ec_cqe`: one completion, 32 bytes.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct Cqe: Pod {
         pub user_data: u64,
@@ -356,6 +356,11 @@ c_struct! {
         pub status: i32,
         /// How many jobs of this kernel shared the launch (1 for refused jobs).
         pub batch: u32,
+        /// CLOCK_MONOTONIC ns when the drain that took the job began, for
+        /// the jobs of a launch of small jobs (0 for any other).
+        pub drained_ns: u64,
+        /// CLOCK_MONOTONIC ns when gpud saw that launch finished (or 0).
+        pub done_ns: u64,
     }
 }
 
@@ -763,7 +768,7 @@ c_struct! {
 // Cheap compile-time guards; the probe test below is the real proof.
 const _: () = assert!(std::mem::size_of::<JobArgs>() == EC_JOB_ARGS_BYTES as usize);
 const _: () = assert!(std::mem::size_of::<Sqe>() == 64);
-const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
+const _: () = assert!(std::mem::size_of::<Cqe>() == 32);
 const _: () = assert!(std::mem::size_of::<Hello>() == 32);
 const _: () = assert!(std::mem::size_of::<SegmentMsg>() == 24);
 const _: () = assert!(std::mem::size_of::<Header>() <= EC_HEADER_BYTES as usize);
@@ -891,6 +896,7 @@ int main(void)
 
     SZ(ec_cqe); AL(ec_cqe);
     OF(ec_cqe, user_data); OF(ec_cqe, status); OF(ec_cqe, batch);
+    OF(ec_cqe, drained_ns); OF(ec_cqe, done_ns);
 
     SZ(ec_stats); AL(ec_stats);
     OF(ec_stats, jobs_ok); OF(ec_stats, jobs_failed); OF(ec_stats, batches);

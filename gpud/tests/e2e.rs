@@ -88,7 +88,7 @@ impl Vm {
     fn with_seals(entries: u32, arena_bytes: u64, seals: SealFlag) -> Vm {
         let sq_off = EC_HEADER_BYTES as u64;
         let cq_off = sq_off + entries as u64 * 64;
-        let arena_off = (cq_off + entries as u64 * 16).next_multiple_of(4096);
+        let arena_off = (cq_off + entries as u64 * std::mem::size_of::<Cqe>() as u64).next_multiple_of(4096);
         let total = arena_off + arena_bytes;
         let memfd = memfd_create(
             c"erlcuda-test",

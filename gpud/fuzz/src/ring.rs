@@ -114,7 +114,7 @@ pub fn run(data: &[u8]) {
     };
     let sq_offset = u64::from(EC_HEADER_BYTES);
     let cq_offset = sq_offset + u64::from(sq_entries) * 64;
-    let cq_end = cq_offset + u64::from(cq_entries) * 16;
+    let cq_end = cq_offset + u64::from(cq_entries) * std::mem::size_of::<Cqe>() as u64;
     let slack = c.u8();
     let arena_offset = if slack & 0x80 == 0 {
         cq_end.next_multiple_of(256)

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::{nanos, Daemon};
+use super::{nanos, CqeTimes, Daemon};
 use crate::descriptor::{Job, KernelRef};
 use crate::error::Result;
 use crate::handshake::peer_closed;
@@ -46,7 +46,10 @@ impl Daemon {
                 continue;
             };
             let f = self.in_flight.swap_remove(i);
-            if !self.answer(&f.jobs, Status::Ok) {
+            // Stamped for small launches only: the VM's split of a small
+            // job's wait (a large launch's own run is no stall).
+            let times = if f.small { CqeTimes::of(f.drained, started) } else { CqeTimes::NONE };
+            if !self.answer(&f.jobs, Status::Ok, times) {
                 return Ok(false);
             }
             self.ring.cq_publish();
@@ -77,15 +80,15 @@ impl Daemon {
 
     /// Writes one completion per job (by its `user_data`) with `status`;
     /// batch = the launch size.
-    pub(super) fn answer(&mut self, jobs: &[u64], status: Status) -> bool {
+    pub(super) fn answer(&mut self, jobs: &[u64], status: Status, times: CqeTimes) -> bool {
         let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
-        jobs.iter().all(|&u| self.complete(u, status, batch))
+        jobs.iter().all(|&u| self.complete(u, status, batch, times))
     }
 
     /// [`Daemon::answer`] for jobs not handed to the backend.
     pub(super) fn answer_jobs(&mut self, jobs: &[Job], status: Status) -> bool {
         let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
-        jobs.iter().all(|j| self.complete(j.user_data(), status, batch))
+        jobs.iter().all(|j| self.complete(j.user_data(), status, batch, CqeTimes::NONE))
     }
 
     /// The device is gone: every job gpud holds gets DEVICE_ERROR, so the VM
@@ -106,7 +109,7 @@ impl Daemon {
                 f.jobs.len(),
                 f.kernel.map_or("copy".to_string(), |k| format!("{k:?}"))
             );
-            if !self.answer(&f.jobs, Status::DeviceError) {
+            if !self.answer(&f.jobs, Status::DeviceError, CqeTimes::NONE) {
                 break;
             }
         }
@@ -153,7 +156,7 @@ impl Daemon {
 
     /// Writes one completion (waiting for room if the VM broke its promise
     /// of never letting the CQ fill). False when the VM went away meanwhile.
-    pub(super) fn complete(&mut self, user_data: u64, status: Status, batch: u32) -> bool {
+    pub(super) fn complete(&mut self, user_data: u64, status: Status, batch: u32, times: CqeTimes) -> bool {
         let device = self.device;
         let sock = &self.sock;
         let mut warned = false;
@@ -172,6 +175,8 @@ impl Daemon {
             user_data,
             status: status.code(),
             batch,
+            drained_ns: times.drained_ns,
+            done_ns: times.done_ns,
         });
         let stats = self.ring.stats();
         if status == Status::Ok {

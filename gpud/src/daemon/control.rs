@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use std::time::{Duration, Instant};
 
-use super::{Daemon, InFlight, Wake};
+use super::{CqeTimes, Daemon, InFlight, Wake};
 use crate::descriptor::Region;
 use crate::error::Result;
 use crate::layout::{
@@ -76,7 +76,7 @@ impl Daemon {
             self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
         }
         self.buffers.publish(self.ring.stats());
-        let ok = self.complete(sqe.user_data, status, 1);
+        let ok = self.complete(sqe.user_data, status, 1, CqeTimes::NONE);
         self.ring.cq_publish();
         Ok(ok)
     }
@@ -198,7 +198,7 @@ impl Daemon {
         if status != Status::Ok {
             self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
         }
-        let ok = self.complete(sqe.user_data, status, 1);
+        let ok = self.complete(sqe.user_data, status, 1, CqeTimes::NONE);
         self.ring.cq_publish();
         Ok(ok)
     }

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{Daemon, Wake};
+use super::{CqeTimes, Daemon, Wake};
 use crate::buffers::{self, Buffers};
 use crate::coalesce;
 use crate::descriptor::{named_buffers, names_unknown_segment, validate_bufs, BufferTable, Job, Region};
@@ -137,7 +137,7 @@ impl Daemon {
                     if !matches!(status, Status::Oom | Status::TooLarge) {
                         self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
                     }
-                    if !self.complete(sqe.user_data, status, 1) {
+                    if !self.complete(sqe.user_data, status, 1, CqeTimes::NONE) {
                         return Ok(false);
                     }
                 }

@@ -56,6 +56,35 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// A completion's stamps (`ec_cqe`'s `drained_ns` and `done_ns`): when the
+/// drain that took the job began and when gpud saw it finished, on the
+/// host's CLOCK_MONOTONIC, the clock the VM stamps its side with. The VM
+/// splits a small job's wait with them (stats/1, `job_stalls_*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct CqeTimes {
+    drained_ns: u64,
+    done_ns: u64,
+}
+
+impl CqeTimes {
+    /// A job answered without a launch or copy: nothing to split.
+    pub(super) const NONE: CqeTimes = CqeTimes { drained_ns: 0, done_ns: 0 };
+
+    /// Rust's Instant is CLOCK_MONOTONIC on Linux but opaque: both are
+    /// placed against one reading of the clock taken now.
+    pub(super) fn of(drained: Instant, done: Instant) -> CqeTimes {
+        let now = Instant::now();
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to write; CLOCK_MONOTONIC always exists.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+            return CqeTimes::NONE;
+        }
+        let mono = (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64);
+        let at = |t: Instant| mono.saturating_sub(nanos(now.saturating_duration_since(t))).max(1);
+        CqeTimes { drained_ns: at(drained), done_ns: at(done) }
+    }
+}
+
 /// Why the loop stopped without an error.
 #[derive(Debug, PartialEq, Eq)]
 enum Wake {

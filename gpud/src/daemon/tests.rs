@@ -36,7 +36,7 @@ struct HeapRing {
 impl HeapRing {
     fn new(sq: u32, cq: u32, arena_bytes: u64) -> HeapRing {
         let (sq_off, cq_off) = (4096u64, 4096 + 64 * sq as u64);
-        let arena_off = cq_off + 16 * cq as u64;
+        let arena_off = cq_off + std::mem::size_of::<Cqe>() as u64 * cq as u64;
         let total = (arena_off + arena_bytes) as usize;
         let layout = Layout::from_size_align(total, 4096).unwrap();
         // SAFETY: non-zero size.
