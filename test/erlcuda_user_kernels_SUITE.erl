@@ -11,7 +11,7 @@
 
 all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
-     call_forms, coalesced,
+     call_forms, topk_rows_cases, coalesced,
      coalesced_1000_callers,
      replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
      host_segfault,
@@ -91,12 +91,28 @@ bytes_and_ranges(_) ->
 %% compiled here from the source tree; `make example' and the GPU check
 %% run it too).
 call_forms(_) ->
-    Src = filename:join(erlcuda_user_check:root(), "examples/kernels/example_check.erl"),
-    {ok, Mod, Bin} = compile:file(Src, [binary, report]),
-    {module, Mod} = code:load_binary(Mod, Src, Bin),
+    load_example_check(),
     Calls = example_check:forms(example),
     ct:pal("~b calls", [Calls]),
     ?assert(Calls > 200, Calls),
+    ok.
+
+%% topk_rows against its reference for every type, on rows of 1 to 4099
+%% columns, ties, extremes, ±inf, −0.0 and NaN (example_check:topk_rows/1;
+%% the GPU check runs them on the GPU body's two paths, short rows and
+%% long). Here the host body answers: the cases and their reference agree
+%% with it.
+topk_rows_cases(_) ->
+    load_example_check(),
+    Calls = example_check:topk_rows(example),
+    ct:pal("~b calls", [Calls]),
+    ?assert(Calls > 200, Calls),
+    ok.
+
+load_example_check() ->
+    Src = filename:join(erlcuda_user_check:root(), "examples/kernels/example_check.erl"),
+    {ok, Mod, Bin} = compile:file(Src, [binary, report]),
+    {module, Mod} = code:load_binary(Mod, Src, Bin),
     ok.
 
 %% Jobs of one user's kernel queued together run as one launch: gpud is

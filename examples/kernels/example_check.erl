@@ -3,7 +3,10 @@
 %% f64: random inputs every run, odd sizes (0 where the kernel allows it,
 %% 1, 1023 for every element type the kernel declares, read from
 %% erlcuda:kernels(); 2^20+7 too for f32, or its one type), ties and NaN
-%% for argmax_rows and topk_rows. Run by
+%% for argmax_rows and topk_rows (and for topk_rows rows on both sides of
+%% its GPU body's short-row path, 256 columns, with ±inf, −0.0/+0.0 and
+%% each integer type's extremes). The random seed, from the clock, is
+%% printed at the start. Run by
 %% `make example' on this machine's backend and by the GPU check
 %% (test/erlcuda_gpu_check.erl) on the GPU.
 %%
@@ -12,7 +15,7 @@
 %% sum of the terms' magnitudes (256 threads per row, each adding its share
 %% in order, then a tree), maps by a few roundings.
 -module(example_check).
--export([main/1, run/1, forms/1]).
+-export([main/1, run/1, forms/1, topk_rows/1]).
 
 -define(BIG, (1 bsl 20 + 7)).
 
@@ -29,7 +32,9 @@ main(Dir) ->
 -spec run(atom()) -> ok | {error, term()}.
 run(Mod) ->
     [#{backend := Backend} | _] = erlcuda:devices(),
-    io:format("the ten example kernels of ~p on ~p~n", [Mod, Backend]),
+    Seed = seed(),
+    io:format("the ten example kernels of ~p on ~p, rand seed ~p (rand:seed(exsss, Seed) repeats the inputs)~n",
+              [Mod, Backend, Seed]),
     Checks = [cos_sim, argmax_rows, histogram, topk_rows, gather, axpbypcz, gelu,
               log_softmax_rows, u8_to_unit, scatter_add],
     try
@@ -111,7 +116,8 @@ check(Mod, topk_rows, T) ->
                 exact(topk_rows, {T, R, C, K, values}, [key(V) || V <- dec(T, GotV)],
                       lists:append([[key(V) || {V, _} <- W] || W <- Want]))
             end || {R, C} <- row_shapes(T), C >= 1, R * C < 4 bsl 20,
-                   K <- lists:usort([1, min(C, 8), min(C, 64)])]);
+                   K <- lists:usort([1, min(C, 8), min(C, 64)])])
+        + topk_cases(Mod, T);
 check(Mod, gather, T) ->
     length([begin
                 Table = rand_vec(T, N),
@@ -169,6 +175,141 @@ check(Mod, scatter_add, T) ->
                        || {I, A0} <- lists:enumerate(0, Acc0)],
                 close(scatter_add, {T, N, M}, dec(T, After), Want, Tol)
             end || {N, M} <- [{1, 0}, {1, 1}, {1023, 1}, {1, 1023}] ++ big(T, [{1023, ?BIG}, {?BIG, 1023}])]).
+
+%% topk_rows on both sides of its GPU body's short-row path (a row of at
+%% most 256 columns, one element a thread, ranked in one step; longer ones
+%% by rounds of block reductions, tile by tile, several tiles at 4099):
+%% columns 1 to 4099 with 255, 256 and 257, K = 1, 8, 64, K = cols where
+%% cols ≤ 64 and one K at random, several rows a call (10×100, K = 8 among
+%% them), also at other block and grid sizes. Rows of few distinct values
+%% (ties), of wide random values, of one value, of the type's extremes
+%% (for floats ±inf, −0.0 and +0.0, NaN; all-NaN rows), mixed within each
+%% call. Every case of a type is launched before any answer is read, so
+%% that jobs of both paths can share a launch. Indices are checked against
+%% topk_ref/2, and each value's bits against those of the element at the
+%% reference's index. Returns the number of calls. topk_rows/1: these
+%% cases alone, for every type, with a seed of their own (printed).
+-spec topk_rows(atom()) -> pos_integer().
+topk_rows(Mod) ->
+    io:format("topk_rows's cases, rand seed ~p~n", [seed()]),
+    lists:sum([topk_cases(Mod, T) || T <- types(Mod, topk_rows)]).
+
+topk_cases(Mod, T) ->
+    Shapes = [{1, 1}, {7, 1}, {5, 2}, {4, 3}, {4, 31}, {3, 64}, {10, 100}, {3, 255}, {4, 256},
+              {4, 257}, {3, 300}, {2, 1000}, {2, 4099}],
+    %% Other geometries (users' kernels take {block, B} and {grid, G}): the
+    %% short path where the block is not 256 threads (a row of 33 is long
+    %% at 32; threads past 256 at 512 and 1024), and one block for all the
+    %% rows (each row's shared memory reused after the barrier between
+    %% rows).
+    Geometries = [{6, 32, [{block, 32}]}, {6, 33, [{block, 32}]}, {5, 100, [{block, 64}]},
+                  {5, 200, [{block, 512}]}, {5, 256, [{block, 1024}]}, {5, 300, [{block, 512}]},
+                  {12, 100, [{grid, 1}]}, {12, 257, [{grid, 1}]}, {9, 64, [{grid, 2}, {block, 64}]}],
+    Cases = [{R, C, K, Opts, topk_matrix(T, R, C)}
+             || {R, C, Opts} <- [{R, C, []} || {R, C} <- Shapes] ++ Geometries,
+                K <- lists:usort([1, min(C, 8), min(C, 64), rand:uniform(min(C, 64))])],
+    Sent = [{topk_launch(Mod, T, Case), Case} || Case <- Cases],
+    [topk_answer(T, Case, topk_result(Mod, T, How)) || {How, Case} <- Sent],
+    length(Cases).
+
+topk_launch(Mod, T, {R, C, K, Opts, X}) ->
+    Args = [enc(T, X), R, C, K],
+    case erlcuda:launch({Mod, topk_rows}, Args, Opts) of
+        {ok, Ref} -> {ref, Ref};
+        {error, busy} -> {sync, Args, Opts};
+        Other -> throw({topk_rows, {T, R, C, K, Opts}, Other})
+    end.
+
+topk_result(_, _, {ref, Ref}) ->
+    receive
+        {erlcuda, Ref, Result} -> Result
+    after 120000 -> {error, timeout}
+    end;
+topk_result(Mod, _, {sync, Args, Opts}) ->
+    erlcuda:launch_sync({Mod, topk_rows}, Args, [{timeout, 120000} | Opts]).
+
+topk_answer(T, {R, C, K, Opts, X}, {ok, {{T, VB}, {u32, IB}}}) ->
+    Want = lists:append([topk_ref(Row, K) || Row <- rows(X, C)]),
+    Case = {T, R, C, K, Opts},
+    exact(topk_rows, {Case, indices}, dec(u32, IB), Want),
+    %% Each value is, bit for bit, the element at its index (the row's
+    %% −0.0 stays −0.0, its NaN the same NaN).
+    Elems = list_to_tuple([bits(T, V) || V <- X]),
+    WantV = [element(Row * C + I + 1, Elems) || {Row, Is} <- lists:enumerate(0, chunks(Want, K)), I <- Is],
+    Bytes = byte_size(bits(T, 0)),
+    exact(topk_rows, {Case, value_bits}, [B || <<B:Bytes/binary>> <= VB], WantV);
+topk_answer(T, {R, C, K, Opts, _}, Other) ->
+    throw({topk_rows, {T, R, C, K, Opts}, Other}).
+
+chunks([], _) -> [];
+chunks(L, K) -> {A, B} = lists:split(K, L), [A | chunks(B, K)].
+
+%% R rows of C, each of one kind at random.
+topk_matrix(T, R, C) ->
+    Float = T =:= f32 orelse T =:= f64,
+    Kinds = [ties, wide, one_value, extremes] ++ [all_nan || Float],
+    lists:append([topk_row_of(T, lists:nth(rand:uniform(length(Kinds)), Kinds), C)
+                  || _ <- lists:seq(1, R)]).
+
+topk_row_of(T, ties, C) -> [small(T) || _ <- lists:seq(1, C)];
+topk_row_of(T, wide, C) -> [wide(T) || _ <- lists:seq(1, C)];
+topk_row_of(T, one_value, C) -> lists:duplicate(C, wide(T));
+topk_row_of(T, extremes, C) ->
+    Pool = list_to_tuple(extremes(T)),
+    [case rand:uniform(3) of
+         1 -> element(rand:uniform(tuple_size(Pool)), Pool);
+         2 -> small(T);
+         3 -> wide(T)
+     end || _ <- lists:seq(1, C)];
+topk_row_of(_, all_nan, C) -> lists:duplicate(C, nan).
+
+%% One of four values (-1 to 2, 0 to 3 unsigned): ties.
+small(T) when T =:= u8; T =:= u32 -> rand:uniform(4) - 1;
+small(T) -> num(T, rand:uniform(4) - 2).
+
+wide(f32) -> f32(rand:uniform_real() * 200 - 100);
+wide(f64) -> rand:uniform_real() * 200 - 100;
+wide(u8) -> rand:uniform(256) - 1;
+wide(u32) -> rand:uniform(1 bsl 32) - 1;
+wide(s32) -> rand:uniform(1 bsl 32) - (1 bsl 31) - 1;
+wide(s64) -> rand:uniform(1 bsl 64) - (1 bsl 63) - 1.
+
+%% Each type's extremes: its lowest (the value the GPU body's no-item slots
+%% hold, here a real element), its highest, and around 0.
+extremes(F) when F =:= f32; F =:= f64 -> [nan, inf, neg_inf, -0.0, 0.0, nan, -0.0, 0.0];
+extremes(u8) -> [0, 1, 254, 255];
+extremes(u32) -> [0, 1, (1 bsl 32) - 2, (1 bsl 32) - 1];
+extremes(s32) -> [-(1 bsl 31), -(1 bsl 31) + 1, -1, 0, (1 bsl 31) - 1];
+extremes(s64) -> [-(1 bsl 63), -(1 bsl 63) + 1, -1, 0, (1 bsl 63) - 1].
+
+%% The indices of the row's first K items: larger values first (-inf <
+%% numbers < inf, -0.0 = +0.0), every NaN after every number, equal values
+%% and NaNs among themselves by lower index.
+topk_ref(Row, K) ->
+    Items = lists:enumerate(0, Row),
+    Sorted = lists:sort(fun(A, B) -> not topk_before(B, A) end, Items),
+    [I || {I, _} <- lists:sublist(Sorted, K)].
+
+topk_before({I, nan}, {J, nan}) -> I < J;
+topk_before({_, nan}, _) -> false;
+topk_before(_, {_, nan}) -> true;
+topk_before({I, A}, {J, B}) ->
+    case {class(A), class(B)} of
+        {Ca, Cb} when Ca =/= Cb -> Ca > Cb;
+        {1, 1} when A > B -> true;
+        {1, 1} when A < B -> false;
+        _ -> I < J
+    end.
+
+class(neg_inf) -> 0;
+class(inf) -> 2;
+class(V) when is_number(V) -> 1.
+
+%% Seeds this process's rand from the clock; returns the seed.
+seed() ->
+    Seed = {erlang:system_time(microsecond), erlang:unique_integer([positive]), erlang:phash2(self())},
+    rand:seed(exsss, Seed),
+    Seed.
 
 %% Several outputs kept on the device ({output, buffer}): a tuple of
 %% buffers, each the same as the outputs given back to the host.
@@ -540,6 +681,10 @@ enc(T, L) -> {T, << <<(bits(T, V))/binary>> || V <- L >>}.
 
 bits(f32, nan) -> <<0, 0, 192, 127>>;
 bits(f64, nan) -> <<0, 0, 0, 0, 0, 0, 248, 127>>;
+bits(f32, inf) -> <<16#7f800000:32/native>>;
+bits(f32, neg_inf) -> <<16#ff800000:32/native>>;
+bits(f64, inf) -> <<16#7ff0000000000000:64/native>>;
+bits(f64, neg_inf) -> <<16#fff0000000000000:64/native>>;
 bits(f32, V) -> <<V:32/float-native>>;
 bits(f64, V) -> <<V:64/float-native>>;
 bits(u8, V) -> <<V:8>>;

@@ -104,6 +104,12 @@ kernel! {
     /// padding. (Called past the signature, as the host tests do, the
     /// bodies fill slots with no element, K > cols or past the 64th, with
     /// T's lowest and index 2^32 − 1.)
+    /// A row of at most 256 columns (one element a thread) is ranked in one
+    /// step, each element counting those before it; a longer one by rounds
+    /// of block reductions, tile by tile (`gpu::topk_short`,
+    /// `gpu::topk_tiles`): K rounds cost a short row far more than its
+    /// loads (10×100, K = 8, took 21-22 µs of kernel time on an H100 by
+    /// rounds alone).
     topk_rows, T: Numeric in [u8, s32, u32, s64, f32, f64],
     (x: v(T, rows * cols), rows: d, cols: d, k: d(1 ..= cols & 64)) -> (values: w(T, rows * k), indices: w(u32, rows * k)),
     blocks = rows, threads = 256, block_rule = warps, shared = 0,
@@ -277,10 +283,21 @@ mod gpu {
         lo
     }
 
+    /// The longest row [`topk_short`] takes (its shared array's length;
+    /// the signature's 256 threads).
+    const SHORT_ROW: u32 = 256;
+
     /// The row's first min(k, 64) items in order into `vals`/`idxs`[..k]
-    /// ("no item" after).
+    /// ("no item" after): rows of at most one element a thread by
+    /// [`topk_short`], longer ones by [`topk_tiles`].
     pub unsafe fn topk_row<T: Numeric>(row: *const T, cols: u32, k: u32, vals: *mut T, idxs: *mut u32) {
-        if T::BYTES == 1 {
+        if cols <= block_dim().min(SHORT_ROW) {
+            if T::BYTES == 1 {
+                topk_short::<T, u32>(row, cols, k, vals, idxs)
+            } else {
+                topk_short::<T, T>(row, cols, k, vals, idxs)
+            }
+        } else if T::BYTES == 1 {
             // u8 ranked as u32 (the same order): in 16-bit registers the
             // rounds spilled.
             topk_tiles::<T, u32, 16>(row, cols, k, vals, idxs)
@@ -288,6 +305,64 @@ mod gpu {
             topk_tiles::<T, T, 8>(row, cols, k, vals, idxs)
         } else {
             topk_tiles::<T, T, 16>(row, cols, k, vals, idxs)
+        }
+    }
+
+    /// [`topk_row`] for a row of at most B elements (and [`SHORT_ROW`]),
+    /// ranked as W (T itself, or u32 for u8, as in [`topk_tiles`]), with
+    /// no rounds: thread t puts element t in shared memory, and after one
+    /// barrier each element's place is its rank, the number of the row's
+    /// elements that come [`before`] it (read in the same order by every
+    /// thread: one broadcast load each). An element of rank < min(k, 64)
+    /// writes itself there; slots from min(cols, k, 64) on get "no item".
+    ///
+    /// Why: [`topk_tiles`] takes up to k rounds of a block reduction (two
+    /// barriers each) per tile, and their latency is all a short row's
+    /// time goes on: 10 rows of 100 columns, K = 8, took 21-22 µs of
+    /// kernel time on an H100 (occupancy 15.8%, memory throughput 1.5%),
+    /// against about 8 µs for other small kernels.
+    ///
+    /// No branch on the thread before the barrier: every thread loads (past
+    /// the row, the row's last element again) and stores (past the row,
+    /// into a spare slot after the row's). The barrier is an `asm!` block,
+    /// which LLVM may copy into both sides of such a branch, and `bar.sync`
+    /// needs a warp's threads at one and the same instruction: written
+    /// with `if t < cols { store }` before it, the PTX had the barrier on
+    /// both sides (a warp split by the row's end waits at two copies), and
+    /// topk_rows timed out in the GPU check on an H100.
+    ///
+    /// Not inlined: inlined beside [`topk_tiles`] it moved that path's
+    /// register allocation (ptxas spilled in its tile loop); as a call
+    /// neither path spills.
+    #[inline(never)]
+    unsafe fn topk_short<T: Numeric, W: Numeric>(row: *const T, cols: u32, k: u32, vals: *mut T, idxs: *mut u32) {
+        let (t, nt) = (thread_idx(), block_dim());
+        let kk = k.min(TOPK_MAX);
+        if cols > 0 {
+            let sv = shared_array!(topk_short_values: [W; SHORT_ROW as usize + 1], room = f64);
+            let mine = t < cols;
+            let v = T::load_nc(row.add(t.min(cols - 1) as usize));
+            let me = (W::from_bits64(v.to_bits64()), t);
+            sv.set(if mine { t } else { SHORT_ROW } as usize, me.0);
+            // Every element is in place before any is ranked; the barrier
+            // after each row keeps the next row's from overwriting them.
+            sync_threads();
+            let mut rank = 0u32;
+            let mut j = 0u32;
+            while j < cols {
+                rank += before((sv.get(j as usize), j), me) as u32;
+                j += 1;
+            }
+            if mine && rank < kk {
+                T::store(vals.add(rank as usize), v);
+                u32::store(idxs.add(rank as usize), t);
+            }
+        }
+        let mut i = cols.min(kk) + t;
+        while i < k {
+            T::store(vals.add(i as usize), T::LOWEST);
+            u32::store(idxs.add(i as usize), NONE);
+            i += nt;
         }
     }
 
