@@ -324,12 +324,12 @@ mod gpu {
     ///
     /// No branch on the thread before the barrier: every thread loads (past
     /// the row, the row's last element again) and stores (past the row,
-    /// into a spare slot after the row's). The barrier is an `asm!` block,
-    /// which LLVM may copy into both sides of such a branch, and `bar.sync`
-    /// needs a warp's threads at one and the same instruction: written
-    /// with `if t < cols { store }` before it, the PTX had the barrier on
-    /// both sides (a warp split by the row's end waits at two copies), and
-    /// topk_rows timed out in the GPU check on an H100.
+    /// into a spare slot after the row's). The kit's barrier was once an
+    /// `asm!` block, which LLVM copied into both arms of an `if t < cols
+    /// { store }` written here before it: a warp split by the row's end
+    /// waited at two `bar.sync`, and topk_rows hung in the GPU check on an
+    /// H100. It is now LLVM's convergent barrier, which may not be copied
+    /// so; this body needs neither.
     ///
     /// Not inlined: inlined beside [`topk_tiles`] it moved that path's
     /// register allocation (ptxas spilled in its tile loop); as a call

@@ -46,10 +46,16 @@ ptx="$target_dir/nvptx64-nvidia-cuda/release/erlcuda_kit_gpu_tests.ptx"
 
 # The static shared arrays, as src/lib.rs declares them (name: bytes), are
 # PTX .shared arrays of that size.
-for a in rev32:4096 rev8:1024 rev_t:8192 slots:2560 fslots:512 erlcuda_kit_scratch:512; do
+for a in rev32:4096 rev8:1024 rev_t:8192 ranked:4096 slots:2560 fslots:512 erlcuda_kit_scratch:512; do
   grep -qE "^\.shared \.align 16 \.b8 erlcuda_shared_${a%%:*}_L[0-9]+C[0-9]+\[${a#*:}\];" "$ptx" \
     || die "$ptx lacks the shared array ${a%%:*} of ${a#*:} bytes"
 done
+
+# One barrier instruction after a branch on the thread: LLVM copied an
+# asm barrier into both arms of such a branch (a split warp then waits at
+# two), and the kit's convergent intrinsic forbids that.
+bars=$(awk '/^\.visible \.entry barrier_after_branch\(/,/^}/' "$ptx" | grep -c 'bar\.sync' || true)
+[[ "$bars" == 1 ]] || die "barrier_after_branch has $bars bar.sync in $ptx, want 1"
 
 if ptxas="$("$kernels/tools/find-ptxas")"; then
   "$ptxas" -arch=sm_90 -O3 -o /dev/null "$ptx" || die "ptxas rejects $ptx for sm_90"

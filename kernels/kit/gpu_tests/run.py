@@ -331,6 +331,18 @@ def test_shared(mod, rng):
     rev = lambda a: a.reshape(grid, 1024)[:, ::-1].ravel()
     ok = np.array_equal(o32.get(), rev(x32)) and np.array_equal(o64.get(), rev(x64)) and np.array_equal(o8.get(), rev(x8))
     report("static shared arrays f32, f64 (generic, as pointer), u8 (reverse 1024 through each)", ok)
+    # A barrier after a branch on the thread: n splits a warp (a hang, not
+    # a wrong answer, if the barrier were two instructions).
+    n = int(rng.integers(1, 1024))
+    while n % 32 == 0:
+        n = int(rng.integers(1, 1024))
+    x = rng.integers(-8, 8, n).astype(np.float32)
+    out = cp.full(1024, 0xFFFFFFFF, np.uint32)
+    mod.get_function("barrier_after_branch")((1,), (1024,), (cp.asarray(x), u32(n), out))
+    want = np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.uint32)
+    got = out.get()
+    report(f"a barrier after a branch on the thread ({n} of 1024 threads store)",
+           np.array_equal(got[:n], want) and bool((got[n:] == 0xFFFFFFFF).all()))
 
 
 def test_dimensions(mod, rng):

@@ -111,12 +111,17 @@ pub fn warp() -> u32 {
     thread_idx() >> 5
 }
 
-/// `bar.sync 0`: every thread of the block waits here. As an asm block
-/// with (implicit) memory effects it is a compiler barrier too. Only in
-/// control flow that all the block's threads take.
+/// `bar.sync 0`: every thread of the block waits here. Only in control
+/// flow that all the block's threads take. LLVM's barrier intrinsic, not
+/// an asm block: the intrinsic is `convergent`, so LLVM never copies it
+/// into both arms of a branch that depends on the thread. An asm block it
+/// did copy so (`topk_rows`'s short rows with a store under `t < cols`
+/// before the barrier: a warp split by the row's end waited at two
+/// `bar.sync`, and the launch hung on an H100). The intrinsic has memory
+/// effects, so it is a compiler barrier for shared memory too.
 #[inline(always)]
 pub fn sync_threads() {
-    unsafe { asm!("bar.sync 0;", options(nostack)) }
+    unsafe { core::arch::nvptx::_syncthreads() }
 }
 
 /// Aborts the kernel (`trap`): the launch fails, gpud exits.

@@ -321,6 +321,35 @@ unsafe fn reverse_generic<T: Element>(x: *const T, o: *mut T) {
     T::store(o.add(t), *b.as_ptr().add(1023 - t));
 }
 
+/// A barrier after a branch on the thread: threads below n store their
+/// element in shared memory, the rest do not, then every thread ranks its
+/// element among the n (`out[t]` = how many are smaller, or smaller and
+/// earlier). The barrier must stay one instruction that every thread of a
+/// warp reaches together: build.sh checks that the PTX has one `bar.sync`
+/// here (an asm barrier was copied into both arms of such a branch, and a
+/// warp split by n hung: `topk_rows`'s short rows on an H100).
+#[unsafe(no_mangle)]
+unsafe extern "ptx-kernel" fn barrier_after_branch(x: *const f32, n: u32, out: *mut u32) {
+    let s = shared_array!(ranked: [f32; 1024]);
+    let t = thread_idx();
+    let mine = t < n;
+    let v = if mine { f32::load(x.add(t as usize)) } else { 0.0 };
+    if mine {
+        s.set(t as usize, v);
+    }
+    sync_threads();
+    if mine {
+        let mut rank = 0u32;
+        let mut j = 0u32;
+        while j < n {
+            let w = s.get(j as usize);
+            rank += (w < v || (w == v && j < t)) as u32;
+            j += 1;
+        }
+        u32::store(out.add(t as usize), rank);
+    }
+}
+
 // ----------------------------------------------------------- dimensions
 
 /// A 2-D launch: `out[y·w + x] = (x, y)` packed as `y << 16 | x` for every
