@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::driver::DResult;
 use super::{ck, driver, CudaBackend};
@@ -37,6 +37,26 @@ use crate::error::{Error, Result};
 /// reads across them as one range (the device address of registered
 /// memory is its host address, checked at registration).
 pub const REGISTER_PIECE: usize = 16 << 20;
+
+/// The registration thread's pause between two pieces of one segment.
+/// The driver's lock is not fair: a thread that lets it go and takes it
+/// again at once wins over one that waits, so back-to-back pieces kept
+/// gpud's loop waiting across several: beside arena growth on an H100,
+/// 114 submits stalled 1.5 ms on average behind registrations whose pieces
+/// took 0.6-0.9 ms each (small-job max 7.8 ms; bench/EXPERIMENTS.md, the
+/// small jobs' stall split). The pause lets a waiting launch, copy or
+/// event query in between pieces; it makes a 512 MiB segment (32 pieces)
+/// about 6 ms slower to register, off the loop. The environment variable
+/// ERLCUDA_GPUD_REGISTER_GAP_US sets another (0: none), for measuring.
+const REGISTER_GAP: Duration = Duration::from_micros(200);
+
+/// [`REGISTER_GAP`], or the environment's.
+pub(super) fn register_gap() -> Duration {
+    std::env::var("ERLCUDA_GPUD_REGISTER_GAP_US")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map_or(REGISTER_GAP, Duration::from_micros)
+}
 
 /// `[at, at + bytes)` cut where it crosses a multiple of `piece` (absolute
 /// addresses): each piece's offset from `at` and length, in order; one
@@ -172,7 +192,7 @@ impl CudaBackend {
     /// Registers arena segment `seg` (`Backend::add_segment`).
     pub(super) fn register_segment(&mut self, seg: usize, base: NonNull<u8>, bytes: u64) -> Result<()> {
         // gpud's own thread: nothing of the loop's runs meanwhile.
-        let reg = register_range(base, bytes)?;
+        let reg = register_range(base, bytes, Duration::ZERO)?;
         self.adopt_registered(seg, reg)
     }
 
@@ -273,7 +293,7 @@ impl CudaBackend {
 /// the context current on this thread. Where the pieces' device addresses
 /// do not line up as one range (a driver without host-pointer identity
 /// for registered memory), the range is registered again in one call.
-fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
+fn register_range(base: NonNull<u8>, bytes: u64, gap: Duration) -> Result<Registered> {
     let t = Instant::now();
     if bytes == 0 {
         return Ok(Registered { base, bytes, dev: 0, reg_base: 0, reg_bytes: 0, piece: 0, took: t.elapsed() });
@@ -286,7 +306,7 @@ fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
     let reg_end = (start + bytes as usize).next_multiple_of(page);
     let reg_bytes = reg_end - reg_start;
     let mut piece = REGISTER_PIECE;
-    register_pieces(reg_start, reg_bytes, piece)?;
+    register_pieces(reg_start, reg_bytes, piece, gap)?;
     // SAFETY: `base` lies in the range just registered.
     let mut dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
     let mut one_range = true;
@@ -299,7 +319,7 @@ fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
     if !one_range {
         unregister_pieces(reg_start, reg_bytes, piece);
         piece = 0;
-        register_pieces(reg_start, reg_bytes, piece)?;
+        register_pieces(reg_start, reg_bytes, piece, Duration::ZERO)?;
         // SAFETY: as above.
         dev = ck(unsafe { driver::mem_host_device_pointer(base.as_ptr().cast()) }, "cuMemHostGetDevicePointer")?;
         log!(Info, "cuda: registered pieces map apart on the device: a segment is registered whole");
@@ -310,9 +330,12 @@ fn register_range(base: NonNull<u8>, bytes: u64) -> Result<Registered> {
 /// cuMemHostRegister of each piece of `[start, start + bytes)` on the grid
 /// of `piece` (0: the whole range at once); on a failure, the pieces
 /// registered so far are given back.
-fn register_pieces(start: usize, bytes: usize, piece: usize) -> Result<()> {
+fn register_pieces(start: usize, bytes: usize, piece: usize, gap: Duration) -> Result<()> {
     let mut done = 0;
     for (off, n) in grid_pieces(start, bytes, piece) {
+        if off > 0 && !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
         // SAFETY: the range is mapped read-write for as long as the
         // backend lives (the daemon drops the backend before the
         // mappings), and is unregistered in the backend's Drop once
@@ -341,6 +364,8 @@ fn unregister_pieces(start: usize, bytes: usize, piece: usize) {
 pub(super) struct CudaRegistrar {
     pub(super) ctx: sys::CUcontext,
     pub(super) current: bool,
+    /// Between pieces ([`REGISTER_GAP`]).
+    pub(super) gap: Duration,
 }
 
 // SAFETY: a context handle may be made current on any thread; the daemon
@@ -355,7 +380,7 @@ impl Registrar for CudaRegistrar {
             ck(unsafe { driver::ctx_set_current(self.ctx) }, "cuCtxSetCurrent (registrar)")?;
             self.current = true;
         }
-        register_range(base, bytes)
+        register_range(base, bytes, self.gap)
     }
 }
 

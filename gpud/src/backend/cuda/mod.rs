@@ -347,7 +347,7 @@ impl Backend for CudaBackend {
     }
 
     fn registrar(&self) -> Box<dyn Registrar> {
-        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false })
+        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false, gap: memory::register_gap() })
     }
 
     fn adopt_segment(&mut self, seg: usize, reg: Registered) -> Result<()> {
