@@ -17,7 +17,7 @@
 -export([callers/3, collect/1]).
 %% Records and the JSON, for erlcuda_examples_bench and erlcuda_mixed_bench
 %% (the sections `examples' and `mixed'); start/0 for their restarts.
--export([record/7, json/1]).
+-export([record/7, json/1, placement/2]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -859,8 +859,16 @@ buffers() ->
          {ok, Mb} = erlcuda:put(big_bin(N * N), Opts),
          Mm = fun() -> {ok, C} = erlcuda:launch_sync(matmul, [Ma, Mb, N, N, N], [{output, buffer} | Opts]),
                        ok = erlcuda:free(C) end,
-         Report(["matmul.n", integer_to_list(N)], timed_reps(Ms(Mm), 1, 10), <<"TFLOP/s">>,
-                fun(T) -> 2 * N * N * N / (T * 1.0e9) end),
+         %% Where the launches ran under the lane's reservation: on every
+         %% SM, or beside the lane (a wave more for 4096: 512 tiles on 132
+         %% SMs or 124).
+         S0 = erlcuda:stats(0),
+         MmTs = timed_reps(Ms(Mm), 1, 10),
+         Placed = placement(S0, erlcuda:stats(0)),
+         io:format("matmul.n~b: ~b launches on every SM, ~b beside the lane's SMs~n",
+                   [N, maps:get(launches_wide, Placed), maps:get(launches_beside_lane, Placed)]),
+         buffers_report(["matmul.n", integer_to_list(N)], MmTs, <<"TFLOP/s">>,
+                        fun(T) -> 2 * N * N * N / (T * 1.0e9) end, Placed),
          ok = erlcuda:free(Ma), ok = erlcuda:free(Mb)
      end || N <- [4096, 8192]],
     io:format("memory after: ~p~n~n", [erlcuda:memory(0)]).
@@ -890,11 +898,21 @@ buffers_ms(F) ->
              (erlang:monotonic_time(nanosecond) - T0) / 1.0e6 end.
 
 buffers_report(Name, Ts0, Unit, Value) ->
+    buffers_report(Name, Ts0, Unit, Value, #{}).
+
+buffers_report(Name, Ts0, Unit, Value, Extra) ->
     Ts = lists:sort(Ts0),
     V = Value(pct(Ts, 0.5)),
     record(["buffers.", Name], erlcuda, V, Unit, {Value(lists:last(Ts)), Value(hd(Ts))},
-           length(Ts), #{ms => pct(Ts, 0.5)}),
+           length(Ts), Extra#{ms => pct(Ts, 0.5)}),
     io:format("~-44s ~12.3f ~12s ~6w~n", [Name, V, Unit, length(Ts)]).
+
+%% Large launches between two stats/1 snapshots by where they ran under
+%% the lane's SM reservation (gpud_launches_wide: every SM;
+%% gpud_launches_beside_lane: the SMs the lane leaves); both 0 without one.
+placement(S0, S1) ->
+    D = fun(K) -> maps:get(K, S1, 0) - maps:get(K, S0, 0) end,
+    #{launches_wide => D(gpud_launches_wide), launches_beside_lane => D(gpud_launches_beside_lane)}.
 
 %% ---------------------------------------------------------------- busy spin
 

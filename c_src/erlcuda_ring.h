@@ -500,6 +500,13 @@ struct ec_stats {
      * backend): what is gpud's own loop and what the driver's. */
     uint64_t launch_backend_ns;
     uint64_t launch_enqueue_ns;
+    /* Large launches under an SM reservation (the latency lane's green
+     * contexts): on every SM (no small job for a while) or on the SMs the
+     * lane leaves. A kernel whose blocks fill the device in whole waves
+     * runs a wave more on the smaller part (matmul 4096: 512 tiles, 4
+     * waves on 132 SMs, 5 on 124). */
+    uint64_t launches_wide;
+    uint64_t launches_beside_lane;
 };
 
 struct ec_header {

@@ -434,6 +434,10 @@ devices_and_stats(_) ->
       gpud_launch_enqueue_ns := Enqueue} = erlcuda:stats(0),
     ?assert(Backend > 0 andalso Backend =< Drain),
     ?assert(Enqueue =< Backend),
+    %% No SM reservation on the CPU backend: no launch is counted as on
+    %% every SM or beside the lane's.
+    {ok, _} = erlcuda:launch_sync(vector_add, [lists:duplicate(100000, 1.0), lists:duplicate(100000, 2.0)]),
+    ?assertMatch(#{gpud_launches_wide := 0, gpud_launches_beside_lane := 0}, erlcuda:stats(0)),
     ?assertEqual({error, {no_device, 3}}, erlcuda:stats(3)).
 
 %% A job too large for a normal scheduler moves to a dirty one and works.

@@ -481,7 +481,8 @@ lane_and_pacing(Env) ->
     A = rand_bin(N), B = rand_bin(N),
     MA = rand_bin(64 * 64), MB = rand_bin(64 * 64),
     V = rand_bin((1 bsl 24) + 7),
-    Run = fun() ->
+    Run = fun(Lane) ->
+                  S0 = erlcuda:stats(0),
                   {ok, Large} = erlcuda:launch_sync(vector_add, [A, B], [{timeout, 60000}]),
                   {ok, Small} = erlcuda:launch_sync(vector_add, [binary:part(A, 0, 4000),
                                                                  binary:part(B, 0, 4000)]),
@@ -495,11 +496,21 @@ lane_and_pacing(Env) ->
                   {ok, Got} = erlcuda:get(Buf),
                   ok = erlcuda:free(Buf),
                   true = Got =:= V,
+                  %% Counted by where they ran (stats/1): under a
+                  %% reservation the first large launch on every SM, the
+                  %% one right after the small job beside the lane;
+                  %% without one, neither.
+                  #{launches_wide := W, launches_beside_lane := Beside} =
+                      erlcuda_bench:placement(S0, erlcuda:stats(0)),
+                  true = case Lane of
+                             green -> W >= 1 andalso Beside >= 1;
+                             _ -> {W, Beside} =:= {0, 0}
+                         end,
                   {Large, Small, MM}
           end,
     With = fun(Settings, Check) ->
                    ok = erlcuda_ref:start_app(Env ++ Settings),
-                   try [D] = erlcuda:devices(), true = Check(D), Run()
+                   try [D] = erlcuda:devices(), true = Check(D), Run(maps:get(lane, D))
                    after ok = erlcuda_ref:start_app(Env)
                    end
            end,

@@ -393,6 +393,8 @@ c_struct! {
         pub stall_max_ns: [AtomicU64; EC_STALL_PHASES],
         pub launch_backend_ns: AtomicU64,
         pub launch_enqueue_ns: AtomicU64,
+        pub launches_wide: AtomicU64,
+        pub launches_beside_lane: AtomicU64,
     }
 }
 
@@ -907,6 +909,7 @@ int main(void)
     OF(ec_stats, launches_timed); OF(ec_stats, launch_drain_ns); OF(ec_stats, launch_run_ns);
     OF(ec_stats, launch_answer_ns); OF(ec_stats, stalls); OF(ec_stats, stall_ns);
     OF(ec_stats, stall_max_ns); OF(ec_stats, launch_backend_ns); OF(ec_stats, launch_enqueue_ns);
+    OF(ec_stats, launches_wide); OF(ec_stats, launches_beside_lane);
 
     SZ(ec_header); AL(ec_header);
     OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);

@@ -126,6 +126,13 @@ pub trait Backend: ModuleLoader {
         std::time::Duration::ZERO
     }
 
+    /// Where the last `submit`'s launch ran under an SM reservation: on
+    /// every SM (`Some(true)`), on the SMs the lane leaves (`Some(false)`);
+    /// None for a small launch, a copy, or no reservation.
+    fn last_wide(&self) -> Option<bool> {
+        None
+    }
+
     /// Appends the tickets of launches and copies that have finished since
     /// the last call to `done` (in any order), and moves paced copies on.
     /// `Err` as for `submit`.

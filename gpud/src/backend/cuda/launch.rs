@@ -239,6 +239,7 @@ impl CudaBackend {
     /// `Wide`); one made while small jobs run leaves them their SMs.
     fn entry(&mut self, kernel: KernelRef, ty: ElemType, small: bool) -> Result<(sys::CUfunction, sys::CUstream, u32)> {
         let wide = !small && self.wide.is_some() && !self.paced.small_recently(std::time::Instant::now());
+        self.last_wide = (!small && self.wide.is_some()).then_some(wide);
         let (f, stream, smem) = self.entry_stream(kernel, ty, wide)?;
         Ok((f, if small && !self.lane.stream.is_null() { self.lane.stream } else { stream }, smem))
     }

@@ -169,6 +169,8 @@ pub struct CudaBackend {
     busy: usize,
     /// The last submit's driver calls (`Backend::last_enqueue`).
     last_enqueue: Duration,
+    /// Where the last submit's launch ran (`Backend::last_wide`).
+    last_wide: Option<bool>,
     /// Puts' and gets' copies, paced (`pace`), on a stream per direction;
     /// events of finished pieces kept for the next ones.
     paced: Pacer<sys::CUevent>,
@@ -299,6 +301,7 @@ impl CudaBackend {
             next_ticket: 1,
             busy: 0,
             last_enqueue: Duration::ZERO,
+            last_wide: None,
             paced: Pacer::new(Pacing::default(), AHEAD_BYTES),
             lane,
             copy_streams,
@@ -364,6 +367,10 @@ impl Backend for CudaBackend {
 
     fn last_enqueue(&self) -> std::time::Duration {
         self.last_enqueue
+    }
+
+    fn last_wide(&self) -> Option<bool> {
+        self.last_wide
     }
 
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
