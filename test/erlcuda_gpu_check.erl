@@ -132,8 +132,10 @@ buffers() ->
 buffers_oom() ->
     #{limit := Lim, used := Base} = erlcuda:memory(0),
     Chunk = 1 bsl 30,
+    %% One binary put again and again: made once, not once a put.
+    Zeros = binary:copy(<<0>>, Chunk),
     Fill = fun F(Acc) ->
-                   case erlcuda:put({u8, binary:copy(<<0>>, Chunk)}, [{timeout, 60000}]) of
+                   case erlcuda:put({u8, Zeros}, [{timeout, 60000}]) of
                        {ok, B} -> F([B | Acc]);
                        {error, oom} -> Acc
                    end
