@@ -144,24 +144,24 @@ static ERL_NIF_TERM control_result(ErlNifEnv *env, struct device *d, struct job 
     return make_error(env, enif_make_tuple2(env, ATOM_gpud, st));
 }
 
-/* A small job's wait from publish to its answer sent, split by its CQE's
+/* A small job's wait from publish to its answer built, split by its CQE's
  * stamps (erlcuda_ring.h; 0 for every job but a small launch's): each part
  * of EC_STALL_NS or longer is counted (stats/1's job_stalls_*). A job that
  * came in while the drain that took it had begun waited nothing in the
  * queue. */
 static void count_job_stalls(struct device *d, const struct ec_cqe *cqe, int64_t pub, int64_t taken,
-                             int64_t sent)
+                             int64_t built)
 {
     if (cqe->drained_ns == 0 || pub == 0)
         return;
     struct counters *c = &d->c;
     int64_t drained = (int64_t)cqe->drained_ns > pub ? (int64_t)cqe->drained_ns : pub;
     int64_t done = (int64_t)cqe->done_ns > drained ? (int64_t)cqe->done_ns : drained;
-    int64_t parts[4] = {drained - pub, done - drained, taken - done, sent - taken};
+    int64_t parts[4] = {drained - pub, done - drained, taken - done, built - taken};
     for (int i = 0; i < 4; i++)
         if (parts[i] < 0)
             parts[i] = 0;
-    count_stall(&c->slow_jobs, &c->slow_job_ns, &c->slow_job_max_ns, (uint64_t)(sent - pub));
+    count_stall(&c->slow_jobs, &c->slow_job_ns, &c->slow_job_max_ns, (uint64_t)(built - pub));
     count_stall(&c->job_stalls_queue, &c->job_stall_ns_queue, &c->job_stall_max_ns_queue, (uint64_t)parts[0]);
     count_stall(&c->job_stalls_gpud, &c->job_stall_ns_gpud, &c->job_stall_max_ns_gpud, (uint64_t)parts[1]);
     count_stall(&c->job_stalls_cq, &c->job_stall_ns_cq, &c->job_stall_max_ns_cq, (uint64_t)parts[2]);
@@ -230,11 +230,13 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
              * by the binaries in m until m is cleared). */
             result = handed ? 0 : enif_make_tuple2(m, ATOM_ok, result_term(m, d, j));
         }
+        /* Counted before the answer goes: a caller that reads stats/1 once
+         * answered sees its own job there. */
+        if (!handed && cqe->drained_ns)
+            count_job_stalls(d, cqe, j->t_pub, taken, mono_ns());
         if (!handed)
             send_answer(d, caller_env, m, j, result);
-        int64_t sent = cqe->drained_ns || j->timed ? mono_ns() : 0;
-        if (!handed)
-            count_job_stalls(d, cqe, j->t_pub, taken, sent);
+        int64_t sent = j->timed ? mono_ns() : 0;
         if (j->timed) {
             /* A timed submit's job (profile.h, round trip). */
             uint64_t *p = d->prof.complete;

@@ -198,9 +198,9 @@ struct buffer_res {
      * (slow_jobs), and where each waited that long, from its CQE's stamps \
      * (erlcuda_ring.h): in the SQ until gpud's drain (queue), from the    \
      * drain until gpud saw its launch done (gpud: the driver, the GPU, a  \
-     * launch ahead of it), until the VM took the CQE (cq), until the      \
-     * answer was sent (answer). A slow job with none of the four long     \
-     * waited in pieces. */                                                 \
+     * launch ahead of it), until the VM took the CQE (cq), until its      \
+     * answer was built, just before it is sent (answer). A slow job with  \
+     * none of the four long waited in pieces. */                           \
     X(slow_jobs, slow_jobs) X(slow_job_ns, slow_job_ns) X(slow_job_max_ns, slow_job_max_ns)      \
     X(job_stalls_queue, job_stalls_queue) X(job_stall_ns_queue, job_stall_ns_queue)             \
     X(job_stall_max_ns_queue, job_stall_max_ns_queue)                                          \

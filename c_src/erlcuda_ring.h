@@ -427,7 +427,7 @@ _Static_assert(sizeof(struct ec_job_args) == EC_JOB_ARGS_BYTES, "ec_job_args is 
  * the job off the SQ began and when gpud saw its launch finished, for the
  * jobs of a launch of small jobs only; 0 for every other (a large launch,
  * a copy, a refused or control job). With the VM's own
- * stamps (publish, CQE taken, answer sent) they split a small job's wait
+ * stamps (publish, CQE taken, answer built) they split a small job's wait
  * into queue, gpud and CQ (stats/1's job_stalls_*): a small job that waited
  * a millisecond with no step of gpud's loop or the VM's that long must have
  * waited in one of those. */
