@@ -520,8 +520,9 @@ lane_and_pacing(Env) ->
                   %% reservation the first large launch on every SM, the
                   %% one right after the small job beside the lane;
                   %% without one, neither.
-                  #{launches_wide := W, launches_beside_lane := Beside} =
-                      erlcuda_bench:placement(S0, erlcuda:stats(0)),
+                  S1 = erlcuda:stats(0),
+                  [W, Beside] = [maps:get(K, S1) - maps:get(K, S0)
+                                 || K <- [gpud_launches_wide, gpud_launches_beside_lane]],
                   true = case Lane of
                              green -> W >= 1 andalso Beside >= 1;
                              _ -> {W, Beside} =:= {0, 0}

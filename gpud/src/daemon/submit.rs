@@ -47,12 +47,10 @@ impl Daemon {
             let submitted = self.backend.submit(&arena, &launch);
             let backend = t.elapsed();
             self.count_stall(StallPhase::Submit, t);
-            if submitted.is_ok() {
-                match self.backend.last_wide() {
-                    Some(true) => self.ring.stats().launches_wide.fetch_add(1, Ordering::Relaxed),
-                    Some(false) => self.ring.stats().launches_beside_lane.fetch_add(1, Ordering::Relaxed),
-                    None => 0,
-                };
+            if let (Ok(_), Some(wide)) = (&submitted, self.backend.last_wide()) {
+                let s = self.ring.stats();
+                let placed = if wide { &s.launches_wide } else { &s.launches_beside_lane };
+                placed.fetch_add(1, Ordering::Relaxed);
             }
             match submitted {
                 Ok(ticket) => self.in_flight.push(InFlight {
