@@ -236,9 +236,9 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
             count_job_stalls(d, cqe, j->t_pub, taken, mono_ns());
         if (!handed)
             send_answer(d, caller_env, m, j, result);
-        int64_t sent = j->timed ? mono_ns() : 0;
         if (j->timed) {
             /* A timed submit's job (profile.h, round trip). */
+            int64_t sent = mono_ns();
             uint64_t *p = d->prof.complete;
             prof_add(&p[PC_TRIP_SAMPLES], 1);
             prof_add(&p[PC_TRIP_GPUD_NS], (uint64_t)(taken - j->t_pub));
