@@ -373,33 +373,9 @@ pub const fn tiles_of(m: u32, n: u32, bm: u32, bn: u32) -> u64 {
 /// (`tile_rows` is the kernel's 4th parameter; [`matmul_smem`] its shared
 /// memory), or `None` if the tiles do not fit `u32`.
 pub fn matmul_prepare(jobs: &mut [MatmulJob]) -> Option<(u32, u32)> {
-    matmul_prepare_on(jobs, None)
-}
-
-/// A wide tile's time against a 128×128 tile's, in thousandths: at 4096^3
-/// the wide tiles (512, 4 waves on an H200's 132 SMs) ran at 0.95 ×
-/// cuBLAS and the 128×128 ones (1024, 8 waves) at 0.905, so one wave of
-/// wide tiles takes 1.905 waves of the others (one block per SM for both:
-/// the kernel's registers allow no more).
-pub const MATMUL_WIDE_TILE_COST: u64 = 1905;
-
-/// [`matmul_prepare`] for a launch that gets `sms` SMs where that is known
-/// and fewer than the device's (beside the latency lane's reservation):
-/// the wide tiles only where their waves cost no more than 128×128 ones'.
-/// 4096^2 makes 512 wide tiles, 4 waves on 132 SMs but 5 on the lane's
-/// 124 (0.80 of the launch's speed on every SM, measured); 1024 tiles of
-/// 128×128 make 9 there, about 5% less time by the cost above.
-pub fn matmul_prepare_on(jobs: &mut [MatmulJob], sms: Option<u32>) -> Option<(u32, u32)> {
     let wide: u64 = jobs.iter().map(|j| tiles_of(j.m, j.n, MATMUL_WIDE_BM, MATMUL_BN)).sum();
     let square: u64 = jobs.iter().map(|j| tiles_of(j.m, j.n, MATMUL_BM, MATMUL_BN)).sum();
-    let wide_pays = match sms {
-        Some(s) if s > 0 => {
-            let waves = |tiles: u64| div_ceil_u64(tiles, s as u64);
-            waves(wide) * MATMUL_WIDE_TILE_COST <= waves(square) * 1000
-        }
-        _ => true,
-    };
-    let rows = if wide >= MATMUL_WIDE_MIN_TILES as u64 && wide_pays {
+    let rows = if wide >= MATMUL_WIDE_MIN_TILES as u64 {
         MATMUL_WIDE_BM
     } else if square <= MATMUL_NARROW_MAX_TILES as u64 {
         MATMUL_NARROW_BM

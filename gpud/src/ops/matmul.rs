@@ -31,10 +31,6 @@ impl KernelOp for Op {
     }
 
     fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch> {
-        self.device_table_on(jobs, ptrs, table, None)
-    }
-
-    fn device_table_on(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>, sms: Option<u32>) -> Option<DeviceLaunch> {
         let mut t: Vec<abi::MatmulJob> = jobs
             .iter()
             .zip(ptrs)
@@ -52,10 +48,8 @@ impl KernelOp for Op {
             ),
             _ => {
                 // The f32 kernel's tile height is chosen per launch (its 4th
-                // parameter): wide tiles where there are enough of them,
-                // and where the SMs the launch gets take them in no more
-                // time than 128×128 ones.
-                let (total, rows) = abi::matmul_prepare_on(&mut t, sms)?;
+                // parameter): wide tiles where there are enough of them.
+                let (total, rows) = abi::matmul_prepare(&mut t)?;
                 let mut l = DeviceLaunch::counted(jobs.len(), total, abi::MATMUL_MAX_GRID, abi::matmul_smem(rows));
                 l.params[2] = rows;
                 l.nparams = 3;

@@ -130,13 +130,6 @@ pub trait KernelOp {
     /// is too large for the kernel's u32 counts (the caller splits it).
     fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch>;
 
-    /// [`Op::device_table`] for a launch that gets `sms` SMs, fewer than
-    /// the device's (beside the latency lane's reservation), for a kernel
-    /// whose blocks come in waves that the SM count quantizes.
-    fn device_table_on(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>, _sms: Option<u32>) -> Option<DeviceLaunch> {
-        self.device_table(jobs, ptrs, table)
-    }
-
     /// Virtual blocks one job takes in its kernel's grid (to split batches
     /// whose total would not fit a u32).
     fn blocks(&self, job: &Job) -> u64;
@@ -328,7 +321,7 @@ mod tests {
     #[test]
     fn matmul_launches_choose_their_tile_height_by_size() {
         use crate::descriptor::validate;
-        let launch_on = |dims: &[[u32; 3]], sms: Option<u32>| {
+        let launch = |dims: &[[u32; 3]]| {
             let jobs: Vec<_> = dims
                 .iter()
                 .map(|&d| {
@@ -339,10 +332,9 @@ mod tests {
                 .collect();
             let ptrs = vec![DevPtrs::default(); jobs.len()];
             let mut table = Vec::new();
-            let l = op(Kernel::Matmul).device_table_on(&jobs, &ptrs, &mut table, sms).unwrap();
+            let l = op(Kernel::Matmul).device_table(&jobs, &ptrs, &mut table).unwrap();
             (l.params[1], l.params[2], l.nparams, l.smem)
         };
-        let launch = |dims: &[[u32; 3]]| launch_on(dims, None);
         // 1024^2: 32 wide tiles, too few; 64 square ones would leave half
         // the SMs idle: 128 narrow ones
         assert_eq!(launch(&[[1024, 1024, 1024]]), (128, 64, 3, abi::MATMUL_NARROW_SMEM_BYTES));
@@ -356,18 +348,6 @@ mod tests {
         assert_eq!(launch(&[[1024, 1024, 8], [1024, 1024, 8]]), (64, 256, 3, abi::MATMUL_WIDE_SMEM_BYTES));
         // 32 + 24 = 56 wide tiles, 64 + 48 = 112 square ones
         assert_eq!(launch(&[[1024, 1024, 8], [768, 1024, 8]]).1, 128);
-        // Beside the lane, on 124 SMs: 4096^2 makes 512 wide tiles, 5 waves
-        // (9.5 of the square ones' time) against 1024 square ones in 9:
-        // square. On 132 SMs, 4 waves against 8: wide, as without a count.
-        assert_eq!(launch_on(&[[4096, 4096, 4096]], Some(124)), (1024, 128, 3, abi::MATMUL_SMEM_BYTES));
-        assert_eq!(launch_on(&[[4096, 4096, 4096]], Some(132)), (512, 256, 3, abi::MATMUL_WIDE_SMEM_BYTES));
-        assert_eq!(launch(&[[4096, 4096, 4096]]), (512, 256, 3, abi::MATMUL_WIDE_SMEM_BYTES));
-        // 8192^2: 2048 wide tiles in 17 waves on 124 SMs (32.4) against
-        // 4096 square ones in 34: wide still. 2048^2: 2 waves of wide
-        // tiles (3.8) against 3 of square ones: square.
-        assert_eq!(launch_on(&[[8192, 8192, 64]], Some(124)).1, 256);
-        assert_eq!(launch_on(&[[2048, 2048, 64]], Some(124)).1, 128);
-        assert_eq!(launch_on(&[[2048, 2048, 64]], Some(132)).1, 256);
     }
 
     #[test]

@@ -152,12 +152,6 @@ impl Lane {
         }
     }
 
-    /// The SMs a launch beside the lane gets (the partition not reserved),
-    /// under a reservation.
-    pub(super) fn rest_sms(&self) -> Option<u32> {
-        self.green.map(|g| g.rest_sms)
-    }
-
     /// gpud's `lane` line: `green <lane SMs> <other SMs>`, `priority` or
     /// `none`.
     pub(super) fn describe(&self) -> String {

@@ -408,9 +408,6 @@ impl CudaBackend {
         //    and their descriptor tables, back to back in `bytes`.
         self.bytes.clear();
         self.chunks.clear();
-        // A large launch beside the lane gets the SMs it leaves: the tables
-        // may choose their blocks by that count (matmul's tile height).
-        let beside = if self.last_wide == Some(false) { self.lane.rest_sms() } else { None };
         let mut start = 0;
         while start < jobs.len() {
             let mut end = start + 1;
@@ -428,7 +425,7 @@ impl CudaBackend {
             let off = self.bytes.len().next_multiple_of(SCRATCH_ALIGN as usize);
             self.bytes.resize(off, 0);
             let dl = op
-                .device_table_on(&jobs[start..end], &self.ptrs[start..end], &mut self.bytes, beside)
+                .device_table(&jobs[start..end], &self.ptrs[start..end], &mut self.bytes)
                 .ok_or_else(|| Error::Device("batch too large for one launch".into()))?;
             self.chunks.push(Chunk {
                 table_off: off,
