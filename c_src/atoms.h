@@ -27,7 +27,7 @@
     X(none) X(one)                                                                              \
     /* open/2's options */                                                                      \
     X(ring_entries) X(arena_bytes) X(arena_max_bytes) X(spin_us) X(busy_spin_us)                \
-    X(zero_copy_bytes) X(pipeline_bytes) X(poison_outputs) X(prefault_arena) X(sync_spin_us)    \
+    X(zero_copy_bytes) X(pipeline_bytes) X(put_window_bytes) X(poison_outputs) X(prefault_arena) X(sync_spin_us)    \
     X(list_converter)                                                                           \
     /* a large list result handed to the list converter (results.c) */                         \
     X(erlcuda_list_result) X(value)                                                             \

@@ -234,11 +234,16 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
      * into the arena (the pipelined put: max(copy, DMA), not their sum).
      * A list is converted element by element on this thread: one piece. */
     uint32_t parts = v.is_binary && !in_arena ? pipeline_put_parts(d, bytes) : 1;
-    uint64_t in_bytes = in_arena ? 0 : arena_round(bytes ? bytes : 1);
-    int64_t idx = bytes > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, parts - 1, 0);
+    /* A put larger than put_window_bytes needs only its window of the
+     * arena (pipeline_put_plan). */
+    struct put_plan pp;
+    pipeline_put_plan(d, v.len, type_bytes(v.type), parts, &pp);
+    uint64_t in_bytes = in_arena ? 0 : arena_round(pp.region ? pp.region : 1);
+    int64_t idx = pp.region > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, parts - 1, 0);
     if (idx == -1 && parts > 1) {
         parts = 1; /* not enough free slots for the extra descriptors: one is fine */
-        idx = reserve_job(d, in_bytes, 0, 0, 0);
+        in_bytes = arena_round(bytes ? bytes : 1);
+        idx = bytes > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, 0, 0);
     }
     if (idx < 0) {
         enif_rwlock_runlock(d->life);

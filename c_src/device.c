@@ -69,6 +69,7 @@ static void maybe_unmap_locked(struct device *d)
  * nothing of the device outlives it. Idempotent. */
 void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason)
 {
+    __atomic_store_n(&d->stopping, 1, __ATOMIC_RELEASE);
     enif_rwlock_rwlock(d->life);
     if (d->closed) {
         enif_rwlock_rwunlock(d->life);
@@ -156,7 +157,7 @@ static int get_opt_u64(ErlNifEnv *env, ERL_NIF_TERM map, ERL_NIF_TERM key, ErlNi
 
 /* open(Device, #{ring_entries, arena_bytes, arena_max_bytes, spin_us, busy_spin_us,
  *               pipeline_bytes, zero_copy_bytes, poison_outputs, prefault_arena
- *               [, sync_spin_us, list_converter]}) -> {ok, Handle} | {error, Reason} */
+ *               [, sync_spin_us, list_converter, put_window_bytes]}) -> {ok, Handle} | {error, Reason} */
 ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts)
 {
     unsigned dev;
@@ -181,6 +182,10 @@ ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts)
     ERL_NIF_TERM t;
     if (enif_get_map_value(env, opts, ATOM_sync_spin_us, &t) &&
         (!enif_get_uint64(env, t, &sync_spin) || sync_spin > 1000))
+        return enif_make_badarg(env);
+    /* Optional: a put's window (pipeline.c); absent is 0, none. */
+    ErlNifUInt64 put_window = 0;
+    if (enif_get_map_value(env, opts, ATOM_put_window_bytes, &t) && !enif_get_uint64(env, t, &put_window))
         return enif_make_badarg(env);
     /* Optional: a local pid that builds large list results (results.h). */
     ErlNifPid list_pid;
@@ -214,6 +219,7 @@ ERL_NIF_TERM device_open(ErlNifEnv *env, ERL_NIF_TERM device, ERL_NIF_TERM opts)
     d->arena_max = arena_max;
     d->zero_copy_bytes = zero_copy;
     d->pipeline_bytes = pipeline;
+    d->put_window_bytes = put_window;
     d->poison = enif_is_identical(poison, ATOM_true);
     d->life = enif_rwlock_create("erlcuda.life");
     d->pipe = enif_rwlock_create("erlcuda.pipe");
@@ -303,6 +309,7 @@ void device_reset(ErlNifEnv *env, struct device *d, ERL_NIF_TERM reason)
 {
     enif_rwlock_rlock(d->life);
     if (!d->closed) {
+        __atomic_store_n(&d->stopping, 1, __ATOMIC_RELEASE);
         enif_rwlock_rwlock(d->pipe);
         enif_mutex_lock(d->cq_lock);
         /* No completion thread holds entries it took off the CQ: each job
@@ -328,6 +335,7 @@ void device_reset(ErlNifEnv *env, struct device *d, ERL_NIF_TERM reason)
         dev_unlock(d);
         enif_rwlock_rwunlock(d->drain);
         enif_mutex_unlock(d->cq_lock);
+        __atomic_store_n(&d->stopping, 0, __ATOMIC_RELEASE);
         enif_rwlock_rwunlock(d->pipe);
     }
     enif_rwlock_runlock(d->life);

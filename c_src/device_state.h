@@ -182,7 +182,8 @@ struct buffer_res {
     X(submitted, submitted) X(completed, completed) X(busy, busy)                               \
     X(bogus_cqes, bogus_completions) X(wakeups_sent, sq_wakeups) X(cq_sleeps, cq_sleeps)        \
     X(failed_by_reset, failed_by_restart) X(dirty_submits, dirty_submits)                       \
-    X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(buffer_frees, buffer_frees)         \
+    X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(put_windowed, puts_windowed)      \
+    X(buffer_frees, buffer_frees)                                                                \
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
     X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \
     X(arena_grown_on_miss, arena_grown_on_miss) X(result_bytes, result_bytes)                  \
@@ -243,6 +244,11 @@ struct device {
     uint64_t arena_total, arena_max;     /* bytes in segments; the growth limit */
     uint64_t zero_copy_bytes;            /* vector results this large stay in the arena */
     uint64_t pipeline_bytes;             /* binary inputs this large are pipelined (pipeline.c) */
+    uint64_t put_window_bytes;           /* a larger pipelined put goes through a window this large (0: none) */
+    /* __atomic: set by reset and close before they wait for a pipelined
+     * submit (d->pipe, d->life): a put waiting for its window's slots to be
+     * copied out stops waiting, since gpud will copy nothing more. */
+    int stopping;
     uint64_t inline_off;                 /* slot i's inline area: inline_off + i * INLINE_BYTES */
     uint32_t inline_slots;               /* slots 0 .. inline_slots - 1 have one */
     int poison;                          /* fill outputs with NaN before submitting */

@@ -53,6 +53,7 @@
 #include "submit.h"
 
 #include <string.h>
+#include <time.h>
 
 /* A job at the threshold (pipeline_bytes per input) is split into this
  * many parts: slices of pipeline_bytes / PIPELINE_MIN_PARTS bytes of each
@@ -65,6 +66,15 @@
 /* A put's slices are whole multiples of this many bytes (pages), so each
  * copy thread writes whole pages of the arena. */
 #define PIPELINE_PUT_ALIGN 4096u
+/* A put larger than put_window_bytes goes through a window of the arena of
+ * at least this many slices, each refilled once the slice before it there
+ * is on the device: the arena need not grow by the put's size (a put of
+ * 1 GiB registered 1 GiB of host memory, a stall of its own), and the
+ * window's pages are the same ones put after put. */
+#define PUT_WINDOW_MIN_SLOTS 2u
+/* How a slice is copied into the window: see put_window_bytes' figures in
+ * bench/EXPERIMENTS.md. */
+#define PUT_WINDOW_COPY(dst, src, n) memcpy((dst), (src), (n))
 /* A matmul band is a multiple of this many rows: the GPU kernels' tile
  * height (kernels/src/abi.rs MATMUL_BM, matmul_f64_abi.rs MATMUL_F64_BM),
  * so no band but the last has a partial tile. A band large enough for the
@@ -324,26 +334,118 @@ uint32_t pipeline_put_parts(const struct device *d, uint64_t bytes)
     return parts > PIPELINE_MAX_PARTS ? PIPELINE_MAX_PARTS : (uint32_t)parts;
 }
 
+void pipeline_put_plan(const struct device *d, uint64_t len, unsigned elem, uint32_t parts,
+                       struct put_plan *pp)
+{
+    /* Slices of whole pages: each copy thread writes whole pages. */
+    uint64_t align = PIPELINE_PUT_ALIGN / elem;
+    uint64_t slice = div_ceil(div_ceil(len, parts ? parts : 1), align) * align;
+    if (slice == 0)
+        slice = align; /* an empty put: one empty piece */
+    uint32_t pieces = (uint32_t)div_ceil(len, slice); /* rounding up may leave fewer */
+    uint64_t bytes = len * elem, sb = slice * elem;
+    uint64_t slots = d->put_window_bytes / sb;
+    if (slots < PUT_WINDOW_MIN_SLOTS)
+        slots = PUT_WINDOW_MIN_SLOTS;
+    *pp = (struct put_plan){.slice = sb, .region = bytes, .pieces = pieces, .slots = 0};
+    if (parts > 1 && d->put_window_bytes > 0 && bytes > d->put_window_bytes && slots < pieces) {
+        pp->slots = (uint32_t)slots;
+        pp->region = slots * sb;
+    }
+}
+
+/* A put through a window: slice c lands in slot c % slots. */
+struct put_window {
+    struct device *d;
+    uint32_t idx, pieces, slots;
+    struct ec_sqe whole;
+    const uint8_t *src;
+    uint8_t *dst;
+    uint64_t slice, bytes; /* bytes per slice, in all */
+    uint32_t published;    /* __atomic: slices published, in order */
+};
+
+/* Spins briefly, then sleeps a little: what a window's slice waits for
+ * takes ~0.1-0.2 ms (a slice's copy out at PCIe speed). */
+static void put_wait_step(unsigned spins)
+{
+    if (spins < 100) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    } else {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Until slice k of the put in slot idx is answered (copied to the device,
+ * or failed): its slot is free then. The slices are published in order
+ * (put_window_piece) and gpud copies them out in SQ order (one stream a
+ * direction; a put's slices all land or all fail), so k's answer is there
+ * once more than k slices are answered, whichever answers came. Stops
+ * waiting when the device is reset or closed: gpud copies nothing more,
+ * and the job is failed. */
+static void wait_put_slice(struct device *d, const struct job *j, uint32_t pieces, uint32_t k)
+{
+    for (unsigned spins = 0;; spins++) {
+        uint32_t left = __atomic_load_n(&j->parts_left, __ATOMIC_ACQUIRE);
+        if (pieces - left > k || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
+            return;
+        put_wait_step(spins);
+    }
+}
+
+static void put_window_piece(void *arg, uint32_t c)
+{
+    struct put_window *w = arg;
+    if (c >= w->slots)
+        wait_put_slice(w->d, &w->d->jobs[w->idx], w->pieces, c - w->slots);
+    uint64_t off = (uint64_t)c * w->slice;
+    uint64_t n = min_u64(w->slice, w->bytes - off);
+    uint64_t at = (uint64_t)(c % w->slots) * w->slice;
+    PUT_WINDOW_COPY(w->dst + at, w->src + off, n);
+    struct ec_sqe sqe = w->whole;
+    sqe.in0 += at;
+    sqe.in0_len = (uint32_t)(n / type_bytes(w->whole.type));
+    sqe.p.u64[0] = off;
+    /* In slice order: the slices before this one are in the SQ first (see
+     * wait_put_slice). A slice's copy waits only for slices before it, so
+     * every wait ends. */
+    for (unsigned spins = 0; __atomic_load_n(&w->published, __ATOMIC_ACQUIRE) != c; spins++)
+        put_wait_step(spins);
+    publish(w->d, w->idx, &sqe);
+    __atomic_store_n(&w->published, c + 1, __ATOMIC_RELEASE);
+}
+
 void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
                           const uint8_t *src, uint8_t *dst, uint32_t parts)
 {
     struct job *j = &d->jobs[idx];
     unsigned elem = type_bytes(whole->type);
     uint64_t len = whole->in0_len;
-    /* Slices of whole pages: each copy thread writes whole pages. */
-    uint64_t align = PIPELINE_PUT_ALIGN / elem;
-    uint64_t slice = div_ceil(div_ceil(len, parts), align) * align;
-    uint32_t pieces = (uint32_t)div_ceil(len, slice); /* rounding up may leave fewer */
-    struct pipeline p = {.d = d, .idx = idx, .shape = EC_SHAPE_ELEMENTWISE, .nin = 1,
-                         .elem = elem, .put = 1, .whole = *whole, .src = {src, NULL},
-                         .dst = {dst, NULL}, .slice = slice};
+    struct put_plan pp;
+    pipeline_put_plan(d, len, elem, parts, &pp);
     __atomic_store_n(&j->part_status, EC_STATUS_OK, __ATOMIC_RELAXED);
-    __atomic_store_n(&j->parts_left, pieces, __ATOMIC_RELAXED);
-    __atomic_store_n(&j->parts, pieces, __ATOMIC_RELEASE);
+    __atomic_store_n(&j->parts_left, pp.pieces, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->parts, pp.pieces, __ATOMIC_RELEASE);
     /* Reset (a gpud exit) waits for the last part: it never fails the job
      * while parts are still to be published. */
     enif_rwlock_rlock(d->pipe);
-    run_pieces(&p, pieces, 0);
+    if (pp.slots > 0) {
+        struct put_window w = {.d = d, .idx = idx, .pieces = pp.pieces, .slots = pp.slots,
+                               .whole = *whole, .src = src, .dst = dst, .slice = pp.slice,
+                               .bytes = len * elem};
+        /* No more threads than slots: the others would only wait. */
+        copy_pieces(put_window_piece, &w, pp.pieces,
+                    pp.slots < SPREAD_COPY_THREADS ? pp.slots : SPREAD_COPY_THREADS);
+        count(&d->c.put_windowed, 1);
+    } else {
+        struct pipeline p = {.d = d, .idx = idx, .shape = EC_SHAPE_ELEMENTWISE, .nin = 1,
+                             .elem = elem, .put = 1, .whole = *whole, .src = {src, NULL},
+                             .dst = {dst, NULL}, .slice = pp.slice / elem};
+        run_pieces(&p, pp.pieces, 0);
+    }
     enif_rwlock_runlock(d->pipe);
     count(&d->c.pipelined, 1);
 }

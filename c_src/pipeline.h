@@ -32,11 +32,24 @@ int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
  * the device's pipeline_bytes, else one per slice (as an elementwise job's),
  * at most PIPELINE_MAX_PARTS. */
 uint32_t pipeline_put_parts(const struct device *d, uint64_t bytes);
+/* A put of `len` elements of `elem` bytes in `parts` (pipeline_put_parts):
+ * slices of `slice` bytes (whole pages; the last may have fewer), `pieces`
+ * of them, through a window of `slots` slices of the arena when the put is
+ * larger than the device's put_window_bytes (slots 0: the whole binary in
+ * the arena). `region` is the arena bytes the put needs. */
+struct put_plan {
+    uint64_t slice, region;
+    uint32_t pieces, slots;
+};
+void pipeline_put_plan(const struct device *d, uint64_t len, unsigned elem, uint32_t parts,
+                       struct put_plan *pp);
 /* Copies a put's binary src -> dst (whole->in0_len elements) in `parts`
  * slices over the copy pool, publishing each as a slice of the buffer
  * (EC_CONTROL_PUT, byte offset in p.u64[0]) as soon as it is in, so gpud's
  * copies to the device overlap this copy. Slot idx holds parts - 1 credit
- * slots. Returns when all are published; caller holds d->life (read). */
+ * slots. Through a window (pipeline_put_plan), `dst` is the window, and a
+ * slice waits for the slice before it in its slot to be copied out.
+ * Returns when all are published; caller holds d->life (read). */
 void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
                           const uint8_t *src, uint8_t *dst, uint32_t parts);
 /* Completes the answer of a pipelined job of `parts` descriptors once all

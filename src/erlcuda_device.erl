@@ -134,6 +134,7 @@ init({Id, Backend, Probe}) ->
              %% from here (erlcuda_lists).
              list_converter => self(),
              pipeline_bytes => Env(pipeline_min_bytes), zero_copy_bytes => Env(zero_copy_bytes),
+             put_window_bytes => Env(put_window_bytes),
              poison_outputs => Env(poison_outputs),
              %% Off unless asked: gpud populates the arena's pages itself
              %% while the driver starts, and the two together slowed cuInit

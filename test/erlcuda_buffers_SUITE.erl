@@ -13,6 +13,7 @@
          gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
          pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
+         windowed_puts_leave_the_arena_alone/1,
          frees_build_no_result/1, memory_pressure_evicts/1, pinned_binaries_are_read_in_place/1,
          pin_refuses_bad_input/1, stalls_are_counted/1]).
 
@@ -21,6 +22,7 @@ all() ->
      oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
+     windowed_puts_leave_the_arena_alone,
      large_copies_let_small_jobs_through, frees_build_no_result, memory_pressure_evicts,
      pinned_binaries_are_read_in_place, pin_refuses_bad_input, stalls_are_counted, other_device].
 
@@ -41,6 +43,12 @@ init_per_testcase(memory_pressure_evicts, Config) ->
     %% Room for four 1 MiB blocks: filling it with other sizes evicts the
     %% cached ones.
     ok = erlcuda_ref:start_app([{device_memory_limit, 4 bsl 20}]),
+    Config;
+init_per_testcase(windowed_puts_leave_the_arena_alone, Config) ->
+    %% Puts of 4 MiB or more in slices of at most 1 MiB; those over 2 MiB
+    %% through a window of two slices, many times smaller than the puts.
+    ok = erlcuda_ref:start_app([{arena_bytes, 8 bsl 20}, {arena_max_bytes, 256 bsl 20},
+                                {pipeline_min_bytes, 4 bsl 20}, {put_window_bytes, 2 bsl 20}]),
     Config;
 init_per_testcase(pin_refuses_bad_input, Config) ->
     ok = erlcuda_ref:start_app([{arena_bytes, 1 bsl 20}, {arena_max_bytes, 4 bsl 20}]),
@@ -412,6 +420,63 @@ pipelined_put_roundtrips(_) ->
     [Check(T, Bytes) || {T, E} <- Types, Bytes <- [P - E, P, P + E, 2 * P + 13 * E]],
     await_used(Base, 5000),
     await_idle(5000).
+
+%% A put larger than put_window_bytes goes through a window of the arena,
+%% each slice copied into it once the slice before it there is on the
+%% device: the arena does not grow however large the puts, and every byte
+%% lands in its place, in every element type, with several such puts at
+%% once (each its own window), from just over pipeline_min_bytes up.
+windowed_puts_leave_the_arena_alone(_) ->
+    Seed = erlang:unique_integer([positive]),
+    ct:pal("seed ~p", [Seed]),
+    rand:seed(exsss, {Seed, 7, 11}),
+    #{arena_bytes := Arena0, puts_windowed := W0} = erlcuda:stats(0),
+    Sizes = [(4 bsl 20) + 4096, (24 bsl 20) + 8 * 13, (40 bsl 20) + 8],
+    Types = [f32, f64, s32, u32, s64, u8],
+    Put = fun(T, Bytes) ->
+                  E = elem_bytes(T),
+                  Bin = rand:bytes(Bytes div E * E),
+                  {ok, B} = erlcuda:put(case T of f32 -> Bin; _ -> {T, Bin} end),
+                  {T, Bin, B}
+          end,
+    %% One at a time: the arena stays as it was while they run.
+    Ones = [Put(T, Bytes) || T <- Types, Bytes <- Sizes],
+    #{arena_bytes := Arena1, puts_windowed := W1} = erlcuda:stats(0),
+    ?assertEqual(Arena0, Arena1),
+    ?assertEqual(length(Types) * length(Sizes), W1 - W0),
+    %% Four at once, from four processes.
+    Self = self(),
+    Pids = [spawn_link(fun() -> Self ! {put, self(), Put(T, (16 bsl 20) + 4096 * I)} end)
+            || {I, T} <- lists:zip(lists:seq(1, 4), [f32, u8, s64, f64])],
+    Many = [receive {put, P, R} -> R after 60000 -> ct:fail(put_stuck) end || P <- Pids],
+    %% Four windows at once may take more than the first segment, never
+    %% the room of one of the puts.
+    #{arena_bytes := Arena2} = erlcuda:stats(0),
+    ?assert(Arena2 - Arena0 < 16 bsl 20),
+    Check = fun({T, Bin, B}) ->
+                    %% A get needs its whole size in the arena: it grows, or
+                    %% waits for the answers before it to be collected.
+                    {ok, Got} = get_growing(B, 100),
+                    GotBin = case {T, Got} of {f32, G} -> G; {_, {T, G}} -> G end,
+                    ?assertEqual({T, byte_size(Bin), ok}, {T, byte_size(Bin), same_bytes(Bin, GotBin)}),
+                    ok = erlcuda:free(B)
+            end,
+    lists:foreach(Check, Ones ++ Many),
+    await_idle(5000).
+
+get_growing(B, Tries) ->
+    case erlcuda:get(B) of
+        {error, busy} when Tries > 0 ->
+            %% The last gets' answers (in the arena) are garbage by now.
+            erlang:garbage_collect(),
+            timer:sleep(20),
+            get_growing(B, Tries - 1);
+        R -> R
+    end.
+
+elem_bytes(T) when T =:= f64; T =:= s64 -> 8;
+elem_bytes(u8) -> 1;
+elem_bytes(_) -> 4.
 
 %% A pipelined put that does not fit fails in gpud slice by slice; the put
 %% gets exactly one {error, oom} (one larger than the limit one {badarg,
