@@ -95,7 +95,13 @@ buffers() ->
                   {s64, <<-4:64/signed-native>>}, {u8, <<5, 6>>}]],
     N = ?LARGE,
     A = << <<(float(I rem 1000)):32/float-native>> || I <- lists:seq(1, N)>>,
+    %% Larger than put_window_bytes: through the arena's window, slices
+    %% taking turns in its slots; every byte comes back in its place.
+    #{puts_windowed := W0} = erlcuda:stats(0),
     {ok, Ab} = erlcuda:put(A, [{timeout, 60000}]),
+    #{puts_windowed := W1} = erlcuda:stats(0),
+    1 = W1 - W0,
+    {ok, A} = erlcuda:get(Ab),
     {ok, Sb} = erlcuda:launch_sync(vector_add, [Ab, Ab], [{output, buffer}, {timeout, 60000}]),
     {ok, Y} = erlcuda:launch_sync(saxpy, [0.5, Sb, Ab], [{output, buffer}, {timeout, 60000}]),
     {ok, Yh} = erlcuda:get(Y),
