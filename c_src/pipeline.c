@@ -72,9 +72,6 @@
  * 1 GiB registered 1 GiB of host memory, a stall of its own), and the
  * window's pages are the same ones put after put. */
 #define PUT_WINDOW_MIN_SLOTS 2u
-/* How a slice is copied into the window: see put_window_bytes' figures in
- * bench/EXPERIMENTS.md. */
-#define PUT_WINDOW_COPY(dst, src, n) memcpy((dst), (src), (n))
 /* A matmul band is a multiple of this many rows: the GPU kernels' tile
  * height (kernels/src/abi.rs MATMUL_BM, matmul_f64_abi.rs MATMUL_F64_BM),
  * so no band but the last has a partial tile. A band large enough for the
@@ -348,7 +345,8 @@ void pipeline_put_plan(const struct device *d, uint64_t len, unsigned elem, uint
     if (slots < PUT_WINDOW_MIN_SLOTS)
         slots = PUT_WINDOW_MIN_SLOTS;
     *pp = (struct put_plan){.slice = sb, .region = bytes, .pieces = pieces, .slots = 0};
-    if (parts > 1 && d->put_window_bytes > 0 && bytes > d->put_window_bytes && slots < pieces) {
+    if (parts > 1 && d->put_window_bytes > 0 && bytes > d->put_window_bytes && slots < pieces &&
+        pieces <= PIPELINE_MAX_PARTS) {
         pp->slots = (uint32_t)slots;
         pp->region = slots * sb;
     }
@@ -362,7 +360,9 @@ struct put_window {
     const uint8_t *src;
     uint8_t *dst;
     uint64_t slice, bytes; /* bytes per slice, in all */
+    uint32_t subs;         /* copies each slice is split into */
     uint32_t published;    /* __atomic: slices published, in order */
+    uint32_t left[PIPELINE_MAX_PARTS]; /* __atomic: a slice's copies not done */
 };
 
 /* Spins briefly, then sleeps a little: what a window's slice waits for
@@ -396,15 +396,23 @@ static void wait_put_slice(struct device *d, const struct job *j, uint32_t piece
     }
 }
 
-static void put_window_piece(void *arg, uint32_t c)
+/* Copy i of a windowed put: part i % subs of slice i / subs. The thread
+ * that copies a slice's last part publishes it. */
+static void put_window_piece(void *arg, uint32_t i)
 {
     struct put_window *w = arg;
+    uint32_t c = i / w->subs, part = i % w->subs;
     if (c >= w->slots)
         wait_put_slice(w->d, &w->d->jobs[w->idx], w->pieces, c - w->slots);
     uint64_t off = (uint64_t)c * w->slice;
     uint64_t n = min_u64(w->slice, w->bytes - off);
     uint64_t at = (uint64_t)(c % w->slots) * w->slice;
-    PUT_WINDOW_COPY(w->dst + at, w->src + off, n);
+    uint64_t chunk = div_ceil(div_ceil(n, w->subs), 4096) * 4096;
+    uint64_t from = (uint64_t)part * chunk;
+    if (from < n)
+        copy_streaming(w->dst + at + from, w->src + off + from, min_u64(chunk, n - from));
+    if (__atomic_sub_fetch(&w->left[c], 1, __ATOMIC_ACQ_REL) > 0)
+        return;
     struct ec_sqe sqe = w->whole;
     sqe.in0 += at;
     sqe.in0_len = (uint32_t)(n / type_bytes(w->whole.type));
@@ -433,12 +441,17 @@ void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *w
      * while parts are still to be published. */
     enif_rwlock_rlock(d->pipe);
     if (pp.slots > 0) {
+        /* Each slice split over the threads, as many of them as copy a
+         * whole put (SPREAD_COPY_THREADS), with the same streaming stores:
+         * the window changes where the slices land, not how fast they are
+         * copied. */
+        uint32_t t = copy_threads() < SPREAD_COPY_THREADS ? copy_threads() : SPREAD_COPY_THREADS;
         struct put_window w = {.d = d, .idx = idx, .pieces = pp.pieces, .slots = pp.slots,
                                .whole = *whole, .src = src, .dst = dst, .slice = pp.slice,
-                               .bytes = len * elem};
-        /* No more threads than slots: the others would only wait. */
-        copy_pieces(put_window_piece, &w, pp.pieces,
-                    pp.slots < SPREAD_COPY_THREADS ? pp.slots : SPREAD_COPY_THREADS);
+                               .bytes = len * elem, .subs = t > 0 ? t : 1};
+        for (uint32_t c = 0; c < pp.pieces; c++)
+            w.left[c] = w.subs;
+        copy_pieces(put_window_piece, &w, pp.pieces * w.subs, t);
         count(&d->c.put_windowed, 1);
     } else {
         struct pipeline p = {.d = d, .idx = idx, .shape = EC_SHAPE_ELEMENTWISE, .nin = 1,
