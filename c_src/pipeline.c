@@ -383,7 +383,9 @@ static void put_wait_step(unsigned spins)
  * or failed): its slot is free then. The slices are published in order
  * (put_window_piece) and gpud copies them out in SQ order (one stream a
  * direction; a put's slices all land or all fail), so k's answer is there
- * once more than k slices are answered, whichever answers came. Stops
+ * once more than k slices are answered, whichever answers came. (A slice
+ * answered with an error ahead of one still copying fails the put: a slot
+ * refilled early then only spoils a buffer that is freed unread.) Stops
  * waiting when the device is reset or closed: gpud copies nothing more,
  * and the job is failed. */
 static void wait_put_slice(struct device *d, const struct job *j, uint32_t pieces, uint32_t k)
