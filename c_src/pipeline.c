@@ -196,18 +196,58 @@ struct pipeline {
     uint64_t slice;        /* elements (a matmul: rows of A) per piece */
     uint64_t buf_id;       /* a matmul: the buffer holding B */
     uint32_t subs;         /* copies each piece is split into (1: a thread per piece) */
+    uint32_t pieces;
+    /* A put through a window (pipeline_put_plan): piece c lands in slot
+     * c % slots of dst (0: at its own offset), and is published in order
+     * (`published`, __atomic). */
+    uint32_t slots, published;
     uint32_t left[PIPELINE_MAX_PARTS]; /* __atomic: a piece's copies not done */
 };
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
-/* Copy `sub` of p->subs of n bytes at off: whole pages, the last the rest. */
-static void copy_sub(const struct pipeline *p, unsigned in, uint64_t off, uint64_t n, uint32_t sub)
+/* Copy `sub` of p->subs of n bytes from src + off to dst + at_dst: whole
+ * pages, the last the rest. */
+static void copy_sub(const struct pipeline *p, unsigned in, uint64_t off, uint64_t at_dst, uint64_t n,
+                     uint32_t sub)
 {
     uint64_t chunk = div_ceil(div_ceil(n, p->subs), 4096) * 4096;
     uint64_t at = (uint64_t)sub * chunk;
     if (at < n)
-        copy_streaming(p->dst[in] + off + at, p->src[in] + off + at, min_u64(chunk, n - at));
+        copy_streaming(p->dst[in] + at_dst + at, p->src[in] + off + at, min_u64(chunk, n - at));
+}
+
+/* Spins briefly, then sleeps a little: what a window's slice waits for
+ * takes ~0.1-0.2 ms (a slice's copy out at PCIe speed). */
+static void put_wait_step(unsigned spins)
+{
+    if (spins < 100) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    } else {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Until slice k of the put in slot idx is answered (copied to the device,
+ * or failed): its slot is free then. The slices are published in order
+ * (pipeline_piece) and gpud copies them out in SQ order (one stream a
+ * direction; a put's slices all land or all fail), so k's answer is there
+ * once more than k slices are answered, whichever answers came. (A slice
+ * answered with an error ahead of one still copying fails the put: a slot
+ * refilled early then only spoils a buffer that is freed unread.) Stops
+ * waiting when the device is reset or closed: gpud copies nothing more,
+ * and the job is failed. */
+static void wait_put_slice(struct device *d, const struct job *j, uint32_t pieces, uint32_t k)
+{
+    for (unsigned spins = 0;; spins++) {
+        uint32_t left = __atomic_load_n(&j->parts_left, __ATOMIC_ACQUIRE);
+        if (pieces - left > k || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
+            return;
+        put_wait_step(spins);
+    }
 }
 
 /* Copy i of the pipeline: part i % subs of piece i / subs of the inputs
@@ -224,7 +264,7 @@ static void pipeline_piece(void *arg, uint32_t i)
         uint64_t m = p->whole.p.dim[0], n = p->whole.p.dim[1], k = p->whole.p.dim[2];
         uint64_t rows = min_u64(m - first, p->slice);
         uint64_t a_off = first * k * p->elem;
-        copy_sub(p, 0, a_off, rows * k * p->elem, sub);
+        copy_sub(p, 0, a_off, a_off, rows * k * p->elem, sub);
         if (__atomic_sub_fetch(&p->left[c], 1, __ATOMIC_ACQ_REL) > 0)
             return;
         sqe.in0 += a_off;
@@ -238,16 +278,34 @@ static void pipeline_piece(void *arg, uint32_t i)
         uint64_t len = p->whole.in0_len;
         uint64_t cnt = min_u64(len - first, p->slice);
         uint64_t off = first * p->elem;
+        /* Where in dst: its own offset, or its slot of the window once
+         * the slice there before it is on the device. */
+        uint64_t at = off;
+        if (p->slots > 0) {
+            at = (uint64_t)(c % p->slots) * p->slice * p->elem;
+            if (c >= p->slots)
+                wait_put_slice(p->d, &p->d->jobs[p->idx], p->pieces, c - p->slots);
+        }
         for (unsigned in = 0; in < p->nin; in++)
-            copy_sub(p, in, off, cnt * p->elem, sub);
+            copy_sub(p, in, off, at, cnt * p->elem, sub);
         if (__atomic_sub_fetch(&p->left[c], 1, __ATOMIC_ACQ_REL) > 0)
             return;
-        sqe.in0 += off;
+        sqe.in0 += at;
         sqe.in0_len = (uint32_t)cnt;
         if (p->put) {
             /* A slice of the buffer: out and out_len still name all of it. */
             sqe.p.u64[0] = off;
+            if (p->slots == 0) {
+                publish(p->d, p->idx, &sqe);
+                return;
+            }
+            /* In slice order: the slices before this one are in the SQ
+             * first (see wait_put_slice). A slice's copies wait only for
+             * slices before it, so every wait ends. */
+            for (unsigned spins = 0; __atomic_load_n(&p->published, __ATOMIC_ACQUIRE) != c; spins++)
+                put_wait_step(spins);
             publish(p->d, p->idx, &sqe);
+            __atomic_store_n(&p->published, c + 1, __ATOMIC_RELEASE);
             return;
         }
         if (p->nin > 1) {
@@ -265,14 +323,17 @@ static void pipeline_piece(void *arg, uint32_t i)
     publish(p->d, p->idx, &sqe);
 }
 
-/* Runs the pipeline's pieces: in order, each split over every copy thread
- * (a matmul's), or one per thread, SPREAD_COPY_THREADS at once. */
-static void run_pieces(struct pipeline *p, uint32_t pieces, int ordered)
+/* Runs the pipeline's pieces, each split into `subs` copies, at most
+ * `threads` at once (0: every copy thread): a matmul's in order, each
+ * over every thread; a windowed put's likewise over SPREAD_COPY_THREADS;
+ * other pieces one per thread, SPREAD_COPY_THREADS at once. */
+static void run_pieces(struct pipeline *p, uint32_t pieces, uint32_t subs, uint32_t threads)
 {
-    p->subs = ordered ? copy_threads() : 1;
+    p->subs = subs > 0 ? subs : 1;
+    p->pieces = pieces;
     for (uint32_t c = 0; c < pieces; c++)
         p->left[c] = p->subs;
-    copy_pieces(pipeline_piece, p, pieces * p->subs, ordered ? 0 : SPREAD_COPY_THREADS);
+    copy_pieces(pipeline_piece, p, pieces * p->subs, threads);
 }
 
 /* A matmul's B: put into a new buffer that the bands name, in slices (each
@@ -295,7 +356,7 @@ static uint64_t put_b(struct device *d, uint32_t idx, const struct pipeline *a, 
                                    .in0 = a->whole.in1, .in0_len = (uint32_t)b_len, .out = b->id,
                                    .out_len = (uint32_t)b_len},
                          .src = {a->src[1], NULL}, .dst = {a->dst[1], NULL}, .slice = plan->b_slice};
-    run_pieces(&p, plan->b_pieces, 1);
+    run_pieces(&p, plan->b_pieces, copy_threads(), 0);
     return b->id;
 }
 
@@ -319,7 +380,10 @@ int submit_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
             return -1;
         }
     }
-    run_pieces(&p, plan->pieces, s->shape == EC_SHAPE_MATMUL);
+    if (s->shape == EC_SHAPE_MATMUL)
+        run_pieces(&p, plan->pieces, copy_threads(), 0);
+    else
+        run_pieces(&p, plan->pieces, 1, SPREAD_COPY_THREADS);
     return 0;
 }
 
@@ -352,82 +416,6 @@ void pipeline_put_plan(const struct device *d, uint64_t len, unsigned elem, uint
     }
 }
 
-/* A put through a window: slice c lands in slot c % slots. */
-struct put_window {
-    struct device *d;
-    uint32_t idx, pieces, slots;
-    struct ec_sqe whole;
-    const uint8_t *src;
-    uint8_t *dst;
-    uint64_t slice, bytes; /* bytes per slice, in all */
-    uint32_t subs;         /* copies each slice is split into */
-    uint32_t published;    /* __atomic: slices published, in order */
-    uint32_t left[PIPELINE_MAX_PARTS]; /* __atomic: a slice's copies not done */
-};
-
-/* Spins briefly, then sleeps a little: what a window's slice waits for
- * takes ~0.1-0.2 ms (a slice's copy out at PCIe speed). */
-static void put_wait_step(unsigned spins)
-{
-    if (spins < 100) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-    } else {
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* Until slice k of the put in slot idx is answered (copied to the device,
- * or failed): its slot is free then. The slices are published in order
- * (put_window_piece) and gpud copies them out in SQ order (one stream a
- * direction; a put's slices all land or all fail), so k's answer is there
- * once more than k slices are answered, whichever answers came. (A slice
- * answered with an error ahead of one still copying fails the put: a slot
- * refilled early then only spoils a buffer that is freed unread.) Stops
- * waiting when the device is reset or closed: gpud copies nothing more,
- * and the job is failed. */
-static void wait_put_slice(struct device *d, const struct job *j, uint32_t pieces, uint32_t k)
-{
-    for (unsigned spins = 0;; spins++) {
-        uint32_t left = __atomic_load_n(&j->parts_left, __ATOMIC_ACQUIRE);
-        if (pieces - left > k || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
-            return;
-        put_wait_step(spins);
-    }
-}
-
-/* Copy i of a windowed put: part i % subs of slice i / subs. The thread
- * that copies a slice's last part publishes it. */
-static void put_window_piece(void *arg, uint32_t i)
-{
-    struct put_window *w = arg;
-    uint32_t c = i / w->subs, part = i % w->subs;
-    if (c >= w->slots)
-        wait_put_slice(w->d, &w->d->jobs[w->idx], w->pieces, c - w->slots);
-    uint64_t off = (uint64_t)c * w->slice;
-    uint64_t n = min_u64(w->slice, w->bytes - off);
-    uint64_t at = (uint64_t)(c % w->slots) * w->slice;
-    uint64_t chunk = div_ceil(div_ceil(n, w->subs), 4096) * 4096;
-    uint64_t from = (uint64_t)part * chunk;
-    if (from < n)
-        copy_streaming(w->dst + at + from, w->src + off + from, min_u64(chunk, n - from));
-    if (__atomic_sub_fetch(&w->left[c], 1, __ATOMIC_ACQ_REL) > 0)
-        return;
-    struct ec_sqe sqe = w->whole;
-    sqe.in0 += at;
-    sqe.in0_len = (uint32_t)(n / type_bytes(w->whole.type));
-    sqe.p.u64[0] = off;
-    /* In slice order: the slices before this one are in the SQ first (see
-     * wait_put_slice). A slice's copy waits only for slices before it, so
-     * every wait ends. */
-    for (unsigned spins = 0; __atomic_load_n(&w->published, __ATOMIC_ACQUIRE) != c; spins++)
-        put_wait_step(spins);
-    publish(w->d, w->idx, &sqe);
-    __atomic_store_n(&w->published, c + 1, __ATOMIC_RELEASE);
-}
-
 void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *whole,
                           const uint8_t *src, uint8_t *dst, uint32_t parts)
 {
@@ -442,24 +430,18 @@ void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *w
     /* Reset (a gpud exit) waits for the last part: it never fails the job
      * while parts are still to be published. */
     enif_rwlock_rlock(d->pipe);
+    struct pipeline p = {.d = d, .idx = idx, .shape = EC_SHAPE_ELEMENTWISE, .nin = 1,
+                         .elem = elem, .put = 1, .whole = *whole, .src = {src, NULL},
+                         .dst = {dst, NULL}, .slice = pp.slice / elem, .slots = pp.slots};
     if (pp.slots > 0) {
-        /* Each slice split over the threads, as many of them as copy a
-         * whole put (SPREAD_COPY_THREADS), with the same streaming stores:
-         * the window changes where the slices land, not how fast they are
-         * copied. */
+        /* Each slice split over as many threads as copy a whole put, with
+         * the same streaming stores: the window changes where the slices
+         * land, not how fast they are copied. */
         uint32_t t = copy_threads() < SPREAD_COPY_THREADS ? copy_threads() : SPREAD_COPY_THREADS;
-        struct put_window w = {.d = d, .idx = idx, .pieces = pp.pieces, .slots = pp.slots,
-                               .whole = *whole, .src = src, .dst = dst, .slice = pp.slice,
-                               .bytes = len * elem, .subs = t > 0 ? t : 1};
-        for (uint32_t c = 0; c < pp.pieces; c++)
-            w.left[c] = w.subs;
-        copy_pieces(put_window_piece, &w, pp.pieces * w.subs, t);
+        run_pieces(&p, pp.pieces, t, t);
         count(&d->c.put_windowed, 1);
     } else {
-        struct pipeline p = {.d = d, .idx = idx, .shape = EC_SHAPE_ELEMENTWISE, .nin = 1,
-                             .elem = elem, .put = 1, .whole = *whole, .src = {src, NULL},
-                             .dst = {dst, NULL}, .slice = pp.slice / elem};
-        run_pieces(&p, pp.pieces, 0);
+        run_pieces(&p, pp.pieces, 1, SPREAD_COPY_THREADS);
     }
     enif_rwlock_runlock(d->pipe);
     count(&d->c.pipelined, 1);
