@@ -232,9 +232,16 @@ small_jobs(S) ->
 alone(P, Common) ->
     {A, B, Want} = small_inputs(),
     warm_small(A, B, Want, maps:get(warm, P)),
+    G0 = erlcuda:stats(0),
     {Ts, Us, Cut} = small_stream(A, B, Want, maps:get(small_jobs, P), maps:get(budget_ms, P)),
+    G1 = erlcuda:stats(0),
+    %% Alone too: a tail with nothing beside it is placed as the rows'.
+    Stalls = stalls(G0, G1),
+    print_stalls(<<"(alone)">>, Stalls),
     small_records(<<"mixed.small.alone">>, Ts, Common#{seconds => Us / 1.0e6, cut_short => Cut,
-                                                        jobs_wanted => maps:get(small_jobs, P)}),
+                                                        jobs_wanted => maps:get(small_jobs, P),
+                                                        gpud_stalls => Stalls,
+                                                        arena_growth => growths(G0, G1)}),
     row(<<"(alone)">>, Ts, none, none).
 
 kind(<<"arena_growth">> = K, P, Common) ->
@@ -259,7 +266,8 @@ kind(K, P, Common) ->
         #{launches_wide := BW, launches_beside_lane := BB} = maps:get(beside, Placed),
         io:format("  ~s: large launches on every SM / beside the lane's SMs: alone ~b / ~b, beside small jobs ~b / ~b~n",
                   [K, AW, AB, BW, BB]),
-        Extra = Common#{size => Size, outliers => spans_close(K), gpud_stalls => Stalls, placement => Placed},
+        Extra = Common#{size => Size, outliers => spans_close(K), gpud_stalls => Stalls, placement => Placed,
+                        arena_growth => growths(G0, G1)},
         small_records(["mixed.small.beside.", K], Ts,
                       Extra#{seconds => Us / 1.0e6, cut_short => Cut, jobs_wanted => maps:get(small_jobs, P),
                              large_jobs => length(element(1, Beside))}),
@@ -544,6 +552,14 @@ stalls(S0, S1) ->
                || K <- lists:sort(maps:keys(S1)), "job_stalls_" ++ Phase <- [atom_to_list(K)]]],
     D = fun(K) -> maps:get(K, S1, 0) - maps:get(K, S0, 0) end,
     maps:from_list([{P, #{n => D(N), ms => D(Ns) / 1.0e6}} || {P, N, Ns} <- Gpud ++ Vm ++ Jobs, D(N) > 0]).
+
+%% The arena's growths between two stats/1 snapshots: ahead of need (the
+%% NIF's grower) and on a miss (a submit that found no room and grew it
+%% on its caller's time: a tail that no stall of gpud's or the VM's
+%% locks shows).
+growths(S0, S1) ->
+    D = fun(K) -> maps:get(K, S1, 0) - maps:get(K, S0, 0) end,
+    #{ahead => D(arena_grown_ahead), on_miss => D(arena_grown_on_miss)}.
 
 add_stalls(M, Acc) ->
     maps:fold(fun(P, #{n := N, ms := Ms}, A) ->

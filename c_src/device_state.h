@@ -183,6 +183,7 @@ struct buffer_res {
     X(bogus_cqes, bogus_completions) X(wakeups_sent, sq_wakeups) X(cq_sleeps, cq_sleeps)        \
     X(failed_by_reset, failed_by_restart) X(dirty_submits, dirty_submits)                       \
     X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(put_windowed, puts_windowed)      \
+    X(put_window_wait_ns, put_window_wait_ns)                                                   \
     X(buffer_frees, buffer_frees)                                                                \
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
     X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \

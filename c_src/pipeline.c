@@ -242,11 +242,23 @@ static void put_wait_step(unsigned spins)
  * and the job is failed. */
 static void wait_put_slice(struct device *d, const struct job *j, uint32_t pieces, uint32_t k)
 {
+    struct timespec t0 = {0, 0};
     for (unsigned spins = 0;; spins++) {
         uint32_t left = __atomic_load_n(&j->parts_left, __ATOMIC_ACQUIRE);
         if (pieces - left > k || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
-            return;
+            break;
+        if (spins == 0)
+            clock_gettime(CLOCK_MONOTONIC, &t0);
         put_wait_step(spins);
+    }
+    /* Time the copy threads waited for a slot (summed over them): near
+     * none means the put is bound by the copies into the arena, much means
+     * by the device side (the copy engine, gpud's loop, the answers). */
+    if (t0.tv_sec != 0 || t0.tv_nsec != 0) {
+        struct timespec t1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        count(&d->c.put_window_wait_ns,
+              (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec)));
     }
 }
 
