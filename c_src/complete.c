@@ -192,7 +192,9 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
             __atomic_compare_exchange_n(&j->part_status, &ok, status, 0, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED);
         }
-        if (__atomic_sub_fetch(&j->parts_left, 1, __ATOMIC_ACQ_REL) > 0)
+        uint32_t left = __atomic_sub_fetch(&j->parts_left, 1, __ATOMIC_SEQ_CST);
+        pipeline_part_answered(j);
+        if (left > 0)
             return;
         status = __atomic_load_n(&j->part_status, __ATOMIC_RELAXED);
         if (status == EC_STATUS_OK)

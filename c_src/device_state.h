@@ -131,6 +131,9 @@ struct job {
     uint32_t parts;      /* __atomic: descriptors of this job: 1 unless pipelined */
     uint32_t parts_left; /* __atomic: descriptors not yet completed */
     int32_t part_status; /* __atomic: the first non-OK status of a part */
+    /* __atomic: a windowed put's copy threads asleep on parts_left (a
+     * futex) until an answer moves it (pipeline.c). */
+    uint32_t part_waiters;
     /* The job's (JOB_FIRST_FIELD to the end). */
     uint32_t kernel;
     int out_buf;          /* the output is a new device buffer: buf_term, in env */

@@ -52,8 +52,12 @@
 #include "pipeline.h"
 #include "submit.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 /* A job at the threshold (pipeline_bytes per input) is split into this
  * many parts: slices of pipeline_bytes / PIPELINE_MIN_PARTS bytes of each
@@ -201,6 +205,7 @@ struct pipeline {
      * c % slots of dst (0: at its own offset), and is published in order
      * (`published`, __atomic). */
     uint32_t slots, published;
+    uint32_t publish_waiters; /* __atomic: copy threads asleep on `published` */
     uint32_t left[PIPELINE_MAX_PARTS]; /* __atomic: a piece's copies not done */
 };
 
@@ -217,18 +222,49 @@ static void copy_sub(const struct pipeline *p, unsigned in, uint64_t off, uint64
         copy_streaming(p->dst[in] + at_dst + at, p->src[in] + off + at, min_u64(chunk, n - at));
 }
 
-/* Spins briefly, then sleeps a little: what a window's slice waits for
- * takes ~0.1-0.2 ms (a slice's copy out at PCIe speed). */
-static void put_wait_step(unsigned spins)
+/* A windowed put's copy threads wait for two things: their slot of the
+ * window (slice k - slots answered: parts_left) and their turn to publish
+ * (`published`). Each spins this many times, then sleeps on the word as a
+ * futex until whoever moves it wakes it. Sleeping in steps of a fixed
+ * time instead (20 us, ~70 with the kernel's timer slack) lost a windowed
+ * put 25-35% against a whole one when the copy threads shared the cores
+ * with the completion thread and gpud (2-core CPU machine). */
+#define PUT_WAIT_SPINS 100u
+/* The longest futex sleep: a reset or close (d->stopping) wakes no one,
+ * so a waiter sees it this late at most. */
+#define PUT_WAIT_MAX_NS 1000000L
+
+static void put_wait_pause(void)
 {
-    if (spins < 100) {
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+    __builtin_ia32_pause();
 #endif
-    } else {
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
+}
+
+/* Sleeps while *word is still `seen` (at most PUT_WAIT_MAX_NS); the caller
+ * checks its condition again after. Announced in *waiters first, then
+ * checked: sequentially consistent with wake_word's move-then-look, either
+ * this sees the new value or the mover sees this waiter and wakes it. */
+static void sleep_on_word(uint32_t *word, uint32_t seen, uint32_t *waiters)
+{
+    __atomic_add_fetch(waiters, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(word, __ATOMIC_SEQ_CST) == seen) {
+        struct timespec most = {0, PUT_WAIT_MAX_NS};
+        syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, seen, &most, NULL, 0);
     }
+    __atomic_sub_fetch(waiters, 1, __ATOMIC_SEQ_CST);
+}
+
+/* After *word moved (sequentially consistent): wakes its sleepers. */
+static void wake_word(uint32_t *word, uint32_t *waiters)
+{
+    if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST) > 0)
+        syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+void pipeline_part_answered(struct job *j)
+{
+    wake_word(&j->parts_left, &j->part_waiters);
 }
 
 /* Until slice k of the put in slot idx is answered (copied to the device,
@@ -240,16 +276,19 @@ static void put_wait_step(unsigned spins)
  * refilled early then only spoils a buffer that is freed unread.) Stops
  * waiting when the device is reset or closed: gpud copies nothing more,
  * and the job is failed. */
-static void wait_put_slice(struct device *d, const struct job *j, uint32_t pieces, uint32_t k)
+static void wait_put_slice(struct device *d, struct job *j, uint32_t pieces, uint32_t k)
 {
     struct timespec t0 = {0, 0};
     for (unsigned spins = 0;; spins++) {
-        uint32_t left = __atomic_load_n(&j->parts_left, __ATOMIC_ACQUIRE);
+        uint32_t left = __atomic_load_n(&j->parts_left, __ATOMIC_SEQ_CST);
         if (pieces - left > k || __atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
             break;
         if (spins == 0)
             clock_gettime(CLOCK_MONOTONIC, &t0);
-        put_wait_step(spins);
+        if (spins < PUT_WAIT_SPINS)
+            put_wait_pause();
+        else
+            sleep_on_word(&j->parts_left, left, &j->part_waiters);
     }
     /* Time the copy threads waited for a slot (summed over them): near
      * none means the put is bound by the copies into the arena, much means
@@ -314,10 +353,18 @@ static void pipeline_piece(void *arg, uint32_t i)
             /* In slice order: the slices before this one are in the SQ
              * first (see wait_put_slice). A slice's copies wait only for
              * slices before it, so every wait ends. */
-            for (unsigned spins = 0; __atomic_load_n(&p->published, __ATOMIC_ACQUIRE) != c; spins++)
-                put_wait_step(spins);
+            for (unsigned spins = 0;; spins++) {
+                uint32_t at_now = __atomic_load_n(&p->published, __ATOMIC_SEQ_CST);
+                if (at_now == c)
+                    break;
+                if (spins < PUT_WAIT_SPINS)
+                    put_wait_pause();
+                else
+                    sleep_on_word(&p->published, at_now, &p->publish_waiters);
+            }
             publish(p->d, p->idx, &sqe);
-            __atomic_store_n(&p->published, c + 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&p->published, c + 1, __ATOMIC_SEQ_CST);
+            wake_word(&p->published, &p->publish_waiters);
             return;
         }
         if (p->nin > 1) {

@@ -56,4 +56,8 @@ void submit_put_pipelined(struct device *d, uint32_t idx, const struct ec_sqe *w
  * are back and OK: a reduction's partials are added into its result. */
 void pipeline_finish(struct device *d, struct job *j, uint32_t parts);
 
+/* After one part of job j is counted off parts_left (complete.c): wakes a
+ * windowed put's copy threads waiting for that count (pipeline.c). */
+void pipeline_part_answered(struct job *j);
+
 #endif

@@ -13,7 +13,7 @@
          gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
          pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
-         windowed_puts_leave_the_arena_alone/1,
+         windowed_puts_leave_the_arena_alone/1, windowed_put_held_then_killed/1,
          frees_build_no_result/1, memory_pressure_evicts/1, pinned_binaries_are_read_in_place/1,
          pin_refuses_bad_input/1, stalls_are_counted/1]).
 
@@ -22,7 +22,7 @@ all() ->
      oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
-     windowed_puts_leave_the_arena_alone,
+     windowed_puts_leave_the_arena_alone, windowed_put_held_then_killed,
      large_copies_let_small_jobs_through, frees_build_no_result, memory_pressure_evicts,
      pinned_binaries_are_read_in_place, pin_refuses_bad_input, stalls_are_counted, other_device].
 
@@ -44,7 +44,8 @@ init_per_testcase(memory_pressure_evicts, Config) ->
     %% cached ones.
     ok = erlcuda_ref:start_app([{device_memory_limit, 4 bsl 20}]),
     Config;
-init_per_testcase(windowed_puts_leave_the_arena_alone, Config) ->
+init_per_testcase(Case, Config) when Case =:= windowed_puts_leave_the_arena_alone;
+                                     Case =:= windowed_put_held_then_killed ->
     %% Puts of 4 MiB or more in slices of at most 1 MiB; those over 2 MiB
     %% through a window of two slices, many times smaller than the puts.
     ok = erlcuda_ref:start_app([{arena_bytes, 8 bsl 20}, {arena_max_bytes, 256 bsl 20},
@@ -462,6 +463,34 @@ windowed_puts_leave_the_arena_alone(_) ->
                     ok = erlcuda:free(B)
             end,
     lists:foreach(Check, Ones ++ Many),
+    await_idle(5000).
+
+%% A windowed put whose slots never come free (gpud stopped: no slice is
+%% copied out or answered) has its copy threads asleep on the job's count
+%% of answers; gpud's death ends their wait (reset sets `stopping`), the
+%% put is answered {error, {gpud_exit, _}}, and the copy threads are free
+%% for the next put, which lands whole.
+windowed_put_held_then_killed(_) ->
+    Bin = rand:bytes(16 bsl 20),
+    Self = self(),
+    [#{os_pid := Held}] = erlcuda:devices(),
+    #{puts_windowed := W0, put_window_wait_ns := Wait0} = erlcuda:stats(0),
+    os:cmd("kill -STOP " ++ integer_to_list(Held)),
+    spawn_link(fun() -> Self ! {held_put, erlcuda:put(Bin, [{timeout, 60000}])} end),
+    wait_in_flight(5000),
+    %% Long enough for the copy threads to fill both slots and go to sleep.
+    timer:sleep(200),
+    os:cmd("kill -9 " ++ integer_to_list(Held)),
+    ?assertMatch({error, {gpud_exit, _}},
+                 receive {held_put, HR} -> HR after 10000 -> ct:fail(held_put_unanswered) end),
+    wait_new_gpud(Held, 200),
+    #{puts_windowed := W1, put_window_wait_ns := Wait1} = erlcuda:stats(0),
+    ?assertEqual(1, W1 - W0),
+    ?assert(Wait1 - Wait0 >= 100000000, {waited_ns, Wait1 - Wait0}),
+    {ok, B} = erlcuda:put(Bin, [{timeout, 60000}]),
+    {ok, Got} = erlcuda:get(B),
+    ?assertEqual(ok, same_bytes(Bin, Got)),
+    ok = erlcuda:free(B),
     await_idle(5000).
 
 get_growing(B, Tries) ->
