@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, main/1, zero_copy/0, busy_spin/0, pipeline/0, start/0, buffers/0, put_get/0, profile/0,
+-export([main/0, main/1, zero_copy/0, busy_spin/0, pipeline/0, put_window/0, start/0, buffers/0, put_get/0, profile/0,
          cold_start/1, large/0, matmul/0]).
 %% Concurrent callers, for erlcuda_ab and erlcuda_cluster_bench too.
 -export([callers/3, collect/1]).
@@ -984,6 +984,69 @@ pipeline() ->
               "on median ~.2f (~.2f .. ~.2f), pipelined jobs ~p~n",
               [pct(Off, 0.5), hd(Off), lists:last(Off), pct(On, 0.5), hd(On), lists:last(On),
                lists:sum([P || {_, {_, P}} <- Rounds])]).
+
+%% ---------------------------------------------------------------- put window
+
+%% Puts through the arena's window against whole ones: 256 MiB puts of a
+%% binary on the heap with put_window_bytes at its default, 0 (the whole
+%% binary copied into the arena) and twice the default, A B C in 3 rounds,
+%% erlcuda restarted for each (10 timed puts after 2). Per setting: the
+%% median GB/s and its spread, the puts that went through the window, the
+%% arena's size after them, the time the copy threads waited for a slot
+%% (stats/1 put_window_wait_ns, per put, summed over the threads: much
+%% means the device side bounds the put, little the copies), the VM's CPU
+%% time per put (every thread of the VM, the copy pool's too), and whether
+%% a put read back came back whole. Not part of main/0: it measures the
+%% window (bench/EXPERIMENTS.md, "Copies, puts and large jobs from
+%% binaries"); `bash .gpu-bundle/run.sh eval 'erlcuda_bench:put_window()'`.
+put_window() ->
+    application:load(erlcuda),
+    {ok, Default} = application:get_env(erlcuda, put_window_bytes),
+    Big = crypto:strong_rand_bytes(256 bsl 20),
+    Opts = [{timeout, 600000}],
+    Run = fun(W) ->
+                  application:set_env(erlcuda, put_window_bytes, W),
+                  start(),
+                  Put = fun() ->
+                                T0 = erlang:monotonic_time(nanosecond),
+                                {ok, B} = erlcuda:put(Big, Opts),
+                                T1 = erlang:monotonic_time(nanosecond),
+                                ok = erlcuda:free(B),
+                                (T1 - T0) / 1.0e6
+                        end,
+                  #{puts_windowed := W0, put_window_wait_ns := Wait0} = erlcuda:stats(0),
+                  {Cpu0, _} = erlang:statistics(runtime),
+                  Ts = timed_reps(Put, 2, 10),
+                  {Cpu1, _} = erlang:statistics(runtime),
+                  #{puts_windowed := W1, put_window_wait_ns := Wait1, arena_bytes := Arena} = erlcuda:stats(0),
+                  {ok, B} = erlcuda:put(Big, Opts),
+                  Whole = erlcuda:get(B) =:= {ok, Big},
+                  ok = erlcuda:free(B),
+                  ok = application:stop(erlcuda),
+                  N = length(Ts) + 2,
+                  #{ms => Ts, windowed => W1 - W0, arena => Arena, whole => Whole,
+                    wait_ms => (Wait1 - Wait0) / N / 1.0e6, cpu_ms => (Cpu1 - Cpu0) / N}
+          end,
+    Settings = [Default, 0, 2 * Default],
+    Rounds = [[{W, Run(W)} || W <- Settings] || _ <- lists:seq(1, 3)],
+    application:set_env(erlcuda, put_window_bytes, Default),
+    GBs = fun(Ms) -> 256 * 1048576 / (Ms * 1.0e6) end,
+    io:format("~nput of 256 MiB from the heap by put_window_bytes (3 rounds, A B C)~n"),
+    io:format("~-18s ~9s ~17s ~10s ~10s ~12s ~12s ~6s~n",
+              ["put_window_bytes", "GB/s", "spread", "windowed", "arena MiB", "wait ms/put",
+               "cpu ms/put", "whole"]),
+    [begin
+         Rs = [R || Round <- Rounds, {W1, R} <- Round, W1 =:= W],
+         Ms = lists:sort(lists:append([maps:get(ms, R) || R <- Rs])),
+         io:format("~-18w ~9.1f ~8.1f .. ~6.1f ~10w ~10w ~12.2f ~12.1f ~6w~n",
+                   [W, GBs(pct(Ms, 0.5)), GBs(lists:last(Ms)), GBs(hd(Ms)),
+                    lists:sum([maps:get(windowed, R) || R <- Rs]),
+                    lists:max([maps:get(arena, R) || R <- Rs]) bsr 20,
+                    lists:sum([maps:get(wait_ms, R) || R <- Rs]) / length(Rs),
+                    lists:sum([maps:get(cpu_ms, R) || R <- Rs]) / length(Rs),
+                    lists:all(fun(R) -> maps:get(whole, R) end, Rs)])
+     end || W <- Settings],
+    ok.
 
 %% ---------------------------------------------------------------- zero copy
 
