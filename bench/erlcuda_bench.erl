@@ -882,14 +882,19 @@ put_get() ->
     GBs = fun(T) -> 256 * 1048576 / (T * 1.0e6) end,
     %% How the puts went: through the arena's window (put_window_bytes)
     %% or whole, and the arena's size after them.
-    #{puts_windowed := W0} = erlcuda:stats(0),
+    #{puts_windowed := W0, put_window_wait_ns := Wait0} = erlcuda:stats(0),
     Puts = timed_reps(buffers_ms(fun() -> {ok, B} = erlcuda:put(Big, Opts), ok = erlcuda:free(B) end), 2, 10),
-    #{puts_windowed := W1, arena_bytes := Arena} = erlcuda:stats(0),
+    #{puts_windowed := W1, put_window_wait_ns := Wait1, arena_bytes := Arena} = erlcuda:stats(0),
     {ok, Window} = application:get_env(erlcuda, put_window_bytes),
-    io:format("put.256MiB: ~b of ~b puts through the window (put_window_bytes ~b), arena ~b MiB after them~n",
-              [W1 - W0, length(Puts) + 2, Window, Arena bsr 20]),
+    %% The copy threads' waits for a slot, per put, summed over the
+    %% threads: much means the device side bounds the put.
+    WaitMs = (Wait1 - Wait0) / (length(Puts) + 2) / 1.0e6,
+    io:format("put.256MiB: ~b of ~b puts through the window (put_window_bytes ~b), arena ~b MiB after them, "
+              "~.2f ms a put waiting for a slot (summed over the copy threads)~n",
+              [W1 - W0, length(Puts) + 2, Window, Arena bsr 20, WaitMs]),
     buffers_report("put.256MiB", Puts, <<"GB/s">>, GBs,
-                   #{windowed => W1 - W0, put_window_bytes => Window, arena_bytes => Arena}),
+                   #{windowed => W1 - W0, put_window_bytes => Window, arena_bytes => Arena,
+                     slot_wait_ms => WaitMs}),
     %% The same binary pinned once (erlcuda:pin/1, in the arena): the put
     %% reads it in place, as PyTorch's upload reads a pinned tensor.
     {ok, Pinned} = erlcuda:pin(Big),
