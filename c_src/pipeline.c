@@ -225,10 +225,10 @@ static void copy_sub(const struct pipeline *p, unsigned in, uint64_t off, uint64
 /* A windowed put's copy threads wait for two things: their slot of the
  * window (slice k - slots answered: parts_left) and their turn to publish
  * (`published`). Each spins this many times, then sleeps on the word as a
- * futex until whoever moves it wakes it. Sleeping in steps of a fixed
- * time instead (20 us, ~70 with the kernel's timer slack) lost a windowed
- * put 25-35% against a whole one when the copy threads shared the cores
- * with the completion thread and gpud (2-core CPU machine). */
+ * futex until whoever moves it wakes it. Against sleeping in steps of a
+ * fixed time (20 us, ~70 with the kernel's timer slack): 2-4% faster and
+ * 10% less of the VM's CPU a 256 MiB put on idle cores, the same on
+ * shared ones (2-core CPU machine; bench/EXPERIMENTS.md). */
 #define PUT_WAIT_SPINS 100u
 /* The longest futex sleep: a reset or close (d->stopping) wakes no one,
  * so a waiter sees it this late at most. */
