@@ -164,7 +164,8 @@ space := $(empty) $(empty)
 test-erlang: compile gpud-fault user-modules
 	$(REBAR) eunit
 	ERLCUDA_USER_MODULES=$(USER_MODULES) ERLCUDA_GPUD_FAULT=$(GPUD_FAULT) \
-	    $(REBAR) ct --suite $(subst $(space),$(comma),$(ERLANG_SUITES:.erl=))
+	    $(REBAR) ct --suite $(subst $(space),$(comma),$(ERLANG_SUITES:.erl=)) \
+	    || { bash test/ct_failures.sh; exit 1; }
 
 # The API docs build (doc/), dialyzer finds nothing, and the application's
 # version is the newest one in CHANGELOG.md.

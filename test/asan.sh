@@ -83,6 +83,7 @@ eunit_rc=$?
     io:format("ct: ~p~n", [R]),
     halt(case R of {_, 0, {_, 0}} -> 0; _ -> 1 end).'
 ct_rc=$?
+[ "$ct_rc" = 0 ] || bash test/ct_failures.sh "$A/logs"
 set -e
 unset LD_PRELOAD
 

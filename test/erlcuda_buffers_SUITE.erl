@@ -233,13 +233,18 @@ too_large_is_permanent(_) ->
         false -> {comment, "the arena limit is below gpud's"}
     end.
 
+%% A process holds 100 buffers (it says when it has them: on a loaded
+%% machine a fixed wait was not always enough), then ends without freeing
+%% them: the garbage collector's release frees them all.
 gc_frees(_) ->
     #{used := Base} = erlcuda:memory(0),
+    Self = self(),
     Pid = spawn(fun() ->
-                        Bs = [element(2, erlcuda:put([1.0, 2.0])) || _ <- lists:seq(1, 100)],
+                        Bs = [B || _ <- lists:seq(1, 100), {ok, B} <- [erlcuda:put([1.0, 2.0])]],
+                        Self ! {made, self(), length(Bs)},
                         receive stop -> length(Bs) end
                 end),
-    timer:sleep(200),
+    100 = receive {made, Pid, Made} -> Made after 60000 -> ct:fail(no_buffers) end,
     #{buffers := N} = erlcuda:memory(0),
     ?assert(N >= 100),
     Pid ! stop,
@@ -478,8 +483,9 @@ windowed_put_held_then_killed(_) ->
     os:cmd("kill -STOP " ++ integer_to_list(Held)),
     spawn_link(fun() -> Self ! {held_put, erlcuda:put(Bin, [{timeout, 60000}])} end),
     wait_in_flight(5000),
-    %% Long enough for the copy threads to fill both slots and go to sleep.
-    timer:sleep(200),
+    %% Long enough for the copy threads to fill both slots and go to sleep,
+    %% with room to spare on a loaded machine: 100 ms of waiting is asked.
+    timer:sleep(500),
     os:cmd("kill -9 " ++ integer_to_list(Held)),
     ?assertMatch({error, {gpud_exit, _}},
                  receive {held_put, HR} -> HR after 10000 -> ct:fail(held_put_unanswered) end),
@@ -841,7 +847,7 @@ stalls_are_counted(_) ->
     %% for it: it is a slow job, and its CQE's stamps put the wait in the
     %% queue (the SQ, while gpud was busy) or in gpud (a launch ahead of
     %% its own).
-    slow_small_job(Bb, 5),
+    slow_small_job(Bb, 8),
     %% The same job answered as a binary: 32 MiB copied by the completion
     %% thread. The pass is counted once it is over, after its answers were
     %% sent: the counter may move just after the answer comes.
@@ -855,7 +861,10 @@ stalls_are_counted(_) ->
 %% A small job behind a 2^23-element vector_add run inside gpud's submit
 %% (the CPU backend): it starts 5 ms after the large one, which takes tens
 %% of milliseconds. Should gpud not have drained the large one by then
-%% (both in one drain), the small one may go first: tried again.
+%% (both in one drain), the small one may go first: tried again. So is a
+%% small job that was slow with no wait in the queue or in gpud: on a
+%% loaded machine it can lose its time elsewhere (the VM descheduled, say),
+%% which says nothing of the large one.
 slow_small_job(_, 0) ->
     ct:fail(no_small_job_waited);
 slow_small_job(B, Tries) ->
@@ -868,15 +877,16 @@ slow_small_job(B, Tries) ->
     S1 = erlcuda:stats(0),
     D = fun(K) -> maps:get(K, S1) - maps:get(K, S0) end,
     Waits = D(job_stalls_queue) + D(job_stalls_gpud),
-    case D(slow_jobs) of
-        0 ->
+    case {D(slow_jobs), Waits} of
+        {0, _} ->
             slow_small_job(B, Tries - 1);
-        1 ->
-            ?assert(Waits >= 1, Waits),
+        {1, 0} ->
+            slow_small_job(B, Tries - 1);
+        {1, _} ->
             ?assert(D(job_stall_ns_queue) + D(job_stall_ns_gpud) >= Waits * 1000000),
             ?assert(D(slow_job_ns) >= 1000000),
             ?assert(maps:get(slow_job_max_ns, S1) >= 1000000);
-        N ->
+        {N, _} ->
             ct:fail({slow_jobs, N})
     end.
 

@@ -115,11 +115,11 @@ any_on_an_idle_cluster_stays_local(Config) ->
 
 %% cluster_local_bias: a remote device must be that many jobs less busy.
 %% With a bias larger than anything queued here, concurrent `any' jobs all
-%% stay here; with 0 (the default) the same load reaches the peer. Each
-%% job takes the CPU backend milliseconds (matmul 256^3), so that jobs are
-%% in flight here when the next is routed even if the launching process
-%% is descheduled between launches on a loaded machine (with 96^3, each
-%% was done before the next launch there, and all 40 stayed here).
+%% stay here; with 0 (the default) the same load reaches the peer. This
+%% node's gpud is held (SIGSTOP) while a burst is launched, so its jobs are
+%% surely in flight when the next one is routed: with jobs that merely take
+%% milliseconds, a launching process descheduled between launches on a
+%% loaded machine saw each one done, and all 40 stayed here.
 local_bias_keeps_jobs_here(Config) ->
     [{P, B}] = ?config(peers, Config),
     {Args, Expected} = ones_matmul(256),
@@ -131,8 +131,12 @@ local_bias_keeps_jobs_here(Config) ->
                            [D || D = #{node := N, id := 0} <- erlcuda:devices(cluster), N =:= B],
                        St =:= up andalso F =:= 0
                end),
+    [#{os_pid := Here}] = erlcuda:devices(),
     Burst = fun() ->
-                    Refs = [ok(erlcuda:launch(matmul, Args, [{device, any}])) || _ <- lists:seq(1, 40)],
+                    os:cmd("kill -STOP " ++ integer_to_list(Here)),
+                    Refs = try [ok(erlcuda:launch(matmul, Args, [{device, any}])) || _ <- lists:seq(1, 40)]
+                           after os:cmd("kill -CONT " ++ integer_to_list(Here))
+                           end,
                     [{ok, Expected} = one_answer(R) || R <- Refs]
             end,
     Jobs0 = jobs_ok(P),
