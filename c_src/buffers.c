@@ -43,27 +43,30 @@
 #include <string.h>
 
 /* A buffer garbage-collected: its free is queued (never blocking; see
- * buffers.c) and the completion thread woken to send it. */
+ * buffers.c) and, when the queue was empty, the completion thread woken
+ * to send it. A queue found non-empty has had its wake-up already: the
+ * flush it caused takes this id too, or leaves the queue empty before this
+ * push, which then finds it empty. (Judging by a length read before the
+ * push lost frees: a flush could empty the queue between that read and
+ * the push, and the ids pushed after it waited for some other job.) */
 void buffer_dtor(ErlNifEnv *env, void *obj)
 {
     struct buffer_res *b = obj;
     struct device *d = b->d;
     (void)env;
-    uint32_t before = __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE);
-    queue_free(b);
-    if (before == 0 && __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) > 0 && d->ctl_efd >= 0)
+    if (queue_free(b) && d->ctl_efd >= 0)
         shm_signal(d->ctl_efd);
     enif_release_resource(d);
 }
 
-void queue_free(struct buffer_res *b)
+int queue_free(struct buffer_res *b)
 {
     struct device *d = b->d;
     int zero = 0;
     if (!__atomic_compare_exchange_n(&b->freed, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return; /* freed already */
+        return 0; /* freed already */
     if (b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED))
-        return; /* lost with its gpud */
+        return 0; /* lost with its gpud */
     enif_mutex_lock(d->freeq_lock);
     if (d->nfreeq == d->freeq_cap) {
         uint32_t cap = d->freeq_cap ? d->freeq_cap * 2 : 1024;
@@ -72,14 +75,16 @@ void queue_free(struct buffer_res *b)
             /* Out of memory in the VM: the block stays in gpud until it
              * restarts. Leaks device memory, never corrupts it. */
             enif_mutex_unlock(d->freeq_lock);
-            return;
+            return 0;
         }
         d->freeq = q;
         d->freeq_cap = cap;
     }
-    d->freeq[d->nfreeq] = b->id;
-    __atomic_store_n(&d->nfreeq, d->nfreeq + 1, __ATOMIC_RELEASE);
+    uint32_t was = d->nfreeq;
+    d->freeq[was] = b->id;
+    __atomic_store_n(&d->nfreeq, was + 1, __ATOMIC_RELEASE);
     enif_mutex_unlock(d->freeq_lock);
+    return was == 0;
 }
 
 void flush_frees(struct device *d)

@@ -11,8 +11,10 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
                ERL_NIF_TERM ref, ERL_NIF_TERM *result);
 /* get(Buf): a get descriptor; {ok, Ref}, then {erlcuda, Ref, {ok, Vector}}. */
 ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, ERL_NIF_TERM ref);
-/* Queues buffer b's free (once; never blocks: the destructor calls it). */
-void queue_free(struct buffer_res *b);
+/* Queues buffer b's free (once; never blocks: the destructor calls it).
+ * Returns 1 when the queue was empty before (the caller that must see the
+ * free sent wakes the completion thread then), else 0. */
+int queue_free(struct buffer_res *b);
 /* Publishes queued frees as free descriptors, as far as slots and arena
  * allow. Caller holds d->life (read) and not d->lock. */
 void flush_frees(struct device *d);
