@@ -42,7 +42,11 @@ What the figures mean (all wall-clock unless said otherwise):
   (examples/kernels) at DESIGN.md's size on tensors already on the device,
   median of 50 with CUDA events (sec_examples); extra.bytes = bytes moved,
   extra.copy_speed_ms = those bytes at examples.d2d_copy's speed (GB/s of
-  a 1 GiB device-to-device copy, reads and writes counted).
+  a 1 GiB device-to-device copy, reads and writes counted). With `--only
+  examples_peers` (not run by default), the same records for systems
+  torch_compile (torch.compile of the same expression; extra.compile_s) and
+  cupy (CuPy on the same tensors; no topk), each checked against eager's
+  result (extra.checked): the report's best-peer column takes the least.
 * mixed.small.alone.p50/.p99/.max, mixed.small.beside.K.p50/.p99/.max (us)
   and mixed.large.K.alone/.beside_small (jobs/s), system pytorch_priority
   (sec_mixed, `--only mixed`): bench/erlcuda_mixed_bench.erl's mix as
@@ -87,6 +91,8 @@ MATMUL_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 MATMUL_TOL = 1e-4  # max |C - C_ref| / (|A| |B|) for erlcuda's matmul
 SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e", "device_resident", "examples",
             "mixed"]
+# Run only when named (--only): too long for the whole benchmark's call.
+OPTIONAL_SECTIONS = ["examples_peers"]
 
 STATE = {"out": "peers.json", "meta": {}, "records": []}
 
@@ -625,12 +631,13 @@ D2D_BYTES = 1 << 30  # the copy that gives HBM's speed: 1 GiB read, 1 GiB writte
 
 
 def example_case(c, k, unif, ints):
-    """(size text, bytes moved, fn, how, variants, extra) of example kernel k
+    """(size text, bytes moved, fn, how, variants, extra, tensors) of example kernel k
     at DESIGN's size, its tensors made on the device now. Bytes moved count
     the reads and writes a kernel cannot avoid (gather: the indices and the
     output, not the table's scattered lines; scatter_add: index, value and
     the accumulator's read-modify-write per update). variants: other ways
-    to do it, timed too, into extra[name + "_ms"]."""
+    to do it, timed too, into extra[name + "_ms"]. tensors: fn's inputs by
+    name (sec_examples_peers runs CuPy on them)."""
     torch = c.torch
     F = torch.nn.functional
     if k in ("cos_sim", "argmax_rows"):
@@ -641,8 +648,9 @@ def example_case(c, k, unif, ints):
             q = unif(cols)
             return (size, 4 * r * cols + 4 * cols + 4 * r,
                     lambda: (x @ q) / (x.norm(dim=1) * q.norm()),
-                    "(x @ q) / (x.norm(dim=1) * q.norm())", {}, {})
-        return size, 4 * r * cols + 4 * r, lambda: torch.argmax(x, 1), "torch.argmax(x, 1)", {}, {}
+                    "(x @ q) / (x.norm(dim=1) * q.norm())", {}, {}, {"x": x, "q": q})
+        return (size, 4 * r * cols + 4 * r, lambda: torch.argmax(x, 1), "torch.argmax(x, 1)", {}, {},
+                {"x": x})
     if k == "histogram":
         n = 1 << 26
         p = ints(256, n, torch.uint8)
@@ -651,16 +659,16 @@ def example_case(c, k, unif, ints):
                     "uint8_direct": lambda: torch.bincount(p, minlength=256)}
         return ("2^26 u8", n + 1024, lambda: torch.bincount(p.int(), minlength=256),
                 "torch.bincount(p.int(), minlength=256), p uint8 (the int conversion included; "
-                "without it: extra.without_conversion_ms)", variants, {})
+                "without it: extra.without_conversion_ms)", variants, {}, {"p": p})
     if k == "topk_rows":
         r, cols, kk = 4096, 4096, 8
         x = unif(r, cols)
         return (f"{r}x{cols} f32, K {kk}", 4 * r * cols + 8 * r * kk,
-                lambda: torch.topk(x, kk, dim=1), "torch.topk(x, 8, dim=1)", {}, {})
+                lambda: torch.topk(x, kk, dim=1), "torch.topk(x, 8, dim=1)", {}, {}, {"x": x})
     if k == "gelu":
         n = 1 << 26
         x = unif(n)
-        return "2^26 f32", 8 * n, lambda: F.gelu(x), "F.gelu(x) (exact erf form)", {}, {}
+        return "2^26 f32", 8 * n, lambda: F.gelu(x), "F.gelu(x) (exact erf form)", {}, {}, {"x": x}
     if k == "gather":
         n, m = 1 << 26, 1 << 24
         table = unif(n)
@@ -672,15 +680,17 @@ def example_case(c, k, unif, ints):
             idx = idx.long()
             dtype = "int64"
         return ("2^24 s32 of 2^26 f32", 8 * m, lambda: table[idx], f"x[idx], idx {dtype}",
-                {"index_select": lambda: torch.index_select(table, 0, idx)}, {"index_dtype": dtype})
+                {"index_select": lambda: torch.index_select(table, 0, idx)}, {"index_dtype": dtype},
+                {"table": table, "idx": idx})
     if k == "log_softmax_rows":
         r, cols = 4096, 4096
         x = unif(r, cols)
-        return f"{r}x{cols} f32", 8 * r * cols, lambda: F.log_softmax(x, 1), "F.log_softmax(x, 1)", {}, {}
+        return (f"{r}x{cols} f32", 8 * r * cols, lambda: F.log_softmax(x, 1), "F.log_softmax(x, 1)", {}, {},
+                {"x": x})
     if k == "u8_to_unit":
         n = 1 << 26
         p = ints(256, n, torch.uint8)
-        return "2^26 u8", 5 * n, lambda: p.float() / 255, "p.float() / 255", {}, {}
+        return "2^26 u8", 5 * n, lambda: p.float() / 255, "p.float() / 255", {}, {}, {"p": p}
     if k == "scatter_add":
         n, m = 1 << 20, 1 << 24
         acc = torch.zeros(n, device="cuda", dtype=torch.float32)
@@ -693,13 +703,153 @@ def example_case(c, k, unif, ints):
             idx = idx.long()
             dtype = "int64"
         return ("2^24 f32 into 2^20", 12 * m, lambda: acc.index_add_(0, idx, vals),
-                f"acc.index_add_(0, idx, vals), idx {dtype}", {}, {"index_dtype": dtype})
+                f"acc.index_add_(0, idx, vals), idx {dtype}", {}, {"index_dtype": dtype},
+                {"acc": acc, "idx": idx, "vals": vals})
     if k == "axpbypcz":
         n = 1 << 26
         x, y, z = unif(n), unif(n), unif(n)
         a, b, cc = 0.5, -1.25, 2.0
-        return "2^26 f32", 16 * n, lambda: a * x + b * y + cc * z, "a*x + b*y + c*z", {}, {}
+        return ("2^26 f32", 16 * n, lambda: a * x + b * y + cc * z, "a*x + b*y + c*z", {}, {},
+                {"x": x, "y": y, "z": z})
     raise ValueError(k)
+
+
+def example_inputs(c):
+    """(unif, ints): makers of random tensors on the device, seeded from the
+    run's generator: unif(*shape) floats in [-2, 2), ints(hi, n, dtype)."""
+    torch = c.torch
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(c.rng.integers(0, 2 ** 62)))
+
+    def unif(*shape):
+        return torch.empty(*shape, device="cuda", dtype=torch.float32).uniform_(-2.0, 2.0, generator=g)
+
+    def ints(hi, n, dtype):
+        return torch.randint(0, hi, (n,), device="cuda", dtype=dtype, generator=g)
+
+    return unif, ints
+
+
+def example_cupy(cp, k, t):
+    """CuPy's way to do example kernel k on the case's tensors t (shared
+    through DLPack, no copy): (fn, how), or None where CuPy has no such op
+    (topk). Elementwise ops are one ElementwiseKernel each, as a CuPy user
+    who cares about speed writes them (a chain of array ops makes a pass
+    over memory per operator)."""
+    a = {n: cp.from_dlpack(v) for n, v in t.items()}
+    if k == "cos_sim":
+        x, q = a["x"], a["q"]
+        return (lambda: (x @ q) / (cp.linalg.norm(x, axis=1) * cp.linalg.norm(q)),
+                "(x @ q) / (cp.linalg.norm(x, axis=1) * cp.linalg.norm(q))")
+    if k == "argmax_rows":
+        return lambda: cp.argmax(a["x"], axis=1), "cp.argmax(x, axis=1)"
+    if k == "histogram":
+        return lambda: cp.bincount(a["p"], minlength=256), "cp.bincount(p, minlength=256), p uint8"
+    if k == "gelu":
+        ker = cp.ElementwiseKernel("float32 x", "float32 y",
+                                   "y = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f))", "erlcuda_peer_gelu")
+        return lambda: ker(a["x"]), "ElementwiseKernel 0.5f * x * (1.0f + erff(x * 0.70710678f))"
+    if k == "gather":
+        return lambda: cp.take(a["table"], a["idx"]), "cp.take(table, idx)"
+    if k == "log_softmax_rows":
+        import cupyx.scipy.special as special
+        return lambda: special.log_softmax(a["x"], axis=1), "cupyx.scipy.special.log_softmax(x, axis=1)"
+    if k == "u8_to_unit":
+        ker = cp.ElementwiseKernel("uint8 p", "float32 y", "y = p / 255.0f", "erlcuda_peer_u8_to_unit")
+        return lambda: ker(a["p"]), "ElementwiseKernel y = p / 255.0f"
+    if k == "scatter_add":
+        import cupyx
+        acc = a["acc"]
+        # scatter_add works in place and returns nothing: the result is acc.
+        return (lambda: (cupyx.scatter_add(acc, a["idx"], a["vals"]), acc)[1],
+                "cupyx.scatter_add(acc, idx, vals)")
+    if k == "axpbypcz":
+        ker = cp.ElementwiseKernel("float32 x, float32 y, float32 z", "float32 o",
+                                   "o = 0.5f * x + -1.25f * y + 2.0f * z", "erlcuda_peer_axpbypcz")
+        return lambda: ker(a["x"], a["y"], a["z"]), "ElementwiseKernel o = 0.5f*x + -1.25f*y + 2.0f*z"
+    return None
+
+
+def same_result(torch, got, want):
+    """Whether a peer's result is eager PyTorch's: integers (indices,
+    counts) equal, floats within 1e-4 (relative and absolute: the peers
+    sum in other orders, and CuPy's erff is not PyTorch's erf). A pair
+    (topk's values and indices) is judged by its values: ties may rank
+    either way."""
+    if isinstance(want, (tuple, list)):
+        got, want = got[0], want[0]
+    if not isinstance(got, torch.Tensor):
+        got = torch.from_dlpack(got)
+    if got.shape != want.shape:
+        return False
+    if want.dtype.is_floating_point:
+        return bool(torch.allclose(got.float(), want.float(), rtol=1e-4, atol=1e-4))
+    return bool(torch.equal(got.to(want.dtype), want))
+
+
+def sec_examples_peers(c):
+    """The example kernels' other peers, for the best peer's column: the
+    op of each under torch.compile (system torch_compile; extra.compile_s,
+    the first call's seconds) and in CuPy (system cupy), on the same
+    tensors at the same size, median of 50 with CUDA events, each result
+    checked against eager PyTorch's (extra.checked). Not in the default
+    sections (torch.compile takes a minute or more to compile the ten):
+    `run.sh part examples examples,examples_peers` runs it beside erlcuda's."""
+    need(c, "torch")
+    torch = c.torch
+    tf32_off(c)
+    reps, warm = (10, 3) if c.quick else (50, 10)
+    unif, ints = example_inputs(c)
+    for k in EXAMPLE_KERNELS:
+        try:
+            size, nbytes, fn, _, _, _, t = example_case(c, k, unif, ints)
+        except Exception as e:
+            error(f"examples.{k}.device [peers]", e)
+            continue
+        # scatter_add accumulates into acc: every result compared is of one
+        # call on zeros.
+        reset = (lambda: t["acc"].zero_()) if "acc" in t else (lambda: None)
+
+        def clone(r):
+            return tuple(x.clone() for x in r) if isinstance(r, (tuple, list)) else r.clone()
+
+        reset()
+        want = clone(fn())
+        ways = []
+        if c.cp is not None:
+            try:
+                cfn = example_cupy(c.cp, k, t)
+                if cfn:
+                    ways.append(("cupy", cfn[0], cfn[1], cupy_events))
+            except Exception as e:
+                error(f"examples.{k}.device [cupy]", e)
+        try:
+            ways.append(("torch_compile", torch.compile(fn), "torch.compile of the eager expression",
+                         torch_events))
+        except Exception as e:
+            error(f"examples.{k}.device [torch_compile]", e)
+        for system, pfn, how, timer in ways:
+            try:
+                reset()
+                t0 = time.perf_counter()
+                got = pfn()
+                if system == "cupy":
+                    c.cp.cuda.Device().synchronize()
+                else:
+                    torch.cuda.synchronize()
+                first_s = time.perf_counter() - t0
+                ok = same_result(torch, got, want)
+                got = None
+                med, lo, hi = summary(timer(c, pfn, reps, warm))
+                ex = {"bytes": nbytes, "size": size, "how": how, "timing": "cuda_events",
+                      "gbps": nbytes / med / 1e9, "checked": ok}
+                if system == "torch_compile":
+                    ex["compile_s"] = round(first_s, 3)
+                add(f"examples.{k}.device", system, med * 1e3, "ms", (lo * 1e3, hi * 1e3), reps, ex)
+            except Exception as e:
+                error(f"examples.{k}.device [{system}]", e)
+        fn = want = ways = t = None
+        free_gpu(c)
 
 
 def sec_examples(c):
@@ -712,15 +862,7 @@ def sec_examples(c):
     torch = c.torch
     tf32_off(c)
     reps, warm = (10, 3) if c.quick else (50, 10)
-    g = torch.Generator(device="cuda")
-    g.manual_seed(int(c.rng.integers(0, 2 ** 62)))
-
-    def unif(*shape):  # floats in [-2, 2)
-        return torch.empty(*shape, device="cuda", dtype=torch.float32).uniform_(-2.0, 2.0, generator=g)
-
-    def ints(hi, n, dtype):
-        return torch.randint(0, hi, (n,), device="cuda", dtype=dtype, generator=g)
-
+    unif, ints = example_inputs(c)
     copy_gbps = None
     try:
         src = unif(D2D_BYTES // 4)
@@ -738,7 +880,7 @@ def sec_examples(c):
 
     for k in EXAMPLE_KERNELS:
         try:
-            size, nbytes, fn, how, variants, extra = example_case(c, k, unif, ints)
+            size, nbytes, fn, how, variants, extra, _ = example_case(c, k, unif, ints)
             med, lo, hi = summary(torch_events(c, fn, reps, warm))
             ex = {"bytes": nbytes, "size": size, "how": how, "timing": "cuda_events",
                   "gbps": nbytes / med / 1e9, **extra}
@@ -1235,7 +1377,8 @@ def parse_args(argv):
     p.add_argument("--ptx", help=f"erlcuda's {PTX_NAME} (default: next to this script or ../kernels/out)")
     p.add_argument("--abi", help="kernels/src/abi.rs (default: <script dir>/../kernels/src/abi.rs)")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and sizes (smoke run)")
-    p.add_argument("--only", help="comma-separated subset of sections: " + ",".join(SECTIONS))
+    p.add_argument("--only", help="comma-separated subset of sections: " + ",".join(SECTIONS)
+                   + " (all of these by default), or " + ",".join(OPTIONAL_SECTIONS) + " (only when named)")
     args, unknown = p.parse_known_args(argv)
     if unknown:
         print(f"peers.py: ignoring unknown arguments {unknown}", file=sys.stderr)
@@ -1368,9 +1511,11 @@ def main(argv):
              "matmul_e2e": ("matmul end to end, host to host", sec_matmul_e2e),
              "device_resident": ("tensors on the device (erlcuda's device buffers' peer)", sec_device_resident),
              "examples": ("the example kernels' ops, tensors on the device", sec_examples),
-             "mixed": ("mixed load: small ops beside large ones, stream priorities", sec_mixed)}
+             "mixed": ("mixed load: small ops beside large ones, stream priorities", sec_mixed),
+             "examples_peers": ("the example kernels' ops under torch.compile and in CuPy",
+                                sec_examples_peers)}
     secs = {}
-    for name in SECTIONS:
+    for name in SECTIONS + OPTIONAL_SECTIONS:
         if name not in only:
             continue
         title, fn = funcs[name]

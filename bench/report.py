@@ -31,7 +31,7 @@ OWN = "erlcuda"
 
 # Display order of systems (columns); unknown systems follow, sorted.
 SYSTEM_ORDER = [OWN, "erlcuda_lists", "in_process", "pytorch_pinned", "pytorch_pageable",
-                "pytorch_cuda", "pytorch_priority", "cupy", "cublas_sgemm", "pcie_pinned"]
+                "pytorch_cuda", "torch_compile", "pytorch_priority", "cupy", "cublas_sgemm", "pcie_pinned"]
 
 # The speed targets, defined once: the project's own goals, in three groups
 # (GOALS).  RESULTS.md's Targets table shows each beside its figure;
@@ -413,6 +413,17 @@ def derive(figures):
 EXAMPLE_DEVICE_RE = re.compile(r"^examples\.([a-z0-9_]+)\.device$")
 EXAMPLE_SMALL_RE = re.compile(r"^examples\.([a-z0-9_]+)\.small_p50$")
 PYT = "pytorch_cuda"
+# The peers an example kernel is weighed against (bench/peers.py: eager
+# PyTorch in the examples section; torch.compile and CuPy in examples_peers).
+EXAMPLE_PEERS = (PYT, "torch_compile", "cupy")
+
+
+def best_peer(f):
+    """(system, value) of the fastest of EXAMPLE_PEERS with a figure for f
+    whose result matched (extra.checked not false), or None."""
+    got = [(value_of(f, s), s) for s in EXAMPLE_PEERS
+           if value_of(f, s) is not None and extra_of(f, s).get("checked") is not False]
+    return (min(got)[1], min(got)[0]) if got else None
 
 
 def derive_example(f, by):
@@ -436,6 +447,14 @@ def derive_example(f, by):
     if pg:
         ex["peer_gbps"] = pg
     pt = f["peers"].get(PYT)
+    bp = best_peer(f) if f["system"] == OWN else None
+    if bp:
+        # The kernels goal: erlcuda (wall, and gpud's own run) against the
+        # best peer of the same run.
+        ex["best_peer"], ex["best_peer_ms"] = bp
+        ex["ratio_best_peer"] = f["value"] / bp[1]
+        if isinstance(ex.get("gpud_run_ms"), (int, float)):
+            ex["gpud_ratio_best_peer"] = ex["gpud_run_ms"] / bp[1]
     if f["system"] == OWN and pt:
         ex["ratio_pytorch"] = f["value"] / pt
         psize = (pex.get(PYT) or {}).get("size")
@@ -443,6 +462,8 @@ def derive_example(f, by):
             # (a scaled run, ERLCUDA_BENCH_EXAMPLES_SCALE): no ratio, its target not evaluated
             ex["size_mismatch"] = "erlcuda ran {}, {} ran {}".format(ex["size"], PYT, psize)
             del ex["ratio_pytorch"]
+            for key in ("best_peer", "best_peer_ms", "ratio_best_peer", "gpud_ratio_best_peer"):
+                ex.pop(key, None)
             warn("{}: {}".format(f["name"], ex["size_mismatch"]))
     cp = by.get("examples.d2d_copy")
     cv = value_of(cp, PYT) if cp else None
@@ -1055,6 +1076,7 @@ def examples_tables(gf):
     if dev:
         rows = []
         variants = []
+        with_others = False
         for f in dev:
             k = EXAMPLE_DEVICE_RE.match(f["name"]).group(1)
             own = f["system"] == OWN
@@ -1064,21 +1086,33 @@ def examples_tables(gf):
             size = ex.get("size") or pex.get("size") or dict(EXAMPLES).get(k, "")
             if own and pex.get("size") and pex["size"] != size:
                 size += " (PyTorch: {})".format(pex["size"])
-            pt = value_of(f, PYT)
             ratio = ex.get("ratio_pytorch")
             gpud = ex.get("gpud_run_ms")
             pg = ex.get("gbps")
             ptg = (fx.get("peer_gbps") or {}).get(PYT) if own else fx.get("gbps")
             tg = [t for t in TARGETS if t.name == f["name"] and t.of == PYT]
+            others = [cell(f, s) for s in EXAMPLE_PEERS[1:]]
+            if any(others):
+                with_others = True
+            best = "{} ({})".format(fmt(ex["best_peer_ms"]), ex["best_peer"]) if ex.get("best_peer") else ""
+            rb, gb = ex.get("ratio_best_peer"), ex.get("gpud_ratio_best_peer")
             rows.append([k, size, cell(f, OWN), fmt(gpud) if isinstance(gpud, (int, float)) else "",
-                         cell(f, PYT), fmt(ratio) + "×" if ratio else "", fmt(pg), fmt(ptg),
+                         cell(f, PYT)] + others +
+                        [best, fmt(rb) + "×" if rb else "", fmt(gb) + "×" if gb else "",
+                         fmt(ratio) + "×" if ratio else "", fmt(pg), fmt(ptg),
                          fmt(fx.get("copy_speed_ms")),
                          "; ".join(example_target_text(t, figs) for t in tg) or "—"])
             for key, v in sorted(pex.items()):
                 if key.endswith("_ms") and key != "copy_speed_ms" and isinstance(v, (int, float)):
                     variants.append("{} {} ms".format("`{}` {}".format(k, key[:-3].replace("_", " ")), fmt(v)))
-        L += table(["kernel", "size", "erlcuda ms", "gpud run ms", "PyTorch ms", "erlcuda / PyTorch",
-                    "erlcuda GB/s", "PyTorch GB/s", "bytes at copy speed, ms", "target"], rows)
+        head = ["kernel", "size", "erlcuda ms", "gpud run ms", "PyTorch ms", "torch.compile ms", "CuPy ms",
+                "best peer ms", "erlcuda / best peer", "gpud / best peer", "erlcuda / PyTorch",
+                "erlcuda GB/s", "PyTorch GB/s", "bytes at copy speed, ms", "target"]
+        if not with_others:
+            # PyTorch eager alone (examples_peers not run): no empty columns.
+            head = head[:5] + head[7:]
+            rows = [r[:5] + r[7:] for r in rows]
+        L += table(head, rows)
         L += wrong_note(dev)
         notes = ["erlcuda ms: the median wall time of `launch_sync` from Erlang, inputs and output device "
                  "buffers, one in flight, so it includes the round trip"]
@@ -1092,7 +1126,10 @@ def examples_tables(gf):
         if cp and value_of(cp, PYT):
             notes[-1] += "; bytes at copy speed = bytes moved at the device-to-device copy's {} GB/s " \
                          "(`examples.d2d_copy`, reads and writes)".format(fmt(value_of(cp, PYT)))
-        notes[-1] += ". Target: erlcuda ≤ 1.25× PyTorch (the kernels goal)."
+        notes[-1] += ("; best peer: the fastest of PyTorch eager, torch.compile and CuPy whose result matched "
+                      "eager's (torch.compile and CuPy come from peers.py's examples_peers section: "
+                      "`run.sh part examples examples,examples_peers`), with erlcuda's wall time and gpud's run "
+                      "time over it (the kernels goal: ≤ 1.0×). Target: erlcuda ≤ 1.25× PyTorch.")
         if variants:
             notes.append("PyTorch done another way: " + "; ".join(variants) + ".")
         L += [""] + notes

@@ -15,8 +15,9 @@
 #                    the same for some sections only: ERL erlcuda_bench's
 #                    (comma-separated atoms, e.g. large,buffers,examples),
 #                    PEERS peers.py's (e.g. pcie,large,device_resident,
-#                    examples); files peers_part.json, erlang_part.json,
-#                    RESULTS_part.md
+#                    examples; examples_peers, torch.compile and CuPy for
+#                    the example kernels, runs only when named); files
+#                    peers_part.json, erlang_part.json, RESULTS_part.md
 #   run.sh demo      `make demo' there: the built-in kernels, then the
 #                    search over the bundled docs with the users' kernels
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
