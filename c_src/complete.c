@@ -389,6 +389,10 @@ static int cq_pending(struct device *d)
            __atomic_load_n(&h->cq_head, __ATOMIC_RELAXED);
 }
 
+/* How often queued frees that found no slot or arena are tried again
+ * while the completion thread sleeps (wait_cq). */
+#define FREE_RETRY_MS 10
+
 /* Waits for completions: spins for spin_us (the next job of a caller that
  * just got its answer usually follows within microseconds), and for up to
  * busy_spin_us while jobs are in flight (a GPU job of tens of microseconds
@@ -417,8 +421,14 @@ static void wait_cq(struct device *d)
     if (!cq_pending(d)) {
         struct pollfd p[2] = {{.fd = d->shm.cq_efd, .events = POLLIN},
                               {.fd = d->ctl_efd, .events = POLLIN}};
+        /* Frees still queued here are ones a flush could not send (no
+         * free slot, or a full arena): they wait for a completion, which
+         * a scheduler may answer (reap_cq) without waking this thread.
+         * So while any is queued the sleep is bounded and the flush tried
+         * again; with none queued, only an eventfd ends it. */
+        int timeout = __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE) > 0 ? FREE_RETRY_MS : -1;
         count(&d->c.cq_sleeps, 1);
-        while (poll(p, 2, -1) < 0 && errno == EINTR)
+        while (poll(p, 2, timeout) < 0 && errno == EINTR)
             ;
         if (p[0].revents & POLLIN)
             shm_drain(d->shm.cq_efd);
