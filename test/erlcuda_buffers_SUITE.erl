@@ -10,7 +10,7 @@
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([roundtrip_every_type/1, mixing_buffers_and_vectors/1, output_buffer_chain/1,
          freed_and_bad/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
-         gc_frees/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
+         gc_frees/1, frees_wait_for_a_slot/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
          pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
          windowed_puts_leave_the_arena_alone/1, windowed_put_held_then_killed/1,
@@ -19,7 +19,7 @@
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
-     oom_with_a_small_limit, too_large_is_permanent, gc_frees, dying_processes,
+     oom_with_a_small_limit, too_large_is_permanent, gc_frees, frees_wait_for_a_slot, dying_processes,
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
      windowed_puts_leave_the_arena_alone, windowed_put_held_then_killed,
@@ -50,6 +50,9 @@ init_per_testcase(Case, Config) when Case =:= windowed_puts_leave_the_arena_alon
     %% through a window of two slices, many times smaller than the puts.
     ok = erlcuda_ref:start_app([{arena_bytes, 8 bsl 20}, {arena_max_bytes, 256 bsl 20},
                                 {pipeline_min_bytes, 4 bsl 20}, {put_window_bytes, 2 bsl 20}]),
+    Config;
+init_per_testcase(frees_wait_for_a_slot, Config) ->
+    ok = erlcuda_ref:start_app([{ring_entries, 16}]),
     Config;
 init_per_testcase(pin_refuses_bad_input, Config) ->
     ok = erlcuda_ref:start_app([{arena_bytes, 1 bsl 20}, {arena_max_bytes, 4 bsl 20}]),
@@ -260,6 +263,45 @@ gc_frees(_) ->
               Pid ! stop,
               await_used(Base, 5000)
       end, lists:seq(1, 20)).
+
+%% Frees that find no slot stay queued and go once there is one: with gpud
+%% held and every slot taken by a job, a process ends holding 50 buffers;
+%% their frees wait in the VM (buffer_frees_queued), and once gpud runs
+%% again the jobs are answered and every buffer is freed on the device.
+frees_wait_for_a_slot(_) ->
+    #{used := Base} = erlcuda:memory(0),
+    Self = self(),
+    Holder = spawn(fun() ->
+                           Bs = [B || _ <- lists:seq(1, 50), {ok, B} <- [erlcuda:put([1.0, 2.0])]],
+                           Self ! {made, self(), length(Bs)},
+                           receive stop -> length(Bs) end
+                   end),
+    50 = receive {made, Holder, Made} -> Made after 60000 -> ct:fail(no_buffers) end,
+    #{buffer_frees_queued := 0, buffer_frees := F0} = erlcuda:stats(0),
+    [#{os_pid := OsPid}] = erlcuda:devices(),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Refs = try
+               Rs = fill_slots([]),
+               MRef = monitor(process, Holder),
+               Holder ! stop,
+               receive {'DOWN', MRef, process, Holder, _} -> ok end,
+               #{buffer_frees_queued := 50} = await_stat(buffer_frees_queued, 50, 5000),
+               ?assertMatch(#{buffer_frees := F0}, erlcuda:stats(0)),
+               Rs
+           after
+               os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+           end,
+    ?assertEqual(16, length(Refs)),
+    [{ok, 2.0} = receive {erlcuda, R, A} -> A after 10000 -> ct:fail({lost, R}) end || R <- Refs],
+    await_used(Base, 5000),
+    ?assertMatch(#{buffer_frees_queued := 0}, erlcuda:stats(0)).
+
+%% Launches until the ring is full (busy): the refs of the jobs taken.
+fill_slots(Refs) ->
+    case erlcuda:launch(reduce, [[1.0, 1.0]]) of
+        {ok, R} -> fill_slots([R | Refs]);
+        {error, busy} -> lists:reverse(Refs)
+    end.
 
 %% 100,000 buffers made by processes that die without freeing them; used
 %% is back to its baseline after.
