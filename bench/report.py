@@ -1094,8 +1094,12 @@ def examples_tables(gf):
             others = [cell(f, s) for s in EXAMPLE_PEERS[1:]]
             if any(others):
                 with_others = True
-            best = "{} ({})".format(fmt(ex["best_peer_ms"]), ex["best_peer"]) if ex.get("best_peer") else ""
-            rb, gb = ex.get("ratio_best_peer"), ex.get("gpud_ratio_best_peer")
+            # From the figures (a JSON written before best_peer was derived
+            # shows it too), unless a scaled run's sizes differ.
+            bp = best_peer(f) if own and "size_mismatch" not in ex else None
+            best = "{} ({})".format(fmt(bp[1]), bp[0]) if bp else ""
+            rb = f["value"] / bp[1] if bp else None
+            gb = gpud / bp[1] if bp and isinstance(gpud, (int, float)) else None
             rows.append([k, size, cell(f, OWN), fmt(gpud) if isinstance(gpud, (int, float)) else "",
                          cell(f, PYT)] + others +
                         [best, fmt(rb) + "×" if rb else "", fmt(gb) + "×" if gb else "",
