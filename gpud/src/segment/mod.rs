@@ -50,24 +50,45 @@ use crate::layout::{JobArgs, SegmentMsg, EC_MAX_SEGMENTS, EC_SEGMENT_MAGIC};
 /// faulted every page of its mapping in itself: the `segments` phase took
 /// 21-38 ms for 256 MiB on the H200, against 9-14 ms for a mapping already
 /// populated (H200, 2026-12-03; `bench/EXPERIMENTS.md`).
-/// Started before the driver's start (~200 ms), it is done by then (one
-/// madvise in 4 MiB pieces measured the same, 2026-12-04). No byte
-/// of the range is read or written: a range unmapped meanwhile only makes
-/// madvise fail. None if no thread could be started.
+/// Started before the driver's start (~200 ms), it is done by then. It
+/// goes in pieces of [`POPULATE_PIECE`]: a madvise holds the process's
+/// mmap lock while it runs, and anything of the start that maps memory
+/// meanwhile (a new thread's stack, the driver) waits for it. One madvise
+/// of a 256 MiB segment held it ~51 ms, and the CPU backend's first
+/// thread waited that long (strace of gpud): the `backend` phase of a
+/// restart took 52-56 ms in 20 of 42 restarts (mean 25.7 ms), against 16
+/// of 42 over 5 ms with 4 MiB pieces (mean 8.1, at most 32) and 3 of 18
+/// with 1 MiB pieces (mean 4.9), interleaved on the 2-core CPU machine
+/// (2026-12-07; bench/EXPERIMENTS.md). On the H200, 4 MiB pieces gave
+/// the same cold start as one madvise (2026-12-04). No
+/// byte of the range is read or written: a range unmapped meanwhile only
+/// makes madvise fail. None if no thread could be started.
 fn populate_in_background(base: NonNull<u8>, bytes: u64) -> Option<std::thread::JoinHandle<()>> {
     let (addr, len) = (base.as_ptr() as usize, bytes as usize);
     std::thread::Builder::new()
         .name("populate".into())
         .spawn(move || {
-            // SAFETY: madvise touches page tables only, never the memory.
-            unsafe {
-                if libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) != 0 {
-                    libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_READ);
+            let mut at = 0;
+            while at < len {
+                let n = POPULATE_PIECE.min(len - at);
+                let p = (addr + at) as *mut libc::c_void;
+                // SAFETY: madvise touches page tables only, never the memory.
+                unsafe {
+                    if libc::madvise(p, n, libc::MADV_POPULATE_WRITE) != 0
+                        && libc::madvise(p, n, libc::MADV_POPULATE_READ) != 0
+                    {
+                        return; // an older kernel, or the range is gone
+                    }
                 }
+                at += n;
             }
         })
         .ok()
 }
+
+/// The most [`populate_in_background`] populates in one madvise (a multiple
+/// of any page size): a mapping made meanwhile waits for one piece at most.
+const POPULATE_PIECE: usize = 1 << 20;
 
 /// What reading the socket found.
 #[derive(Debug, PartialEq, Eq)]
