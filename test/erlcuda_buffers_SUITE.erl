@@ -248,16 +248,9 @@ too_large_is_permanent(_) ->
 %% machine), and they waited for some other job.
 gc_frees(_) ->
     #{used := Base} = erlcuda:memory(0),
-    Self = self(),
     lists:foreach(
       fun(_) ->
-              Pid = spawn(fun() ->
-                                  Bs = [B || _ <- lists:seq(1, 100),
-                                             {ok, B} <- [erlcuda:put([1.0, 2.0])]],
-                                  Self ! {made, self(), length(Bs)},
-                                  receive stop -> length(Bs) end
-                          end),
-              100 = receive {made, Pid, Made} -> Made after 60000 -> ct:fail(no_buffers) end,
+              Pid = hold_buffers(100),
               #{buffers := N} = erlcuda:memory(0),
               ?assert(N >= 100),
               Pid ! stop,
@@ -270,13 +263,7 @@ gc_frees(_) ->
 %% again the jobs are answered and every buffer is freed on the device.
 frees_wait_for_a_slot(_) ->
     #{used := Base} = erlcuda:memory(0),
-    Self = self(),
-    Holder = spawn(fun() ->
-                           Bs = [B || _ <- lists:seq(1, 50), {ok, B} <- [erlcuda:put([1.0, 2.0])]],
-                           Self ! {made, self(), length(Bs)},
-                           receive stop -> length(Bs) end
-                   end),
-    50 = receive {made, Holder, Made} -> Made after 60000 -> ct:fail(no_buffers) end,
+    Holder = hold_buffers(50),
     #{buffer_frees_queued := 0, buffer_frees := F0} = erlcuda:stats(0),
     [#{os_pid := OsPid}] = erlcuda:devices(),
     os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
@@ -295,6 +282,18 @@ frees_wait_for_a_slot(_) ->
     [{ok, 2.0} = receive {erlcuda, R, A} -> A after 10000 -> ct:fail({lost, R}) end || R <- Refs],
     await_used(Base, 5000),
     ?assertMatch(#{buffer_frees_queued := 0}, erlcuda:stats(0)).
+
+%% A process holding N new buffers (returned once it has them all) until
+%% sent `stop'; it then ends without freeing them.
+hold_buffers(N) ->
+    Self = self(),
+    Pid = spawn(fun() ->
+                        Bs = [B || _ <- lists:seq(1, N), {ok, B} <- [erlcuda:put([1.0, 2.0])]],
+                        Self ! {made, self(), length(Bs)},
+                        receive stop -> length(Bs) end
+                end),
+    N = receive {made, Pid, Made} -> Made after 60000 -> ct:fail(no_buffers) end,
+    Pid.
 
 %% Launches until the ring is full (busy): the refs of the jobs taken.
 fill_slots(Refs) ->
