@@ -11,7 +11,7 @@
 %% (A B A B ...), so both see the same machine state; the ratio is per pair
 %% of blocks.
 -module(erlcuda_bench).
--export([main/0, main/1, zero_copy/0, busy_spin/0, pipeline/0, put_window/0, start/0, buffers/0, put_get/0, profile/0,
+-export([main/0, main/1, goals/1, zero_copy/0, busy_spin/0, pipeline/0, put_window/0, start/0, buffers/0, put_get/0, profile/0,
          cold_start/1, large/0, matmul/0]).
 %% Concurrent callers, for erlcuda_ab and erlcuda_cluster_bench too.
 -export([callers/3, collect/1]).
@@ -29,6 +29,13 @@
 %% A size's repetitions stop once they have taken this long (the CPU backend
 %% is slow at the big sizes); larger sizes are skipped past twice this.
 -define(SIZE_BUDGET_MS, 4000).
+-define(SECTIONS, [startup, idle_cpu, latency, other_latency, throughput, profile, large, matmul,
+                   buffers, examples, mixed, restart]).
+%% goals/1's order: the sections whose records carry the goals (report.py's
+%% targets) first, the data and latency goals before the rest.
+-define(GOAL_ORDER, [latency, buffers, examples, mixed, throughput, large, matmul, startup, restart,
+                     idle_cpu, other_latency, profile]).
+-define(MIN_SECTION_S, 5).
 
 main() ->
     main(all).
@@ -43,7 +50,17 @@ main() ->
 %% (bench/erlcuda_mixed_bench.erl) times small jobs alone and beside each
 %% kind of large job, and the large jobs' throughput alone and beside them.
 main(Which) ->
-    Run = fun(Section, F) -> (Which =:= all orelse lists:member(Section, Which)) andalso F() end,
+    run([S || S <- ?SECTIONS, Which =:= all orelse lists:member(S, Which)], infinity).
+
+%% Every section, those with goals first (?GOAL_ORDER), within Seconds of
+%% wall time: a section is not started with less than ?MIN_SECTION_S left,
+%% and one still running at the end is stopped (its figures lost, the
+%% others kept); meta.skipped says which, meta.section_seconds how long each
+%% took. For a GPU call of bounded length (`run.sh all').
+goals(Seconds) ->
+    run(?GOAL_ORDER, erlang:monotonic_time(millisecond) + round(Seconds * 1000)).
+
+run(Sections, Deadline) ->
     %% Errors only from the VM side, but every line of gpud's: its device,
     %% JIT and registration times belong in the run's log.
     logger:set_primary_config(level, info),
@@ -57,32 +74,76 @@ main(Which) ->
     put(records, []),
     put(skipped, []),
     put(errors, []),
-    Run(startup, fun() -> startup(5) end),
+    put(section_seconds, []),
     start(),
     [#{backend := Be, name := Name}] = erlcuda:devices(),
     io:format("device 0: ~p (~ts)~n~n", [Be, Name]),
-    Run(idle_cpu, fun() -> idle_cpu(5000) end),
-    Run(latency, fun() -> latency(Be) end),
-    Run(other_latency, fun other_latency/0),
-    Run(throughput, fun() -> throughput(?CALLERS) end),
-    Run(profile, fun profile/0),
-    Run(large, fun large/0),
-    Run(matmul, fun matmul/0),
-    Run(buffers, fun buffers/0),
-    Run(examples, fun erlcuda_examples_bench:run/0),
-    Run(mixed, fun erlcuda_mixed_bench:run/0),
-    Run(restart, fun() -> restart(5) end),
+    %% startup measures cold starts: erlcuda stopped first; every other
+    %% section finds it serving (the one before may have stopped it).
+    Funs = #{startup => fun() -> _ = application:stop(erlcuda), startup(5) end,
+             idle_cpu => fun() -> start(), idle_cpu(5000) end,
+             latency => fun() -> start(), latency(Be) end,
+             other_latency => fun() -> start(), other_latency() end,
+             throughput => fun() -> start(), throughput(?CALLERS) end,
+             profile => fun() -> start(), profile() end,
+             large => fun() -> start(), large() end,
+             matmul => fun() -> start(), matmul() end,
+             buffers => fun() -> start(), buffers() end,
+             examples => fun() -> start(), erlcuda_examples_bench:run() end,
+             mixed => fun() -> start(), erlcuda_mixed_bench:run() end,
+             restart => fun() -> start(), restart(5) end},
+    [section(S, maps:get(S, Funs), Deadline) || S <- Sections],
     application:stop(erlcuda),
     {ok, Host} = inet:gethostname(),
     Meta0 = #{producer => <<"bench/erlcuda_bench.erl">>, date => list_to_binary(Date),
               host => list_to_binary(Host), backend => Be, device => Name,
               schedulers => erlang:system_info(schedulers_online),
               cores => erlang:system_info(logical_processors),
-              otp => list_to_binary(erlang:system_info(otp_release))},
+              otp => list_to_binary(erlang:system_info(otp_release)),
+              section_seconds => maps:from_list(get(section_seconds))},
     Meta = maps:merge(Meta0, maps:from_list([{K, get(K)} || K <- [skipped, errors], get(K) =/= []])),
     Out = case os:getenv("ERLCUDA_BENCH_JSON") of false -> "erlang.json"; F -> F end,
     ok = file:write_file(Out, json(#{meta => Meta, records => lists:reverse(get(records))})),
     io:format("~nwrote ~s (~p records)~n", [Out, length(get(records))]).
+
+%% Runs section S (F) with its own records, errors and skips, merged into
+%% this process's once it ends; past Deadline it is stopped. A section that
+%% raises is an error of the run (meta.errors), not its end.
+section(S, F, Deadline) ->
+    T0 = erlang:monotonic_time(millisecond),
+    Left = case Deadline of infinity -> infinity; _ -> Deadline - T0 end,
+    case Left =/= infinity andalso Left < ?MIN_SECTION_S * 1000 of
+        true ->
+            note(skipped, io_lib:format("~p: not started, ~.1f s of the run's bound left", [S, max(Left, 0) / 1000]));
+        false ->
+            {Pid, Ref} = spawn_monitor(fun() ->
+                                               [put(K, []) || K <- [records, skipped, errors]],
+                                               F(),
+                                               exit({section_done, [get(K) || K <- [records, skipped, errors]]})
+                                       end),
+            Result = receive {'DOWN', Ref, process, Pid, R} -> R
+                     after Left -> exit(Pid, kill), receive {'DOWN', Ref, process, Pid, _} -> cut end
+                     end,
+            Secs = (erlang:monotonic_time(millisecond) - T0) / 1000,
+            put(section_seconds, [{S, round(Secs * 10) / 10} | get(section_seconds)]),
+            case Result of
+                {section_done, [Rs, Sk, Er]} ->
+                    put(records, Rs ++ get(records)),
+                    put(skipped, get(skipped) ++ lists:reverse(Sk)),
+                    put(errors, get(errors) ++ Er);
+                cut ->
+                    note(skipped, io_lib:format("~p: stopped at the run's bound after ~.1f s, its figures lost",
+                                                [S, Secs]));
+                Why ->
+                    note(errors, io_lib:format("~p: ~0P", [S, Why, 30]))
+            end,
+            io:format("~n[section ~p: ~.1f s]~n", [S, Secs])
+    end.
+
+note(K, Text) ->
+    W = unicode:characters_to_binary(Text),
+    io:format("  ~s: ~ts~n", [K, W]),
+    put(K, get(K) ++ [W]).
 
 %% ---------------------------------------------------------------- start
 
@@ -1007,7 +1068,9 @@ pipeline() ->
 put_window() ->
     application:load(erlcuda),
     {ok, Default} = application:get_env(erlcuda, put_window_bytes),
-    Big = crypto:strong_rand_bytes(256 bsl 20),
+    %% 1 MiB of random bytes, repeated: not zeros, and no crypto, which the
+    %% GPU bundle's Erlang (Debian's erlang-base) does not have.
+    Big = binary:copy(rand:bytes(1 bsl 20), 256),
     Opts = [{timeout, 600000}],
     Run = fun(W) ->
                   application:set_env(erlcuda, put_window_bytes, W),
