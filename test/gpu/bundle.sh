@@ -77,6 +77,23 @@ if [ -z "$deb" ]; then
     deb=$(ls .deb/erlang-base_*.deb | head -n1)
 fi
 cp "$deb" "$out/erlang-base.deb"
+# Every module the bundled beams call must be there: one of their own, or
+# one of the bundled erlang-base's (no crypto, no ssl, no inets). A call of
+# a missing module fails only when it runs, on the GPU machine.
+dpkg -c "$out/erlang-base.deb" | grep -oE '[A-Za-z0-9_]+\.beam$' | sed 's/\.beam$//' >"$out/.base-modules"
+erl -noshell -eval '
+    {ok, B} = file:read_file(".gpu-bundle/.base-modules"),
+    Have0 = [binary_to_atom(M) || M <- binary:split(B, <<"\n">>, [global, trim_all])],
+    Beams = lists:append([filelib:wildcard(".gpu-bundle/" ++ D ++ "/*.beam") || D <- ["lib/erlcuda/ebin", "test", "bench"]]),
+    Have = sets:from_list(Have0 ++ [list_to_atom(filename:basename(F, ".beam")) || F <- Beams] ++ [erlang, erts_internal, prim_file, prim_inet, init, zlib, atomics, counters, persistent_term, erl_prim_loader, prim_eval]),
+    Missing = lists:usort([{filename:basename(F), M} || F <- Beams,
+                           {ok, {_, [{imports, Is}]}} <- [beam_lib:chunks(F, [imports])],
+                           {M, _, _} <- Is, not sets:is_element(M, Have)]),
+    case Missing of
+        [] -> io:format("bundle: every module its beams call is bundled~n"), halt(0);
+        _ -> io:format(standard_error, "bundle: beams call modules the bundled erlang-base lacks: ~p~n", [Missing]), halt(1)
+    end.'
+rm -f "$out/.base-modules"
 strip "$out/lib/erlcuda/priv/gpud" "$out/gpud-fault" "$out/gpud-bench" "$out"/cargo-tests/* 2>/dev/null || true
 du -sh "$out"
 size=$(du -sb "$out" | cut -f1)
