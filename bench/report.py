@@ -610,18 +610,6 @@ def records_of(merged):
     return out
 
 
-def worse_by(unit, base, value):
-    """How much worse value is than base, as a fraction (negative: better);
-    None where the unit has no direction or the base is not positive."""
-    if not base or base <= 0:
-        return None
-    if unit in LOWER_BETTER:
-        return value / base - 1
-    if unit in HIGHER_BETTER:
-        return 1 - value / base
-    return None
-
-
 def load_baseline(path):
     """The baseline's figures: a merged file (bench/results/NAME.json), or a
     producer's record file (merged here); None where there is none."""
@@ -637,13 +625,50 @@ def load_baseline(path):
     raise ValueError("neither a merged file (\"figures\") nor a record file (\"records\")")
 
 
+def slow_factor(unit, base, value):
+    """How many times slower value is than base (above 1: worse), from the
+    unit's direction; None where it has none or a figure is not positive."""
+    if not base or base <= 0 or not value or value <= 0:
+        return None
+    if unit in LOWER_BETTER:
+        return value / base
+    if unit in HIGHER_BETTER:
+        return base / value
+    return None
+
+
+def worse_fraction(unit, factor):
+    """A slowdown factor as the fraction the unit's figure is worse by: a time
+    1.25x as long is 25% worse, a rate 0.8x as high 20% worse."""
+    return factor - 1 if unit in LOWER_BETTER else 1 - 1 / factor
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2
+
+
+def quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
 def compare(merged, base, path):
-    """This run's figures against the baseline's: erlcuda's records more than
-    REGRESSION worse (and the peers' apart), with the counts of records
+    """This run's figures against the baseline's, host drift taken out: the
+    peers' figures (PyTorch, CuPy, PCIe: not erlcuda's code) say how much the
+    machine itself moved. An erlcuda record with peers of its own is compared
+    by its ratio to them (its slowdown over the median of theirs); one without
+    by its slowdown over the median of every peer's, where that is above 1
+    (a faster host is not held against records no peer measured). Listed:
+    erlcuda's records more than REGRESSION worse beyond that drift (and the
+    peers more than REGRESSION worse, apart), with the counts of records
     compared, in this run only (new) and in the baseline only (missing)."""
     res = {"file": path, "date": base.get("date"), "command": base.get("command"), "threshold": REGRESSION,
-           "compared": 0, "new": 0, "missing": 0, "not_comparable": 0, "worse": [], "peers_worse": []}
+           "compared": 0, "new": 0, "missing": 0, "not_comparable": 0, "worse": [], "peers_worse": [],
+           "drift": None}
     new, old = records_of(merged), records_of(base)
+    both = []
     for key in set(new) | set(old):
         name, system = key
         own = system in OWN_SYSTEMS
@@ -653,17 +678,36 @@ def compare(merged, base, path):
             continue
         (v, unit, ex), (b, bunit, bex) = new[key], old[key]
         sized = any(k in ex and k in bex and ex[k] != bex[k] for k in SIZE_FIELDS)
-        d = None if unit != bunit or sized else worse_by(unit, b, v)
-        if d is None:
+        f = None if unit != bunit or sized else slow_factor(unit, b, v)
+        if f is None:
             if own:
                 res["not_comparable"] += 1
             continue
+        both.append((name, system, unit, b, v, f, own))
+    peer_f = {}
+    for name, _, _, _, _, f, own in both:
+        if not own:
+            peer_f.setdefault(name, []).append(f)
+    every = [f for fs in peer_f.values() for f in fs]
+    host = median(every) if every else 1.0
+    if every:
+        res["drift"] = {"n": len(every), "median": host, "p10": quantile(every, 0.1),
+                        "p90": quantile(every, 0.9)}
+    for name, system, unit, b, v, f, own in both:
+        row = {"name": name, "system": system, "unit": unit, "baseline": b, "value": v, "ratio": v / b}
         if own:
             res["compared"] += 1
-        if d > REGRESSION:
-            res["worse" if own else "peers_worse"].append(
-                {"name": name, "system": system, "unit": unit, "baseline": b, "value": v,
-                 "ratio": v / b, "worse_by": d})
+            if peer_f.get(name):
+                drift, row["drift_from"] = median(peer_f[name]), "peers"
+            else:
+                drift, row["drift_from"] = max(1.0, host), "host"
+            row["drift"] = drift
+            row["worse_by"] = worse_fraction(unit, f / drift)
+            if row["worse_by"] > REGRESSION:
+                res["worse"].append(row)
+        elif worse_fraction(unit, f) > REGRESSION:
+            row["worse_by"] = worse_fraction(unit, f)
+            res["peers_worse"].append(row)
     for k in ("worse", "peers_worse"):
         res[k].sort(key=lambda r: (-r["worse_by"], natural_key(r["name"]), system_key(r["system"])))
     return res
@@ -690,16 +734,34 @@ def regression_blocks(cmp, full_path=False):
     where += " of {}".format(cmp["date"]) if cmp.get("date") else ""
     lim = pct(cmp["threshold"])
 
-    def rows(rs):
-        return table(["record", "system", "unit", "baseline", "new", "new / baseline", "worse by"],
-                     [["`{}`".format(r["name"]), r["system"], r["unit"] or "", fmt(r["baseline"], r["unit"]),
-                       fmt(r["value"], r["unit"]), fmt(r["ratio"]) + "×", worse_text(r["worse_by"])] for r in rs])
+    def rows(rs, own):
+        head = ["record", "system", "unit", "baseline", "new", "new / baseline"]
+        head += ["drift", "worse beyond it"] if own else ["worse by"]
+        out = []
+        for r in rs:
+            row = ["`{}`".format(r["name"]), r["system"], r["unit"] or "", fmt(r["baseline"], r["unit"]),
+                   fmt(r["value"], r["unit"]), fmt(r["ratio"]) + "×"]
+            if own:
+                row.append("{}× ({})".format(fmt(r["drift"]), r["drift_from"]) if "drift" in r else "")
+            row.append(worse_text(r["worse_by"]))
+            out.append(row)
+        return table(head, out)
     blocks = []
+    dr = cmp.get("drift")
+    if dr:
+        blocks.append(("Host drift: the peers' figures (not erlcuda's code) are {}× as slow as in {} at the "
+                       "median of {} (10th percentile {}×, 90th {}×); an erlcuda record is compared beyond "
+                       "its own peers' drift, or, with none, beyond the median where it is above 1.".format(
+                           fmt(dr["median"]), where, dr["n"], fmt(dr["p10"]), fmt(dr["p90"])), []))
+    elif "drift" in cmp:
+        blocks.append(("Host drift: no peer figure in both runs; erlcuda's records are compared as they are.",
+                       []))
     if cmp["worse"]:
-        blocks.append(("{} of erlcuda's records more than {} worse than {}:".format(len(cmp["worse"]), lim, where),
-                       rows(cmp["worse"])))
+        blocks.append(("{} of erlcuda's records more than {} worse than {}, beyond the drift:".format(
+            len(cmp["worse"]), lim, where), rows(cmp["worse"], True)))
     else:
-        blocks.append(("No regression: no erlcuda record more than {} worse than {}.".format(lim, where), []))
+        blocks.append(("No regression: no erlcuda record more than {} worse than {}, beyond the drift.".format(
+            lim, where), []))
     counts = "{} of erlcuda's records compared, {} new, {} missing (in one file only: not compared)".format(
         cmp["compared"], cmp["new"], cmp["missing"])
     if cmp["not_comparable"]:
@@ -710,7 +772,7 @@ def regression_blocks(cmp, full_path=False):
         ", ".join("`{}`".format(u) for u in sorted(HIGHER_BETTER))), []))
     if cmp["peers_worse"]:
         blocks.append(("Peers more than {} worse (not erlcuda's code: the machine or its libraries changed; "
-                       "for context):".format(lim), rows(cmp["peers_worse"])))
+                       "for context):".format(lim), rows(cmp["peers_worse"], False)))
     else:
         blocks.append(("Peers: none more than {} worse.".format(lim), []))
     return blocks
@@ -1468,6 +1530,8 @@ def main(argv=None):
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--md", default=os.path.join(HERE, "RESULTS.md"))
     ap.add_argument("--command", help="how the benchmarks were run (shown in the report)")
+    ap.add_argument("--goals", action="store_true",
+                    help="print every target (goal) with what was reached, its ratio and whether it was met")
     ap.add_argument("--baseline", metavar="FILE",
                     help="record file to compare this run with (a merged OUT_DIR/NAME.json or a producer's "
                          "records); default: OUT_DIR/NAME.json as it was before this run")
@@ -1530,6 +1594,10 @@ def main(argv=None):
 
     machines = write_md(a.md, a.out_dir)
     print("wrote {} ({} machine{})".format(a.md, len(machines), "" if len(machines) == 1 else "s"))
+    if a.goals:
+        # every goal with its figure and ratio, where a run's caller sees
+        # only the end of its output (run.sh all)
+        print("\n" + "\n".join(target_rows(merged)))
     print("targets: {} met, {} missed, {} not evaluated, {} not measured".format(
         *target_counts(evaluate_all(merged))))
     print_regressions(merged["comparison"])

@@ -490,10 +490,11 @@ python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/new-erlang.json" --pe
 [ -s "$T/err6.txt" ] && { cat "$T/err6.txt"; fail "report.py warned on the regression case"; }
 sed -n '/^targets: /,$p' "$T/out6.txt" | tail -n +3 >"$T/reg6.txt"
 cat >"$T/want6.txt" <<EOF
-1 of erlcuda's records more than 15% worse than \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00:
-| record | system | unit | baseline | new | new / baseline | worse by |
-|---|---|---|---|---|---|---|
-| \`latency.vector_add_1000.p50\` | erlcuda | us | 12.8 | 15.4 | 1.20× | 20.0% |
+Host drift: the peers' figures (not erlcuda's code) are 1.00× as slow as in \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00 at the median of 126 (10th percentile 1.00×, 90th 1.00×); an erlcuda record is compared beyond its own peers' drift, or, with none, beyond the median where it is above 1.
+1 of erlcuda's records more than 15% worse than \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00, beyond the drift:
+| record | system | unit | baseline | new | new / baseline | drift | worse beyond it |
+|---|---|---|---|---|---|---|---|
+| \`latency.vector_add_1000.p50\` | erlcuda | us | 12.8 | 15.4 | 1.20× | 1.00× (peers) | 20.0% |
 124 of erlcuda's records compared, 1 new, 1 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
 Peers more than 15% worse (not erlcuda's code: the machine or its libraries changed; for context):
 | record | system | unit | baseline | new | new / baseline | worse by |
@@ -511,11 +512,12 @@ assert [r["name"] for r in c["peers_worse"]] == ["pcie.h2d"], c["peers_worse"]
 assert (c["compared"], c["new"], c["missing"], c["threshold"]) == (124, 1, 1, 0.15), c
 EOF
 sed -n '/^### Regressions$/,/^### Latency/p' "$T/R6.md" >"$T/reg6.md"
-grep -qxF "1 of erlcuda's records more than 15% worse than \`reg-h200.json\` of 2026-12-02T16:00:00+00:00:" "$T/reg6.md" \
+grep -qxF "1 of erlcuda's records more than 15% worse than \`reg-h200.json\` of 2026-12-02T16:00:00+00:00, beyond the drift:" "$T/reg6.md" \
     || fail "regression heading line in the Markdown"
-grep -qxF '| `latency.vector_add_1000.p50` | erlcuda | us | 12.8 | 15.4 | 1.20× | 20.0% |' "$T/reg6.md" \
+grep -qxF '| `latency.vector_add_1000.p50` | erlcuda | us | 12.8 | 15.4 | 1.20× | 1.00× (peers) | 20.0% |' "$T/reg6.md" \
     || fail "regression row in the Markdown"
 [ "$(grep -c '^| `' "$T/reg6.md")" -eq 2 ] || fail "the Markdown lists more than the regression and the peer"
+grep -q '^Host drift: the peers.* 1.00× as slow as in `reg-h200.json`' "$T/reg6.md" || fail "the drift line in the Markdown"
 
 # 7. nothing worse: a run against itself (an explicit --baseline) says so in one line
 python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/new-erlang.json" --peers "$T/new-peers.json" \
@@ -523,12 +525,13 @@ python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/new-erlang.json" --pe
     || { cat "$T/out7.txt"; fail "report.py against itself"; }
 sed -n '/^targets: /,$p' "$T/out7.txt" | tail -n +3 >"$T/reg7.txt"
 cat >"$T/want7.txt" <<EOF
-No regression: no erlcuda record more than 15% worse than \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00.
+Host drift: the peers' figures (not erlcuda's code) are 1.00× as slow as in \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00 at the median of 126 (10th percentile 1.00×, 90th 1.00×); an erlcuda record is compared beyond its own peers' drift, or, with none, beyond the median where it is above 1.
+No regression: no erlcuda record more than 15% worse than \`$T/r6/reg-h200.json\` of 2026-12-02T16:00:00+00:00, beyond the drift.
 125 of erlcuda's records compared, 0 new, 0 missing (in one file only: not compared); worse: a higher value in \`%\`, \`% of a core\`, \`ms\`, \`ns\`, \`us\`, \`x\`, a lower one in \`GB/s\`, \`TFLOP/s\`, \`jobs/s\`.
 Peers: none more than 15% worse.
 EOF
 diff "$T/want7.txt" "$T/reg7.txt" >&2 || fail "the no-regression lines on stdout (want, got above)"
-grep -qxF 'No regression: no erlcuda record more than 15% worse than `reg-h200.json` of 2026-12-02T16:00:00+00:00.' "$T/R7.md" \
+grep -qxF 'No regression: no erlcuda record more than 15% worse than `reg-h200.json` of 2026-12-02T16:00:00+00:00, beyond the drift.' "$T/R7.md" \
     || fail "no-regression line in the Markdown"
 
 # 8. --regenerate: the Markdown again from the merged files, the JSON untouched; with --machine and
@@ -540,12 +543,45 @@ cmp -s "$T/R6.md" "$T/R8.md" || fail "--regenerate wrote another Markdown than t
 [ "$sum6" = "$(cksum <"$T/r6/reg-h200.json")" ] || fail "--regenerate changed the merged JSON"
 python3 "$BENCH/report.py" --regenerate --out-dir "$T/r6" --md "$T/R8.md" --machine reg-h200 \
     --baseline "$T/base-erlang.json" >"$T/out8.txt" 2>&1 || { cat "$T/out8.txt"; fail "report.py --regenerate --baseline"; }
-grep -qxF "1 of erlcuda's records more than 15% worse than \`$T/base-erlang.json\` of 2026-12-02T16:00:00+00:00:" "$T/out8.txt" \
+grep -qxF "1 of erlcuda's records more than 15% worse than \`$T/base-erlang.json\` of 2026-12-02T16:00:00+00:00, beyond the drift:" "$T/out8.txt" \
     || fail "--regenerate --baseline on stdout: $(cat "$T/out8.txt")"
-grep -qxF '| `latency.vector_add_1000.p50` | erlcuda | us | 12.8 | 15.4 | 1.20× | 20.0% |' "$T/R8.md" \
+# (a producer's record file has no peers: the drift taken out is the host's, none)
+grep -qxF '| `latency.vector_add_1000.p50` | erlcuda | us | 12.8 | 15.4 | 1.20× | 1.00× (host) | 20.0% |' "$T/R8.md" \
     || fail "--regenerate --baseline in the Markdown"
 [ "$sum6" = "$(cksum <"$T/r6/reg-h200.json")" ] || fail "--regenerate --baseline changed the merged JSON"
 echo "regressions: the table (20% worse listed, 10% worse not), the no-regression line, --regenerate"
+
+# 9. a slower host: every peer 1.7x as slow, and erlcuda's records too (host drift, not listed),
+# but for one record with peers of its own 1.7 x 1.2 as slow (its ratio to them 20% worse) and
+# one with none 1.7 x 1.3 (30% beyond the peers' median drift): those two are listed.
+python3 - "$HERE/peers.json" "$T" <<'EOF'
+import json, sys
+p, t = json.load(open(sys.argv[1])), sys.argv[2]
+e = json.load(open(t + "/base-erlang.json"))
+HIGHER = {"jobs/s", "GB/s", "TFLOP/s"}
+extra = {("latency.vector_add_1000.p50", "erlcuda"): 1.2, ("throughput.callers_1000", "erlcuda"): 1.3}
+for d in (e, p):
+    for r in d["records"]:
+        k = 1.7 * extra.get((r["name"], r["system"]), 1)
+        r["value"] = r["value"] / k if r["unit"] in HIGHER else r["value"] * k
+json.dump(e, open(t + "/slow-erlang.json", "w"))
+json.dump(p, open(t + "/slow-peers.json", "w"))
+EOF
+python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/slow-erlang.json" --peers "$T/slow-peers.json" \
+    --out-dir "$T/r9" --md "$T/R9.md" --baseline "$T/base-merged.json" >"$T/out9.txt" 2>&1 \
+    || { cat "$T/out9.txt"; fail "report.py on the slower host"; }
+python3 - "$T/r9/reg-h200.json" <<'EOF' || fail "the slower host's comparison"
+import json, sys
+c = json.load(open(sys.argv[1]))["comparison"]
+assert abs(c["drift"]["median"] - 1.7) < 1e-9, c["drift"]
+w = {(r["name"], r["drift_from"]): round(r["worse_by"], 6) for r in c["worse"]}
+assert w == {("latency.vector_add_1000.p50", "peers"): 0.2,
+             ("throughput.callers_1000", "host"): round(1 - 1 / 1.3, 6)}, w
+assert len(c["peers_worse"]) > 100, len(c["peers_worse"])
+EOF
+grep -q "^Host drift: the peers' figures (not erlcuda's code) are 1.70× as slow" "$T/out9.txt" || fail "the slower host's drift line"
+grep -q "^2 of erlcuda's records more than 15% worse than .*, beyond the drift:$" "$T/out9.txt" || fail "the slower host's verdict"
+echo "regressions beyond host drift: a host 1.7x slower on its peers lists only the 2 records slower beyond it"
 
 after=$(snapshot)
 [ "$before" = "$after" ] || fail "bench/results or bench/RESULTS.md changed"

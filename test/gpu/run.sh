@@ -18,6 +18,15 @@
 #                    examples; examples_peers, torch.compile and CuPy for
 #                    the example kernels, runs only when named); files
 #                    peers_part.json, erlang_part.json, RESULTS_part.md
+#   run.sh all       everything one GPU call can hold, inside ALL_SECONDS
+#                    (default 560) of wall time: the Erlang GPU check, then
+#                    peers.py's sections with examples_peers, then
+#                    erlcuda_bench:goals/1 (the sections with goals first,
+#                    stopped cleanly at the bound), the report with every
+#                    goal and its ratio, and the regression table; every
+#                    file in one archive, $OUT/erlcuda-all.tar.gz (report.py
+#                    --regenerate rebuilds RESULTS.md from it), the summary
+#                    also in $OUT/all-summary.txt
 #   run.sh demo      `make demo' there: the built-in kernels, then the
 #                    search over the bundled docs with the users' kernels
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
@@ -138,6 +147,54 @@ case "${1:-check}" in
         ERLCUDA_BENCH_JSON="${OUT:-.}/erlang_lanes.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
             erl "logger:set_primary_config(level, error), erlcuda_bench:main([mixed]), halt()" \
             2>&1 | tee "${OUT:-.}/lanes.log" ;;
+    all)
+        budget=${ALL_SECONDS:-560}
+        t0=$(date +%s)
+        left() { echo $((budget - ($(date +%s) - t0))); }
+        out="${OUT:-.}"
+        dir="$tmp/all"
+        mkdir -p "$dir"
+        machine="${BENCH_MACHINE:-h200}"
+        {
+            echo "run.sh all: bound ${budget} s; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true)"
+            # 1. the GPU check, given at most 40% of the bound: a check that
+            #    runs over is stopped and said FAILED (by its status).
+            t=$(date +%s)
+            if timeout -s KILL $((budget * 2 / 5)) bash -c "$(declare -f erl check); here='$here'; root='$root'; check" \
+                    >"$dir/gpu-check.txt" 2>&1; then
+                check_status="passed"
+            else
+                check_status="FAILED (status $?)"
+            fi
+            echo "GPU check: $check_status, $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$dir/gpu-check.txt" || echo 'no summary line'), $(( $(date +%s) - t )) s"
+            grep -A3 '^FAIL' "$dir/gpu-check.txt" || true
+            # 2. the peers, every section and examples_peers: they write
+            #    their JSON after each section, and on SIGINT.
+            t=$(date +%s)
+            timeout -s INT $(( $(left) / 3 )) python3 "$here/bench/peers.py" "$dir/peers.json" \
+                --only "pcie,latency,large,matmul_kernel,matmul_e2e,device_resident,examples,mixed,examples_peers" \
+                --ptx "$here/erlcuda_kernels.ptx" --abi "$here/bench/abi.rs" >"$dir/peers.log" 2>&1 || true
+            echo "peers.py: $(tail -n1 "$dir/peers.log"), $(( $(date +%s) - t )) s"
+            # 3. erlcuda's sections, goals first, until 30 s before the bound
+            t=$(date +%s)
+            ERLCUDA_BENCH_JSON="$dir/erlang.json" ERLCUDA_GPUD_BENCH="$here/gpud-bench" \
+                ERLCUDA_USER_MODULES="$here/user_modules" \
+                timeout -s KILL $(( $(left) - 20 )) "$root/bin/erl" -noshell +S "$(nproc)" \
+                -pa "$here/lib/erlcuda/ebin" -pa "$here/test" -pa "$here/bench" \
+                -eval "logger:set_primary_config(level, error), erlcuda_bench:goals($(( $(left) - 30 ))), halt()" \
+                >"$dir/erlang.log" 2>&1 || true
+            echo "erlcuda_bench:goals: $(tail -n1 "$dir/erlang.log"), $(( $(date +%s) - t )) s"
+            grep -E '^  (skipped|errors):' "$dir/erlang.log" || true
+            # 4. the report: every goal with its ratio, then the regression
+            #    table against the bundled record of $BENCH_MACHINE
+            python3 "$here/bench/report.py" --machine "$machine" --erlang "$dir/erlang.json" \
+                --peers "$dir/peers.json" --out-dir "$dir" --md "$dir/RESULTS.md" --goals \
+                --baseline "$here/bench/results/$machine.json" \
+                --command "make gpu-bundle; bash .gpu-bundle/run.sh all" 2>&1 || true
+        } 2>&1 | tee "$dir/all-summary.txt"
+        cp "$dir/all-summary.txt" "$out/all-summary.txt"
+        tar -C "$tmp" -czf "$out/erlcuda-all.tar.gz" all
+        echo "run.sh all: $out/erlcuda-all.tar.gz ($(du -h "$out/erlcuda-all.tar.gz" | cut -f1)), $(( $(date +%s) - t0 )) s" ;;
     demo) cd "$here/docs" && erl "erlcuda_demo:main(\"$here/user_modules/example\"), halt()" ;;
     ncu)
         ks="${2:-argmax_rows,gelu,topk_rows,histogram}"
@@ -187,5 +244,5 @@ case "${1:-check}" in
         # The kit's device primitives and math (kernels/kit/gpu_tests),
         # through CuPy against NumPy: random inputs, a fresh seed each run.
         PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
-    *) echo "usage: $0 [check|cargo|erlang|kernels|kit|bench|part ERL PEERS|mixed|lanes|demo|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|all|kernels|kit|bench|part ERL PEERS|mixed|lanes|demo|eval EXPR]" >&2; exit 2 ;;
 esac
