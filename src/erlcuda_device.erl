@@ -78,6 +78,10 @@
 -define(START_TIMEOUT_MS, 20000).
 %% How long an exited gpud's last output is waited for (see drain/2).
 -define(DRAIN_MS, 200).
+%% How long a gpud whose port closed is waited for (stop_gpud/1): its
+%% hang-up thread's grace (3 s) and more, under the supervisor's shutdown
+%% of this server (10 s).
+-define(GPUD_EXIT_WAIT_MS, 5000).
 
 %%% API
 
@@ -371,7 +375,7 @@ start_failed(Why, #{id := Id, port := Port, os_pid := OsPid, probe_port := Probe
     catch port_close(Probe),
     case Port of
         undefined -> ok;
-        _ -> kill_gpud(Port, OsPid)
+        _ -> close_gpud(Id, Port, OsPid)
     end,
     gpud_exited({start_failed, Why}, S#{probe_port := undefined}).
 
@@ -405,18 +409,22 @@ gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
     S1#{port := undefined, os_pid := undefined, status := down, step := undefined,
         restarts := R + 1, quick_fails := QF1, up_since := undefined, last_exit := Status}.
 
-%% gpud exits when its stdin closes; a gpud that does not within a second
-%% is killed, so no gpud outlives the application.
+%% gpud exits when its stdin closes: its loop at once, or its hang-up
+%% thread (gpud/src/daemon/hangup.rs) 3 s later where the loop is held in
+%% the driver. The VM waits up to ?GPUD_EXIT_WAIT_MS for that and never
+%% kills gpud by its OS pid, which another process may have by then.
 stop_gpud(#{port := undefined}) -> ok;
-stop_gpud(#{port := Port, os_pid := OsPid}) ->
-    catch port_close(Port),
-    wait_gone(OsPid, 100) orelse kill_gpud(undefined, OsPid),
-    ok.
+stop_gpud(#{id := Id, port := Port, os_pid := OsPid}) ->
+    close_gpud(Id, Port, OsPid).
 
-kill_gpud(Port, OsPid) ->
+close_gpud(Id, Port, OsPid) ->
     catch port_close(Port),
-    os:cmd("kill -9 " ++ integer_to_list(OsPid) ++ " 2>/dev/null"),
-    wait_gone(OsPid, 100).
+    case wait_gone(OsPid, ?GPUD_EXIT_WAIT_MS div 10) of
+        true -> ok;
+        false ->
+            logger:error("erlcuda device ~p: gpud (OS pid ~p) still there ~p ms after its port closed; "
+                         "left to end itself", [Id, OsPid, ?GPUD_EXIT_WAIT_MS], meta(Id))
+    end.
 
 %% True once the process is gone (or a zombie awaiting its reaper).
 wait_gone(_OsPid, 0) -> false;

@@ -55,7 +55,7 @@ suite() ->
 
 all() ->
     [busy_beyond_capacity, callers_that_die, bad_input_from_erlang, overload_burst,
-     vm_dies, crash_isolation_under_load].
+     vm_dies, crash_isolation_under_load, gpud_ends_with_its_port].
 
 init_per_suite(Config) ->
     {ok, _} = application:ensure_all_started(common_test),
@@ -732,6 +732,43 @@ wait_stats(Pred, N) ->
 
 kill9(OsPid) ->
     os:cmd("kill -9 " ++ integer_to_list(OsPid)).
+
+%%% 8. gpud ends with its port
+
+%% The application's stop closes gpud's port, and gpud ends by itself: at
+%% once, and, with its loop held (a gpud built with fault injection,
+%% ERLCUDA_GPUD_STUCK_AT_EXIT: as if stuck in the driver), by its hang-up
+%% thread 3 s later. The VM waits for it and kills nothing: before, it
+%% killed gpud by OS pid after 1 s, a pid another process may have had.
+gpud_ends_with_its_port(_) ->
+    case os:getenv("ERLCUDA_GPUD_FAULT") of
+        false -> {skip, "ERLCUDA_GPUD_FAULT is not set (make test sets it)"};
+        Gpud ->
+            Stop = fun() ->
+                           [#{os_pid := OsPid, status := up}] = erlcuda:devices(),
+                           {ok, [4.0]} = erlcuda:launch_sync(vector_add, [[1.0], [3.0]]),
+                           T0 = erlang:monotonic_time(microsecond),
+                           ok = application:stop(erlcuda),
+                           Ms = (erlang:monotonic_time(microsecond) - T0) / 1000,
+                           %% Gone (not a zombie: reaped) when the stop returns.
+                           ?assertEqual(gone, wait_gone(OsPid, 0)),
+                           Ms
+                   end,
+            ok = erlcuda_ref:start_app([{backend, cpu}, {gpud, Gpud}]),
+            Healthy = Stop(),
+            true = os:putenv("ERLCUDA_GPUD_STUCK_AT_EXIT", "1"),
+            Held = try
+                       ok = erlcuda_ref:start_app([{backend, cpu}, {gpud, Gpud}]),
+                       Stop()
+                   after
+                       os:unsetenv("ERLCUDA_GPUD_STUCK_AT_EXIT")
+                   end,
+            ct:pal("application stop with gpud's loop ending: ~.1f ms; held: ~.1f ms", [Healthy, Held]),
+            %% The hang-up thread's 3 s grace (the old kill came after 1 s),
+            %% and within the VM's 5 s wait.
+            ?assert(Held >= 2900 andalso Held < 5000),
+            ?assert(Healthy < 2900)
+    end.
 
 alive(OsPid) -> erlcuda_ref:os_state(OsPid).
 

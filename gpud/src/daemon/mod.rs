@@ -19,11 +19,14 @@
 //! - [`drain`]: one drain of the SQ, validated and coalesced;
 //! - [`control`]: buffer and module control descriptors;
 //! - [`submit`]: a drain's launches handed to the backend;
-//! - [`complete`]: completions: finished launches, refusals, device failure.
+//! - [`complete`]: completions: finished launches, refusals, device failure;
+//! - [`hangup`]: the thread that ends gpud once the VM closed the port, if
+//!   the loop has not.
 
 mod complete;
 mod control;
 mod drain;
+mod hangup;
 mod submit;
 mod wait;
 #[cfg(test)]
@@ -97,6 +100,9 @@ enum Wake {
 
 /// Runs the daemon until the VM goes away (Ok) or something fails (Err).
 pub fn run(opts: &DaemonOpts) -> Result<()> {
+    // Before anything that may block in the driver: gpud ends with its
+    // port even if the loop never looks at stdin again.
+    hangup::watch(opts.device);
     // The startup profile: each mark ends a phase (crate::startup).
     let mut phases = Phases::default();
     phases.mark("args");

@@ -299,6 +299,15 @@ impl Daemon {
 
     pub(super) fn quit(&self, why: &str) -> Wake {
         log!(Info, "gpud[{}]: {why}; exiting", self.device);
+        // With `fault-injection`, ERLCUDA_GPUD_STUCK_AT_EXIT holds the loop
+        // here as a driver call that never returns would: the hang-up
+        // thread (hangup.rs) must end gpud.
+        #[cfg(feature = "fault-injection")]
+        if std::env::var_os("ERLCUDA_GPUD_STUCK_AT_EXIT").is_some() {
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
         Wake::Quit
     }
 }
