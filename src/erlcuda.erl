@@ -79,9 +79,15 @@
 %%     `{device, any}' such a job runs on this node.</dd>
 %% <dt>`{badarg, buffer}'</dt><dd>`get/1' or `free/1' of a term that is not
 %%     a buffer.</dd>
-%% <dt>`{badarg, {name, Name}}'</dt><dd>`load_module/2' with a name that is
-%%     not an atom.</dd>
+%% <dt>`{badarg, {name, Name}}'</dt><dd>`load_module/2' or
+%%     `unload_module/1' with a name that is not an atom.</dd>
+%% <dt>`{badarg, {dir, Dir}}'</dt><dd>`load_module/2' with a directory that
+%%     is not a string or a binary of Unicode text without NUL.</dd>
 %% </dl>
+%%
+%% No function of this module raises, whatever its arguments: a bad term
+%% is answered with `{error, Reason}', in the caller's process, and no
+%% process of erlcuda exits because of it.
 %%
 %% Where the job would run, at once:
 %% <dl>
@@ -91,7 +97,8 @@
 %% <dt>`{no_device, N}', `{no_device, {Node, N}}', `{no_device, any}'</dt>
 %%     <dd>No such device on this node; no erlcuda device N on Node (no
 %%     connection is tried); no device at all in the cluster. Also from
-%%     `stats/1' and `memory/1'.</dd>
+%%     `stats/1' and `memory/1', and from `devices/1' of anything but
+%%     `cluster'.</dd>
 %% <dt>`{buffer, freed}', `{buffer, lost}', `{buffer, {device, D}}'</dt>
 %%     <dd>A buffer argument (or the buffer of `get/1') was freed; was made
 %%     by a gpud that has died since (its memory went with it); or lives on
@@ -201,9 +208,11 @@
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}.
 -type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
-                | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}
+                | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom() | integer()}
                 | {nodedown, node()} | {remote, term()}
-                | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}.
+                | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}
+                | {manifest, term()} | {module, binary()} | no_module_slot
+                | {no_module, atom()} | not_started.
 
 -define(DEFAULT_TIMEOUT, 5000).
 
@@ -440,10 +449,13 @@ devices() ->
 
 %% @doc `devices(cluster)': every device of every node running erlcuda in
 %% the cluster (found through `pg'), the maps of {@link devices/0} on its
-%% node with `node' and `in_flight' added.
--spec devices(cluster) -> [map()].
+%% node with `node' and `in_flight' added. Anything else: `{error,
+%% {no_device, Other}}', as {@link stats/1} answers.
+-spec devices(cluster | term()) -> [map()] | {error, {no_device, term()}}.
 devices(cluster) ->
-    erlcuda_cluster:devices().
+    erlcuda_cluster:devices();
+devices(Other) ->
+    {error, {no_device, Other}}.
 
 %% @doc Counters of device `N': jobs submitted and completed, jobs in flight
 %% and their peak, arena use and growth (`arena_grown_ahead': segments added
@@ -485,14 +497,18 @@ kernels() ->
 %% `priv/erlcuda-build') as `Name' on every device; after that its kernels
 %% launch as `{Name, Kernel}'. It comes back by itself after a gpud restart.
 %% Loading a name again replaces the module; jobs in flight finish on the
-%% old one. Errors: `{manifest, Why}', `{module, Why}', `no_module_slot',
-%% `not_started', `timeout' (<a href="#Errors">Errors</a>).
--spec load_module(atom(), file:filename_all()) -> ok | {error, term()}.
+%% old one. Errors: `{badarg, {name, Name}}' (not an atom), `{badarg,
+%% {dir, Dir}}' (not a string or binary of Unicode text without NUL),
+%% `{manifest, Why}', `{module, Why}', `no_module_slot', `not_started',
+%% `timeout' (<a href="#Errors">Errors</a>).
+-spec load_module(atom(), file:filename_all()) -> ok | {error, reason()}.
 load_module(Name, Dir) ->
     erlcuda_modules:load(Name, Dir).
 
-%% @doc Unloads module `Name' from every device.
--spec unload_module(atom()) -> ok | {error, term()}.
+%% @doc Unloads module `Name' from every device. Errors: `{no_module,
+%% Name}', `{badarg, {name, Name}}' (not an atom), `not_started',
+%% `timeout'.
+-spec unload_module(atom()) -> ok | {error, reason()}.
 unload_module(Name) ->
     erlcuda_modules:unload(Name).
 

@@ -39,6 +39,9 @@
 %% 4. random terms: cases per property (10,000 in all)
 -define(FUZZ_CASES, [{launch2, 1500}, {launch3, 2500}, {launch_sync2, 1500},
                      {launch_sync3, 2500}, {stats, 1000}, {no_arg_funs, 1000}]).
+%% Calls of erlcuda_props:prop_no_term_crashes_erlcuda/1: about 100 for
+%% each exported function, a few seconds on the CPU backend.
+-define(ANY_TERM_CASES, 2000).
 %% 5. callers that die
 -define(DYING_JOBS, 100000).
 -define(DYING_WAVE, 2000).
@@ -54,7 +57,8 @@ suite() ->
     [{timetrap, {minutes, 15}}].
 
 all() ->
-    [busy_beyond_capacity, callers_that_die, bad_input_from_erlang, overload_burst,
+    [busy_beyond_capacity, callers_that_die, bad_input_from_erlang, no_term_crashes_erlcuda,
+     overload_burst,
      vm_dies, crash_isolation_under_load].
 
 init_per_suite(Config) ->
@@ -489,6 +493,29 @@ bad_input_from_erlang(_) ->
     receive {erlcuda, _, _} = Stray -> ct:fail({stray, Stray}) after 300 -> ok end,
     ?assertMatch(#{in_flight := 0, restarts := 0}, erlcuda:stats(0)),
     ?assertEqual({ok, [3.0]}, erlcuda:launch_sync(vector_add, [[1.0], [2.0]])).
+
+%% Any term at every exported function of erlcuda, and the documented good
+%% ones, with the example module loaded (where `make user-modules' built
+%% it): no call raises, and after each one every erlcuda process is the
+%% one it was, gpud too, the module is loaded and a launch answers right
+%% (erlcuda_props:prop_no_term_crashes_erlcuda/1).
+no_term_crashes_erlcuda(_) ->
+    Module = case os:getenv("ERLCUDA_USER_MODULES") of
+                 false ->
+                     ct:pal("ERLCUDA_USER_MODULES is not set: no user module loaded"),
+                     none;
+                 _ ->
+                     ok = erlcuda_user_check:load_example(),
+                     {example, erlcuda_user_check:dir(example)}
+             end,
+    T0 = erlang:monotonic_time(millisecond),
+    R = proper:quickcheck(erlcuda_props:prop_no_term_crashes_erlcuda(#{module => Module}),
+                          [{numtests, ?ANY_TERM_CASES}, {to_file, user}, noshrink]),
+    ct:pal("~b calls asked for: ~p in ~b ms", [?ANY_TERM_CASES, R, erlang:monotonic_time(millisecond) - T0]),
+    ?assertEqual(true, R),
+    _ = erlcuda:unload_module(erlcuda_props_spare),
+    ?assert(lists:keymember(erlcuda, 1, application:which_applications())),
+    ?assertMatch(#{restarts := 0}, erlcuda:stats(0)).
 
 %%% 5. Callers that die
 
