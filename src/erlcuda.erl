@@ -66,7 +66,7 @@
 %%     `{output, buffer}' job that gpud finds larger than its limit.</dd>
 %% <dt>`{badarg, opts}'</dt><dd>Opts is not a proper list, or `put/2' got
 %%     an option it does not take (`output', `grid', `block',
-%%     `shared_bytes').</dd>
+%%     `shared_bytes'), or `get/2' one other than `timeout'.</dd>
 %% <dt>`{badarg, {opt, O}}'</dt><dd>Option O is unknown or out of range
 %%     (`{timeout, Ms}' above 2^32-1; `{block, B}' not a multiple of 32 for
 %%     a kernel whose `block_rule' is `warps', or not a power of two from
@@ -114,8 +114,8 @@
 %%     the device's `device_memory_limit' is reached. Free buffers and
 %%     retry; gpud serves on.</dd>
 %% <dt>`timeout'</dt><dd>`launch_sync', `put' or `get' waited longer than
-%%     `{timeout, Ms}' (default 5000); the job is cancelled and no message
-%%     about it follows. From `load_module/2' and `unload_module/1': a
+%%     `{timeout, Ms}' (default 5000; `infinity' waits for ever); the job
+%%     is cancelled and no message about it follows. From `load_module/2' and `unload_module/1': a
 %%     device did not answer within 120 s.</dd>
 %% <dt>`enomem'</dt><dd>The VM could not allocate what the NIF needed.</dd>
 %% </dl>
@@ -173,11 +173,11 @@
 -module(erlcuda).
 
 %% put/1,2 and get/1 are the buffer API, not the process dictionary.
--compile({no_auto_import, [put/2, get/1]}).
+-compile({no_auto_import, [put/2, get/1, get/2]}).
 
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, devices/1, stats/1,
          kernels/0, load_module/2, unload_module/1,
-         put/1, put/2, pin/1, pin/2, get/1, free/1, memory/1]).
+         put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
               kernel_info/0, buffer/0]).
@@ -377,17 +377,37 @@ pin(Vector, Opts) ->
         {error, _} = E -> E
     end.
 
-%% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
-%% Errors: `{buffer, freed | lost}', `{badarg, buffer}' (<a
-%% href="#Errors">Errors</a>).
+%% @equiv get(Buffer, [])
 -spec get(buffer()) -> {ok, vector()} | {error, reason()}.
 get(Buf) ->
+    get(Buf, []).
+
+%% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
+%% Options: `{timeout, Ms | infinity}' (default 5000): after `{error,
+%% timeout}' the copy is cancelled and no message about it follows, as
+%% for `launch_sync'. Errors: `{buffer, freed | lost}', `{badarg,
+%% buffer}', `{badarg, opts}' (an option other than `timeout'), `{badarg,
+%% {opt, O}}' (<a href="#Errors">Errors</a>).
+-spec get(buffer(), [{timeout, timeout()}]) -> {ok, vector()} | {error, reason()}.
+get(Buf, Opts) ->
+    case options(Opts) of
+        {ok, _, Timeout, _, _} ->
+            %% Every option is one of launch's (options/1); get takes only
+            %% the timeout.
+            case [O || O <- Opts, case O of {timeout, _} -> false; _ -> true end] of
+                [] -> get_buffer(Buf, Timeout);
+                [_ | _] -> {error, {badarg, opts}}
+            end;
+        {error, _} = E -> E
+    end.
+
+get_buffer(Buf, Timeout) ->
     case erlcuda_nif:buffer_info(Buf) of
         false -> {error, {badarg, buffer}};
         {Device, _Type, _Len, _Status} ->
             Ref = make_ref(), % see launch_sync_untraced/3
             case erlcuda_nif:get(Buf, Ref) of
-                {ok, Ref} -> await(Device, Ref, ?DEFAULT_TIMEOUT);
+                {ok, Ref} -> await(Device, Ref, Timeout);
                 {error, _} = E -> E
             end
     end.

@@ -325,6 +325,9 @@ good_args(put, 2, _) -> [good_vector(), elements([[], [{device, 0}], [{timeout, 
 good_args(pin, 1, _) -> [good_bin()];
 good_args(pin, 2, _) -> [good_bin(), elements([[], [{device, 0}]])];
 good_args(get, 1, _) -> [elements([?LIVE_BUF, ?FREED_BUF])];
+good_args(get, 2, _) ->
+    [elements([?LIVE_BUF, ?FREED_BUF]),
+     elements([[], [{timeout, ?CHECK_TIMEOUT}], [{timeout, infinity}]])];
 good_args(free, 1, _) -> [elements([?LIVE_BUF, ?FREED_BUF])];
 %% Any other function: its arity's worth of any terms.
 good_args(_, A, _) -> vector(A, any_term()).
