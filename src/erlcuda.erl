@@ -168,7 +168,8 @@
 %%     slots: unload one first.</dd>
 %% <dt>`{no_module, Name}'</dt><dd>`unload_module/1' of a name not
 %%     loaded.</dd>
-%% <dt>`not_started'</dt><dd>The erlcuda application is not running.</dd>
+%% <dt>`not_started'</dt><dd>The erlcuda application is not running, or
+%%     stopped while the call waited.</dd>
 %% </dl>
 -module(erlcuda).
 
@@ -295,7 +296,7 @@ launch_sync_untraced(Kernel, Args, Opts) ->
 %% `{device, any}' with a buffer, or asking for one back, stays here; a job
 %% naming a buffer cannot go to another node.
 route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
-    Buffers = Out =:= buffer orelse (is_list(Args) andalso lists:any(fun is_reference/1, Args)),
+    Buffers = Out =:= buffer orelse has_ref(Args),
     Here = node(),
     case Target of
         {Here, N} when Buffers -> {local, N};
@@ -305,6 +306,11 @@ route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
     end;
 route(Device, Args, _Out) ->
     {local, device(Device, Args)}.
+
+%% Whether Args names a buffer (a reference). Args may be any term, an
+%% improper list too: the NIF judges it (badarg), not this walk.
+has_ref([A | T]) -> is_reference(A) orelse has_ref(T);
+has_ref(_) -> false.
 
 %% @equiv put(Vector, [])
 -spec put(vector()) -> {ok, buffer()} | {error, reason()}.
@@ -458,8 +464,11 @@ devices() ->
     case whereis(erlcuda_sup) of
         undefined -> [];
         Sup ->
-            Ids = lists:sort([Id || {{erlcuda_device, Id}, Pid, _, _}
-                                        <- supervisor:which_children(Sup), is_pid(Pid)]),
+            %% The supervisor may be stopping (the application stops).
+            Children = try supervisor:which_children(Sup)
+                       catch exit:_ -> []
+                       end,
+            Ids = lists:sort([Id || {{erlcuda_device, Id}, Pid, _, _} <- Children, is_pid(Pid)]),
             lists:flatmap(fun(Id) ->
                                   try [erlcuda_device:info(Id)]
                                   catch exit:_ -> []

@@ -100,9 +100,12 @@ gpud_args() ->
     catch error:badarg -> []
     end.
 
+%% The server gone before the call (noproc) or while the call waited (the
+%% application stopping, or a crash its supervisor logs): erlcuda is not
+%% running for this call, and the caller gets an answer, not an exit.
 call(Msg) ->
     try gen_server:call(?MODULE, Msg, infinity)
-    catch exit:{noproc, _} -> {error, not_started}
+    catch exit:{_, {gen_server, call, _}} -> {error, not_started}
     end.
 
 %%% The manifest (format: kernels/kit/src/job.rs; gpud reads it too)
