@@ -170,8 +170,9 @@ used_back(Base, N) ->
 %% export is covered without a word here), called in the caller's process
 %% with generated terms, the documented good ones, and good calls with
 %% some arguments swapped for any term. Each call returns an answer of the
-%% API's shapes (ok, {ok, _}, {error, _}, a list or a map: no function of
-%% erlcuda raises); a job taken sends its one answer; and afterwards every
+%% API's shapes (ok, {ok, _}, {error, Reason} with Reason one of
+%% erlcuda:reason(), a list or a map: no function of erlcuda raises); a
+%% job taken sends its one answer, of the same kinds; and afterwards every
 %% process of erlcuda (the registered ones and the whole supervision tree)
 %% is the same process, gpud is the same OS process, the user module
 %% (Ctx's `module', `{Name, Dir}' or `none') is still loaded and its
@@ -193,7 +194,7 @@ prop_no_term_crashes_erlcuda(#{module := Module}) ->
                              catch C:E:St -> {raised, C, E, St}
                              end,
                     Shape = answer_ok(F, Answer),
-                    Shape orelse io:format(user, "~nerlcuda:~s~P -> ~P~n",
+                    Shape orelse io:format(user, "~nerlcuda:~s~P -> ~P (no answer of the API)~n",
                                            [F, Concrete, 20, Answer, 20]),
                     Ok = Shape andalso one_message(F, Answer)
                         andalso same(processes, Procs, erlcuda_processes())
@@ -268,25 +269,45 @@ buffers(T) when is_tuple(T) -> list_to_tuple(buffers(tuple_to_list(T)));
 buffers(M) when is_map(M) -> maps:from_list(buffers(maps:to_list(M)));
 buffers(X) -> X.
 
-%% The API's answers: no function raises.
+%% The API's answers: no function raises, and every error is one of
+%% erlcuda:reason() (the module docs' Errors).
 answer_ok(_, {raised, _, _, _}) -> false;
 answer_ok(_, ok) -> true;
 answer_ok(_, {ok, _}) -> true;
-answer_ok(_, {error, _}) -> true;
+answer_ok(_, {error, R}) -> reason_ok(R);
 answer_ok(F, L) when is_list(L) -> lists:member(F, [devices, kernels]);
 answer_ok(F, M) when is_map(M) -> lists:member(F, [stats, memory]);
 answer_ok(_, _) -> false.
 
-%% A job launch/2,3 took answers exactly once.
+reason_ok({badarg, _}) -> true;
+reason_ok({unknown_kernel, _}) -> true;
+reason_ok({no_device, _}) -> true;
+reason_ok({buffer, freed}) -> true;
+reason_ok({buffer, lost}) -> true;
+reason_ok({buffer, {device, D}}) -> is_integer(D);
+reason_ok({gpud_exit, _}) -> true;
+reason_ok({gpud, S}) -> is_atom(S) orelse is_integer(S);
+reason_ok({nodedown, N}) -> is_atom(N);
+reason_ok({remote, _}) -> true;
+reason_ok({manifest, _}) -> true;
+reason_ok({module, Why}) -> is_binary(Why);
+reason_ok({no_module, N}) -> is_atom(N);
+reason_ok(R) -> lists:member(R, [busy, closed, timeout, oom, enomem, no_module_slot, not_started]).
+
+%% A job launch/2,3 took answers exactly once, with an answer of the API.
 one_message(launch, {ok, Ref}) ->
     receive
-        {erlcuda, Ref, _} ->
-            receive {erlcuda, Ref, Dup} -> same(duplicate, none, Dup)
-            after 0 -> no_stray()
-            end
+        {erlcuda, Ref, {ok, _}} -> no_dup(Ref);
+        {erlcuda, Ref, {error, R}} -> (reason_ok(R) orelse same(reason, documented, R)) andalso no_dup(Ref);
+        {erlcuda, Ref, Other} -> same(answer, Ref, Other)
     after ?CHECK_TIMEOUT -> same(answer, Ref, none)
     end;
 one_message(_, _) -> no_stray().
+
+no_dup(Ref) ->
+    receive {erlcuda, Ref, Dup} -> same(duplicate, none, Dup)
+    after 0 -> no_stray()
+    end.
 
 no_stray() ->
     receive {erlcuda, _, _} = M -> same(stray, none, M)
