@@ -66,7 +66,7 @@
 %%     `{output, buffer}' job that gpud finds larger than its limit.</dd>
 %% <dt>`{badarg, opts}'</dt><dd>Opts is not a proper list, or `put/2' got
 %%     an option it does not take (`output', `grid', `block',
-%%     `shared_bytes').</dd>
+%%     `shared_bytes'), or `get/2' one other than `timeout'.</dd>
 %% <dt>`{badarg, {opt, O}}'</dt><dd>Option O is unknown or out of range
 %%     (`{timeout, Ms}' above 2^32-1; `{block, B}' not a multiple of 32 for
 %%     a kernel whose `block_rule' is `warps', or not a power of two from
@@ -79,9 +79,15 @@
 %%     `{device, any}' such a job runs on this node.</dd>
 %% <dt>`{badarg, buffer}'</dt><dd>`get/1' or `free/1' of a term that is not
 %%     a buffer.</dd>
-%% <dt>`{badarg, {name, Name}}'</dt><dd>`load_module/2' with a name that is
-%%     not an atom.</dd>
+%% <dt>`{badarg, {name, Name}}'</dt><dd>`load_module/2' or
+%%     `unload_module/1' with a name that is not an atom.</dd>
+%% <dt>`{badarg, {dir, Dir}}'</dt><dd>`load_module/2' with a directory that
+%%     is not a string or a binary of Unicode text without NUL.</dd>
 %% </dl>
+%%
+%% No function of this module raises, whatever its arguments: a bad term
+%% is answered with `{error, Reason}', in the caller's process, and no
+%% process of erlcuda exits because of it.
 %%
 %% Where the job would run, at once:
 %% <dl>
@@ -91,7 +97,8 @@
 %% <dt>`{no_device, N}', `{no_device, {Node, N}}', `{no_device, any}'</dt>
 %%     <dd>No such device on this node; no erlcuda device N on Node (no
 %%     connection is tried); no device at all in the cluster. Also from
-%%     `stats/1' and `memory/1'.</dd>
+%%     `stats/1' and `memory/1', and from `devices/1' of anything but
+%%     `cluster'.</dd>
 %% <dt>`{buffer, freed}', `{buffer, lost}', `{buffer, {device, D}}'</dt>
 %%     <dd>A buffer argument (or the buffer of `get/1') was freed; was made
 %%     by a gpud that has died since (its memory went with it); or lives on
@@ -107,8 +114,8 @@
 %%     the device's `device_memory_limit' is reached. Free buffers and
 %%     retry; gpud serves on.</dd>
 %% <dt>`timeout'</dt><dd>`launch_sync', `put' or `get' waited longer than
-%%     `{timeout, Ms}' (default 5000); the job is cancelled and no message
-%%     about it follows. From `load_module/2' and `unload_module/1': a
+%%     `{timeout, Ms}' (default 5000; `infinity' waits for ever); the job
+%%     is cancelled and no message about it follows. From `load_module/2' and `unload_module/1': a
 %%     device did not answer within 120 s.</dd>
 %% <dt>`enomem'</dt><dd>The VM could not allocate what the NIF needed.</dd>
 %% </dl>
@@ -161,16 +168,17 @@
 %%     slots: unload one first.</dd>
 %% <dt>`{no_module, Name}'</dt><dd>`unload_module/1' of a name not
 %%     loaded.</dd>
-%% <dt>`not_started'</dt><dd>The erlcuda application is not running.</dd>
+%% <dt>`not_started'</dt><dd>The erlcuda application is not running, or
+%%     stopped while the call waited.</dd>
 %% </dl>
 -module(erlcuda).
 
 %% put/1,2 and get/1 are the buffer API, not the process dictionary.
--compile({no_auto_import, [put/2, get/1]}).
+-compile({no_auto_import, [put/2, get/1, get/2]}).
 
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, devices/1, stats/1,
          kernels/0, load_module/2, unload_module/1,
-         put/1, put/2, pin/1, pin/2, get/1, free/1, memory/1]).
+         put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
               kernel_info/0, buffer/0]).
@@ -201,9 +209,11 @@
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}.
 -type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
-                | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom()}
+                | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom() | integer()}
                 | {nodedown, node()} | {remote, term()}
-                | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}.
+                | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}
+                | {manifest, term()} | {module, binary()} | no_module_slot
+                | {no_module, atom()} | not_started.
 
 -define(DEFAULT_TIMEOUT, 5000).
 
@@ -286,7 +296,7 @@ launch_sync_untraced(Kernel, Args, Opts) ->
 %% `{device, any}' with a buffer, or asking for one back, stays here; a job
 %% naming a buffer cannot go to another node.
 route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
-    Buffers = Out =:= buffer orelse (is_list(Args) andalso lists:any(fun is_reference/1, Args)),
+    Buffers = Out =:= buffer orelse has_ref(Args),
     Here = node(),
     case Target of
         {Here, N} when Buffers -> {local, N};
@@ -296,6 +306,11 @@ route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
     end;
 route(Device, Args, _Out) ->
     {local, device(Device, Args)}.
+
+%% Whether Args names a buffer (a reference). Args may be any term, an
+%% improper list too: the NIF judges it (badarg), not this walk.
+has_ref([A | T]) -> is_reference(A) orelse has_ref(T);
+has_ref(_) -> false.
 
 %% @equiv put(Vector, [])
 -spec put(vector()) -> {ok, buffer()} | {error, reason()}.
@@ -368,17 +383,37 @@ pin(Vector, Opts) ->
         {error, _} = E -> E
     end.
 
-%% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
-%% Errors: `{buffer, freed | lost}', `{badarg, buffer}' (<a
-%% href="#Errors">Errors</a>).
+%% @equiv get(Buffer, [])
 -spec get(buffer()) -> {ok, vector()} | {error, reason()}.
 get(Buf) ->
+    get(Buf, []).
+
+%% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
+%% Options: `{timeout, Ms | infinity}' (default 5000): after `{error,
+%% timeout}' the copy is cancelled and no message about it follows, as
+%% for `launch_sync'. Errors: `{buffer, freed | lost}', `{badarg,
+%% buffer}', `{badarg, opts}' (an option other than `timeout'), `{badarg,
+%% {opt, O}}' (<a href="#Errors">Errors</a>).
+-spec get(buffer(), [{timeout, timeout()}]) -> {ok, vector()} | {error, reason()}.
+get(Buf, Opts) ->
+    case options(Opts) of
+        {ok, _, Timeout, _, _} ->
+            %% Every option is one of launch's (options/1); get takes only
+            %% the timeout.
+            case [O || O <- Opts, case O of {timeout, _} -> false; _ -> true end] of
+                [] -> get_buffer(Buf, Timeout);
+                [_ | _] -> {error, {badarg, opts}}
+            end;
+        {error, _} = E -> E
+    end.
+
+get_buffer(Buf, Timeout) ->
     case erlcuda_nif:buffer_info(Buf) of
         false -> {error, {badarg, buffer}};
         {Device, _Type, _Len, _Status} ->
             Ref = make_ref(), % see launch_sync_untraced/3
             case erlcuda_nif:get(Buf, Ref) of
-                {ok, Ref} -> await(Device, Ref, ?DEFAULT_TIMEOUT);
+                {ok, Ref} -> await(Device, Ref, Timeout);
                 {error, _} = E -> E
             end
     end.
@@ -429,8 +464,11 @@ devices() ->
     case whereis(erlcuda_sup) of
         undefined -> [];
         Sup ->
-            Ids = lists:sort([Id || {{erlcuda_device, Id}, Pid, _, _}
-                                        <- supervisor:which_children(Sup), is_pid(Pid)]),
+            %% The supervisor may be stopping (the application stops).
+            Children = try supervisor:which_children(Sup)
+                       catch exit:_ -> []
+                       end,
+            Ids = lists:sort([Id || {{erlcuda_device, Id}, Pid, _, _} <- Children, is_pid(Pid)]),
             lists:flatmap(fun(Id) ->
                                   try [erlcuda_device:info(Id)]
                                   catch exit:_ -> []
@@ -440,10 +478,13 @@ devices() ->
 
 %% @doc `devices(cluster)': every device of every node running erlcuda in
 %% the cluster (found through `pg'), the maps of {@link devices/0} on its
-%% node with `node' and `in_flight' added.
--spec devices(cluster) -> [map()].
+%% node with `node' and `in_flight' added. Anything else: `{error,
+%% {no_device, Other}}', as {@link stats/1} answers.
+-spec devices(cluster | term()) -> [map()] | {error, {no_device, term()}}.
 devices(cluster) ->
-    erlcuda_cluster:devices().
+    erlcuda_cluster:devices();
+devices(Other) ->
+    {error, {no_device, Other}}.
 
 %% @doc Counters of device `N': jobs submitted and completed, jobs in flight
 %% and their peak, arena use and growth (`arena_grown_ahead': segments added
@@ -485,14 +526,18 @@ kernels() ->
 %% `priv/erlcuda-build') as `Name' on every device; after that its kernels
 %% launch as `{Name, Kernel}'. It comes back by itself after a gpud restart.
 %% Loading a name again replaces the module; jobs in flight finish on the
-%% old one. Errors: `{manifest, Why}', `{module, Why}', `no_module_slot',
-%% `not_started', `timeout' (<a href="#Errors">Errors</a>).
--spec load_module(atom(), file:filename_all()) -> ok | {error, term()}.
+%% old one. Errors: `{badarg, {name, Name}}' (not an atom), `{badarg,
+%% {dir, Dir}}' (not a string or binary of Unicode text without NUL),
+%% `{manifest, Why}', `{module, Why}', `no_module_slot', `not_started',
+%% `timeout' (<a href="#Errors">Errors</a>).
+-spec load_module(atom(), file:filename_all()) -> ok | {error, reason()}.
 load_module(Name, Dir) ->
     erlcuda_modules:load(Name, Dir).
 
-%% @doc Unloads module `Name' from every device.
--spec unload_module(atom()) -> ok | {error, term()}.
+%% @doc Unloads module `Name' from every device. Errors: `{no_module,
+%% Name}', `{badarg, {name, Name}}' (not an atom), `not_started',
+%% `timeout'.
+-spec unload_module(atom()) -> ok | {error, reason()}.
 unload_module(Name) ->
     erlcuda_modules:unload(Name).
 

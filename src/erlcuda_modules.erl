@@ -43,17 +43,39 @@ start_link() ->
     gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
 
 %% @doc Loads the module in `Dir' as `Name' on every device (replacing a
-%% module of that name).
--spec load(atom(), file:filename_all()) -> ok | {error, term()}.
+%% module of that name). The arguments are checked here, in the caller's
+%% process: the server is sent only an atom and an absolute directory.
+-spec load(term(), term()) -> ok | {error, term()}.
 load(Name, Dir) when is_atom(Name) ->
-    call({load, Name, Dir});
+    case dir(Dir) of
+        {ok, Abs} -> call({load, Name, Abs});
+        error -> {error, {badarg, {dir, Dir}}}
+    end;
 load(Name, _) ->
     {error, {badarg, {name, Name}}}.
 
 %% @doc Unloads module `Name' from every device.
--spec unload(atom()) -> ok | {error, term()}.
+-spec unload(term()) -> ok | {error, term()}.
+unload(Name) when is_atom(Name) ->
+    call({unload, Name});
 unload(Name) ->
-    call({unload, Name}).
+    {error, {badarg, {name, Name}}}.
+
+%% A directory: a string or a binary (or chardata: a deep list of them)
+%% that is Unicode text without NUL (no path holds one, and gpud is given
+%% it on its command line); `{ok, AbsoluteString}' or `error'.
+dir(Dir) when is_list(Dir); is_binary(Dir) ->
+    try unicode:characters_to_list(Dir) of
+        L when is_list(L) ->
+            case lists:member(0, L) of
+                false -> {ok, filename:absname(L)};
+                true -> error
+            end;
+        _ -> error
+    catch error:_ -> error
+    end;
+dir(_) ->
+    error.
 
 %% @doc The NIF's kernel `K' of module `Name' and its block rule, or
 %% `undefined'.
@@ -78,9 +100,12 @@ gpud_args() ->
     catch error:badarg -> []
     end.
 
+%% The server gone before the call (noproc) or while the call waited (the
+%% application stopping, or a crash its supervisor logs): erlcuda is not
+%% running for this call, and the caller gets an answer, not an exit.
 call(Msg) ->
     try gen_server:call(?MODULE, Msg, infinity)
-    catch exit:{noproc, _} -> {error, not_started}
+    catch exit:{_, {gen_server, call, _}} -> {error, not_started}
     end.
 
 %%% The manifest (format: kernels/kit/src/job.rs; gpud reads it too)
@@ -180,16 +205,13 @@ init([]) ->
     ?TABLE = ets:new(?TABLE, [named_table, protected, set, {read_concurrency, true}]),
     {ok, #{modules => #{}, next_gen => 1}}.
 
-handle_call({load, Name, Dir0}, _From, S) ->
-    Dir = filename:absname(unicode:characters_to_list(Dir0)),
-    case file:read_file(filename:join(Dir, "manifest")) of
-        {ok, Text} ->
-            case parse_manifest(Text) of
-                {ok, Decls} -> load_parsed(Name, Dir, Decls, S);
-                {error, _} = E -> {reply, E, S}
-            end;
-        {error, Why} ->
-            {reply, {error, {manifest, {filename:join(Dir, "manifest"), Why}}}, S}
+%% load/2 and unload/1 send only checked terms; anything else (a call
+%% made around them) is answered, never a crash: a crash here would
+%% forget every loaded module.
+handle_call({load, Name, Dir0}, _From, S) when is_atom(Name) ->
+    case dir(Dir0) of
+        {ok, Dir} -> load_dir(Name, Dir, S);
+        error -> {reply, {error, {badarg, {dir, Dir0}}}, S}
     end;
 handle_call({unload, Name}, _From, #{modules := Mods} = S) ->
     case Mods of
@@ -199,6 +221,19 @@ handle_call({unload, Name}, _From, #{modules := Mods} = S) ->
             {reply, ok, S#{modules := maps:remove(Name, Mods)}};
         _ ->
             {reply, {error, {no_module, Name}}, S}
+    end;
+handle_call(Other, _From, S) ->
+    {reply, {error, {badarg, Other}}, S}.
+
+load_dir(Name, Dir, S) ->
+    case file:read_file(filename:join(Dir, "manifest")) of
+        {ok, Text} ->
+            case parse_manifest(Text) of
+                {ok, Decls} -> load_parsed(Name, Dir, Decls, S);
+                {error, _} = E -> {reply, E, S}
+            end;
+        {error, Why} ->
+            {reply, {error, {manifest, {filename:join(Dir, "manifest"), Why}}}, S}
     end.
 
 handle_cast(_, S) -> {noreply, S}.

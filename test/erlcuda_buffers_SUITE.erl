@@ -1,4 +1,4 @@
-%% Device buffers (erlcuda:put/1,2, get/1, free/1, memory/1, launch with
+%% Device buffers (erlcuda:put/1,2, get/1,2, free/1, memory/1, launch with
 %% {output, buffer}) on whatever backend the suite finds: every CI run
 %% covers them on the cpu backend, where buffers live in gpud's memory with
 %% the same semantics.
@@ -9,7 +9,7 @@
 
 -export([all/0, init_per_suite/1, end_per_suite/1, init_per_testcase/2, end_per_testcase/2]).
 -export([roundtrip_every_type/1, mixing_buffers_and_vectors/1, output_buffer_chain/1,
-         freed_and_bad/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
+         freed_and_bad/1, get_options/1, other_device/1, oom_with_a_small_limit/1, too_large_is_permanent/1,
          gc_frees/1, frees_wait_for_a_slot/1, dying_processes/1, kill9_loses_buffers/1, random_interleavings/1,
          proper_interleavings_with_kills/1, pipelined_put_roundtrips/1, pipelined_put_oom/1,
          pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
@@ -18,7 +18,7 @@
          pin_refuses_bad_input/1, stalls_are_counted/1]).
 
 all() ->
-    [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad,
+    [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad, get_options,
      oom_with_a_small_limit, too_large_is_permanent, gc_frees, frees_wait_for_a_slot, dying_processes,
      random_interleavings, proper_interleavings_with_kills, kill9_loses_buffers,
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
@@ -190,6 +190,43 @@ freed_and_bad(_) ->
     ?assertEqual({error, {no_device, 7}}, erlcuda:put([1.0], [{device, 7}])),
     %% gpud refused nothing it should not have.
     #{bad_descriptors := 0} = erlcuda:stats(0).
+
+%% get/2's timeout: any of 0..2^32-1 ms or infinity, and no other option.
+%% With gpud held past the default 5 s, a get with the default times out
+%% (the copy cancelled: no message follows) while one with `infinity'
+%% waits, and answers once gpud runs again.
+get_options(_) ->
+    V = f32s([1.0, 2.0, 3.0]),
+    {ok, B} = erlcuda:put(V),
+    ?assertEqual({ok, V}, erlcuda:get(B, [])),
+    ?assertEqual({ok, V}, erlcuda:get(B, [{timeout, infinity}])),
+    ?assertEqual({ok, V}, erlcuda:get(B, [{timeout, 16#ffffffff}])),
+    [?assertEqual({error, {badarg, {opt, O}}}, erlcuda:get(B, [O]))
+     || O <- [{timeout, -1}, {timeout, 1 bsl 32}, {timeout, 1.0}, {timeout, forever}, foo]],
+    [?assertEqual({error, {badarg, opts}}, erlcuda:get(B, Opts))
+     || Opts <- [[{device, 0}], [{output, host}], [{timeout, 10} | x], not_a_list]],
+    ?assertEqual({error, {badarg, buffer}}, erlcuda:get(make_ref(), [{timeout, infinity}])),
+    Self = self(),
+    [#{os_pid := OsPid}] = erlcuda:devices(),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Getters = try
+                  Gs = [spawn_link(fun() -> Self ! {got, T, erlcuda:get(B, Opts)} end)
+                        || {T, Opts} <- [{default, []}, {infinity, [{timeout, infinity}]}]],
+                  ?assertEqual({error, timeout}, erlcuda:get(B, [{timeout, 50}])),
+                  %% The default's 5 s, and a margin for a loaded machine.
+                  ?assertEqual({error, timeout},
+                               receive {got, default, R} -> R after 30000 -> no_answer end),
+                  receive {got, infinity, Early} -> ct:fail({answered_while_held, Early})
+                  after 0 -> ok
+                  end,
+                  Gs
+              after
+                  os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+              end,
+    ?assertEqual(2, length(Getters)),
+    ?assertEqual({ok, V}, receive {got, infinity, R2} -> R2 after 30000 -> no_answer end),
+    receive {erlcuda, _, _} = Stray -> ct:fail({stray, Stray}) after 300 -> ok end,
+    ok = erlcuda:free(B).
 
 other_device(_) ->
     case erlcuda_ref:wait_ready() of

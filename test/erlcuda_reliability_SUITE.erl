@@ -39,6 +39,10 @@
 %% 4. random terms: cases per property (10,000 in all)
 -define(FUZZ_CASES, [{launch2, 1500}, {launch3, 2500}, {launch_sync2, 1500},
                      {launch_sync3, 2500}, {stats, 1000}, {no_arg_funs, 1000}]).
+%% Calls of erlcuda_props:prop_no_term_crashes_erlcuda/1: about 500 for
+%% each exported function, 3 s on the CPU backend of an idle 2-core
+%% machine (30,000 took 8 s).
+-define(ANY_TERM_CASES, 10000).
 %% 5. callers that die
 -define(DYING_JOBS, 100000).
 -define(DYING_WAVE, 2000).
@@ -54,7 +58,8 @@ suite() ->
     [{timetrap, {minutes, 15}}].
 
 all() ->
-    [busy_beyond_capacity, callers_that_die, bad_input_from_erlang, overload_burst,
+    [busy_beyond_capacity, callers_that_die, bad_input_from_erlang, no_term_crashes_erlcuda,
+     module_server_gone_mid_call, overload_burst,
      vm_dies, crash_isolation_under_load, gpud_ends_with_its_port].
 
 init_per_suite(Config) ->
@@ -489,6 +494,52 @@ bad_input_from_erlang(_) ->
     receive {erlcuda, _, _} = Stray -> ct:fail({stray, Stray}) after 300 -> ok end,
     ?assertMatch(#{in_flight := 0, restarts := 0}, erlcuda:stats(0)),
     ?assertEqual({ok, [3.0]}, erlcuda:launch_sync(vector_add, [[1.0], [2.0]])).
+
+%% Any term at every exported function of erlcuda, and the documented good
+%% ones, with the example module loaded (where `make user-modules' built
+%% it): no call raises, and after each one every erlcuda process is the
+%% one it was, gpud too, the module is loaded and a launch answers right
+%% (erlcuda_props:prop_no_term_crashes_erlcuda/1).
+no_term_crashes_erlcuda(_) ->
+    Module = case os:getenv("ERLCUDA_USER_MODULES") of
+                 false ->
+                     ct:pal("ERLCUDA_USER_MODULES is not set: no user module loaded"),
+                     none;
+                 _ ->
+                     ok = erlcuda_user_check:load_example(),
+                     {example, erlcuda_user_check:dir(example)}
+             end,
+    T0 = erlang:monotonic_time(millisecond),
+    R = proper:quickcheck(erlcuda_props:prop_no_term_crashes_erlcuda(#{module => Module}),
+                          [{numtests, ?ANY_TERM_CASES}, {to_file, user}, noshrink]),
+    ct:pal("~b calls asked for: ~p in ~b ms", [?ANY_TERM_CASES, R, erlang:monotonic_time(millisecond) - T0]),
+    ?assertEqual(true, R),
+    _ = erlcuda:unload_module(erlcuda_props_spare),
+    ?assert(lists:keymember(erlcuda, 1, application:which_applications())),
+    ?assertMatch(#{restarts := 0}, erlcuda:stats(0)).
+
+%% The module server gone while a call waits for it (here killed; the
+%% application stopping is the same): the caller gets `not_started', not
+%% an exit, and the supervisor's new server answers the next call.
+module_server_gone_mid_call(_) ->
+    Server = whereis(erlcuda_modules),
+    ok = sys:suspend(Server),
+    Self = self(),
+    {Caller, Mon} = spawn_monitor(fun() -> Self ! {answer, erlcuda:unload_module(x)} end),
+    wait_for(fun() -> {message_queue_len, 1} =:= process_info(Server, message_queue_len) end, 10000),
+    exit(Server, kill),
+    ?assertEqual({error, not_started}, receive {answer, A} -> A after 10000 -> no_answer end),
+    ?assertEqual(normal, receive {'DOWN', Mon, process, Caller, Why} -> Why after 10000 -> no_exit end),
+    wait_for(fun() -> is_pid(whereis(erlcuda_modules)) end, 10000),
+    ?assertNotEqual(Server, whereis(erlcuda_modules)),
+    ?assertEqual({error, {no_module, x}}, erlcuda:unload_module(x)).
+
+wait_for(F, 0) -> ct:fail({not_true, erlang:fun_info(F, name)});
+wait_for(F, N) ->
+    case F() of
+        true -> ok;
+        false -> timer:sleep(1), wait_for(F, N - 1)
+    end.
 
 %%% 5. Callers that die
 

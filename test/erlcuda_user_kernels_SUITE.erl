@@ -278,6 +278,24 @@ load_errors(Config) ->
                            "blocks=elements(m) threads=32 block_rule=any shared=0\n">>),
     {error, {manifest, {<<"k">>, {blocks, Why3}}}} = erlcuda:load_module(bad, Bad),
     ct:pal("blocks=elements(m): ~ts", [Why3]),
+    %% Terms that are no name or no directory: answered in the caller's
+    %% process; the module server is the same process, the example stays.
+    Server = whereis(erlcuda_modules),
+    [?assertEqual({error, {badarg, {dir, D}}}, erlcuda:load_module(x, D))
+     || D <- [42, nil, {Ex}, [x], [0], "a\0b", <<255>>, [-1], self()]],
+    ?assertEqual({error, {badarg, {name, "x"}}}, erlcuda:load_module("x", Ex)),
+    ?assertEqual({error, {badarg, {name, 42}}}, erlcuda:unload_module(42)),
+    ?assertEqual({error, {no_module, nothere}}, erlcuda:unload_module(nothere)),
+    %% A directory as a binary, or as chardata, is a directory.
+    ?assertMatch({error, {manifest, {"/nonexistent/manifest", enoent}}},
+                 erlcuda:load_module(x, <<"/nonexistent">>)),
+    ?assertMatch({error, {manifest, {"/nonexistent/manifest", enoent}}},
+                 erlcuda:load_module(x, ["/non", <<"existent">>])),
+    %% A request that load/unload would never send is answered too.
+    ?assertEqual({error, {badarg, {dir, 42}}}, gen_server:call(erlcuda_modules, {load, x, 42})),
+    ?assertEqual({error, {badarg, {load, "x", Ex}}}, gen_server:call(erlcuda_modules, {load, "x", Ex})),
+    ?assertEqual({error, {badarg, nonsense}}, gen_server:call(erlcuda_modules, nonsense)),
+    ?assertEqual(Server, whereis(erlcuda_modules)),
     %% Nothing of them stayed; the example still runs.
     [] = [K || K = #{name := {M, _}} <- erlcuda:kernels(), lists:member(M, [nohost, ghost, bad])],
     {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
