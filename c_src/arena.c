@@ -81,9 +81,13 @@ static int spans_alloc(struct arena *a, uint64_t need, uint64_t *off);
 
 int arena_alloc(struct arena *a, uint64_t bytes, uint64_t *off)
 {
-    uint64_t need = arena_round(bytes ? bytes : 1);
+    if (bytes == 0) {
+        *off = 0;
+        return 0;
+    }
+    uint64_t need = arena_round(bytes);
     if (need == 0)
-        return -1;
+        return -1; /* overflow */
     if (a->quick && need <= ARENA_QUICK_MAX) {
         struct arena_quick *q = &a->quick[need / EC_ARENA_ALIGN - 1];
         if (q->n > 0) {
@@ -136,7 +140,9 @@ static uint32_t upper_bound(const struct arena *a, uint64_t off)
 
 void arena_free(struct arena *a, uint64_t off, uint64_t bytes)
 {
-    uint64_t len = arena_round(bytes ? bytes : 1);
+    if (bytes == 0)
+        return;
+    uint64_t len = arena_round(bytes);
     a->used -= len;
     if (a->quick && len <= ARENA_QUICK_MAX) {
         struct arena_quick *q = &a->quick[len / EC_ARENA_ALIGN - 1];

@@ -44,16 +44,20 @@ struct arena {
 };
 
 /* Rounds a byte count up to the region alignment; 0 stays 0. Returns 0 on
- * overflow too, which callers treat as "too large" because they never ask
- * for 0 bytes (see arena_alloc). */
+ * overflow too, which arena_alloc tells apart from a request of 0 bytes by
+ * the request. */
 uint64_t arena_round(uint64_t bytes);
 
 int arena_init(struct arena *a, uint64_t size);
 void arena_destroy(struct arena *a);
-/* Allocates max(bytes, 1) rounded up; returns 0 and sets *off, or -1 when no
- * span is large enough. */
+/* Allocates `bytes` rounded up; returns 0 and sets *off, or -1 when no
+ * span is large enough. A region of 0 bytes takes nothing: it always
+ * succeeds, at offset 0, and `used` does not move. (It once took one
+ * EC_ARENA_ALIGN unit, which the NIF never gave back: a region of 0 bytes
+ * looked like no region at all, and 256 bytes leaked per put.) */
 int arena_alloc(struct arena *a, uint64_t bytes, uint64_t *off);
-/* Returns a region obtained from arena_alloc with the same byte count. */
+/* Returns a region obtained from arena_alloc with the same byte count; a
+ * region of 0 bytes gives back nothing, as it took nothing. */
 void arena_free(struct arena *a, uint64_t off, uint64_t bytes);
 /* Frees everything (used by tests and by a device reset with no live regions). */
 void arena_reset(struct arena *a);

@@ -94,45 +94,35 @@ void flush_frees(struct device *d)
     int published = 0;
     dev_lock(d);
     for (;;) {
-        if (d->nfree == 0)
-            slot_caches_steal_locked(d);
+        /* Ids leave the queue only here and in reset, both under d->lock,
+         * which is held: the n ids seen now are still queued once the slot
+         * is reserved (destructors only add). */
+        uint32_t n = __atomic_load_n(&d->nfreeq, __ATOMIC_ACQUIRE);
+        if (n > EC_FREE_MAX_IDS)
+            n = EC_FREE_MAX_IDS;
+        if (n == 0)
+            break;
+        /* A slot and a region for the ids, as every job gets them. No
+         * slot or no arena room: the next flush (after a completion)
+         * tries again. */
+        int64_t idx = reserve_job_locked(d, (uint64_t)n * 8, 0, 0, 0);
+        if (idx < 0)
+            break;
+        struct job *j = &d->jobs[idx];
         enif_mutex_lock(d->freeq_lock);
-        uint32_t n = d->nfreeq < EC_FREE_MAX_IDS ? d->nfreeq : EC_FREE_MAX_IDS;
-        if (n == 0 || d->nfree == 0) {
-            enif_mutex_unlock(d->freeq_lock);
-            break;
-        }
-        struct region in;
-        if (region_alloc_locked(d, arena_round((uint64_t)n * 8), &in) != 0) {
-            /* The arena is full: the next flush (after a completion) tries
-             * again. */
-            enif_mutex_unlock(d->freeq_lock);
-            break;
-        }
         /* The last n ids: the queue is a stack, order does not matter. */
-        memcpy(region_ptr(d, &in), d->freeq + (d->nfreeq - n), (size_t)n * 8);
+        memcpy(region_ptr(d, &j->in), d->freeq + (d->nfreeq - n), (size_t)n * 8);
         __atomic_store_n(&d->nfreeq, d->nfreeq - n, __ATOMIC_RELEASE);
         enif_mutex_unlock(d->freeq_lock);
-
-        uint32_t idx = d->free_stack[--d->nfree];
-        struct job *j = &d->jobs[idx];
-        /* The slot is clear (clear_slot): no output, no credits. */
-        j->in = in;
-        j->gen++;
-        j->kernel = EC_CONTROL_FREE;
-        j->type = EC_TYPE_S64;
-        j->output = OUTPUT_FREE;
-        j->ref = ATOM_false; /* no caller: cancel/2 never matches it */
-        in_flight_add(d, 1);
         struct ec_sqe sqe = {
-            .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
+            .user_data = job_begin(d, (uint32_t)idx, NULL, 0, EC_CONTROL_FREE, EC_TYPE_S64, OUTPUT_FREE, 0),
             .kernel = EC_CONTROL_FREE,
             .type = EC_TYPE_S64,
-            .in0 = region_addr(&in),
+            .in0 = region_addr(&j->in),
             .in0_len = n,
         };
         sq_lock(d);
-        sq_push_locked(d, idx, &sqe);
+        sq_push_locked(d, (uint32_t)idx, &sqe);
         sq_unlock(d);
         count(&d->c.buffer_frees, n);
         published = 1;
@@ -143,29 +133,23 @@ void flush_frees(struct device *d)
 }
 
 /* A descriptor of a buffer job (put or get) in slot idx: fills the job's
- * common fields, keeps `keep` (the buffer's term) in its env. A put of
- * parts > 1 slices copies `src` into its input region as it publishes
- * (submit_put_pipelined); otherwise the input is in already. */
+ * fields (job_begin, and what a buffer job adds), keeps `keep` (the
+ * buffer's term) in its env. A put of parts > 1 slices copies `src` into
+ * its input region as it publishes (submit_put_pipelined); otherwise the
+ * input is in already. Returns 0, or an error term when nothing was
+ * published (a get's buffer freed or lost since it was checked): the
+ * caller then gives the slot back. */
 static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uint32_t kernel,
                               uint8_t type, uint32_t len, unsigned output, ERL_NIF_TERM keep,
                               struct ec_sqe *sqe, uint32_t parts, const uint8_t *src, ERL_NIF_TERM ref)
 {
     struct job *j = &d->jobs[idx];
-    if (!ref)
-        ref = enif_make_ref(env);
-    j->gen++;
-    j->kernel = kernel;
-    j->type = type;
-    j->output = (uint8_t)output;
     j->out_buf = output == OUTPUT_PUT;
     j->buf_term = enif_make_copy(j->env, keep);
-    j->ref = enif_make_copy(j->env, ref);
-    enif_self(env, &j->pid);
-    j->out_len = len;
     /* A get answers its buffer's contents as a kernel's one output does. */
     j->nout = 1;
     j->outs[0] = (struct out_spec){.type = type, .scalar = 0, .len = len, .off = 0};
-    sqe->user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx;
+    sqe->user_data = job_begin(d, (uint32_t)idx, env, ref, kernel, type, (uint8_t)output, len);
     sqe->kernel = (uint16_t)kernel;
     sqe->type = type;
     if (output == OUTPUT_PUT && parts > 1) {
@@ -181,13 +165,12 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
         s.nin = 1;
         s.in[0].buf = b;
         if (publish_checked(d, (uint32_t)idx, sqe, &s) != 0) {
-            unreserve_job(d, (uint32_t)idx);
             ERL_NIF_TERM why = buffer_unusable(env, d, b);
             return make_error(env, why ? why : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
         }
     }
     count(&d->c.submitted, 1);
-    return enif_make_tuple2(env, ATOM_ok, ref);
+    return 0;
 }
 
 /* free(Buf): queued at once (queue_free), then sent, unless the device is
@@ -217,18 +200,25 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
                ERL_NIF_TERM ref, ERL_NIF_TERM *result)
 {
     struct vec v;
+    /* Every way out after the lock goes through `out`, which gives back
+     * the slot (and its regions) of a put that published nothing. */
+    ERL_NIF_TERM fail = 0;
+    int64_t idx = -1;
+    int redo = 0;
     enif_rwlock_rlock(d->life);
     if (d->closed) {
-        enif_rwlock_runlock(d->life);
-        *result = make_error(env, ATOM_closed);
-        return 0;
+        fail = make_error(env, ATOM_closed);
+        goto out;
     }
     int r = parse_vector(env, argv[1], dirty, &v, result);
-    if (r != 0) {
-        enif_rwlock_runlock(d->life);
-        if (r > 0)
-            count(&d->c.dirty_submits, 1);
-        return r > 0;
+    if (r < 0) {
+        fail = *result;
+        goto out;
+    }
+    if (r > 0) {
+        count(&d->c.dirty_submits, 1);
+        redo = 1;
+        goto out;
     }
     uint64_t bytes = v.len * type_bytes(v.type);
     /* A binary already in the arena (a result, or pinned: pinned.c) is
@@ -240,22 +230,21 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
      * A list is converted element by element on this thread: one piece. */
     uint32_t parts = v.is_binary && !in_arena ? pipeline_put_parts(d, bytes) : 1;
     /* A put larger than put_window_bytes needs only its window of the
-     * arena (pipeline_put_plan). */
+     * arena (pipeline_put_plan). A put's output is a buffer: no region. */
     struct put_plan pp;
     pipeline_put_plan(d, v.len, type_bytes(v.type), parts, &pp);
-    uint64_t in_bytes = in_arena ? 0 : arena_round(pp.region ? pp.region : 1);
-    int64_t idx = pp.region > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, parts - 1, 0);
+    uint64_t in_bytes = in_arena ? 0 : arena_round(pp.region);
+    idx = pp.region > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, parts - 1, 0);
     if (idx == -1 && parts > 1) {
         parts = 1; /* not enough free slots for the extra descriptors: one is fine */
-        in_bytes = arena_round(bytes ? bytes : 1);
+        in_bytes = arena_round(bytes);
         idx = bytes > d->arena_max ? -2 : reserve_job(d, in_bytes, 0, 0, 0);
     }
     if (idx < 0) {
-        enif_rwlock_runlock(d->life);
         if (idx == -1)
             count(&d->c.busy, 1);
-        *result = idx == -1 ? make_error(env, ATOM_busy) : make_badarg(env, ATOM_too_large);
-        return 0;
+        fail = idx == -1 ? make_error(env, ATOM_busy) : make_badarg(env, ATOM_too_large);
+        goto out;
     }
     struct job *j = &d->jobs[idx];
     if (in_arena) {
@@ -263,18 +252,14 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         enif_make_copy(j->env, v.bin_term);
         count(&d->c.arena_inputs, 1);
     } else if (parts == 1 && !copy_vec(env, &v, region_ptr(d, &j->in))) {
-        unreserve_job(d, (uint32_t)idx);
-        enif_rwlock_runlock(d->life);
-        *result = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 1)));
-        return 0;
+        fail = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, 1)));
+        goto out;
     }
     ERL_NIF_TERM buf = new_buffer(env, d, v.type, (uint32_t)v.len);
     struct buffer_res *b;
     if (!buf || !enif_get_resource(env, buf, BUFFER_RT, (void **)&b)) {
-        unreserve_job(d, (uint32_t)idx);
-        enif_rwlock_runlock(d->life);
-        *result = make_error(env, ATOM_enomem);
-        return 0;
+        fail = make_error(env, ATOM_enomem);
+        goto out;
     }
     /* The whole buffer as one slice at byte 0 (p.u64[0]);
      * submit_put_pipelined cuts it into its parts. */
@@ -285,11 +270,22 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         .out = b->id,
         .out_len = (uint32_t)v.len,
     };
-    *result = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, &sqe,
-                        parts, v.bin.data, ref);
-    flush_frees(d);
+    if (!ref)
+        ref = enif_make_ref(env);
+    fail = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, &sqe,
+                     parts, v.bin.data, ref);
+    if (!fail) {
+        *result = enif_make_tuple2(env, ATOM_ok, ref);
+        flush_frees(d);
+    }
+out:
+    if (fail) {
+        if (idx >= 0)
+            unreserve_job(d, (uint32_t)idx);
+        *result = fail;
+    }
     enif_rwlock_runlock(d->life);
-    return 0;
+    return redo;
 }
 
 ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, ERL_NIF_TERM ref)
@@ -308,7 +304,7 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, 
     uint64_t bytes = (uint64_t)b->len * type_bytes(b->type);
     /* A large result stays in the arena as a resource binary (no copy). */
     int zero_copy = bytes >= d->zero_copy_bytes;
-    int64_t idx = reserve_job(d, 0, arena_round(bytes ? bytes : 1), 0, zero_copy);
+    int64_t idx = reserve_job(d, 0, arena_round(bytes), 0, zero_copy);
     if (idx < 0) {
         enif_rwlock_runlock(d->life);
         if (idx == -1)
@@ -325,9 +321,14 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, 
         .out = region_addr(&j->out),
         .out_len = b->len,
     };
+    if (!ref)
+        ref = enif_make_ref(env);
     ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, OUTPUT_KERNEL, buf,
                                  &sqe, 1, NULL, ref);
-    flush_frees(d);
+    if (res)
+        unreserve_job(d, (uint32_t)idx);
+    else
+        flush_frees(d);
     enif_rwlock_runlock(d->life);
-    return res;
+    return res ? res : enif_make_tuple2(env, ATOM_ok, ref);
 }

@@ -70,20 +70,31 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     s.kernel = s.ki->id;
     int users = s.ki->user;
 
+    /* From here every way out goes through `out`, the one place that
+     * gives back what the submit took: the slot and its regions once
+     * reserved (unless published: then the job's answer releases them),
+     * and the hold on the mapping. `fail` is the answer of a submit that
+     * publishes nothing. */
+    ERL_NIF_TERM fail = 0;
+    int64_t idx = -1;
+    int redo = 0; /* parse_args asks for a dirty scheduler */
+    struct pipe_plan plan;
+
     /* The mapping is read from parse_args on (arena lookups): hold it. */
     enif_rwlock_rlock(d->life);
     if (d->closed) {
-        enif_rwlock_runlock(d->life);
-        *result = make_error(env, ATOM_closed);
-        return 0;
+        fail = make_error(env, ATOM_closed);
+        goto out;
     }
     int r = parse_args(env, d, argv[2], dirty, &s, result);
-    if (r != 0) {
-        enif_rwlock_runlock(d->life);
-        if (r < 0)
-            return 0;
+    if (r < 0) {
+        fail = *result;
+        goto out;
+    }
+    if (r > 0) {
         count(&d->c.dirty_submits, 1);
-        return 1;
+        redo = 1;
+        goto out;
     }
     STAMP(t, 1);
 
@@ -99,7 +110,6 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     }
     /* A job with a fault or buffer outputs is never pipelined; a pipelined
      * reduction's output holds its partials. */
-    struct pipe_plan plan;
     if (!users && flags == 0 && !out_buf)
         pipeline_plan(d, &s, &plan);
     else
@@ -110,15 +120,14 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     else if (!out_buf && !users)
         out_bytes = arena_round(plan.out_elems * s.elem);
     if (in_bytes > d->arena_max || out_bytes > d->arena_max || in_bytes + out_bytes > d->arena_max) {
-        enif_rwlock_runlock(d->life);
-        *result = make_badarg(env, ATOM_too_large);
-        return 0;
+        fail = make_badarg(env, ATOM_too_large);
+        goto out;
     }
     /* A binary vector result this large stays in the arena as the answer. */
     int zero_copy = !out_buf && s.nout == 1 && !s.outs[0].scalar && s.form != FORM_LIST &&
                     s.nin && s.in[0].is_binary &&
                     (uint64_t)s.outs[0].len * type_bytes(s.outs[0].type) >= d->zero_copy_bytes;
-    int64_t idx = reserve_job(d, in_bytes, out_bytes, plan.parts - 1, zero_copy);
+    idx = reserve_job(d, in_bytes, out_bytes, plan.parts - 1, zero_copy);
     if (idx < 0 && plan.parts > 1) {
         /* not enough free slots for the extra descriptors: one is fine (a
          * reduction's output region is then larger than it needs) */
@@ -126,18 +135,16 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         idx = reserve_job(d, in_bytes, out_bytes, 0, zero_copy);
     }
     if (idx == -2) {
-        enif_rwlock_runlock(d->life);
-        *result = make_badarg(env, ATOM_too_large);
-        return 0;
+        fail = make_badarg(env, ATOM_too_large);
+        goto out;
     }
     if (idx < 0) {
         /* Busy: answering finished jobs frees slots for the retry. */
         if (!dirty)
             reap_cq(d, env);
-        enif_rwlock_runlock(d->life);
         count(&d->c.busy, 1);
-        *result = make_error(env, ATOM_busy);
-        return 0;
+        fail = make_error(env, ATOM_busy);
+        goto out;
     }
     STAMP(t, 2);
     struct job *j = &d->jobs[idx];
@@ -163,10 +170,8 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         if (plan.parts > 1)
             continue; /* binaries, copied part by part by submit_pipelined */
         if (!copy_vec(env, &s.in[i], region_ptr(d, &j->in) + in_off[i])) {
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
-            return 0;
+            fail = make_badarg(env, enif_make_tuple2(env, ATOM_arg, enif_make_uint(env, i + 1)));
+            goto out;
         }
     }
     if (d->poison && !out_buf && out_bytes)
@@ -180,10 +185,8 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         for (unsigned k = 0; k < s.nout; k++) {
             bt[k] = new_buffer(j->env, d, s.outs[k].type, s.outs[k].len);
             if (!bt[k]) {
-                unreserve_job(d, (uint32_t)idx);
-                enif_rwlock_runlock(d->life);
-                *result = make_error(env, ATOM_enomem);
-                return 0;
+                fail = make_error(env, ATOM_enomem);
+                goto out;
             }
             out_ids[k] = get_buffer(j->env, bt[k])->id;
         }
@@ -192,27 +195,20 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     int given_ref = ref != 0; /* launch_sync's: await_spin may follow */
     if (!ref)
         ref = enif_make_ref(env);
-    j->gen++;
-    j->kernel = s.kernel;
-    j->type = s.nout ? s.outs[0].type : s.type;
-    j->output = OUTPUT_KERNEL;
     j->form = s.form;
     j->zero_copy = zero_copy;
-    j->ref = enif_make_copy(j->env, ref);
-    enif_self(env, &j->pid);
-    j->out_len = (uint32_t)s.out_len;
-    /* What await_spin needs, kept here: once published, the job may be
-     * answered and its slot cleared (zeroed: clear_slot) or reused before
-     * this submit returns, so no field of j is read after the publish. */
-    const uint32_t gen = j->gen;
-    const ErlNifPid pid = j->pid;
-
     struct ec_sqe sqe = {
-        .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
+        .user_data = job_begin(d, (uint32_t)idx, env, ref, s.kernel, s.nout ? s.outs[0].type : s.type,
+                               OUTPUT_KERNEL, (uint32_t)s.out_len),
         .kernel = (uint16_t)s.kernel,
         .type = s.type,
         .flags = flags,
     };
+    /* What await_spin needs, kept here: once published, the job may be
+     * answered and its slot cleared (zeroed: clear_slot) or reused before
+     * this submit returns, so no field of j is read after the publish. */
+    const uint32_t gen = (uint32_t)(sqe.user_data >> 32);
+    const ErlNifPid pid = j->pid;
     if (users) {
         /* The job record opens the input region (8-aligned: regions are
          * EC_ARENA_ALIGN-aligned). */
@@ -254,10 +250,8 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         int pr = submit_pipelined(d, (uint32_t)idx, &sqe, &s, dst, &plan);
         enif_rwlock_runlock(d->pipe);
         if (pr != 0) {
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result = make_error(env, ATOM_enomem);
-            return 0;
+            fail = make_error(env, ATOM_enomem);
+            goto out;
         }
         count(&d->c.pipelined, 1);
     } else {
@@ -270,12 +264,10 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
             for (unsigned i = 0; pr == -2 && !why && i < s.nin; i++)
                 if (s.in[i].buf)
                     why = buffer_unusable(env, d, s.in[i].buf);
-            unreserve_job(d, (uint32_t)idx);
-            enif_rwlock_runlock(d->life);
-            *result = make_error(env, pr == -1 ? ATOM_stale_kernel
-                                     : why ? why
-                                           : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
-            return 0;
+            fail = make_error(env, pr == -1 ? ATOM_stale_kernel
+                                   : why ? why
+                                         : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
+            goto out;
         }
     }
     flush_frees(d);
@@ -286,10 +278,16 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
                                            .ref_hash = enif_hash(ERL_NIF_INTERNAL_HASH, ref, 0)};
     if (!dirty)
         reap_cq(d, env);
-    enif_rwlock_runlock(d->life);
     count(&d->c.submitted, 1);
     *result = enif_make_tuple2(env, ATOM_ok, ref);
-    return 0;
+out:
+    if (fail) {
+        if (idx >= 0)
+            unreserve_job(d, (uint32_t)idx);
+        *result = fail;
+    }
+    enif_rwlock_runlock(d->life);
+    return redo;
 }
 
 /* module_op(Handle, load | unload, Slot, Path): see launch.h. The path
@@ -319,18 +317,12 @@ ERL_NIF_TERM submit_control(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM
     memcpy(region_ptr(d, &j->in), path.data, path.size);
     memset(region_ptr(d, &j->out), 0, CONTROL_MSG_BYTES);
     ERL_NIF_TERM ref = enif_make_ref(env);
-    j->gen++;
-    j->kernel = load ? EC_CONTROL_LOAD_MODULE : EC_CONTROL_UNLOAD_MODULE;
-    j->type = EC_TYPE_U8;
-    j->output = OUTPUT_CONTROL;
+    uint32_t kernel = load ? EC_CONTROL_LOAD_MODULE : EC_CONTROL_UNLOAD_MODULE;
     j->form = FORM_BINARY;
-    j->zero_copy = 0;
-    j->ref = enif_make_copy(j->env, ref);
-    enif_self(env, &j->pid);
-    j->out_len = CONTROL_MSG_BYTES;
     struct ec_sqe sqe = {
-        .user_data = ((uint64_t)j->gen << 32) | (uint64_t)idx,
-        .kernel = (uint16_t)j->kernel,
+        .user_data = job_begin(d, (uint32_t)idx, env, ref, kernel, EC_TYPE_U8, OUTPUT_CONTROL,
+                               CONTROL_MSG_BYTES),
+        .kernel = (uint16_t)kernel,
         .type = EC_TYPE_U8,
         .in0 = region_addr(&j->in),
         .in0_len = (uint32_t)path.size,

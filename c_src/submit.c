@@ -21,10 +21,15 @@
 
 __thread int prof_timing;
 
-/* Returns a finished job's region and slot. Caller holds d->lock. */
+/* Gives a region back to its segment's allocator, whatever its size: a
+ * region of 0 bytes took nothing there and gives back nothing (arena.h).
+ * (Skipping those here, while the allocator still took 256 bytes for
+ * them, lost 256 bytes per put above the inline size and per
+ * {output, buffer} job with copied inputs.) A slot's inline area is never
+ * the allocator's. Caller holds d->lock. */
 void free_region_locked(struct device *d, struct region *r)
 {
-    if (r->bytes && !r->inl)
+    if (!r->inl)
         arena_free(&d->alloc[r->seg], r->off, r->bytes);
     r->bytes = 0;
     r->inl = 0;
@@ -119,53 +124,13 @@ static void inline_regions(const struct device *d, uint32_t idx, uint64_t in_byt
     *out = (struct region){.seg = 0, .inl = 1, .off = base + in_bytes, .bytes = out_bytes};
 }
 
-/* Reserves a slot and the job's regions, plus `credits` extra slots for the
- * extra descriptors of a pipelined job. `keep_out`: the output will outlive
- * the job (a zero-copy result binary), so it cannot be in the slot's inline
- * area. Returns the slot index, -1 (busy: try later) or -2 (the regions can
- * never fit the arena: a permanent refusal, never busy). */
-int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
-                           uint32_t credits, int keep_out)
+/* Slot idx takes the job's regions and `credits` slots more off the free
+ * stack (caller holds d->lock when credits > 0): the one place a job's
+ * regions are set, as free_slot_locked is the one place they are given
+ * back. */
+static void take_slot(struct device *d, uint32_t idx, struct region in, struct region out,
+                      uint32_t credits)
 {
-    struct region in = {0, 0, 0, 0}, out = {0, 0, 0, 0};
-    int small = !keep_out && credits == 0 && in_bytes + out_bytes <= INLINE_BYTES;
-    struct slot_cache *cache = small ? slot_cache_mine(&d->caches) : NULL;
-    if (cache) {
-        /* A slot of this thread's own: no device lock (slot_cache.h). */
-        int64_t idx = slot_cache_pop(cache);
-        if (idx >= 0) {
-            struct job *j = &d->jobs[idx];
-            inline_regions(d, (uint32_t)idx, in_bytes, out_bytes, &j->in, &j->out);
-            j->out_taken = 0;
-            j->ncredit = 0;
-            in_flight_add(d, 1);
-            count(&d->c.cached_reserves, 1);
-            return idx;
-        }
-    }
-    dev_lock(d);
-    if (d->nfree <= credits) {
-        slot_caches_steal_locked(d);
-        if (d->nfree <= credits) {
-            dev_unlock(d);
-            return -1;
-        }
-    }
-    uint32_t top = d->free_stack[d->nfree - 1];
-    if (!keep_out && in_bytes + out_bytes <= INLINE_BYTES && top < d->inline_slots) {
-        inline_regions(d, top, in_bytes, out_bytes, &in, &out);
-    } else if (region_alloc_locked(d, out_bytes, &out) != 0) {
-        int never = in_bytes + out_bytes > d->arena_max || !can_ever_fit_locked(d, out_bytes) ||
-                    !can_ever_fit_locked(d, in_bytes);
-        dev_unlock(d);
-        return never ? -2 : -1;
-    } else if (in_bytes > 0 && region_alloc_locked(d, in_bytes, &in) != 0) {
-        free_region_locked(d, &out);
-        int never = in_bytes + out_bytes > d->arena_max || !can_ever_fit_locked(d, in_bytes);
-        dev_unlock(d);
-        return never ? -2 : -1;
-    }
-    int64_t idx = d->free_stack[--d->nfree];
     struct job *j = &d->jobs[idx];
     j->in = in;
     j->out = out;
@@ -174,10 +139,79 @@ int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
     for (uint32_t i = 0; i < credits; i++)
         j->credit[i] = d->free_stack[--d->nfree];
     in_flight_add(d, 1 + credits);
-    if (cache)
+}
+
+int64_t reserve_job_locked(struct device *d, uint64_t in_bytes, uint64_t out_bytes, uint32_t credits,
+                           int keep_out)
+{
+    if (d->nfree <= credits) {
+        slot_caches_steal_locked(d);
+        if (d->nfree <= credits)
+            return -1;
+    }
+    struct region in = {0, 0, 0, 0}, out = {0, 0, 0, 0};
+    uint32_t top = d->free_stack[d->nfree - 1];
+    if (!keep_out && in_bytes + out_bytes <= INLINE_BYTES && top < d->inline_slots) {
+        inline_regions(d, top, in_bytes, out_bytes, &in, &out);
+    } else if (region_alloc_locked(d, out_bytes, &out) != 0) {
+        int never = in_bytes + out_bytes > d->arena_max || !can_ever_fit_locked(d, out_bytes) ||
+                    !can_ever_fit_locked(d, in_bytes);
+        return never ? -2 : -1;
+    } else if (region_alloc_locked(d, in_bytes, &in) != 0) {
+        free_region_locked(d, &out);
+        int never = in_bytes + out_bytes > d->arena_max || !can_ever_fit_locked(d, in_bytes);
+        return never ? -2 : -1;
+    }
+    uint32_t idx = d->free_stack[--d->nfree];
+    take_slot(d, idx, in, out, credits);
+    return idx;
+}
+
+/* Reserves a slot and the job's regions (reserve_job_locked); a small job
+ * takes a slot of this thread's own cache, without the device lock. */
+int64_t reserve_job(struct device *d, uint64_t in_bytes, uint64_t out_bytes,
+                           uint32_t credits, int keep_out)
+{
+    int small = !keep_out && credits == 0 && in_bytes + out_bytes <= INLINE_BYTES;
+    struct slot_cache *cache = small ? slot_cache_mine(&d->caches) : NULL;
+    if (cache) {
+        /* A slot of this thread's own: no device lock (slot_cache.h). */
+        int64_t idx = slot_cache_pop(cache);
+        if (idx >= 0) {
+            struct region in, out;
+            inline_regions(d, (uint32_t)idx, in_bytes, out_bytes, &in, &out);
+            take_slot(d, (uint32_t)idx, in, out, 0);
+            count(&d->c.cached_reserves, 1);
+            return idx;
+        }
+    }
+    dev_lock(d);
+    int64_t idx = reserve_job_locked(d, in_bytes, out_bytes, credits, keep_out);
+    if (idx >= 0 && cache)
         slot_cache_refill_locked(d, cache);
     dev_unlock(d);
     return idx;
+}
+
+uint64_t job_begin(struct device *d, uint32_t idx, ErlNifEnv *caller, ERL_NIF_TERM ref, uint32_t kernel,
+                   uint8_t type, uint8_t output, uint32_t out_len)
+{
+    struct job *j = &d->jobs[idx];
+    /* The slot's own field, read by others without the lock: stored
+     * atomically (device_state.h). */
+    uint32_t gen = __atomic_load_n(&j->gen, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&j->gen, gen, __ATOMIC_RELAXED);
+    j->kernel = kernel;
+    j->type = type;
+    j->output = output;
+    j->out_len = out_len;
+    if (caller) {
+        j->ref = enif_make_copy(j->env, ref);
+        enif_self(caller, &j->pid);
+    } else {
+        j->ref = ATOM_false; /* no caller: cancel/2 never matches it */
+    }
+    return ((uint64_t)gen << 32) | (uint64_t)idx;
 }
 
 /* A slot back to free, carrying nothing of its last job: every field of

@@ -13,7 +13,12 @@
 #
 # Leak detection is off (detect_leaks=0): the VM keeps its memory at exit by
 # design, and LD_PRELOAD puts the runtime into every child (gpud, sh, kill)
-# too. Every other error class is on. Usage: test/asan.sh (from anywhere).
+# too. Every other error class is on. Usage: test/asan.sh [SUITE...] (from
+# anywhere); by default erlcuda_SUITE and erlcuda_security_SUITE, as
+# `make test-asan` runs it. Another suite named here runs instead, e.g.
+# `test/asan.sh erlcuda_arena_SUITE` (users' kernels from
+# _build/user_modules, `make user-modules`, unless $ERLCUDA_USER_MODULES
+# says where).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,6 +26,12 @@ A=$ROOT/_build/asan
 LIBASAN=$(gcc -print-file-name=libasan.so)
 [ -e "$LIBASAN" ] || { echo "asan: gcc's libasan.so not found" >&2; exit 1; }
 t0=$(date +%s)
+SUITES=("$@")
+[ ${#SUITES[@]} -gt 0 ] || SUITES=(erlcuda_SUITE erlcuda_security_SUITE)
+SUITE_FILES=()
+for s in "${SUITES[@]}"; do SUITE_FILES+=("test/$s.erl"); done
+CT_SUITES=$(IFS=,; echo "${SUITES[*]}")
+export ERLCUDA_USER_MODULES=${ERLCUDA_USER_MODULES:-$ROOT/_build/user_modules}
 
 # 1. The normal build (ebin, priv/gpud) and the fault-injection gpud.
 make -s native
@@ -42,8 +53,8 @@ cp priv/gpud "$A/lib/erlcuda/priv/gpud"
 
 # 3. The test modules.
 erlc -o "$A/test" -pa "$A/lib/erlcuda/ebin" \
-    test/erlcuda_ref.erl test/erlcuda_props.erl test/erlcuda_tests.erl \
-    test/erlcuda_SUITE.erl test/erlcuda_security_SUITE.erl
+    test/erlcuda_ref.erl test/erlcuda_props.erl test/erlcuda_tests.erl test/erlcuda_user_check.erl \
+    "${SUITE_FILES[@]}"
 cp -r test/erlcuda_security_SUITE.erl test/erlcuda_security_SUITE_data "$A/test/"
 
 # 4. Run. log_path gets one file per process that reports.
@@ -78,7 +89,7 @@ set +e
     halt(case R of ok -> 0; _ -> 1 end).'
 eunit_rc=$?
 "${ERL[@]}" -eval '
-    R = ct:run_test([{dir, "'"$A"'/test"}, {suite, [erlcuda_SUITE, erlcuda_security_SUITE]},
+    R = ct:run_test([{dir, "'"$A"'/test"}, {suite, ['"$CT_SUITES"']},
                      {logdir, "'"$A"'/logs"}, {auto_compile, false}]),
     io:format("ct: ~p~n", [R]),
     halt(case R of {_, 0, {_, 0}} -> 0; _ -> 1 end).'
