@@ -610,7 +610,7 @@ user_checks() ->
              check("user softmax (table), f32 and f64", fun() -> erlcuda_user_check:softmax(all) end),
              check("user row_sums (table)", fun() -> erlcuda_user_check:row_sums(all) end),
              check("user sumsq (reduction), every size", fun() -> erlcuda_user_check:sumsq(all) end),
-             check("the ten example kernels, every type and odd size",
+             check("the eleven example kernels, every type and odd size",
                    fun() -> example_check:run(example) end),
              check("user kernels: 1,000 callers' jobs coalesced",
                    fun() -> erlcuda_user_check:coalesced(1000) end),

@@ -11,7 +11,7 @@
 
 all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
-     call_forms, topk_rows_cases, coalesced,
+     call_forms, topk_rows_cases, cos_topk, cos_topk_cases, coalesced,
      coalesced_1000_callers,
      replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
      host_segfault,
@@ -100,6 +100,54 @@ call_forms(_) ->
 %% with it.
 topk_rows_cases(_) ->
     example_check_calls(topk_rows).
+
+%% cos_topk as a user calls it: its signature in erlcuda:kernels(), a
+%% worked answer (a zero row's similarity 0, equal rows in index order, the
+%% most similar first), the same answer for any block and grid, and K
+%% refused outside 1..min(rows, 64) before launch.
+cos_topk(_) ->
+    [#{args := [#{name := x, kind := vector, type := 'T', length := <<"rows*cols">>},
+                #{name := q, kind := vector, type := 'T', length := <<"cols">>},
+                #{name := rows, kind := dim}, #{name := cols, kind := dim},
+                #{name := k, kind := dim, range := <<"1..=rows&64">>}],
+       outputs := [#{name := values, type := 'T', length := <<"k">>},
+                   #{name := indices, type := u32, length := <<"k">>}],
+       types := [f32, f64], block_rule := warps}] =
+        [K || K = #{name := {example, cos_topk}} <- erlcuda:kernels()],
+    %% Rows: (1, 0), (0, 0), (2, 0) (= row 0's direction), (0, 1), (-1, 0),
+    %% (1, 1); Q = (1, 0). Cosines 1, 0, 1, 0, -1, 1/sqrt(2).
+    X = [1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 1.0, -1.0, 0.0, 1.0, 1.0],
+    Q = [1.0, 0.0],
+    {ok, {[1.0, 1.0, H, 0.0, 0.0, -1.0], [0, 2, 5, 1, 3, 4]}} =
+        erlcuda:launch_sync({example, cos_topk}, [X, Q, 6, 2, 6]),
+    ?assert(abs(H - math:sqrt(0.5)) < 1.0e-6),
+    {ok, {[1.0, 1.0], [0, 2]}} = erlcuda:launch_sync({example, cos_topk}, [X, Q, 6, 2, 2]),
+    X64 = {f64, << <<V:64/float-native>> || V <- X >>},
+    {ok, {{f64, <<1.0:64/float-native>>}, {u32, <<0:32/native>>}}} =
+        erlcuda:launch_sync({example, cos_topk}, [X64, {f64, <<1.0:64/float-native, 0.0:64/float-native>>}, 6, 2, 1]),
+    %% Any block and grid: one answer (each similarity's sums are in one
+    %% order whatever the threads).
+    Big = [float((I * 37) rem 101 - 50) || I <- lists:seq(1, 300 * 24)],
+    Qb = [float(I rem 7 - 3) || I <- lists:seq(1, 24)],
+    {ok, Want} = erlcuda:launch_sync({example, cos_topk}, [Big, Qb, 300, 24, 64]),
+    [?assertEqual({ok, Want}, erlcuda:launch_sync({example, cos_topk}, [Big, Qb, 300, 24, 64], Opts))
+     || Opts <- [[{block, 32}], [{block, 64}, {grid, 1}], [{block, 1024}], [{block, 96}, {grid, 3}]]],
+    [?assertEqual({error, {badarg, {arg, 5}}}, erlcuda:launch_sync({example, cos_topk}, [X, Q, 6, 2, K]))
+     || K <- [0, 7, 65]],
+    ?assertEqual({error, {badarg, {arg, 5}}},
+                 erlcuda:launch_sync({example, cos_topk}, [lists:duplicate(130, 1.0), Q, 65, 2, 65])),
+    ?assertEqual({error, {badarg, {arg, 2}}}, erlcuda:launch_sync({example, cos_topk}, [X, [1.0], 6, 2, 1])),
+    ok.
+
+%% cos_topk against its f64 reference (example_check:cos_topk/1): odd
+%% sizes, K at its edges, equal and zero rows, a zero query, NaN, other
+%% block and grid sizes.
+cos_topk_cases(_) ->
+    load_example_check(),
+    Calls = example_check:cos_topk(example),
+    ct:pal("~b calls", [Calls]),
+    ?assert(Calls > 50, Calls),
+    ok.
 
 %% example_check:F/1 on the `example' module, which makes more than 200
 %% calls.

@@ -46,6 +46,7 @@ kernel argmax_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols
 kernel axpbypcz types=s32,u32,s64,f32,f64 args=a:s:T,x:v:T:n,b:s:T,y:v:T:n,c:s:T,z:v:T:n outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel cos_sim types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d outs=sim:w:T:rows blocks=rows threads=128 block_rule=warps shared=0
+kernel cos_topk types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d,k:d:1..=rows&64 outs=values:w:T:k,indices:w:u32:k blocks=1 threads=1024 block_rule=warps shared=0
 kernel gather types=u8,s32,u32,s64,f32,f64 args=table:v:T:n,index:v:s32:m outs=out:w:T:m blocks=elements(m) threads=256 block_rule=any shared=0
 kernel gelu types=f32,f64 args=x:v:T:n outs=y:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel histogram types=- args=p:v:u8:n outs=counts:o:u32:256 blocks=chunks(n) threads=256 block_rule=any shared=0
@@ -62,10 +63,10 @@ diff -u "$tmp/want" "$example/manifest" || fail "examples/kernels: unexpected ma
 entries=($(awk '$1 == "kernel" { for (i = 3; i <= NF; i++) if ($i ~ /^types=/) {
     if ($i == "types=-") { print $2; continue }
     n = split(substr($i, 7), t, ","); for (j = 1; j <= n; j++) print $2 "_" t[j] } }' "$tmp/want"))
-[[ "${#entries[@]}" == 44 ]] || fail "examples/kernels: ${#entries[@]} entries declared, want 44"
+[[ "${#entries[@]}" == 46 ]] || fail "examples/kernels: ${#entries[@]} entries declared, want 46"
 check_entries "$example" "${entries[@]}"
-[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 44 ]] || fail "examples/kernels: not exactly 44 PTX entries"
-ok "examples/kernels: manifest, 44 PTX entries, 44 host entries"
+[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 46 ]] || fail "examples/kernels: not exactly 46 PTX entries"
+ok "examples/kernels: manifest, 46 PTX entries, 46 host entries"
 
 touch -d '2000-01-01' "$example"/*
 "$build" "$root/examples/kernels" "$example" >/dev/null

@@ -1,11 +1,12 @@
-%% The ten example kernels of examples/kernels (DESIGN.md, "The example
-%% kernels"), each checked against a plain Erlang reference computed in
-%% f64: random inputs every run, odd sizes (0 where the kernel allows it,
-%% 1, 1023 for every element type the kernel declares, read from
-%% erlcuda:kernels(); 2^20+7 too for f32, or its one type), ties and NaN
-%% for argmax_rows and topk_rows (and for topk_rows rows on both sides of
-%% its GPU body's short-row path, 256 columns, with ±inf, −0.0/+0.0 and
-%% each integer type's extremes). The random seed, from the clock, is
+%% The eleven example kernels of examples/kernels (DESIGN.md, "The example
+%% kernels" and "Shared inputs"), each checked against a plain Erlang
+%% reference computed in f64: random inputs every run, odd sizes (0 where
+%% the kernel allows it, 1, 1023 for every element type the kernel
+%% declares, read from erlcuda:kernels(); 2^20+7 too for f32, or its one
+%% type), ties and NaN for argmax_rows, topk_rows and cos_topk (and for
+%% topk_rows rows on both sides of its GPU body's short-row path, 256
+%% columns, with ±inf, −0.0/+0.0 and each integer type's extremes; for
+%% cos_topk equal rows, zero rows and a zero query). The random seed, from the clock, is
 %% printed at the start. Run by
 %% `make example' on this machine's backend and by the GPU check
 %% (test/erlcuda_gpu_check.erl) on the GPU.
@@ -15,7 +16,7 @@
 %% sum of the terms' magnitudes (256 threads per row, each adding its share
 %% in order, then a tree), maps by a few roundings.
 -module(example_check).
--export([main/1, run/1, forms/1, topk_rows/1]).
+-export([main/1, run/1, forms/1, topk_rows/1, cos_topk/1]).
 
 -define(BIG, (1 bsl 20 + 7)).
 
@@ -33,10 +34,10 @@ main(Dir) ->
 run(Mod) ->
     [#{backend := Backend} | _] = erlcuda:devices(),
     Seed = seed(),
-    io:format("the ten example kernels of ~p on ~p, rand seed ~p (rand:seed(exsss, Seed) repeats the inputs)~n",
+    io:format("the eleven example kernels of ~p on ~p, rand seed ~p (rand:seed(exsss, Seed) repeats the inputs)~n",
               [Mod, Backend, Seed]),
     Checks = [cos_sim, argmax_rows, histogram, topk_rows, gather, axpbypcz, gelu,
-              log_softmax_rows, u8_to_unit, scatter_add],
+              log_softmax_rows, u8_to_unit, scatter_add, cos_topk],
     try
         [begin
              T0 = erlang:monotonic_time(millisecond),
@@ -174,7 +175,127 @@ check(Mod, scatter_add, T) ->
                 Tol = [case Adds of #{I := {_, Mag}} -> 2 * eps(T) * (Mag + abs(A0)) * 64; _ -> 0.0 end
                        || {I, A0} <- lists:enumerate(0, Acc0)],
                 close(scatter_add, {T, N, M}, dec(T, After), Want, Tol)
-            end || {N, M} <- [{1, 0}, {1, 1}, {1023, 1}, {1, 1023}] ++ big(T, [{1023, ?BIG}, {?BIG, 1023}])]).
+            end || {N, M} <- [{1, 0}, {1, 1}, {1023, 1}, {1, 1023}] ++ big(T, [{1023, ?BIG}, {?BIG, 1023}])]);
+check(Mod, cos_topk, T) ->
+    cos_topk_cases(Mod, T).
+
+%% cos_topk on rows x cols with K at its edges (1, min(rows, 64)) and
+%% between (8, one at random): odd sizes (1, 1023 columns; one row, fewer
+%% rows than 64, 1023 rows; 1021 x 1027 for the big type), also at other
+%% block and grid sizes. Each matrix has exact ties: rows copied from
+%% earlier ones and rows of zeros (similarity 0); then a zero query (every
+%% similarity 0: the first K rows) and rows with a NaN (after every
+%% number). Every case of a type is launched before any answer is read, so
+%% that jobs share launches. Checked by cos_topk_answer/3. Returns the
+%% number of calls; cos_topk/1: these cases alone, for both types.
+-spec cos_topk(atom()) -> pos_integer().
+cos_topk(Mod) ->
+    io:format("cos_topk's cases, rand seed ~p~n", [seed()]),
+    lists:sum([cos_topk_cases(Mod, T) || T <- types(Mod, cos_topk)]).
+
+cos_topk_cases(Mod, T) ->
+    Shapes = [{1, 1, []}, {1, 1023, []}, {7, 1, []}, {5, 3, []}, {63, 17, []}, {64, 100, []},
+              {100, 384, []}, {3, 1023, []}, {1023, 1, []}, {1023, 33, []},
+              {200, 64, [{block, 32}]}, {150, 40, [{block, 96}]}, {90, 70, [{grid, 1}, {block, 64}]}]
+             ++ big(T, [{1021, 1027, []}]),
+    Cases = [{R, C, K, Opts, cos_topk_matrix(T, R, C), rand_vec(T, C)}
+             || {R, C, Opts} <- Shapes,
+                K <- lists:usort([1, min(R, 8), min(R, 64), rand:uniform(min(R, 64))])]
+            ++ [{12, 5, K, [], rand_vec(T, 60), [0.0 || _ <- lists:seq(1, 5)]} || K <- [1, 5, 12]]
+            ++ [{20, 4, K, [], cos_topk_nan(T, 20, 4), rand_vec(T, 4)} || K <- [3, 20]],
+    Sent = [{cos_topk_launch(Mod, T, Case), Case} || Case <- Cases],
+    [cos_topk_answer(T, Case, topk_result(Mod, T, How)) || {How, Case} <- Sent],
+    length(Cases).
+
+cos_topk_launch(Mod, T, {R, C, K, Opts, X, Q}) ->
+    Args = [enc(T, X), enc(T, Q), R, C, K],
+    case erlcuda:launch({Mod, cos_topk}, Args, Opts) of
+        {ok, Ref} -> {ref, Ref};
+        {error, busy} -> {sync, {Mod, cos_topk}, Args, Opts};
+        Other -> throw({cos_topk, {T, R, C, K, Opts}, Other})
+    end.
+
+%% R rows of C: random ones, copies of an earlier row and zero rows.
+cos_topk_matrix(T, R, C) ->
+    Rows = lists:foldl(fun(I, Acc) ->
+                               Row = case rand:uniform(6) of
+                                         1 when I > 0 -> lists:nth(rand:uniform(I), Acc);
+                                         2 -> [0.0 || _ <- lists:seq(1, C)];
+                                         _ -> rand_vec(T, C)
+                                     end,
+                               [Row | Acc]
+                       end, [], lists:seq(0, R - 1)),
+    lists:append(lists:reverse(Rows)).
+
+%% R rows of C, about one in four with a NaN.
+cos_topk_nan(T, R, C) ->
+    lists:append([case rand:uniform(4) of
+                      1 -> setnth(rand:uniform(C), rand_vec(T, C), nan);
+                      _ -> rand_vec(T, C)
+                  end || _ <- lists:seq(1, R)]).
+
+setnth(I, L, V) -> {A, [_ | B]} = lists:split(I - 1, L), A ++ [V | B].
+
+%% The answer against the f64 reference (cos_ref/2 of each row; NaN for a
+%% row with a NaN), K of each output. Each value is within cos_tol/2 of the
+%% reference similarity of the row it names; the values descend in T
+%% itself, equal ones by increasing index, NaN last; the indices are
+%% distinct, and each is the reference's index at its slot, or a row of a
+%% different content whose reference similarity is within two tolerances
+%% of that one's and not equal to it (a near tie, which rounding in T may
+%% order either way).
+%% Equal rows have equal similarities in T on both backends (the order of
+%% a row's sums does not depend on where it starts), so their order is
+%% checked exactly: ties to the lower index.
+cos_topk_answer(T, {R, C, K, Opts, X, Q}, {ok, {{T, VB}, {u32, IB}}}) ->
+    Case = {T, R, C, K, Opts},
+    Vs = dec(T, VB), Is = dec(u32, IB),
+    RowsT = list_to_tuple(rows(X, C)),
+    S = list_to_tuple([cos_ref(Row, Q) || Row <- tuple_to_list(RowsT)]),
+    Want = topk_ref(tuple_to_list(S), K),
+    Tol = cos_tol(T, C),
+    Sim = fun(I) -> element(I + 1, S) end,
+    length(Is) =:= K andalso length(Vs) =:= K andalso length(lists:usort(Is)) =:= K
+        andalso lists:all(fun(I) -> I < R end, Is)
+        orelse throw({cos_topk, Case, {indices, Is}}),
+    [case {G, W} of
+         {Same, Same} -> ok;
+         _ ->
+             %% Equal reference similarities of different rows are the
+             %% exact zeros (a zero row, a zero query): exact in T too.
+             Near = is_float(Sim(G)) andalso is_float(Sim(W)) andalso abs(Sim(G) - Sim(W)) =< 2 * Tol
+                 andalso Sim(G) /= Sim(W) andalso element(G + 1, RowsT) =/= element(W + 1, RowsT),
+             Near orelse throw({cos_topk, Case, {slot, Slot, got, G, Sim(G), want, W, Sim(W)}})
+     end || {Slot, G, W} <- lists:zip3(lists:seq(0, K - 1), Is, Want)],
+    [case {V, Sim(I)} of
+         {nan, nan} -> ok;
+         {V, Ref} when is_float(V), is_float(Ref), abs(V - Ref) =< Tol -> ok;
+         _ -> throw({cos_topk, Case, {value, Slot, V, row, I, Sim(I)}})
+     end || {Slot, V, I} <- lists:zip3(lists:seq(0, K - 1), Vs, Is)],
+    Pairs = lists:zip(Vs, Is),
+    [in_order(A, B) orelse throw({cos_topk, Case, {order, A, B}})
+     || {A, B} <- lists:zip(lists:droplast(Pairs), tl(Pairs))],
+    ok;
+cos_topk_answer(T, {R, C, K, Opts, _, _}, Other) ->
+    throw({cos_topk, {T, R, C, K, Opts}, Other}).
+
+in_order({nan, I}, {nan, J}) -> I < J;
+in_order({nan, _}, _) -> false;
+in_order(_, {nan, _}) -> true;
+in_order({A, I}, {B, J}) -> A > B orelse (A == B andalso I < J).
+
+%% cos(Row, Q) in f64, 0 for a zero norm, nan when the row has a NaN.
+cos_ref(Row, Q) ->
+    case lists:member(nan, Row) of
+        true -> nan;
+        false -> cos(Row, Q)
+    end.
+
+%% cos_topk's sums are 32 runs of about C/32 fused multiply-adds, then 5
+%% additions: the dot product and each norm are within (C/32 + 6)
+%% roundings of T relative to |x|·|q| (Cauchy-Schwarz), the similarity
+%% within about twice that plus the quotient's few.
+cos_tol(T, C) -> 4 * eps(T) * (C / 32 + 16).
 
 %% topk_rows on both sides of its GPU body's short-row path (a row of at
 %% most 256 columns, one element a thread, ranked in one step; longer ones
@@ -226,7 +347,9 @@ topk_result(_, _, {ref, Ref}) ->
     after 120000 -> {error, timeout}
     end;
 topk_result(Mod, _, {sync, Args, Opts}) ->
-    erlcuda:launch_sync({Mod, topk_rows}, Args, [{timeout, 120000} | Opts]).
+    erlcuda:launch_sync({Mod, topk_rows}, Args, [{timeout, 120000} | Opts]);
+topk_result(_, _, {sync, K, Args, Opts}) ->
+    erlcuda:launch_sync(K, Args, [{timeout, 120000} | Opts]).
 
 topk_answer(T, {R, C, K, Opts, X}, {ok, {{T, VB}, {u32, IB}}}) ->
     Want = lists:append([topk_ref(Row, K) || Row <- rows(X, C)]),
@@ -345,7 +468,7 @@ buffer_outputs(Mod) ->
 -spec forms(atom()) -> pos_integer().
 forms(Mod) ->
     Ks = [cos_sim, argmax_rows, histogram, topk_rows, gather, axpbypcz, gelu,
-          log_softmax_rows, u8_to_unit, scatter_add],
+          log_softmax_rows, u8_to_unit, scatter_add, cos_topk],
     lists:sum([forms(Mod, K, T) || K <- Ks, T <- types(Mod, K)]) + refusals(Mod).
 
 forms(Mod, K, T0) ->
@@ -502,7 +625,8 @@ spec(axpbypcz, T) -> [num(T, 2), ints(T, 5, 0, 9), num(T, 1), ints(T, 5, 0, 9), 
 spec(gelu, T) -> [ints(T, 7, -3, 3)];
 spec(log_softmax_rows, T) -> [ints(T, 12, -4, 4), 4];
 spec(u8_to_unit, _) -> [ints(u8, 9, 0, 255)];
-spec(scatter_add, T) -> [ints(T, 5, 0, 9), [4, 0, 4, 2, 0, 4], ints(T, 6, 0, 9)].
+spec(scatter_add, T) -> [ints(T, 5, 0, 9), [4, 0, 4, 2, 0, 4], ints(T, 6, 0, 9)];
+spec(cos_topk, T) -> [ints(T, 15, -3, 3), ints(T, 3, -2, 2), 5, 3, 3].
 
 ints(T, N, Lo, Hi) -> [num(T, Lo + rand:uniform(Hi - Lo + 1) - 1) || _ <- lists:seq(1, N)].
 
@@ -556,6 +680,11 @@ refusals(Mod) ->
          {topk_rows, [lists:duplicate(100, 1.0), 1, 100, 65], {arg, 4}},
          {topk_rows, [[1.0], 1, 4, 0], {arg, 1}},
          {argmax_rows, [[], 3, 0], {arg, 3}},
+         %% cos_topk: 1 =< K =< min(rows, 64)
+         {cos_topk, [X, [1.0, 2.0], 2, 2, 0], {arg, 5}},
+         {cos_topk, [X, [1.0, 2.0], 2, 2, 3], {arg, 5}},
+         {cos_topk, [lists:duplicate(130, 1.0), [1.0, 2.0], 65, 2, 65], {arg, 5}},
+         {cos_topk, [X, [1.0, 2.0, 3.0], 2, 2, 1], {arg, 2}},
          {argmax_rows, [[], 0, 0], {arg, 3}},
          %% a freed buffer
          {gelu, [Freed], buffer_freed}],
@@ -569,6 +698,8 @@ refusals(Mod) ->
         %% The ranges as erlcuda:kernels() shows them; the edges accepted.
         #{args := [_, _, _, #{name := k, range := <<"1..=cols&64">>}]} = info(Mod, topk_rows),
         #{args := [_, _, #{name := cols, range := <<"1..">>}]} = info(Mod, argmax_rows),
+        #{args := [_, _, _, _, #{name := k, range := <<"1..=rows&64">>}]} = info(Mod, cos_topk),
+        {ok, {[1.0, 0.0], [1, 0]}} = erlcuda:launch_sync({Mod, cos_topk}, [[0.0, 0.0, 3.0, 4.0], [3.0, 4.0], 2, 2, 2]),
         {ok, {[7.0, 5.0, 5.0, 1.0], [3, 0, 2, 1]}} = erlcuda:launch_sync({Mod, topk_rows}, [X, 1, 4, 4]),
         {ok, {_, I64}} = erlcuda:launch_sync({Mod, topk_rows}, [lists:duplicate(100, 1.0), 1, 100, 64]),
         case I64 =:= lists:seq(0, 63) of
@@ -576,7 +707,7 @@ refusals(Mod) ->
             false -> throw({call_forms, topk_rows, k_64, I64})
         end,
         {ok, []} = erlcuda:launch_sync({Mod, argmax_rows}, [[], 0, 1]),
-        length(Cases) + 3
+        length(Cases) + 4
     after
         erlcuda:free(Acc),
         erlcuda:free(Q3)

@@ -4,9 +4,10 @@
 //! Each macro invocation is a whole kernel: its GPU entries, its CPU
 //! entries and its signature. The four here use the fixed-shape macros
 //! (`elementwise!`, `reduction!`, `table!`; bodies generic over f32/f64);
-//! the ten in the modules below use `kernel!`, with typed arguments of
+//! the eleven in the modules below use `kernel!`, with typed arguments of
 //! their own:
 //! * [`rows`]: `cos_sim`, `argmax_rows`, `topk_rows`, `log_softmax_rows`;
+//! * [`search`]: `cos_topk`, the best rows by cosine similarity;
 //! * [`maps`]: `gather`, `axpbypcz`, `gelu`, `u8_to_unit`;
 //! * [`scatter`]: `histogram`, `scatter_add`.
 
@@ -19,6 +20,7 @@ pub mod math;
 pub mod order;
 pub mod rows;
 pub mod scatter;
+pub mod search;
 
 #[cfg(target_arch = "nvptx64")]
 mod group;

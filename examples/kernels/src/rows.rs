@@ -20,9 +20,10 @@ use erlcuda_kernel::Element;
 /// host tests do), give "no item" (index 2^32 − 1) after the 64th slot.
 pub const TOPK_MAX: u32 = 64;
 
-/// cos(x, q), 0 where either norm is 0 (no direction to compare).
+/// cos(x, q), 0 where either norm is 0 (no direction to compare); also
+/// `cos_topk`'s.
 #[inline(always)]
-fn cosine<T: Float>(dot: T, xx: T, qq: T) -> T {
+pub(crate) fn cosine<T: Float>(dot: T, xx: T, qq: T) -> T {
     if xx == T::ZERO || qq == T::ZERO {
         T::ZERO
     } else {

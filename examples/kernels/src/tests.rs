@@ -16,6 +16,8 @@ extern "C" {
     fn erlcuda_host_histogram(job: *const Job);
     fn erlcuda_host_topk_rows_f32(job: *const Job);
     fn erlcuda_host_topk_rows_s64(job: *const Job);
+    fn erlcuda_host_cos_topk_f32(job: *const Job);
+    fn erlcuda_host_cos_topk_f64(job: *const Job);
     fn erlcuda_host_gather_f32(job: *const Job);
     fn erlcuda_host_gather_u8(job: *const Job);
     fn erlcuda_host_axpbypcz_f64(job: *const Job);
@@ -227,6 +229,110 @@ fn topk_rows_in_order_with_ties_nan_and_short_rows() {
     }
     for j in 64..k {
         assert_eq!((vals[j], idx[j]), (i64::MIN, NONE));
+    }
+}
+
+/// cos_topk's job on the host: (values, indices), K of each.
+fn cos_topk<T: Copy + Default>(entry: unsafe extern "C" fn(*const Job), x: &[T], q: &[T], rows: usize, k: usize) -> (Vec<T>, Vec<u32>) {
+    let (mut vals, mut idx) = (vec![T::default(); k], vec![7u32; k]);
+    J::new()
+        .vec(0, x)
+        .vec(1, q)
+        .param(0, rows as u64)
+        .param(1, q.len() as u64)
+        .param(2, k as u64)
+        .out(0, &mut vals)
+        .out(1, &mut idx)
+        .run(entry);
+    (vals, idx)
+}
+
+/// cos(x, q) in f64, 0 for a zero norm.
+fn cos_f64(x: &[f64], q: &[f64]) -> f64 {
+    let d: f64 = x.iter().zip(q).map(|(a, b)| a * b).sum();
+    let (nx, nq) = (x.iter().map(|a| a * a).sum::<f64>().sqrt(), q.iter().map(|a| a * a).sum::<f64>().sqrt());
+    if nx == 0.0 || nq == 0.0 {
+        0.0
+    } else {
+        d / (nx * nq)
+    }
+}
+
+#[test]
+fn cos_topk_is_the_best_k_by_cosine_ties_to_the_lower_row() {
+    let mut r = Rng(9);
+    let mut exact = 0;
+    for &(rows, cols, k) in &[(1usize, 1usize, 1usize), (50, 1023, 10), (70, 33, 64), (200, 300, 1), (64, 5, 64)] {
+        // Rows from a pool of 7 (one of them zero): exact ties everywhere.
+        let pool: Vec<Vec<f32>> =
+            (0..7).map(|p| (0..cols).map(|_| if p == 0 { 0.0 } else { r.real() as f32 }).collect()).collect();
+        let pick: Vec<usize> = (0..rows).map(|_| r.below(7) as usize).collect();
+        let x: Vec<f32> = pick.iter().flat_map(|&p| pool[p].clone()).collect();
+        let q: Vec<f32> = (0..cols).map(|_| r.real() as f32).collect();
+        let (vals, idx) = cos_topk(erlcuda_host_cos_topk_f32, &x, &q, rows, k);
+        let q64: Vec<f64> = q.iter().map(|&v| v as f64).collect();
+        let sim: Vec<f64> =
+            pool.iter().map(|p| cos_f64(&p.iter().map(|&v| v as f64).collect::<Vec<_>>(), &q64)).collect();
+        // The reference: rows by pool similarity descending, then index.
+        let mut want: Vec<u32> = (0..rows as u32).collect();
+        want.sort_by(|&a, &b| sim[pick[b as usize]].partial_cmp(&sim[pick[a as usize]]).unwrap().then(a.cmp(&b)));
+        // Distinct pool rows' similarities are far apart next to f32's
+        // rounding at these sizes (checked), so the order is exact.
+        let mut s: Vec<f64> = sim.clone();
+        s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        if s.windows(2).all(|w| w[1] - w[0] > 1e-4 || w[1] == w[0]) {
+            assert_eq!(idx, want[..k], "{rows}x{cols} k {k}");
+            exact += 1;
+        }
+        for (v, &i) in vals.iter().zip(&idx) {
+            assert!((*v as f64 - sim[pick[i as usize]]).abs() < 1e-5, "{rows}x{cols}: {v} for row {i}");
+        }
+        assert!(vals.windows(2).all(|w| w[0] >= w[1]));
+    }
+    assert!(exact >= 4, "only {exact} shapes compared exactly");
+    // A zero query: every similarity 0, the first K rows; f64.
+    let x: Vec<f64> = (0..12).map(|_| r.real()).collect();
+    let (vals, idx) = cos_topk(erlcuda_host_cos_topk_f64, &x, &[0.0; 3], 4, 3);
+    assert_eq!((vals, idx), (vec![0.0; 3], vec![0, 1, 2]));
+    // NaN (a NaN in row 1; inf·0 in row 4) after every number, by index;
+    // a K past the rows (only past the signature) says "no item" there.
+    let x = [1.0f32, 0.0, f32::NAN, 1.0, -1.0, 0.0, 0.0, 1.0, f32::INFINITY, 0.0];
+    let (vals, idx) = cos_topk(erlcuda_host_cos_topk_f32, &x, &[0.0, 1.0], 5, 7);
+    assert_eq!(idx, [3, 0, 2, 1, 4, NONE, NONE]);
+    assert_eq!(vals[..3], [1.0, 0.0, 0.0]);
+    assert!(vals[3].is_nan() && vals[4].is_nan());
+    assert_eq!(vals[5..], [f32::NEG_INFINITY; 2]);
+}
+
+/// The host body's sums are the GPU's order: 32 lanes of fused
+/// multiply-adds by column, then a butterfly (that order written out here
+/// with std's `mul_add`, bit for bit).
+#[test]
+fn cos_topk_sums_in_the_lane_order() {
+    let mut r = Rng(10);
+    let cols = 1000;
+    let q: Vec<f32> = (0..cols).map(|_| r.real() as f32).collect();
+    let x: Vec<f32> = (0..3 * cols).map(|_| r.real() as f32).collect();
+    let lanes = |a: &[f32], b: &[f32]| {
+        let mut p = [0.0f32; 32];
+        for j in 0..a.len() {
+            p[j % 32] = a[j].mul_add(b[j], p[j % 32]);
+        }
+        for m in [16, 8, 4, 2, 1] {
+            p = std::array::from_fn(|l| p[l] + p[l ^ m]);
+        }
+        p[0]
+    };
+    let qq = lanes(&q, &q);
+    let want: Vec<f32> = (0..3)
+        .map(|i| {
+            let xr = &x[i * cols..(i + 1) * cols];
+            lanes(xr, &q) / (lanes(xr, xr).sqrt() * qq.sqrt())
+        })
+        .collect();
+    let (vals, idx) = cos_topk(erlcuda_host_cos_topk_f32, &x, &q, 3, 3);
+    for (v, &i) in vals.iter().zip(&idx) {
+        assert_eq!(v.to_bits(), want[i as usize].to_bits(), "row {i}");
     }
 }
 
