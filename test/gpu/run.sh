@@ -22,7 +22,8 @@
 #                    (default 560) of wall time: the Erlang GPU check, then
 #                    peers.py's sections with examples_peers, then
 #                    erlcuda_bench:goals/1 (the sections with goals first,
-#                    stopped cleanly at the bound), the report with every
+#                    stopped cleanly at the bound), peers.py's mixed load in
+#                    the time left, the report with every
 #                    goal and its ratio, and the regression table; every
 #                    file in one archive, $OUT/erlcuda-all.tar.gz (report.py
 #                    --regenerate rebuilds RESULTS.md from it), the summary
@@ -168,11 +169,12 @@ case "${1:-check}" in
             fi
             echo "GPU check: $check_status, $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$dir/gpu-check.txt" || echo 'no summary line'), $(( $(date +%s) - t )) s"
             grep -A3 '^FAIL' "$dir/gpu-check.txt" || true
-            # 2. the peers, every section and examples_peers: they write
-            #    their JSON after each section, and on SIGINT.
+            # 2. the peers but the mixed load (its 6 rows take up to 270 s),
+            #    with examples_peers: they write their JSON after each
+            #    section, and on SIGINT.
             t=$(date +%s)
-            timeout -s INT $(( $(left) / 3 )) python3 "$here/bench/peers.py" "$dir/peers.json" \
-                --only "pcie,latency,large,matmul_kernel,matmul_e2e,device_resident,examples,mixed,examples_peers" \
+            timeout -s INT $(( $(left) / 2 )) python3 "$here/bench/peers.py" "$dir/peers-main.json" \
+                --only "pcie,latency,large,matmul_kernel,matmul_e2e,device_resident,examples,examples_peers" \
                 --ptx "$here/erlcuda_kernels.ptx" --abi "$here/bench/abi.rs" >"$dir/peers.log" 2>&1 || true
             echo "peers.py: $(tail -n1 "$dir/peers.log"), $(( $(date +%s) - t )) s"
             # 3. erlcuda's sections, goals first, until 30 s before the bound
@@ -185,7 +187,27 @@ case "${1:-check}" in
                 >"$dir/erlang.log" 2>&1 || true
             echo "erlcuda_bench:goals: $(tail -n1 "$dir/erlang.log"), $(( $(date +%s) - t )) s"
             grep -E '^  (skipped|errors):' "$dir/erlang.log" || true
-            # 4. the report: every goal with its ratio, then the regression
+            # 4. the peers' mixed load in what is left (rows measured before
+            #    the SIGINT are kept), merged with the rest of the peers
+            t=$(date +%s)
+            if [ "$(left)" -gt 40 ]; then
+                timeout -s INT $(( $(left) - 25 )) python3 "$here/bench/peers.py" "$dir/peers-mixed.json" \
+                    --only mixed --ptx "$here/erlcuda_kernels.ptx" --abi "$here/bench/abi.rs" \
+                    >"$dir/peers-mixed.log" 2>&1 || true
+            fi
+            echo "peers.py mixed: $(tail -n1 "$dir/peers-mixed.log" 2>/dev/null || echo 'not run, no time left'), $(( $(date +%s) - t )) s"
+            python3 - "$dir" <<'EOF'
+import json, os, sys
+d = sys.argv[1]
+docs = [json.load(open(os.path.join(d, f))) for f in ("peers-main.json", "peers-mixed.json")
+        if os.path.exists(os.path.join(d, f))]
+meta = dict(docs[0]["meta"]) if docs else {}
+meta["errors"] = [e for x in docs for e in x["meta"].get("errors") or []]
+meta["section_seconds"] = {k: v for x in docs for k, v in (x["meta"].get("section_seconds") or {}).items()}
+json.dump({"meta": meta, "records": [r for x in docs for r in x["records"]]},
+          open(os.path.join(d, "peers.json"), "w"), indent=1)
+EOF
+            # 5. the report: every goal with its ratio, then the regression
             #    table against the bundled record of $BENCH_MACHINE
             python3 "$here/bench/report.py" --machine "$machine" --erlang "$dir/erlang.json" \
                 --peers "$dir/peers.json" --out-dir "$dir" --md "$dir/RESULTS.md" --goals \
