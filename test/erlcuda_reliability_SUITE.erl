@@ -801,8 +801,11 @@ gpud_ends_with_its_port(_) ->
                            T0 = erlang:monotonic_time(microsecond),
                            ok = application:stop(erlcuda),
                            Ms = (erlang:monotonic_time(microsecond) - T0) / 1000,
-                           %% Gone (not a zombie: reaped) when the stop returns.
-                           ?assertEqual(gone, wait_gone(OsPid, 0)),
+                           %% Ended when the stop returns (the VM's wait counts a
+                           %% zombie as ended), then reaped by the VM's child
+                           %% setup process, which may lag on a loaded machine.
+                           ?assertNotEqual(alive, alive(OsPid)),
+                           ?assertEqual(gone, wait_gone(OsPid, 500)),
                            Ms
                    end,
             ok = erlcuda_ref:start_app([{backend, cpu}, {gpud, Gpud}]),
