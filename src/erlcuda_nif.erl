@@ -22,16 +22,15 @@ init() ->
            end,
     %% Threads of the copy pool (c_src/copy.c), fixed at load: 0 for as many
     %% as there are cores, up to 16.
-    Threads = case application:get_env(erlcuda, copy_threads) of
-                  {ok, N} when is_integer(N), N >= 1 -> N;
-                  _ -> 0
+    %% (The NIF may load before erlcuda starts: erlcuda_settings:get/1 then
+    %% takes the environment's value where it is good, else the default.)
+    Threads = case erlcuda_settings:get(copy_threads) of
+                  auto -> 0;
+                  N -> N
               end,
     %% Their nice value (-20..19), also fixed at load: above 0 the VM's
     %% schedulers and the completion thread get a core before a copy does.
-    Nice = case application:get_env(erlcuda, copy_nice) of
-               {ok, V} when is_integer(V), V >= -20, V =< 19 -> V;
-               _ -> 0
-           end,
+    Nice = erlcuda_settings:get(copy_nice),
     erlang:load_nif(filename:join(Priv, "erlcuda_nif"), {Threads, Nice}).
 
 %% @doc Creates a device's memfd (sealed), rings, arena and handshake socket.

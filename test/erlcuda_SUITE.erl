@@ -12,7 +12,7 @@ all() ->
      app_stop_leaves_nothing, start_does_not_wait_for_gpud, probe_does_not_block_either,
      probe_failure_is_a_failed_start, arena_growth, arena_grows_ahead,
      registration_holds_back_only_its_jobs, arena_prefault, result_outlives_app,
-     fault_isolation].
+     fault_isolation, good_settings_start, bad_setting_stops_the_start].
 
 groups() ->
     [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, saxpy, element_types,
@@ -1217,4 +1217,44 @@ fault_isolation(_) ->
             after
                 erlcuda_ref:stop_app()
             end
+    end.
+
+%% Settings other than the defaults, each a good value of its key
+%% (erlcuda_settings:table/0), start erlcuda and serve; each is what
+%% erlcuda_settings:get/1 hands the rest.
+good_settings_start(_) ->
+    Env = [{devices, [0]}, {ring_entries, 64}, {arena_bytes, 1 bsl 20}, {arena_max_bytes, 1 bsl 24},
+           {zero_copy_bytes, 0}, {pipeline_min_bytes, 1 bsl 16}, {put_window_bytes, 0},
+           {copy_piece_bytes, 1 bsl 16}, {copies_in_flight, 2}, {mapped_grid, off}, {lane_sms, off},
+           {gpud_spin_us, 0}, {gpud_start_timeout_ms, 60000}, {device_memory_limit, {fraction, 0.5}},
+           {completion_spin_us, 0}, {completion_busy_spin_us, 0}, {sync_spin_us, 0},
+           {restart_backoff_ms, {1, 50}}, {restart_young_ms, 0}, {memory_event_ms, infinity},
+           {cluster_load_ms, 50}, {cluster_local_bias, 2}, {poison_outputs, true}],
+    ok = erlcuda_ref:start_app(Env),
+    try
+        ?assertEqual({ok, [4.0, 6.0]}, erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]])),
+        [?assertEqual(V, erlcuda_settings:get(K)) || {K, V} <- Env],
+        %% A restart obeys the new backoff: gpud killed, back within it.
+        [#{os_pid := OsPid}] = erlcuda:devices(),
+        os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+        wait_stats(0, fun(#{restarts := R, status := St}) -> R >= 1 andalso St =:= up end, 3000),
+        ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]))
+    after
+        erlcuda_ref:stop_app()
+    end.
+
+%% A bad value stops the start, with the key and the value; what a user
+%% sees from application:ensure_all_started/1 (every key's bad values:
+%% erlcuda_settings_tests). Before, a bad backoff crashed the device server
+%% at gpud's first exit.
+bad_setting_stops_the_start(_) ->
+    ok = erlcuda_ref:load_app([{restart_backoff_ms, {5000, 10}}]),
+    try
+        ?assertEqual({error, {erlcuda, {{bad_setting, restart_backoff_ms, {5000, 10}},
+                                        {erlcuda_app, start, [normal, []]}}}},
+                     application:ensure_all_started(erlcuda)),
+        ?assertEqual(undefined, whereis(erlcuda_sup)),
+        ?assertEqual({error, {bad_setting, restart_backoff_ms, {5000, 10}}}, erlcuda_settings:reload())
+    after
+        erlcuda_ref:stop_app()
     end.
