@@ -19,6 +19,9 @@ start_link() ->
 
 %% @private
 init([]) ->
+    %% Who answers a large list result, its builder or a caller that gave
+    %% up on it (erlcuda_lists): a table owned here, as long as erlcuda runs.
+    ok = erlcuda_lists:new_table(),
     %% Checked already (erlcuda_settings, when erlcuda started).
     Children = children(erlcuda_settings:get(backend), erlcuda_settings:get(devices)),
             %% The users' modules first: every gpud started asks it which to load.
