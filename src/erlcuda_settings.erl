@@ -37,7 +37,7 @@
 -type key() :: atom().
 %% A value's type: integers in a range (`inf': no upper bound), powers of
 %% two, multiples of the 4 KiB page, one of some atoms, `true | false', a
-%% list of distinct device ids, `{fraction, F}' with 0 < F =< 1, a pair of
+%% list of distinct device ids, `{fraction, F}' with F above 0 and at most 1, a pair of
 %% milliseconds `{First, Largest}', a file name; `{any_of, Types}' takes a
 %% value of any of them.
 -type type() :: {int, integer(), integer() | inf}
