@@ -22,7 +22,7 @@
     /* floats that are no numbers */                                                           \
     X(nan) X(infinity) X(neg_infinity)                                                          \
     /* cancel/2, await_spin/2, booleans, submit's flags, module_op's operations */              \
-    X(cancelled) X(sent) X(answered) X(waiting) X(true) X(false) X(fault) X(load) X(unload)     \
+    X(cancelled) X(sending) X(not_found) X(answered) X(waiting) X(true) X(false) X(fault) X(load) X(unload)     \
     /* a user's kernel as erlcuda_modules describes it */                                       \
     X(none) X(one)                                                                              \
     /* open/2's options */                                                                      \

@@ -54,9 +54,11 @@ static int claim_job(struct device *d, uint32_t idx, uint32_t gen)
     return -1;
 }
 
-int cancel_job(struct device *d, ERL_NIF_TERM ref)
+enum cancel_result cancel_job(struct device *d, ERL_NIF_TERM ref)
 {
-    int cancelled = 0;
+    /* A slot is released (FREE) only after its answer was sent or handed
+     * over, under this lock: not found means answered, never "not yet". */
+    enum cancel_result result = CANCEL_NOT_FOUND;
     dev_lock(d);
     /* No release swaps an env out from under the refs read here. */
     slot_caches_lock_all(&d->caches);
@@ -67,13 +69,16 @@ int cancel_job(struct device *d, ERL_NIF_TERM ref)
             continue;
         int expect = JOB_INFLIGHT;
         if (__atomic_compare_exchange_n(&j->state, &expect, JOB_CANCELLED, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
-            cancelled = 1;
+                                        __ATOMIC_ACQUIRE) ||
+            expect == JOB_CANCELLED)
+            result = CANCEL_CANCELLED;
+        else
+            result = CANCEL_SENDING; /* COMPLETING: its claimant answers it */
         break;
     }
     slot_caches_unlock_all(&d->caches);
     dev_unlock(d);
-    return cancelled;
+    return result;
 }
 
 ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status)

@@ -43,8 +43,15 @@ ERL_NIF_TERM await_spin(ErlNifEnv *env, struct device *d, ERL_NIF_TERM ref);
 /* Answers every job still in flight with {error, Reason}. The caller holds
  * cq_lock (or the completion thread is gone), and d->lock. */
 void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason);
-/* Cancels the job in flight whose ref is `ref`. Returns 1 when no answer
- * will be sent, 0 when it is in the mailbox or on its way. */
-int cancel_job(struct device *d, ERL_NIF_TERM ref);
+/* What cancel_job found. */
+enum cancel_result {
+    CANCEL_CANCELLED, /* in flight (or cancelled before): no answer will be sent */
+    CANCEL_SENDING,   /* claimed by whoever answers it: the answer is being built
+                       * and sent, or handed to the list converter (results.h) */
+    CANCEL_NOT_FOUND  /* no job of this ref: answered already (its message sent,
+                       * or handed to the list converter), or never one */
+};
+/* Cancels the job in flight whose ref is `ref`. */
+enum cancel_result cancel_job(struct device *d, ERL_NIF_TERM ref);
 
 #endif

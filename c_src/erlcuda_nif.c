@@ -71,15 +71,25 @@ static ERL_NIF_TERM nif_close(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     return ATOM_ok;
 }
 
-/* cancel(Handle, Ref) -> cancelled | sent. `cancelled`: no message will come.
- * `sent`: the answer is in the mailbox or on its way. */
+/* cancel(Handle, Ref) -> cancelled | sending | not_found (complete.h,
+ * enum cancel_result). `cancelled`: no message will come. `sending`: the
+ * answer is being built and sent now. `not_found`: no job of this ref in
+ * flight: its answer was sent (in the mailbox already) or handed to the
+ * list converter (erlcuda_lists), or there was none. */
 static ERL_NIF_TERM nif_cancel(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     struct device *d = get_device(env, argv[0]);
     (void)argc;
     if (!d || !enif_is_ref(env, argv[1]))
         return enif_make_badarg(env);
-    return cancel_job(d, argv[1]) ? ATOM_cancelled : ATOM_sent;
+    switch (cancel_job(d, argv[1])) {
+    case CANCEL_CANCELLED:
+        return ATOM_cancelled;
+    case CANCEL_SENDING:
+        return ATOM_sending;
+    default:
+        return ATOM_not_found;
+    }
 }
 
 /* The job's reference: the caller's, argv[pos] where the NIF's arity has
@@ -267,23 +277,41 @@ static ERL_NIF_TERM handed_output(ErlNifEnv *env, ErlNifEnv *from, ERL_NIF_TERM 
     return 0;
 }
 
-/* list_answer(Pid, Ref, Items) -> ok: sends Pid {erlcuda, Ref, {ok, Result}}
- * built from a handed list result's items (results.h): the one output, or
- * a tuple of them. Dirty CPU, for erlcuda_lists: the answer is built in an
- * env of its own and sent without a copy, as the completion thread would
- * have sent it. badarg for malformed items, sending nothing. */
-static ERL_NIF_TERM nif_list_answer(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+/* A large list answer built, not sent yet (list_build/2, list_send/2):
+ * its own env, the message in it, and whether it went. */
+static ErlNifResourceType *LIST_ANSWER_RT;
+struct list_answer {
+    ErlNifEnv *env;
+    ERL_NIF_TERM msg;
+    int sent;
+};
+
+static void list_answer_dtor(ErlNifEnv *env, void *obj)
+{
+    (void)env;
+    struct list_answer *a = obj;
+    if (a->env)
+        enif_free_env(a->env);
+}
+
+/* list_build(Ref, Items) -> Answer: {erlcuda, Ref, {ok, Result}} built from
+ * a handed list result's items (results.h): the one output, or a tuple of
+ * them, in an env of its own, to be sent without a copy by list_send/2.
+ * Dirty CPU, for erlcuda_lists. Building and sending are two calls so that
+ * erlcuda_lists can decide between them, after the long build, whether the
+ * caller still wants it (a launch_sync that timed out does not): the send
+ * itself is then one short call. badarg for malformed items. */
+static ERL_NIF_TERM nif_list_build(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
-    ErlNifPid pid;
     unsigned len;
-    if (!enif_get_local_pid(env, argv[0], &pid) || !enif_is_ref(env, argv[1]) ||
-        !enif_get_list_length(env, argv[2], &len) || len == 0 || len > EC_MAX_OUTPUTS)
+    if (!enif_is_ref(env, argv[0]) || !enif_get_list_length(env, argv[1], &len) || len == 0 ||
+        len > EC_MAX_OUTPUTS)
         return enif_make_badarg(env);
     ErlNifEnv *m = enif_alloc_env();
     if (!m)
         return make_error(env, ATOM_enomem);
-    ERL_NIF_TERM outs[EC_MAX_OUTPUTS], head, tail = argv[2];
+    ERL_NIF_TERM outs[EC_MAX_OUTPUTS], head, tail = argv[1];
     for (unsigned k = 0; k < len; k++) {
         enif_get_list_cell(env, tail, &head, &tail);
         if (!(outs[k] = handed_output(m, env, head))) {
@@ -292,10 +320,34 @@ static ERL_NIF_TERM nif_list_answer(ErlNifEnv *env, int argc, const ERL_NIF_TERM
         }
     }
     ERL_NIF_TERM result = len == 1 ? outs[0] : enif_make_tuple_from_array(m, outs, len);
-    ERL_NIF_TERM msg = enif_make_tuple3(m, ATOM_erlcuda, enif_make_copy(m, argv[1]),
-                                        enif_make_tuple2(m, ATOM_ok, result));
-    enif_send(env, &pid, m, msg);
-    enif_free_env(m);
+    struct list_answer *a = enif_alloc_resource(LIST_ANSWER_RT, sizeof *a);
+    if (!a) {
+        enif_free_env(m);
+        return make_error(env, ATOM_enomem);
+    }
+    a->env = m;
+    a->msg = enif_make_tuple3(m, ATOM_erlcuda, enif_make_copy(m, argv[0]),
+                              enif_make_tuple2(m, ATOM_ok, result));
+    a->sent = 0;
+    ERL_NIF_TERM t = enif_make_resource(env, a);
+    enif_release_resource(a);
+    return t;
+}
+
+/* list_send(Answer, Pid) -> ok: sends Pid the answer list_build/2 made, once
+ * (a second call sends nothing). Only the process that built it holds it. */
+static ERL_NIF_TERM nif_list_send(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    struct list_answer *a;
+    ErlNifPid pid;
+    if (!enif_get_resource(env, argv[0], LIST_ANSWER_RT, (void **)&a) ||
+        !enif_get_local_pid(env, argv[1], &pid))
+        return enif_make_badarg(env);
+    if (!a->sent) {
+        a->sent = 1;
+        enif_send(env, &pid, a->env, a->msg);
+    }
     return ATOM_ok;
 }
 
@@ -353,7 +405,10 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     /* A user's parsed kernel: plain memory, nothing to destroy. */
     KERNEL_RT = enif_open_resource_type(env, NULL, "erlcuda_kernel", NULL,
                                         ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
-    if (!DEVICE_RT || !REGION_RT || !BUFFER_RT || !KERNEL_RT)
+    ErlNifResourceTypeInit linit = {.dtor = list_answer_dtor, .members = 1};
+    LIST_ANSWER_RT = enif_init_resource_type(env, "erlcuda_list_answer", &linit,
+                                             ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    if (!DEVICE_RT || !REGION_RT || !BUFFER_RT || !KERNEL_RT || !LIST_ANSWER_RT)
         return -1;
     /* Last: a failed load gets no unload, so it must hold nothing. info:
      * {Threads, Nice}, the app envs copy_threads (0 for the default) and
@@ -398,7 +453,8 @@ static ErlNifFunc nif_funcs[] = {
     {"stats", 1, nif_stats, 0},
     {"in_flight", 1, nif_in_flight, 0},
     {"await_spin", 2, nif_await_spin, 0},
-    {"list_answer", 3, nif_list_answer, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"list_build", 2, nif_list_build, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"list_send", 2, nif_list_send, 0},
     {"kernels", 0, nif_kernels, 0},
     {"signature", 2, nif_signature, 0},
     {"user_kernel", 1, nif_user_kernel, 0},

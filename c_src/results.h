@@ -30,7 +30,7 @@ ERL_NIF_TERM list_term(ErlNifEnv *env, const uint8_t *p, uint8_t type, uint64_t 
  * {Type, Binary} over the output region (kept until those binaries are
  * garbage collected: j->out_taken) or {value, Number} for a scalar, for
  * the converter to build the answer from (list_term, in the dirty NIF
- * list_answer/3). Returns 1 then, else 0 (build the result here). */
+ * list_build/2 and list_send/2). Returns 1 then, else 0 (build the result here). */
 #define LIST_HAND_ELEMS 16384u
 int list_handed(ErlNifEnv *env, struct device *d, struct job *j, ERL_NIF_TERM *items);
 

@@ -216,6 +216,10 @@
                 | {no_module, atom()} | not_started.
 
 -define(DEFAULT_TIMEOUT, 5000).
+%% After a timeout, how long more a job that could not be cancelled (its
+%% answer being sent, or a large list result being built) is waited for:
+%% see await/3.
+-define(LATE_ANSWER_MS, 1000).
 
 %% @equiv launch(Kernel, Args, [])
 -spec launch(kernel(), [term()]) -> {ok, reference()} | {error, reason()}.
@@ -261,8 +265,8 @@ launch_sync(Kernel, Args) ->
 %% @doc Submits a job and waits for its result. Options: `{device, N}',
 %% `{timeout, Ms}' (default 5000). After `{error, timeout}' no message about
 %% the job reaches the caller later: the job is cancelled, or, if its answer
-%% was already on its way, that answer is taken out of the mailbox and
-%% returned instead. Emits `[erlcuda, launch, start | stop | exception]'
+%% was already on its way, that answer is waited for at most 1 s more, taken
+%% out of the mailbox and returned instead. Emits `[erlcuda, launch, start | stop | exception]'
 %% where telemetry is there: {@link erlcuda_telemetry}.
 -spec launch_sync(kernel(), [term()], [option()]) -> {ok, result()} | {error, reason()}.
 launch_sync(Kernel, Args, Opts) ->
@@ -618,17 +622,54 @@ launch_opts(Launch, BlockRule) ->
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
 
+%% After the timeout, the job is cancelled; if it could not be, the caller
+%% waits at most ?LATE_ANSWER_MS more, and no message about the job
+%% reaches it after await/3 returns (the README's promise). The NIF sends
+%% every answer to the caller's pid (enif_send takes no alias), so that
+%% promise rests on who can still send one:
+%% - `cancelled': the job was in flight; no one will answer it.
+%% - `sending': a thread claimed the job and is answering it now, with no
+%%   gpud left to wait for: its message arrives at once, or it hands the
+%%   job to erlcuda_lists (below).
+%% - `not_found': the job left its slot, which happens only after its
+%%   answer was sent (it is in the mailbox: the receive takes it at once)
+%%   or handed to erlcuda_lists, which builds a large list result in a
+%%   process of its own and sends it later. Such an answer is waited for
+%%   up to the bound, then given up with erlcuda_lists:give_up/1, which
+%%   decides atomically against the builder whether it will still be sent
+%%   (see erlcuda_lists): after `gave_up' no answer comes (one that came
+%%   just before is taken from the mailbox); after `answering' the builder
+%%   is sending it, one NIF call, and it is taken.
+%% The device gone (no handle): its close answered every job in the slots,
+%% and handed ones go through erlcuda_lists as above.
 await(Device, Ref, Timeout) ->
     spin(handle(Device), Ref),
     receive
         {erlcuda, Ref, Result} -> Result
     after Timeout ->
             case handle(Device) of
-                undefined -> flush(Ref);
-                H ->
-                    case erlcuda_nif:cancel(H, Ref) of
-                        cancelled -> {error, timeout};
-                        sent -> receive {erlcuda, Ref, Result} -> Result end
+                undefined -> late_answer(not_found, Ref);
+                H -> late_answer(erlcuda_nif:cancel(H, Ref), Ref)
+            end
+    end.
+
+late_answer(cancelled, _Ref) ->
+    {error, timeout};
+late_answer(_SendingOrNotFound, Ref) ->
+    receive
+        {erlcuda, Ref, Result} -> Result
+    after ?LATE_ANSWER_MS ->
+            case erlcuda_lists:give_up(Ref) of
+                gave_up ->
+                    receive
+                        {erlcuda, Ref, Result} ->
+                            ok = erlcuda_lists:forget(Ref),
+                            Result
+                    after 0 -> {error, timeout}
+                    end;
+                answering ->
+                    receive {erlcuda, Ref, Result} -> Result
+                    after ?LATE_ANSWER_MS -> {error, timeout}
                     end
             end
     end.
@@ -638,13 +679,6 @@ await(Device, Ref, Timeout) ->
 %% whether it is worth it: erlcuda_nif:await_spin/2).
 spin(undefined, _Ref) -> waiting;
 spin(H, Ref) -> erlcuda_nif:await_spin(H, Ref).
-
-%% The device went away while we waited: its close answered every job, so
-%% the answer is in the mailbox already.
-flush(Ref) ->
-    receive {erlcuda, Ref, Result} -> Result
-    after 0 -> {error, timeout}
-    end.
 
 options(Opts) when is_list(Opts) ->
     %% keytake needs a proper list; anything else is the generic badarg.

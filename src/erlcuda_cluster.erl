@@ -175,10 +175,7 @@ route() ->
             [{Me, Id}];
         Up ->
             Candidates = case Up of [] -> Rows; _ -> Up end,
-            Bias = case application:get_env(erlcuda, cluster_local_bias, 0) of
-                       B when is_integer(B), B >= 0 -> B;
-                       _ -> 0
-                   end,
+            Bias = erlcuda_settings:get(cluster_local_bias),
             [T || {_, _, T} <- lists:sort(lists:filtermap(fun(R) -> score(Me, Bias, R) end, Candidates))]
     end.
 
@@ -288,11 +285,11 @@ init([]) ->
     ?COUNTS = ets:new(?COUNTS, [named_table, public, set, {write_concurrency, true}]),
     {Mon, Groups} = pg:monitor_scope(?SCOPE),
     ok = pg:join(?SCOPE, ?NODES, self()),
-    TickMs = application:get_env(erlcuda, cluster_load_ms, 10),
+    TickMs = erlcuda_settings:get(cluster_load_ms),
     %% Until the first refresh (erlcuda_sup cannot be asked from here), the
     %% devices the environment names, so that `any' works from the start:
     %% their jobs wait in the ring as {device, N} ones do.
-    Ids = case application:get_env(erlcuda, devices, auto) of
+    Ids = case erlcuda_settings:get(devices) of
               L when is_list(L) -> L;
               _ -> [0]
           end,

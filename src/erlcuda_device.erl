@@ -70,12 +70,9 @@
 -type probe() :: none | device | all.
 
 -define(ACCEPT_SLICE_MS, 50).
-%% The probe's time at least; a longer gpud_start_timeout_ms (app env, the
-%% start's) raises it too: under a profiler both are slow.
+%% The probe's time at least; a longer gpud_start_timeout_ms (the start's)
+%% raises it too: under a profiler both are slow.
 -define(PROBE_TIMEOUT_MS, 30000).
-%% gpud_start_timeout_ms where the app env holds no count of milliseconds
-%% (the .app's default).
--define(START_TIMEOUT_MS, 20000).
 %% How long an exited gpud's last output is waited for (see drain/2).
 -define(DRAIN_MS, 200).
 %% How long a gpud whose port closed is waited for (stop_gpud/1): its
@@ -113,7 +110,7 @@ stats(Id) ->
 registered_name(Id) ->
     list_to_atom("erlcuda_device_" ++ integer_to_list(Id)).
 
-%% The sync spin's budget (app env sync_spin_us): by default 50 us where
+%% The sync spin's budget (setting sync_spin_us): by default 50 us where
 %% there are cores to spare for it.
 sync_spin_us(default) ->
     case erlang:system_info(logical_processors_online) of
@@ -127,7 +124,8 @@ sync_spin_us(Us) -> Us.
 %% @private
 init({Id, Backend, Probe}) ->
     process_flag(trap_exit, true),
-    Env = fun(K) -> {ok, V} = application:get_env(erlcuda, K), V end,
+    %% Checked when erlcuda started (erlcuda_settings).
+    Env = fun erlcuda_settings:get/1,
     Arena = Env(arena_bytes),
     Opts = #{ring_entries => Env(ring_entries), arena_bytes => Arena,
              arena_max_bytes => max(Arena, Env(arena_max_bytes)),
@@ -236,12 +234,12 @@ answer_list_results() ->
 
 start(#{probe := none} = S) ->
     spawn_gpud(S);
-start(#{id := Id, backend := Backend} = S) ->
+start(#{backend := Backend} = S) ->
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, ["--probe", "--backend", atom_to_list(Backend)]},
                    exit_status, use_stdio, stderr_to_stdout, binary, {line, 1024}, hide]) of
         Port ->
-            step(probe, max(?PROBE_TIMEOUT_MS, start_timeout_ms(Id)), S#{status := starting, probe_port := Port,
+            step(probe, max(?PROBE_TIMEOUT_MS, start_timeout_ms()), S#{status := starting, probe_port := Port,
                                               probe_pid := os_pid(Port),
                                               probe_line := <<>>, partial := <<>>})
     catch error:Why ->
@@ -273,7 +271,7 @@ start_siblings(_, _, _) ->
 
 spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     T0 = erlang:monotonic_time(microsecond),
-    {ok, Spin} = application:get_env(erlcuda, gpud_spin_us),
+    Spin = erlcuda_settings:get(gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
             "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++ lane_args() ++
@@ -283,7 +281,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
                    {line, 4096}, hide]) of
         Port ->
             self() ! {accept, Port},
-            step(accept, start_timeout_ms(Id), S#{port := Port, os_pid := os_pid(Port),
+            step(accept, start_timeout_ms(), S#{port := Port, os_pid := os_pid(Port),
                                                status := starting, started_at := T0,
                                                partial := <<>>, startup_line := undefined})
     catch error:Why ->
@@ -291,55 +289,42 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
             gpud_exited({spawn_failed, Why}, S#{status := starting})
     end.
 
-%% How long a start may take, gpud's run to its ready line (app env
-%% gpud_start_timeout_ms); past it the start counts as failed. A value that
-%% is no positive integer is said in the log, and the .app's 20 s used:
-%% erlang:start_timer would refuse it, and this server would die at every
-%% start.
-start_timeout_ms(Id) ->
-    case application:get_env(erlcuda, gpud_start_timeout_ms) of
-        {ok, Ms} when is_integer(Ms), Ms > 0, Ms =< 16#FFFFFFFF -> Ms;
-        {ok, Other} ->
-            logger:warning("erlcuda device ~p: gpud_start_timeout_ms ~p is not a count of "
-                           "milliseconds; using ~p", [Id, Other, ?START_TIMEOUT_MS], meta(Id)),
-            ?START_TIMEOUT_MS
-    end.
+%% How long a start may take, gpud's run to its ready line (setting
+%% gpud_start_timeout_ms, 1 to 2^32-1: what erlang:start_timer takes);
+%% past it the start counts as failed.
+start_timeout_ms() ->
+    erlcuda_settings:get(gpud_start_timeout_ms).
 
 %% How gpud paces puts' and gets' copies and large launches that read host
-%% memory, from the app env copy_piece_bytes, copies_in_flight and
-%% mapped_grid (gpud checks the ranges and refuses to start on bad ones; the
+%% memory, from the settings copy_piece_bytes, copies_in_flight and
+%% mapped_grid (checked against gpud's ranges when erlcuda started; the
 %% defaults are gpud's when these are `default').
 copy_args() ->
     Arg = fun(Key, Flag) ->
-                  case application:get_env(erlcuda, Key, default) of
+                  case erlcuda_settings:get(Key) of
                       N when is_integer(N) -> [Flag, integer_to_list(N)];
-                      off when Key =:= mapped_grid -> [Flag, "off"];
-                      _ -> []
+                      off -> [Flag, "off"];
+                      default -> []
                   end
           end,
     Arg(copy_piece_bytes, "--copy-piece-bytes") ++ Arg(copies_in_flight, "--copies-in-flight")
         ++ Arg(mapped_grid, "--mapped-grid").
 
-%% The SMs gpud reserves for small launches, from the app env lane_sms
+%% The SMs gpud reserves for small launches, from the setting lane_sms
 %% (`off', a count, or `default': gpud's).
 lane_args() ->
-    case application:get_env(erlcuda, lane_sms, default) of
+    case erlcuda_settings:get(lane_sms) of
         off -> ["--lane-sms", "off"];
         N when is_integer(N) -> ["--lane-sms", integer_to_list(N)];
-        _ -> []
+        default -> []
     end.
 
-%% gpud's limit for device buffers, from the app env device_memory_limit.
+%% gpud's limit for device buffers, from the setting device_memory_limit.
 memory_args() ->
-    case application:get_env(erlcuda, device_memory_limit, default) of
-        N when is_integer(N), N >= 0 -> ["--memory-limit", integer_to_list(N)];
-        {fraction, F} when is_number(F), F > 0, F =< 1 ->
-            ["--memory-fraction", float_to_list(float(F), [{decimals, 6}, compact])];
-        default -> [];
-        Other ->
-            logger:warning("erlcuda: device_memory_limit ~p is not bytes or {fraction, F}; "
-                           "using the default", [Other]),
-            []
+    case erlcuda_settings:get(device_memory_limit) of
+        N when is_integer(N) -> ["--memory-limit", integer_to_list(N)];
+        {fraction, F} -> ["--memory-fraction", float_to_list(float(F), [{decimals, 6}, compact])];
+        default -> []
     end.
 
 %% Hands gpud the shared memory. One short slice at a time, then back to the
@@ -388,10 +373,10 @@ gpud_exited(Status, #{id := Id, handle := H, up_since := Up, quick_fails := QF,
                       restarts := R, os_pid := OsPid} = S) ->
     erlcuda_nif:reset(H, {gpud_exit, Status}),
     Now = erlang:monotonic_time(microsecond),
-    {ok, YoungMs} = application:get_env(erlcuda, restart_young_ms),
+    YoungMs = erlcuda_settings:get(restart_young_ms),
     Quick = Up =:= undefined orelse Now - Up < YoungMs * 1000,
     QF1 = case Quick of true -> QF + 1; false -> 0 end,
-    {ok, {Base, Cap}} = application:get_env(erlcuda, restart_backoff_ms),
+    {Base, Cap} = erlcuda_settings:get(restart_backoff_ms),
     Delay = case QF1 of
                 0 -> 0;
                 _ -> min(Cap, Base bsl min(QF1 - 1, 20))
@@ -510,10 +495,10 @@ meta(Id) ->
 
 %% The periodic [erlcuda, memory] event, only where telemetry is there.
 memory_events() ->
-    case {erlcuda_telemetry:handler(), application:get_env(erlcuda, memory_event_ms)} of
+    case {erlcuda_telemetry:handler(), erlcuda_settings:get(memory_event_ms)} of
         {false, _} -> ok;
-        {_, {ok, Ms}} when is_integer(Ms), Ms > 0 -> _ = erlang:send_after(Ms, self(), memory_event), ok;
-        _ -> ok
+        {_, infinity} -> ok;
+        {_, Ms} -> _ = erlang:send_after(Ms, self(), memory_event), ok
     end.
 
 emit_memory(#{id := Id, handle := H, os_pid := OsPid}) ->

@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_answer/3, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_build/2, list_send/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
          buffer_info/1]).
 
 -on_load(init/0).
@@ -22,16 +22,15 @@ init() ->
            end,
     %% Threads of the copy pool (c_src/copy.c), fixed at load: 0 for as many
     %% as there are cores, up to 16.
-    Threads = case application:get_env(erlcuda, copy_threads) of
-                  {ok, N} when is_integer(N), N >= 1 -> N;
-                  _ -> 0
+    %% (The NIF may load before erlcuda starts: erlcuda_settings:get/1 then
+    %% takes the environment's value where it is good, else the default.)
+    Threads = case erlcuda_settings:get(copy_threads) of
+                  auto -> 0;
+                  N -> N
               end,
     %% Their nice value (-20..19), also fixed at load: above 0 the VM's
     %% schedulers and the completion thread get a core before a copy does.
-    Nice = case application:get_env(erlcuda, copy_nice) of
-               {ok, V} when is_integer(V), V >= -20, V =< 19 -> V;
-               _ -> 0
-           end,
+    Nice = erlcuda_settings:get(copy_nice),
     erlang:load_nif(filename:join(Priv, "erlcuda_nif"), {Threads, Nice}).
 
 %% @doc Creates a device's memfd (sealed), rings, arena and handshake socket.
@@ -70,9 +69,12 @@ reset(_H, _Reason) -> ?NOT_LOADED.
 -spec close(handle()) -> ok.
 close(_H) -> ?NOT_LOADED.
 
-%% @doc Withdraws interest in a job. `cancelled': no message will come;
-%% `sent': the answer is in the mailbox or on its way.
--spec cancel(handle(), reference()) -> cancelled | sent.
+%% @doc Withdraws interest in a job. `cancelled': no message will come.
+%% `sending': the job is being answered now (its message is being built and
+%% sent, or handed to erlcuda_lists). `not_found': no job of this reference
+%% is in flight: its answer was sent (it is in the caller's mailbox) or
+%% handed to erlcuda_lists, or there was no such job.
+-spec cancel(handle(), reference()) -> cancelled | sending | not_found.
 cancel(_H, _Ref) -> ?NOT_LOADED.
 
 %% @doc Validates a job, copies its inputs into the arena (binaries already
@@ -109,13 +111,18 @@ in_flight(_H) -> ?NOT_LOADED.
 -spec await_spin(handle(), reference()) -> answered | waiting.
 await_spin(_H, _Ref) -> ?NOT_LOADED.
 
-%% @doc Sends `Pid' `{erlcuda, Ref, {ok, Result}}', Result built from a
-%% large list result's items (one per output: `{Type, Binary}' a list of
-%% its elements, `{value, N}' N; one item gives its output, several a
-%% tuple), as the completion thread would have built it. On a dirty
-%% scheduler, for erlcuda_lists; badarg (nothing sent) for bad items.
--spec list_answer(pid(), reference(), [{atom(), term()}]) -> ok.
-list_answer(_Pid, _Ref, _Items) -> ?NOT_LOADED.
+%% @doc Builds `{erlcuda, Ref, {ok, Result}}', Result from a large list
+%% result's items (one per output: `{Type, Binary}' a list of its
+%% elements, `{value, N}' N; one item gives its output, several a tuple),
+%% as the completion thread would have built it, in an env of its own: an
+%% opaque answer for list_send/2. On a dirty scheduler, for erlcuda_lists;
+%% badarg for bad items.
+-spec list_build(reference(), [{atom(), term()}]) -> reference() | {error, enomem}.
+list_build(_Ref, _Items) -> ?NOT_LOADED.
+
+%% @doc Sends `Pid' the answer list_build/2 made, without a copy; once.
+-spec list_send(reference(), pid()) -> ok.
+list_send(_Answer, _Pid) -> ?NOT_LOADED.
 
 %% @doc Queues a control descriptor: load (or unload) users' module slot
 %% `Slot' from directory `Path' on this device; the answer is the message

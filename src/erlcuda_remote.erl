@@ -220,7 +220,7 @@ wait(N, Ref, OMon, SMon, Timeout) ->
             %% erlcuda stops here: to the caller that is the node going away.
             case cancel(N, Ref) of
                 cancelled -> {error, {nodedown, node()}};
-                sent -> receive_answer(Ref)
+                _SendingOrNotFound -> receive_answer(Ref)
             end;
         {'DOWN', OMon, process, _, _} ->
             _ = cancel(N, Ref),
@@ -228,12 +228,14 @@ wait(N, Ref, OMon, SMon, Timeout) ->
     after Timeout ->
             case cancel(N, Ref) of
                 cancelled -> {error, timeout};
-                sent -> receive_answer(Ref)
+                _SendingOrNotFound -> receive_answer(Ref)
             end
     end.
 
-%% After cancel/2 said `sent': the answer is in the mailbox or on its way
-%% (the completion thread claimed the job first). A device already closed
+%% After cancel/2 said `sending' or `not_found': the answer is in the
+%% mailbox or on its way (the completion thread claimed the job first, or
+%% erlcuda_lists builds it). This proxy exits right after, so an answer
+%% later than the bound reaches no one. A device already closed
 %% answered every job before its handle went. The bound only keeps a proxy
 %% from waiting forever should that ever not hold.
 receive_answer(Ref) ->
@@ -248,6 +250,6 @@ local_answer(Result) -> Result.
 
 cancel(N, Ref) ->
     case erlcuda_device:handle(N) of
-        undefined -> sent;
+        undefined -> not_found;
         H -> erlcuda_nif:cancel(H, Ref)
     end.

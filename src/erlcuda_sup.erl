@@ -1,8 +1,8 @@
 %% @doc Top supervisor: one {@link erlcuda_device} per device, and
 %% {@link erlcuda_cluster_sup} (devices of other nodes).
 %%
-%% Which devices exist follows the `backend' and `devices' application
-%% environment. `init/1' only reads it: nothing here waits on gpud. Where
+%% Which devices exist follows the `backend' and `devices' settings
+%% ({@link erlcuda_settings}). `init/1' only reads it: nothing here waits on gpud. Where
 %% the backend must be probed (`auto', `cuda'), each device server asks
 %% `gpud --probe' itself before its first start; with `devices = auto' the
 %% supervisor starts device 0, whose probe says how many devices there are,
@@ -19,39 +19,28 @@ start_link() ->
 
 %% @private
 init([]) ->
-    {ok, Backend} = application:get_env(erlcuda, backend),
-    {ok, Devices} = application:get_env(erlcuda, devices),
-    case children(Backend, Devices) of
-        {ok, Children} ->
+    %% Who answers a large list result, its builder or a caller that gave
+    %% up on it (erlcuda_lists): a table owned here, as long as erlcuda runs.
+    ok = erlcuda_lists:new_table(),
+    %% Checked already (erlcuda_settings, when erlcuda started).
+    Children = children(erlcuda_settings:get(backend), erlcuda_settings:get(devices)),
             %% The users' modules first: every gpud started asks it which to load.
             Modules = #{id => erlcuda_modules, start => {erlcuda_modules, start_link, []}},
             %% The cluster last, so it stops first: remote callers' jobs are
             %% answered {nodedown, Node} before the devices close.
             Cluster = #{id => erlcuda_cluster_sup, start => {erlcuda_cluster_sup, start_link, []},
                         type => supervisor, shutdown => infinity},
-            {ok, {#{strategy => one_for_one, intensity => 10, period => 60},
-                  [Modules | Children] ++ [Cluster]}};
-        {error, Reason} ->
-            {error, Reason}
-    end.
+    {ok, {#{strategy => one_for_one, intensity => 10, period => 60},
+          [Modules | Children] ++ [Cluster]}}.
 
 %% cpu has exactly one device and needs no probe; auto and cuda are probed.
-children(Backend, _) when Backend =/= auto, Backend =/= cuda, Backend =/= cpu ->
-    {error, {badarg, {backend, Backend}}};
 children(cpu, auto) ->
-    {ok, [child(0, cpu, none)]};
+    [child(0, cpu, none)];
 children(Backend, auto) ->
-    {ok, [child(0, Backend, all)]};
-children(Backend, Ids) when is_list(Ids) ->
-    case lists:all(fun(Id) -> is_integer(Id) andalso Id >= 0 end, Ids) of
-        true ->
-            Probe = case Backend of cpu -> none; _ -> device end,
-            {ok, [child(Id, Backend, Probe) || Id <- Ids]};
-        false ->
-            {error, {badarg, {devices, Ids}}}
-    end;
-children(_, Other) ->
-    {error, {badarg, {devices, Other}}}.
+    [child(0, Backend, all)];
+children(Backend, Ids) ->
+    Probe = case Backend of cpu -> none; _ -> device end,
+    [child(Id, Backend, Probe) || Id <- Ids].
 
 child(Id, Backend, Probe) ->
     #{id => {erlcuda_device, Id},
@@ -72,13 +61,13 @@ start_devices(Ids, Backend) ->
      end || Id <- Ids],
     ok.
 
-%% @doc Where the gpud executable lives (the `gpud' application variable
-%% overrides `priv/gpud').
--spec gpud_path() -> file:filename().
+%% @doc Where the gpud executable lives (the `gpud' setting overrides
+%% `priv/gpud').
+-spec gpud_path() -> file:filename_all().
 gpud_path() ->
-    case application:get_env(erlcuda, gpud) of
-        {ok, Path} -> Path;
-        undefined -> filename:join(priv_dir(), "gpud")
+    case erlcuda_settings:get(gpud) of
+        default -> filename:join(priv_dir(), "gpud");
+        Path -> Path
     end.
 
 priv_dir() ->

@@ -12,7 +12,7 @@ all() ->
      app_stop_leaves_nothing, start_does_not_wait_for_gpud, probe_does_not_block_either,
      probe_failure_is_a_failed_start, arena_growth, arena_grows_ahead,
      registration_holds_back_only_its_jobs, arena_prefault, result_outlives_app,
-     fault_isolation].
+     fault_isolation, good_settings_start, bad_setting_stops_the_start].
 
 groups() ->
     [{kernels, [parallel], [vector_add, reduce, dot_product, matmul, saxpy, element_types,
@@ -21,7 +21,8 @@ groups() ->
      {stack, [sequence], [concurrent_callers, kill_gpud_under_load, launch_sync_timeout,
                           timeout_race, bad_arguments, devices_and_stats, big_job_on_dirty,
                           zero_copy_chain, sync_calls_leave_the_mailbox, large_list_results,
-                          list_results_answered_as_the_server_stops]},
+                          list_results_answered_as_the_server_stops, list_result_timeout,
+                          list_answer_arbitration, cancel_unknown_job]},
      {two_devices, [], [routed_by_device]},
      {small_ring, [], [busy_when_full]},
      {cached_ring, [], [busy_when_full_with_slot_caches]},
@@ -161,11 +162,14 @@ large_list_results(_) ->
       end,
       [{f32, 32, Specials32, 16384}, {f32, 32, Specials32, 16383}, {f32, 32, Specials32, (1 bsl 18) + 7},
        {f64, 64, Specials64, 16384}, {f64, 64, Specials64, 16383}]),
-    %% list_answer/3 itself: every type, one output or a tuple, a scalar
-    %% as it is; bad items are badarg and send nothing.
+    %% list_build/2 and list_send/2 themselves: every type, one output or a
+    %% tuple, a scalar as it is; bad items are badarg and send nothing; a
+    %% second send sends nothing.
     Answer = fun(Items) ->
                      R = make_ref(),
-                     ok = erlcuda_nif:list_answer(self(), R, Items),
+                     Built = erlcuda_nif:list_build(R, Items),
+                     ok = erlcuda_nif:list_send(Built, self()),
+                     ok = erlcuda_nif:list_send(Built, self()),
                      receive {erlcuda, R, A} -> A after 5000 -> ct:fail({no_answer, Items}) end
              end,
     <<Tiny:32/float-native>> = <<1:32/native>>,
@@ -175,7 +179,7 @@ large_list_results(_) ->
                 {s32, <<-2:32/signed-native>>}, {value, 2.5}]),
     {ok, {[4294967295], [nan, 1.5]}} =
         Answer([{u32, <<-1:32>>}, {f64, <<16#7FF8000000000000:64/native, 1.5:64/float-native>>}]),
-    [{'EXIT', {badarg, _}} = catch erlcuda_nif:list_answer(self(), make_ref(), Bad)
+    [{'EXIT', {badarg, _}} = catch erlcuda_nif:list_build(make_ref(), Bad)
      || Bad <- [[], [{f16, <<>>}], [{f32, <<1, 2, 3>>}], [{u8, foo}], [{value, <<>>}], [foo],
                 lists:duplicate(5, {u8, <<>>})]],
     receive {erlcuda, _, Unwanted} -> ct:fail({sent, Unwanted}) after 50 -> ok end,
@@ -208,6 +212,71 @@ list_results_answered_as_the_server_stops(_) ->
     _ = erlcuda_ref:wait_ready(),
     {ok, [4.0]} = erlcuda:launch_sync(vector_add, [[1.0], [3.0]]),
     ok.
+
+%% A large list result (built by erlcuda_lists, outside the job's slot,
+%% where cancelling cannot reach it) whose caller times out before it is
+%% built: launch_sync says {error, timeout} within its bound, and the
+%% answer, built once the device's server runs again, never arrives.
+list_result_timeout(_) ->
+    Server = erlcuda_device:registered_name(0),
+    H = erlcuda_device:handle(0),
+    L = [float(I) || I <- lists:seq(1, 20000)],
+    #{list_results_handed := H0} = erlcuda_nif:stats(H),
+    %% The server hands large list results to their builders: held, the
+    %% job is answered by gpud (its slot freed, cancel finds nothing) and
+    %% its result waits in the server's mailbox.
+    ok = sys:suspend(Server),
+    T0 = erlang:monotonic_time(millisecond),
+    Answer = try erlcuda:launch_sync(vector_add, [L, L], [{timeout, 200}])
+             after ok = sys:resume(Server)
+             end,
+    Took = erlang:monotonic_time(millisecond) - T0,
+    ?assertEqual({error, timeout}, Answer),
+    ?assert(Took < 200 + 2000),
+    ?assertMatch(#{list_results_handed := X} when X > H0, erlcuda_nif:stats(H)),
+    %% The builder found the caller's `gave_up' and sent nothing; the table
+    %% empties once it has decided.
+    wait_until(fun() -> ets:info(erlcuda_lists, size) =:= 0 end),
+    receive {erlcuda, _, _} = Stray -> ct:fail({stray, Stray}) after 200 -> ok end,
+    {ok, [4.0]} = erlcuda:launch_sync(vector_add, [[1.0], [3.0]]).
+
+%% erlcuda_lists decides once between a builder and a caller that gives
+%% up: the caller first, nothing is sent; the builder first, the answer is
+%% in the mailbox when give_up/1 answers, and the table is left empty.
+list_answer_arbitration(_) ->
+    Items = [{f32, <<1.0:32/float-native, 2.0:32/float-native>>}],
+    R1 = make_ref(),
+    ?assertEqual(gave_up, erlcuda_lists:give_up(R1)),
+    ok = erlcuda_lists:answer_now(self(), R1, Items),
+    receive {erlcuda, R1, _} = Stray -> ct:fail({stray, Stray}) after 0 -> ok end,
+    R2 = make_ref(),
+    ok = erlcuda_lists:answer_now(self(), R2, Items),
+    ?assertEqual(gave_up, erlcuda_lists:give_up(R2)),
+    receive {erlcuda, R2, Got} -> ?assertEqual({ok, [1.0, 2.0]}, Got)
+    after 0 -> ct:fail(no_answer)
+    end,
+    ok = erlcuda_lists:forget(R2),
+    ?assertEqual(0, ets:info(erlcuda_lists, size)).
+
+%% cancel/2 of a job the device never had says so; the job being answered
+%% or answered already says it too (await/3 then waits, bounded).
+cancel_unknown_job(_) ->
+    H = erlcuda_device:handle(0),
+    ?assertEqual(not_found, erlcuda_nif:cancel(H, make_ref())),
+    {ok, Ref} = erlcuda:launch(vector_add, [[1.0], [2.0]]),
+    receive {erlcuda, Ref, {ok, [3.0]}} -> ok after 20000 -> ct:fail(no_answer) end,
+    ?assertEqual(not_found, erlcuda_nif:cancel(H, Ref)),
+    [#{os_pid := OsPid}] = wait_up(0, 100),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    try
+        {ok, Ref2} = erlcuda:launch(vector_add, [[1.0], [2.0]]),
+        ?assertEqual(cancelled, erlcuda_nif:cancel(H, Ref2)),
+        ?assertEqual(cancelled, erlcuda_nif:cancel(H, Ref2))
+    after
+        os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+    end,
+    wait_stats(0, fun(#{in_flight := F}) -> F =:= 0 end),
+    receive {erlcuda, _, _} = Stray -> ct:fail({stray, Stray}) after 200 -> ok end.
 
 %% erlcuda:kernels/0 reports the table, and every kernel it names runs.
 kernel_table(_) ->
@@ -346,13 +415,19 @@ wait_up(Id, N) ->
     end.
 
 %% A job that cannot finish in time (gpud stopped with SIGSTOP): launch_sync
-%% says {error, timeout} and no message about the job arrives afterwards.
+%% says {error, timeout} within its bound (the timeout, then at most
+%% erlcuda's LATE_ANSWER_MS of 1 s; 2 s here for a loaded machine) and no
+%% message about the job arrives afterwards.
 launch_sync_timeout(_) ->
     [#{os_pid := OsPid}] = wait_up(0, 100),
     os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
     try
-        ?assertEqual({error, timeout},
-                     erlcuda:launch_sync(vector_add, [[1.0], [2.0]], [{timeout, 100}]))
+        [begin
+             T0 = erlang:monotonic_time(millisecond),
+             ?assertEqual({error, timeout}, erlcuda:launch_sync(K, A, [{timeout, 100}])),
+             ?assert(erlang:monotonic_time(millisecond) - T0 < 100 + 2000)
+         end || {K, A} <- [{vector_add, [[1.0], [2.0]]},
+                           {vector_add, [lists:duplicate(20000, 1.0), lists:duplicate(20000, 2.0)]}]]
     after
         os:cmd("kill -CONT " ++ integer_to_list(OsPid))
     end,
@@ -1216,5 +1291,59 @@ fault_isolation(_) ->
                 end
             after
                 erlcuda_ref:stop_app()
+            end
+    end.
+
+%% Settings other than the defaults, each a good value of its key
+%% (erlcuda_settings:table/0), start erlcuda and serve; each is what
+%% erlcuda_settings:get/1 hands the rest.
+good_settings_start(_) ->
+    Env = [{devices, [0]}, {ring_entries, 64}, {arena_bytes, 1 bsl 20}, {arena_max_bytes, 1 bsl 24},
+           {zero_copy_bytes, 0}, {pipeline_min_bytes, 1 bsl 16}, {put_window_bytes, 0},
+           {copy_piece_bytes, 1 bsl 16}, {copies_in_flight, 2}, {mapped_grid, off}, {lane_sms, off},
+           {gpud_spin_us, 0}, {gpud_start_timeout_ms, 60000}, {device_memory_limit, {fraction, 0.5}},
+           {completion_spin_us, 0}, {completion_busy_spin_us, 0}, {sync_spin_us, 0},
+           {restart_backoff_ms, {1, 50}}, {restart_young_ms, 0}, {memory_event_ms, infinity},
+           {cluster_load_ms, 50}, {cluster_local_bias, 2}, {poison_outputs, true}],
+    ok = erlcuda_ref:start_app(Env),
+    try
+        ?assertEqual({ok, [4.0, 6.0]}, erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]])),
+        [?assertEqual(V, erlcuda_settings:get(K)) || {K, V} <- Env],
+        %% A restart obeys the new backoff: gpud killed, back within it.
+        [#{os_pid := OsPid}] = erlcuda:devices(),
+        os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+        wait_stats(0, fun(#{restarts := R, status := St}) -> R >= 1 andalso St =:= up end, 3000),
+        ?assertEqual({ok, 3.0}, erlcuda:launch_sync(reduce, [[1.0, 2.0]]))
+    after
+        erlcuda_ref:stop_app()
+    end.
+
+%% A bad value stops the start, with the key and the value; what a user
+%% sees from application:ensure_all_started/1 (every key's bad values:
+%% erlcuda_settings_tests). Before, a bad backoff crashed the device server
+%% at gpud's first exit.
+bad_setting_stops_the_start(_) ->
+    ok = erlcuda_ref:load_app([{restart_backoff_ms, {5000, 10}}]),
+    try
+        ?assertEqual({error, {erlcuda, {{bad_setting, restart_backoff_ms, {5000, 10}},
+                                        {erlcuda_app, start, [normal, []]}}}},
+                     application:ensure_all_started(erlcuda)),
+        ?assertEqual(undefined, whereis(erlcuda_sup)),
+        ?assertEqual({error, {bad_setting, restart_backoff_ms, {5000, 10}}}, erlcuda_settings:reload())
+    after
+        erlcuda_ref:stop_app()
+    end.
+
+%% Polls Pred until it holds, for at most 20 s.
+wait_until(Pred) ->
+    wait_until(Pred, erlang:monotonic_time(millisecond) + 20000).
+
+wait_until(Pred, Deadline) ->
+    case Pred() of
+        true -> ok;
+        false ->
+            case erlang:monotonic_time(millisecond) > Deadline of
+                true -> ct:fail(wait_until_timed_out);
+                false -> timer:sleep(10), wait_until(Pred, Deadline)
             end
     end.

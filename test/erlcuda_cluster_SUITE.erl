@@ -140,8 +140,12 @@ local_bias_keeps_jobs_here(Config) ->
                     [{ok, Expected} = one_answer(R) || R <- Refs]
             end,
     Jobs0 = jobs_ok(P),
+    %% Settings are read at the start; reload/0 takes the new bias.
     application:set_env(erlcuda, cluster_local_bias, 1000),
-    try Burst() after application:unset_env(erlcuda, cluster_local_bias) end,
+    ok = erlcuda_settings:reload(),
+    try Burst()
+    after application:unset_env(erlcuda, cluster_local_bias), ok = erlcuda_settings:reload()
+    end,
     ?assertEqual(Jobs0, jobs_ok(P)),
     Burst(),
     ?assert(jobs_ok(P) > Jobs0),
