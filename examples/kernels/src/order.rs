@@ -31,6 +31,44 @@ pub fn before<T: Numeric>(a: (T, u32), b: (T, u32)) -> bool {
     (a.1 != NONE) & ((b.1 == NONE) | (a.0 > b.0) | ((a.0 == b.0) & lower) | (b_nan & (!a_nan | lower)))
 }
 
+/// The best `keep` items met so far, in [`before`]'s order, one item at a
+/// time: the CPU bodies' top-K (`topk_rows`, `cos_topk`), N its room.
+pub struct TopK<T, const N: usize> {
+    list: [(T, u32); N],
+    len: usize,
+    keep: usize,
+}
+
+impl<T: Numeric, const N: usize> TopK<T, N> {
+    pub fn new(keep: usize) -> Self {
+        TopK { list: [(T::LOWEST, NONE); N], len: 0, keep: keep.min(N) }
+    }
+
+    /// Takes `it` where it ranks; when full, the last one drops out.
+    #[inline]
+    pub fn push(&mut self, it: (T, u32)) {
+        let (keep, len) = (self.keep, self.len);
+        if keep == 0 || (len == keep && !before(it, self.list[keep - 1])) {
+            return;
+        }
+        let mut p = if len < keep { len } else { keep - 1 };
+        while p > 0 && before(it, self.list[p - 1]) {
+            self.list[p] = self.list[p - 1];
+            p -= 1;
+        }
+        self.list[p] = it;
+        self.len += (len < keep) as usize;
+    }
+
+    /// The items in order into `vals` and `idxs`; the slots past them get
+    /// "no item" ([`NONE`], the type's lowest value).
+    pub fn write(&self, vals: &mut [T], idxs: &mut [u32]) {
+        for (i, (v, ix)) in vals.iter_mut().zip(idxs.iter_mut()).enumerate() {
+            (*v, *ix) = if i < self.len { self.list[i] } else { (T::LOWEST, NONE) };
+        }
+    }
+}
+
 /// [`before`]`((v, i), best)` for an index i above `best`'s (a loop
 /// meeting a row's elements in increasing order): a tie keeps `best`.
 #[inline(always)]

@@ -7,9 +7,9 @@
 //! grid strides over the rows of every coalesced job.
 
 use crate::math::exp_le0;
-use crate::order::{before, First, NONE};
+use crate::order::{First, NONE};
 #[cfg(target_arch = "nvptx64")]
-use crate::order::beats_earlier;
+use crate::order::{beats_earlier, before};
 use erlcuda_kernel::reduce::ReduceOp;
 use erlcuda_kernel::{kernel, Float, Numeric};
 #[cfg(target_arch = "nvptx64")]
@@ -164,32 +164,18 @@ kernel! {
 #[cfg(not(target_arch = "nvptx64"))]
 mod host {
     use super::*;
+    use crate::order::TopK;
 
     /// The first min(K, 64) items of `row` in [`before`]'s order into the
     /// first slots of `vals`/`idxs` (K = their length), "no item" after.
     /// One pass keeping the best so far sorted: an element is looked at
     /// only when it beats the last kept one.
     pub fn topk_row<T: Numeric>(row: &[T], vals: &mut [T], idxs: &mut [u32]) {
-        let keep = vals.len().min(TOPK_MAX as usize);
-        let mut list = [(T::LOWEST, NONE); TOPK_MAX as usize];
-        let mut len = 0;
+        let mut top = TopK::<T, { TOPK_MAX as usize }>::new(vals.len());
         for (j, &v) in row.iter().enumerate() {
-            let it = (v, j as u32);
-            if len == keep && !before(it, list[keep - 1]) {
-                continue;
-            }
-            // Insert in order; when full, the last one drops out.
-            let mut p = if len < keep { len } else { keep - 1 };
-            while p > 0 && before(it, list[p - 1]) {
-                list[p] = list[p - 1];
-                p -= 1;
-            }
-            list[p] = it;
-            len += (len < keep) as usize;
+            top.push((v, j as u32));
         }
-        for (i, (v, ix)) in vals.iter_mut().zip(idxs.iter_mut()).enumerate() {
-            (*v, *ix) = if i < len { list[i] } else { (T::LOWEST, NONE) };
-        }
+        top.write(vals, idxs);
     }
 }
 

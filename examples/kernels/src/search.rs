@@ -15,6 +15,7 @@
 //! lower index, NaN after every number) are then one definite answer
 //! whatever order the rows are met in.
 
+#[cfg(target_arch = "nvptx64")]
 use crate::order::{before, NONE};
 use crate::rows::{cosine, TOPK_MAX};
 use erlcuda_kernel::{kernel, Float};
@@ -55,6 +56,7 @@ kernel! {
 #[cfg(not(target_arch = "nvptx64"))]
 mod host {
     use super::*;
+    use crate::order::TopK;
     use core::array::from_fn;
 
     /// (a·b, a·a) in the order of the module's doc.
@@ -82,30 +84,16 @@ mod host {
     /// The whole job: rows met in order, the best min(K, 64) so far kept
     /// sorted (a row is looked at only when it beats the last kept one).
     pub fn cos_topk<T: Float>(x: &[T], q: &[T], rows: u32, cols: u32, vals: &mut [T], idxs: &mut [u32]) {
-        let (c, keep) = (cols as usize, vals.len().min(TOPK_MAX as usize));
-        let mut list = [(T::LOWEST, NONE); TOPK_MAX as usize];
-        let mut len = 0;
-        if keep > 0 {
+        let c = cols as usize;
+        let mut top = TopK::<T, { TOPK_MAX as usize }>::new(vals.len());
+        if !vals.is_empty() {
             let qq = lane_sums(q, q).0;
             for r in 0..rows as usize {
-                let xr = &x[r * c..(r + 1) * c];
-                let (d, xx) = lane_sums(xr, q);
-                let it = (cosine(d, xx, qq), r as u32);
-                if len == keep && !before(it, list[keep - 1]) {
-                    continue;
-                }
-                let mut p = if len < keep { len } else { keep - 1 };
-                while p > 0 && before(it, list[p - 1]) {
-                    list[p] = list[p - 1];
-                    p -= 1;
-                }
-                list[p] = it;
-                len += (len < keep) as usize;
+                let (d, xx) = lane_sums(&x[r * c..(r + 1) * c], q);
+                top.push((cosine(d, xx, qq), r as u32));
             }
         }
-        for (i, (v, ix)) in vals.iter_mut().zip(idxs.iter_mut()).enumerate() {
-            (*v, *ix) = if i < len { list[i] } else { (T::LOWEST, NONE) };
-        }
+        top.write(vals, idxs);
     }
 }
 
