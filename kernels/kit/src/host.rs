@@ -64,6 +64,53 @@ pub unsafe fn run<T>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>))
     body(Args::new(job, layout))
 }
 
+/// `kernel!` with only a GPU body: the body once per virtual block of the
+/// job, each block's threads emulated ([`crate::emu`]), blocks in order.
+/// `launch` is the kernel's `(threads, shared)`, which the job's launch
+/// options (`{block, B}`, `{shared_bytes, S}`) override as on the GPU.
+/// Returns 0, or 1 with `fault` filled at the first faulting block (the
+/// blocks after it do not run).
+///
+/// # Safety
+/// As [`Args::new`].
+pub unsafe fn run_gpu<T>(
+    job: &Job,
+    layout: &Layout,
+    sig: &crate::signature::Sig,
+    blocks: &crate::job::Blocks,
+    launch: (u32, u32),
+    fault: &mut crate::job::Fault,
+    body: impl Fn(Args<'_, T>, u64),
+) -> u32 {
+    use crate::emu::{run_block, Dims, Reason};
+    use crate::job::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP};
+    // The wire's option bits (`EC_OPT_BLOCK`, `EC_OPT_SHARED_BYTES` in
+    // c_src/erlcuda_ring.h): gpud validated the values.
+    const OPT_BLOCK: u32 = 2;
+    const OPT_SHARED_BYTES: u32 = 4;
+    let threads = if job.given & OPT_BLOCK != 0 { job.block } else { launch.0 };
+    let shared = if job.given & OPT_SHARED_BYTES != 0 { job.shared_bytes.max(launch.1) } else { launch.1 };
+    // gpud counted them by the same rule; a job it refused never gets here.
+    let Some(n) = blocks.of(sig, job, threads) else { return 0 };
+    let args = Args::<T>::new(job, layout);
+    for b in 0..n {
+        let dims = Dims { block: (threads, 1), grid: (n as u32, 1), shared_bytes: shared };
+        if let Err(f) = run_block(dims, (b as u32, 0), &|| body(args, b)) {
+            *fault = crate::job::Fault {
+                reason: match f.reason {
+                    Reason::DivergentBarrier => FAULT_DIVERGENT_BARRIER,
+                    Reason::DivergentWarpOp => FAULT_DIVERGENT_WARP_OP,
+                },
+                thread: f.thread,
+                block: b,
+                ..Default::default()
+            };
+            return 1;
+        }
+    }
+    0
+}
+
 /// Terms per chunk of [`sum`]: one GPU virtual block of a reduction at the
 /// default block size (65536, gpud's EC_SUM_CHUNK).
 pub const SUM_CHUNK: usize = crate::sum_order::CHUNK;
