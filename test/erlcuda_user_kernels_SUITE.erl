@@ -12,7 +12,8 @@
 all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
      call_forms, topk_rows_cases, cos_topk, cos_topk_cases,
-     one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, coalesced,
+     one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, gpu_bodies_match_cpu_bodies,
+     coalesced,
      coalesced_1000_callers,
      replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
      host_segfault,
@@ -494,3 +495,57 @@ one_body_close(f64, W, G, Cols) -> ?assert(abs(W - G) =< (Cols + 1) * 2.3e-16, {
 one_body_mask(s32) -> 16#FFFFFFFF;
 one_body_mask(u32) -> 16#FFFFFFFF;
 one_body_mask(s64) -> 16#FFFFFFFFFFFFFFFF.
+
+%% Every example kernel with a CPU body, run through its GPU code on the
+%% CPU (the app env cpu_runs = gpu), answers as through its CPU body: the
+%% same random calls under both settings. Integer results and float ones
+%% computed in the same order (maps, gathers, selections) are bit-identical;
+%% sums, whose GPU order is a tree, agree within a few roundings of f32.
+gpu_bodies_match_cpu_bodies(_) ->
+    Calls = gpu_body_calls(),
+    Cpu = [{K, erlcuda:launch_sync({example, K}, A)} || {K, _, A} <- Calls],
+    ok = erlcuda_ref:start_app([{cpu_runs, gpu}]),
+    ok = erlcuda_user_check:load_example(),
+    Gpu = [{K, erlcuda:launch_sync({example, K}, A)} || {K, _, A} <- Calls],
+    ok = erlcuda_ref:start_app([]),
+    ok = erlcuda_user_check:load_example(),
+    [case How of
+         exact -> ?assertEqual({K, C}, {K, G});
+         close -> ?assert(gpu_body_close(C, G), {K, C, G})
+     end
+     || {{K, How, _}, {K, C}, {K, G}} <- lists:zip3(Calls, Cpu, Gpu)],
+    ok.
+
+gpu_body_calls() ->
+    F = fun(N) -> [rand:uniform() * 4 - 2 || _ <- lists:seq(1, N)] end,
+    B32 = fun(T, N) -> {T, << <<(rand:uniform(1 bsl 31) - (1 bsl 30)):32/native>> || _ <- lists:seq(1, N)>>} end,
+    Bytes = fun(N) -> crypto:strong_rand_bytes(N) end,
+    [{clamp, exact, [F(1023), -0.5, 0.75]},
+     {sumsq, close, [F(5001)]},
+     {softmax, close, [F(3 * 1023), 1023]},
+     {row_sums, close, [F(7 * 129), 129]},
+     {cos_sim, close, [F(5 * 300), F(300), 5, 300]},
+     {argmax_rows, exact, [F(9 * 1023), 9, 1023]},
+     {argmax_rows, exact, [B32(s32, 4 * 33), 4, 33]},
+     {argmax_rows, exact, [Bytes(1023), 1, 1023]},
+     {histogram, exact, [Bytes(70001)]},
+     {topk_rows, exact, [F(6 * 100), 6, 100, 7]},
+     {topk_rows, exact, [F(2 * 1023), 2, 1023, 64]},
+     {topk_rows, exact, [B32(u32, 3 * 300), 3, 300, 5]},
+     {gather, exact, [F(1023), {s32, << <<(rand:uniform(1023) - 1):32/native>> || _ <- lists:seq(1, 777)>>}]},
+     {axpbypcz, exact, [1.5, F(1023), -0.25, F(1023), 3.0, F(1023)]},
+     {gelu, exact, [F(1023)]},
+     {log_softmax_rows, close, [F(4 * 1023), 1023]},
+     {u8_to_unit, exact, [Bytes(1025)]},
+     {cos_topk, close, [F(40 * 64), F(64), 40, 64, 9]}].
+
+%% Equal shapes, integers equal, floats within 1e-5 of the larger magnitude
+%% (at least 1).
+gpu_body_close({ok, A}, {ok, B}) -> gpu_body_close(A, B);
+gpu_body_close(A, B) when is_tuple(A), is_tuple(B), tuple_size(A) =:= tuple_size(B) ->
+    gpu_body_close(tuple_to_list(A), tuple_to_list(B));
+gpu_body_close(A, B) when is_list(A), is_list(B), length(A) =:= length(B) ->
+    lists:all(fun({X, Y}) -> gpu_body_close(X, Y) end, lists:zip(A, B));
+gpu_body_close(A, B) when is_float(A), is_float(B) ->
+    abs(A - B) =< 1.0e-5 * lists:max([1.0, abs(A), abs(B)]);
+gpu_body_close(A, B) -> A =:= B.

@@ -28,16 +28,16 @@ host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
 nm="$(rustc +nightly --print sysroot)/lib/rustlib/$host/bin/llvm-nm"
 
 # check_entries OUT KERNEL_TYPE...: module.ptx has each entry, host.so each
-# erlcuda_host_ entry, or only erlcuda_hostgpu_ for a kernel with a GPU body
-# alone (ONE_BODY).
+# erlcuda_hostgpu_ entry (the GPU code on the CPU) and each erlcuda_host_
+# entry, but none for a kernel with a GPU body alone (ONE_BODY).
 ONE_BODY="segment_scan transpose tree_row_sums"
 check_entries() {
   local out="$1" e syms; shift
   syms="$("$nm" -D --defined-only "$out/host.so" | awk '{ print $NF }')"
   for e in "$@"; do
     grep -q "^\.visible \.entry $e(" "$out/module.ptx" || fail "$out/module.ptx lacks the entry $e"
+    grep -qx "erlcuda_hostgpu_$e" <<<"$syms" || fail "$out/host.so lacks erlcuda_hostgpu_$e"
     if grep -qw -- "$(sed -E 's/_(u8|s32|u32|s64|f32|f64)$//' <<<"$e")" <<<"$ONE_BODY"; then
-      grep -qx "erlcuda_hostgpu_$e" <<<"$syms" || fail "$out/host.so lacks erlcuda_hostgpu_$e"
       ! grep -qx "erlcuda_host_$e" <<<"$syms" || fail "$out/host.so has erlcuda_host_$e, for a kernel with no CPU body"
     else
       grep -qx "erlcuda_host_$e" <<<"$syms" || fail "$out/host.so lacks erlcuda_host_$e"

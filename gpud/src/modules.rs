@@ -70,6 +70,8 @@ pub struct UserKernel {
     /// exports it (`erlcuda_hostgpu_NAME_TY`); the code of a kernel with no
     /// CPU body.
     pub host_gpu: [Option<HostGpuFn>; EC_TYPE_COUNT as usize],
+    /// The CPU backend runs `host_gpu` even where `host` exists.
+    pub runs_gpu_body: bool,
 }
 
 impl UserKernel {
@@ -87,6 +89,7 @@ impl UserKernel {
             shared: d.shared,
             host: [None; EC_TYPE_COUNT as usize],
             host_gpu: [None; EC_TYPE_COUNT as usize],
+            runs_gpu_body: false,
         }
     }
 
@@ -316,10 +319,25 @@ pub trait ModuleLoader {
     fn unload_module(&mut self, slot: u16);
 }
 
+/// Which code the CPU backend runs for a kernel that has both a CPU body
+/// and a GPU body (gpud's `--cpu-runs`, the app env `cpu_runs`). A kernel
+/// with a GPU body only always runs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuRuns {
+    /// The CPU body (`erlcuda_host_NAME_TY`): the faster one.
+    #[default]
+    Cpu,
+    /// The GPU body, each block's threads emulated
+    /// (`erlcuda_hostgpu_NAME_TY`): the code the GPU runs, checked.
+    Gpu,
+}
+
 /// The loaded modules by slot.
 #[derive(Default)]
 pub struct Registry {
     slots: HashMap<u16, Module>,
+    /// Applied to each kernel as its module loads.
+    pub cpu_runs: CpuRuns,
 }
 
 /// The id of kernel `i` of slot `slot`.
@@ -369,6 +387,9 @@ impl Registry {
                     return Err(format!("host.so lacks {sym} and {gpu}, one of which the manifest declares"));
                 }
             }
+            // A module built before the GPU entries existed has none: its
+            // CPU bodies run whatever the setting.
+            k.runs_gpu_body = self.cpu_runs == CpuRuns::Gpu && k.host_gpu.iter().any(Option::is_some);
             kernels.push(Arc::new(k));
         }
         backend.load_module(slot, &ptx, &kernels).map_err(|e| format!("module.ptx: {e}"))?;

@@ -25,7 +25,7 @@ pub mod rows;
 pub mod scatter;
 pub mod search;
 
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 mod group;
 
 #[cfg(test)]

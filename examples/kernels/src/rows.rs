@@ -8,11 +8,11 @@
 
 use crate::math::exp_le0;
 use crate::order::{before, First, NONE};
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 use crate::order::beats_earlier;
 use erlcuda_kernel::reduce::ReduceOp;
 use erlcuda_kernel::{kernel, Float, Numeric};
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 use erlcuda_kernel::Element;
 
 /// The most elements `topk_rows` returns per row: its signature refuses a
@@ -195,7 +195,7 @@ mod host {
 
 /// The GPU sides: one block per row, every function called by all the
 /// block's threads (B a multiple of 32: `block_rule = warps`).
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 mod gpu {
     use super::*;
     use crate::group::{aligned, for_row, for_row2, load_tile, store_tile, tile_col, tile_slots};

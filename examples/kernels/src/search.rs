@@ -111,7 +111,7 @@ mod host {
 
 /// The GPU side: every function called by all the block's threads
 /// (B a multiple of 32: `block_rule = warps`).
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 mod gpu {
     use super::*;
     use core::array::from_fn;

@@ -40,10 +40,11 @@ impl KernelOp for UserOp {
         // the caller keeps them unaliased (KernelOp::cpu). What the code does
         // beyond that is the module's trust (SECURITY.md): a fault there ends
         // gpud, never the VM.
-        if let Some(f) = self.0.host[ty] {
+        if let Some(f) = self.0.host[ty].filter(|_| !self.0.runs_gpu_body) {
             return unsafe { f(&kj) };
         }
-        // No CPU body: the GPU body, each block's threads emulated.
+        // No CPU body, or `cpu_runs` is gpu: the GPU code, each block's
+        // threads emulated.
         let f = self.0.host_gpu[ty].expect("loading admits only kernels with host code for every type");
         let mut fault = crate::kitjob::Fault::default();
         if unsafe { f(&kj, &mut fault) } != 0 {

@@ -1,7 +1,8 @@
 //! The GPU body on the CPU (host only): a block's threads as coroutines.
 //!
-//! A `kernel!`'s GPU body runs on the host over the same virtual blocks and
-//! threads as on the GPU. Each GPU thread of a block is a `corosensei`
+//! A kernel's GPU code (its PTX entry's host twin, which
+//! [`crate::host::run_gpu`] runs once per virtual block of the job) runs on
+//! the host over the same virtual blocks and threads as on the GPU. Each GPU thread of a block is a `corosensei`
 //! coroutine with a stack of its own (as khal runs a shader with shared
 //! memory); the block's threads are stepped round-robin on the calling OS
 //! thread, each until it stops at a barrier, at a warp operation or at the

@@ -140,12 +140,19 @@ pub const FAULT_DIVERGENT_BARRIER: u32 = 1;
 /// not at all.
 pub const FAULT_DIVERGENT_WARP_OP: u32 = 2;
 
-/// The host entry that runs a kernel's GPU body on the CPU, exported as
+/// The host entry that runs a kernel's GPU code on the CPU, exported as
 /// `erlcuda_hostgpu_NAME_TY` (`erlcuda_hostgpu_NAME` for a kernel with no
-/// T): one whole job, every virtual block in order; returns 0, or 1 with
-/// `*fault` filled. A kernel with a CPU body has `erlcuda_host_NAME_TY`; one
-/// with only a GPU body has only this entry.
+/// T) by every kernel: one whole job, every virtual block in order; returns
+/// 0, or 1 with `*fault` filled. A kernel with a CPU body also has
+/// `erlcuda_host_NAME_TY`, which the CPU backend runs unless its
+/// `cpu_runs` setting says `gpu`.
 pub type HostGpuFn = unsafe extern "C" fn(job: *const Job, fault: *mut Fault) -> u32;
+
+/// The launch options a job carries (`given`'s bits; `EC_OPT_*` in
+/// `c_src/erlcuda_ring.h`, which gpud's layout test holds these to).
+pub const OPT_GRID: u32 = 1;
+pub const OPT_BLOCK: u32 = 2;
+pub const OPT_SHARED_BYTES: u32 = 4;
 
 /// Elements per thread per virtual block of an `elementwise` kernel.
 pub const ELEMS_PER_THREAD: u64 = 4;

@@ -113,8 +113,8 @@ pub mod device;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
 
-// What the macros expand to on each side; not an API of its own.
-#[cfg(target_arch = "nvptx64")]
+// What the macros expand to on each side; not an API of its own. The GPU
+// side is built for the host too: a GPU body run on the CPU runs it.
 #[doc(hidden)]
 pub mod gpu;
 #[cfg(not(target_arch = "nvptx64"))]

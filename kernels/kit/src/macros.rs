@@ -225,7 +225,8 @@ macro_rules! table {
                 $threads, $shared
             );
 
-            #[cfg(target_arch = "nvptx64")]
+            // Both targets: the host runs it on the CPU (`crate::emu`) where a
+            // setting asks for the GPU body.
             #[inline(always)]
             #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
             unsafe fn __gpu<T: $crate::Float>($gk: $crate::Args<'_, T>, $gblock: u64) {
@@ -308,8 +309,6 @@ macro_rules! __kernel_expand {
             };
             $crate::__manifest!(__K);
 
-            // The GPU body is compiled for the host too when it is the only
-            // one: the CPU backend then runs it (`crate::emu`).
             $crate::__kernel_fn!(
                 gpu [$($bound)?] [$($ck)?] ($gk, $gb) {
                     // The device primitives by their plain names in the body,
@@ -329,13 +328,8 @@ macro_rules! __kernel_expand {
                 $(cpu($ck) $cbody)?
             );
 
-            // Virtual blocks per job, for running the GPU body on the host.
-            #[cfg(not(target_arch = "nvptx64"))]
-            #[allow(dead_code)]
-            const __BLOCKS: $crate::job::Blocks = __K.blocks;
-            #[cfg(not(target_arch = "nvptx64"))]
-            #[allow(dead_code)]
-            const __SIG: $crate::signature::Sig = __K.sig;
+            // The kernel's block size and shared bytes, for running the GPU
+            // body on the host.
             #[cfg(not(target_arch = "nvptx64"))]
             #[allow(dead_code)]
             const __LAUNCH: (u32, u32) = ($threads, $shared);
@@ -411,26 +405,15 @@ macro_rules! __rty {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __kernel_fn {
-    // With a CPU body ([$ck]): the GPU body for nvptx64 only.
-    (gpu [$bound:ident] [$ck:ident] ($k:ident, $b:ident) $body:tt) => {
-        #[cfg(target_arch = "nvptx64")]
+    // The GPU body, for both targets: the host runs it on the CPU
+    // (`crate::emu`), alone or where a setting asks for it instead of the
+    // CPU body.
+    (gpu [$bound:ident] [$($ck:ident)?] ($k:ident, $b:ident) $body:tt) => {
         #[inline(always)]
         #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
         unsafe fn __gpu<T: $crate::$bound>($k: $crate::Args<'_, T>, $b: u64) $body
     };
-    (gpu [] [$ck:ident] ($k:ident, $b:ident) $body:tt) => {
-        #[cfg(target_arch = "nvptx64")]
-        #[inline(always)]
-        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
-        unsafe fn __gpu($k: $crate::Args<'_, ()>, $b: u64) $body
-    };
-    // The GPU body alone ([]): for both targets.
-    (gpu [$bound:ident] [] ($k:ident, $b:ident) $body:tt) => {
-        #[inline(always)]
-        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
-        unsafe fn __gpu<T: $crate::$bound>($k: $crate::Args<'_, T>, $b: u64) $body
-    };
-    (gpu [] [] ($k:ident, $b:ident) $body:tt) => {
+    (gpu [] [$($ck:ident)?] ($k:ident, $b:ident) $body:tt) => {
         #[inline(always)]
         #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
         unsafe fn __gpu($k: $crate::Args<'_, ()>, $b: u64) $body
@@ -527,8 +510,13 @@ macro_rules! __kernel_entries {
                     __gpu($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
-
-            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)), (), |k, b| __gpu(k, b));
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)));
         };
     };
     ($name:ident, [], [], [$ck:ident]) => {
@@ -540,6 +528,13 @@ macro_rules! __kernel_entries {
                     __gpu($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)));
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name)))]
@@ -564,12 +559,13 @@ macro_rules! __entries {
                     __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
-
-            $crate::__host_gpu_entry!(
-                concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)),
-                $crate::__rty!($ty),
-                |k, b| __gpu::<$crate::__rty!($ty)>(k, b)
-            );
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
         };
     };
     ($name:ident, [$bound:ident], $ty:ident, [$ck:ident]) => {
@@ -581,6 +577,13 @@ macro_rules! __entries {
                     __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]
@@ -597,11 +600,11 @@ macro_rules! __entries {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __host_gpu_entry {
-    ($sym:expr, $t:ty, $body:expr) => {
+    ($sym:expr) => {
         #[cfg(not(target_arch = "nvptx64"))]
         #[unsafe(export_name = $sym)]
         unsafe extern "C" fn __host_gpu(job: *const $crate::Job, fault: *mut $crate::job::Fault) -> u32 {
-            $crate::host::run_gpu::<$t>(&*job, &__LAYOUT, &__SIG, &__BLOCKS, __LAUNCH, &mut *fault, $body)
+            $crate::host::run_gpu(&*job, &__K.sig, &__K.blocks, __LAUNCH, &mut *fault, |j, n, t| __entry(j, n, t))
         }
     };
 }
@@ -648,6 +651,9 @@ macro_rules! __legacy {
         $crate::__manifest!(__K);
         #[allow(dead_code)]
         const __NV: usize = __LAYOUT.vectors as usize;
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[allow(dead_code)]
+        const __LAUNCH: (u32, u32) = ($threads, $shared);
         #[allow(dead_code)]
         const __NS: usize = __LAYOUT.scalars as usize;
     };
@@ -733,6 +739,14 @@ macro_rules! __pointwise_entries {
             unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
                 $crate::gpu::$shape::<$ty, __NV, __NS>(jobs, njobs, total_blocks, __body::<$ty>)
             }
+
+            // The same on the host, where a setting runs the GPU code on the
+            // CPU (`crate::emu`).
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::$shape::<$ty, __NV, __NS>(jobs, njobs, total_blocks, __body::<$ty>)
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]
