@@ -274,7 +274,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     Spin = erlcuda_settings:get(gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
-            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++ lane_args() ++
+            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++ lane_args() ++ cpu_runs_args() ++
         erlcuda_modules:gpud_args(),
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, Args}, exit_status, use_stdio, stderr_to_stdout, binary,
@@ -317,6 +317,14 @@ lane_args() ->
         off -> ["--lane-sms", "off"];
         N when is_integer(N) -> ["--lane-sms", integer_to_list(N)];
         default -> []
+    end.
+
+%% Which body the CPU backend runs of a user's kernel that has both, from
+%% the setting cpu_runs (`cpu', the default, or `gpu').
+cpu_runs_args() ->
+    case erlcuda_settings:get(cpu_runs) of
+        gpu -> ["--cpu-runs", "gpu"];
+        cpu -> []
     end.
 
 %% gpud's limit for device buffers, from the setting device_memory_limit.

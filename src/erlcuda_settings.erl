@@ -102,6 +102,11 @@ table() ->
       "SMs reserved for small launches (see below); `default`: gpud's, 8"},
      {poison_outputs, boolean, false,
       "fill outputs with NaN before each job (tests)"},
+     {cpu_runs, {atoms, [cpu, gpu]}, cpu,
+      "which body the cpu backend runs of a user's kernel that has both a CPU body and a GPU body: `cpu`, "
+      "or `gpu`, its GPU body with every block's threads emulated (barriers, shared memory, 32-lane warp "
+      "operations), to check on a machine without a GPU the code the GPU runs; a kernel with a GPU body "
+      "only runs it either way ([your own kernels](your-own-kernels.md#a-kernel-written-once))"},
      {gpud_spin_us, {int, 0, 1000000}, 50,
       "how long gpud spins on the ring before sleeping on its eventfd"},
      {gpud_start_timeout_ms, {int, 1, ?MAX_MS}, 20000,

@@ -11,7 +11,9 @@
 
 all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
-     call_forms, topk_rows_cases, cos_topk, cos_topk_cases, coalesced,
+     call_forms, topk_rows_cases, cos_topk, cos_topk_cases,
+     one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, gpu_bodies_match_cpu_bodies,
+     coalesced,
      coalesced_1000_callers,
      replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
      host_segfault,
@@ -397,3 +399,153 @@ wait_new_gpud(Old, N) ->
         [] -> timer:sleep(20), wait_new_gpud(Old, N - 1);
         _ -> ok
     end.
+
+%% Kernels with only a GPU body (examples/kernels/src/onebody.rs): the CPU
+%% backend runs the GPU body itself, every block's threads emulated with
+%% their barriers, shared memory and warp operations. Random inputs each
+%% run, odd sizes; integer results exact, float ones against an f64 sum.
+one_body_tree_row_sums(_) ->
+    [one_body_row_sums(T, Rows, Cols)
+     || T <- [s32, u32, s64, f32, f64], {Rows, Cols} <- [{0, 5}, {1, 1}, {3, 1023}, {37, 129}, {2, 0}]],
+    ok.
+
+one_body_row_sums(T, Rows, Cols) ->
+    Xs = [one_body_value(T) || _ <- lists:seq(1, Rows * Cols)],
+    {ok, Got} = erlcuda:launch_sync({example, tree_row_sums}, [{T, one_body_bin(T, Xs)}, Rows, Cols]),
+    Sums = one_body_list(T, Got),
+    ?assertEqual(Rows, length(Sums)),
+    Want = [lists:sum(R) || R <- one_body_rows(Xs, Cols, Rows)],
+    [one_body_close(T, W, G, Cols) || {W, G} <- lists:zip(Want, Sums)],
+    ok.
+
+one_body_segment_scan(_) ->
+    [one_body_scan(T, N) || T <- [u32, s64], N <- [0, 1, 1023, 1024, 1025, 5000, (1 bsl 20) + 7]],
+    ok.
+
+one_body_scan(T, N) ->
+    Xs = [one_body_value(T) || _ <- lists:seq(1, N)],
+    {ok, Got} = erlcuda:launch_sync({example, segment_scan}, [{T, one_body_bin(T, Xs)}]),
+    ?assertEqual(one_body_bin(T, one_body_prefix(T, Xs, 1024)), one_body_raw(Got)),
+    ok.
+
+%% Inclusive prefix sums restarting every Seg elements, wrapped to T.
+one_body_prefix(T, Xs, Seg) -> one_body_prefix(T, Xs, Seg, 0, 0, []).
+one_body_prefix(_, [], _, _, _, Acc) -> lists:reverse(Acc);
+one_body_prefix(T, [X | Xs], Seg, I, S0, Acc) ->
+    S = one_body_wrap(T, (case I rem Seg of 0 -> 0; _ -> S0 end) + X),
+    one_body_prefix(T, Xs, Seg, I + 1, S, [S | Acc]).
+
+one_body_transpose(_) ->
+    [one_body_transpose(T, Rows, Cols)
+     || T <- [u8, s32, f64], {Rows, Cols} <- [{0, 3}, {1, 1}, {1, 1023}, {33, 65}, {100, 7}]],
+    ok.
+
+one_body_transpose(T, Rows, Cols) ->
+    Xs = [one_body_value(T) || _ <- lists:seq(1, Rows * Cols)],
+    {ok, Got} = erlcuda:launch_sync({example, transpose}, [{T, one_body_bin(T, Xs)}, Rows, Cols]),
+    RowsOf = one_body_rows(Xs, Cols, Rows),
+    Want = [lists:nth(C, R) || C <- lists:seq(1, Cols), R <- RowsOf],
+    ?assertEqual(one_body_bin(T, Want), one_body_raw(Got)),
+    ok.
+
+one_body_rows(_, 0, Rows) -> lists:duplicate(Rows, []);
+one_body_rows([], _, _) -> [];
+one_body_rows(Xs, Cols, Rows) ->
+    {R, Rest} = lists:split(Cols, Xs),
+    [R | one_body_rows(Rest, Cols, Rows - 1)].
+
+one_body_value(u8) -> rand:uniform(256) - 1;
+one_body_value(s32) -> rand:uniform(2001) - 1001;
+one_body_value(u32) -> rand:uniform(1 bsl 32) - 1;
+one_body_value(s64) -> rand:uniform(1 bsl 40) - (1 bsl 39);
+one_body_value(f32) -> erlcuda_ref:f32(rand:uniform() * 2 - 1);
+one_body_value(f64) -> rand:uniform() * 2 - 1.
+
+one_body_wrap(u32, X) -> X band 16#FFFFFFFF;
+one_body_wrap(s64, X) -> <<Y:64/signed>> = <<X:64>>, Y;
+one_body_wrap(_, X) -> X.
+
+one_body_bin(u8, Xs) -> << <<X:8>> || X <- Xs >>;
+one_body_bin(s32, Xs) -> << <<X:32/signed-native>> || X <- Xs >>;
+one_body_bin(u32, Xs) -> << <<(X band 16#FFFFFFFF):32/native>> || X <- Xs >>;
+one_body_bin(s64, Xs) -> << <<X:64/signed-native>> || X <- Xs >>;
+one_body_bin(f32, Xs) -> << <<X:32/float-native>> || X <- Xs >>;
+one_body_bin(f64, Xs) -> << <<X:64/float-native>> || X <- Xs >>.
+
+one_body_raw({_, B}) when is_binary(B) -> B;
+one_body_raw(B) when is_binary(B) -> B.
+
+one_body_list(T, R) ->
+    B = one_body_raw(R),
+    case T of
+        s32 -> [X || <<X:32/signed-native>> <= B];
+        u32 -> [X || <<X:32/native>> <= B];
+        s64 -> [X || <<X:64/signed-native>> <= B];
+        f32 -> [X || <<X:32/float-native>> <= B];
+        f64 -> [X || <<X:64/float-native>> <= B]
+    end.
+
+%% Integers wrap to T and agree exactly; a float sum of Cols terms of
+%% magnitude at most 1 is within Cols ulps of 1 (the tree's rounding).
+one_body_close(T, W, G, _) when T =:= s32; T =:= u32; T =:= s64 ->
+    ?assertEqual(one_body_wrap(case T of s32 -> s64; _ -> T end, W) band one_body_mask(T), G band one_body_mask(T));
+one_body_close(f32, W, G, Cols) -> ?assert(abs(W - G) =< (Cols + 1) * 1.2e-7, {W, G});
+one_body_close(f64, W, G, Cols) -> ?assert(abs(W - G) =< (Cols + 1) * 2.3e-16, {W, G}).
+
+one_body_mask(s32) -> 16#FFFFFFFF;
+one_body_mask(u32) -> 16#FFFFFFFF;
+one_body_mask(s64) -> 16#FFFFFFFFFFFFFFFF.
+
+%% Every example kernel with a CPU body, run through its GPU code on the
+%% CPU (the app env cpu_runs = gpu), answers as through its CPU body: the
+%% same random calls under both settings. Integer results and float ones
+%% computed in the same order (maps, gathers, selections) are bit-identical;
+%% sums, whose GPU order is a tree, agree within a few roundings of f32.
+gpu_bodies_match_cpu_bodies(_) ->
+    Calls = gpu_body_calls(),
+    Cpu = [{K, erlcuda:launch_sync({example, K}, A)} || {K, _, A} <- Calls],
+    ok = erlcuda_ref:start_app([{cpu_runs, gpu}]),
+    ok = erlcuda_user_check:load_example(),
+    Gpu = [{K, erlcuda:launch_sync({example, K}, A)} || {K, _, A} <- Calls],
+    ok = erlcuda_ref:start_app([]),
+    ok = erlcuda_user_check:load_example(),
+    [case How of
+         exact -> ?assertEqual({K, C}, {K, G});
+         close -> ?assert(gpu_body_close(C, G), {K, C, G})
+     end
+     || {{K, How, _}, {K, C}, {K, G}} <- lists:zip3(Calls, Cpu, Gpu)],
+    ok.
+
+gpu_body_calls() ->
+    F = fun(N) -> [rand:uniform() * 4 - 2 || _ <- lists:seq(1, N)] end,
+    B32 = fun(T, N) -> {T, << <<(rand:uniform(1 bsl 31) - (1 bsl 30)):32/native>> || _ <- lists:seq(1, N)>>} end,
+    Bytes = fun(N) -> crypto:strong_rand_bytes(N) end,
+    [{clamp, exact, [F(1023), -0.5, 0.75]},
+     {sumsq, close, [F(5001)]},
+     {softmax, close, [F(3 * 1023), 1023]},
+     {row_sums, close, [F(7 * 129), 129]},
+     {cos_sim, close, [F(5 * 300), F(300), 5, 300]},
+     {argmax_rows, exact, [F(9 * 1023), 9, 1023]},
+     {argmax_rows, exact, [B32(s32, 4 * 33), 4, 33]},
+     {argmax_rows, exact, [Bytes(1023), 1, 1023]},
+     {histogram, exact, [Bytes(70001)]},
+     {topk_rows, exact, [F(6 * 100), 6, 100, 7]},
+     {topk_rows, exact, [F(2 * 1023), 2, 1023, 64]},
+     {topk_rows, exact, [B32(u32, 3 * 300), 3, 300, 5]},
+     {gather, exact, [F(1023), {s32, << <<(rand:uniform(1023) - 1):32/native>> || _ <- lists:seq(1, 777)>>}]},
+     {axpbypcz, exact, [1.5, F(1023), -0.25, F(1023), 3.0, F(1023)]},
+     {gelu, exact, [F(1023)]},
+     {log_softmax_rows, close, [F(4 * 1023), 1023]},
+     {u8_to_unit, exact, [Bytes(1025)]},
+     {cos_topk, close, [F(40 * 64), F(64), 40, 64, 9]}].
+
+%% Equal shapes, integers equal, floats within 1e-5 of the larger magnitude
+%% (at least 1).
+gpu_body_close({ok, A}, {ok, B}) -> gpu_body_close(A, B);
+gpu_body_close(A, B) when is_tuple(A), is_tuple(B), tuple_size(A) =:= tuple_size(B) ->
+    gpu_body_close(tuple_to_list(A), tuple_to_list(B));
+gpu_body_close(A, B) when is_list(A), is_list(B), length(A) =:= length(B) ->
+    lists:all(fun({X, Y}) -> gpu_body_close(X, Y) end, lists:zip(A, B));
+gpu_body_close(A, B) when is_float(A), is_float(B) ->
+    abs(A - B) =< 1.0e-5 * lists:max([1.0, abs(A), abs(B)]);
+gpu_body_close(A, B) -> A =:= B.

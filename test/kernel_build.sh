@@ -28,13 +28,20 @@ host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
 nm="$(rustc +nightly --print sysroot)/lib/rustlib/$host/bin/llvm-nm"
 
 # check_entries OUT KERNEL_TYPE...: module.ptx has each entry, host.so each
-# erlcuda_host_ entry.
+# erlcuda_hostgpu_ entry (the GPU code on the CPU) and each erlcuda_host_
+# entry, but none for a kernel with a GPU body alone (ONE_BODY).
+ONE_BODY="segment_scan transpose tree_row_sums"
 check_entries() {
   local out="$1" e syms; shift
   syms="$("$nm" -D --defined-only "$out/host.so" | awk '{ print $NF }')"
   for e in "$@"; do
     grep -q "^\.visible \.entry $e(" "$out/module.ptx" || fail "$out/module.ptx lacks the entry $e"
-    grep -qx "erlcuda_host_$e" <<<"$syms" || fail "$out/host.so lacks erlcuda_host_$e"
+    grep -qx "erlcuda_hostgpu_$e" <<<"$syms" || fail "$out/host.so lacks erlcuda_hostgpu_$e"
+    if grep -qw -- "$(sed -E 's/_(u8|s32|u32|s64|f32|f64)$//' <<<"$e")" <<<"$ONE_BODY"; then
+      ! grep -qx "erlcuda_host_$e" <<<"$syms" || fail "$out/host.so has erlcuda_host_$e, for a kernel with no CPU body"
+    else
+      grep -qx "erlcuda_host_$e" <<<"$syms" || fail "$out/host.so lacks erlcuda_host_$e"
+    fi
   done
 }
 
@@ -53,9 +60,12 @@ kernel histogram types=- args=p:v:u8:n outs=counts:o:u32:256 blocks=chunks(n) th
 kernel log_softmax_rows types=f32,f64 args=x:v:T:n,cols:d outs=y:w:T:n blocks=n/cols threads=256 block_rule=warps shared=0
 kernel row_sums types=f32,f64 args=x:v:T:n,cols:d outs=out:o:T:n/cols blocks=n/cols threads=256 block_rule=warps shared=264
 kernel scatter_add types=s32,u32,s64,f32,f64 args=acc:io:T:n,index:v:u32:m,vals:v:T:m outs=- blocks=elements(m) threads=256 block_rule=any shared=0
+kernel segment_scan types=u32,s64 args=x:v:T:n outs=y:w:T:n blocks=elements(n) threads=256 block_rule=warps shared=0
 kernel softmax types=f32,f64 args=x:v:T:n,cols:d outs=out:o:T:n blocks=n/cols threads=256 block_rule=warps shared=264
 kernel sumsq types=f32,f64 args=x:v:T:n outs=sum:s:T blocks=chunks(n) threads=256 block_rule=pow2 shared=264
 kernel topk_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d,k:d:1..=cols&64 outs=values:w:T:rows*k,indices:w:u32:rows*k blocks=rows threads=256 block_rule=warps shared=0
+kernel transpose types=u8,s32,f64 args=x:v:T:rows*cols,rows:d,cols:d outs=y:w:T:rows*cols blocks=elements(rows*cols) threads=256 block_rule=warps shared=0
+kernel tree_row_sums types=s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols:d outs=sums:w:T:rows blocks=rows threads=128 block_rule=pow2 shared=0
 kernel u8_to_unit types=- args=p:v:u8:n outs=unit:w:f32:n blocks=elements(n) threads=256 block_rule=any shared=0
 EOF
 diff -u "$tmp/want" "$example/manifest" || fail "examples/kernels: unexpected manifest (diff above)"
@@ -63,10 +73,10 @@ diff -u "$tmp/want" "$example/manifest" || fail "examples/kernels: unexpected ma
 entries=($(awk '$1 == "kernel" { for (i = 3; i <= NF; i++) if ($i ~ /^types=/) {
     if ($i == "types=-") { print $2; continue }
     n = split(substr($i, 7), t, ","); for (j = 1; j <= n; j++) print $2 "_" t[j] } }' "$tmp/want"))
-[[ "${#entries[@]}" == 46 ]] || fail "examples/kernels: ${#entries[@]} entries declared, want 46"
+[[ "${#entries[@]}" == 56 ]] || fail "examples/kernels: ${#entries[@]} entries declared, want 56"
 check_entries "$example" "${entries[@]}"
-[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 46 ]] || fail "examples/kernels: not exactly 46 PTX entries"
-ok "examples/kernels: manifest, 46 PTX entries, 46 host entries"
+[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 56 ]] || fail "examples/kernels: not exactly 56 PTX entries"
+ok "examples/kernels: manifest, 56 PTX entries, 56 host entries"
 
 touch -d '2000-01-01' "$example"/*
 "$build" "$root/examples/kernels" "$example" >/dev/null

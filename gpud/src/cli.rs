@@ -1,14 +1,15 @@
 //! Command line: `gpud --probe [--backend B]` and
 //! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...
 //! [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off]
-//! [--lane-sms N|off]`.
+//! [--lane-sms N|off] [--cpu-runs cpu|gpu]`.
 
 use crate::backend::pace::Pacing;
 use crate::backend::{self, BackendKind};
 use crate::buffers::MemoryLimit;
 use crate::error::{Error, Result};
+use crate::modules::CpuRuns;
 
-pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off] [--lane-sms N|off]\n       gpud --probe [--backend cpu|cuda|auto]";
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off] [--lane-sms N|off] [--cpu-runs cpu|gpu]\n       gpud --probe [--backend cpu|cuda|auto]";
 
 /// Default time spent polling the SQ before sleeping on its eventfd.
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -29,6 +30,8 @@ pub struct DaemonOpts {
     pub pacing: Pacing,
     /// SMs reserved for small launches (None: off).
     pub lane_sms: Option<u32>,
+    /// Which body the CPU backend runs of a kernel that has both.
+    pub cpu_runs: CpuRuns,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +55,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut memory_limit = None;
     let mut pacing = Pacing::default();
     let mut lane_sms = None;
+    let mut cpu_runs = None;
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         // Accept both `--flag value` and `--flag=value`.
@@ -157,6 +161,14 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
                     ),
                 })
             }
+            "--cpu-runs" => {
+                let v = value("--cpu-runs")?;
+                cpu_runs = Some(match v.as_str() {
+                    "cpu" => CpuRuns::Cpu,
+                    "gpu" => CpuRuns::Gpu,
+                    _ => return Err(usage(format!("bad --cpu-runs {v:?} (cpu or gpu)"))),
+                });
+            }
             other => return Err(usage(format!("unknown argument {other:?}"))),
         }
     }
@@ -168,6 +180,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
             || !modules.is_empty()
             || memory_limit.is_some()
             || lane_sms.is_some()
+            || cpu_runs.is_some()
         {
             return Err(usage("--probe takes only --backend"));
         }
@@ -182,6 +195,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         memory_limit: memory_limit.unwrap_or_default(),
         pacing,
         lane_sms: lane_sms.unwrap_or(backend::DEFAULT_LANE_SMS),
+        cpu_runs: cpu_runs.unwrap_or_default(),
     }))
 }
 
@@ -206,6 +220,7 @@ mod tests {
                 memory_limit: MemoryLimit::Default,
                 pacing: Pacing::default(),
                 lane_sms: backend::DEFAULT_LANE_SMS,
+                cpu_runs: CpuRuns::Cpu,
             })
         );
         assert_eq!(
@@ -219,6 +234,7 @@ mod tests {
                 memory_limit: MemoryLimit::Default,
                 pacing: Pacing::default(),
                 lane_sms: backend::DEFAULT_LANE_SMS,
+                cpu_runs: CpuRuns::Cpu,
             })
         );
         assert_eq!(
@@ -232,8 +248,16 @@ mod tests {
                 memory_limit: MemoryLimit::Default,
                 pacing: Pacing::default(),
                 lane_sms: backend::DEFAULT_LANE_SMS,
+                cpu_runs: CpuRuns::Cpu,
             })
         );
+        let runs = |a: &str| match p(&format!("--socket x --device 0 {a}")) {
+            Ok(Command::Daemon(o)) => Some(o.cpu_runs),
+            _ => None,
+        };
+        assert_eq!(runs("--cpu-runs gpu"), Some(CpuRuns::Gpu));
+        assert_eq!(runs("--cpu-runs=cpu"), Some(CpuRuns::Cpu));
+        assert_eq!(runs("--cpu-runs both"), None);
         let lim = |a: &str| match p(&format!("--socket x --device 0 {a}")) {
             Ok(Command::Daemon(o)) => Some(o.memory_limit),
             _ => None,

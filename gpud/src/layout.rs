@@ -1382,5 +1382,8 @@ int main(void)
             ("reserved", offset_of!(Job, reserved), 20),
         ];
         assert_eq!(&kit[..], JobArgs::FIELDS);
+        // The option bits the kit's host entries read in `given`.
+        use crate::kitjob::{OPT_BLOCK, OPT_GRID, OPT_SHARED_BYTES};
+        assert_eq!((OPT_GRID, OPT_BLOCK, OPT_SHARED_BYTES), (EC_OPT_GRID, EC_OPT_BLOCK, EC_OPT_SHARED_BYTES));
     }
 }

@@ -9,7 +9,9 @@
 //! - `module.ptx`: the device code, entries `NAME_TY` for each type of the
 //!   kernel's T (`NAME` alone for a kernel with no T);
 //! - `host.so`: the same crate built for the host, symbols
-//!   `erlcuda_host_NAME_TY` (`erlcuda_host_NAME`), the CPU backend's code.
+//!   `erlcuda_host_NAME_TY` (`erlcuda_host_NAME`), the CPU backend's code,
+//!   and `erlcuda_hostgpu_NAME_TY` for a kernel with a GPU body only (its
+//!   GPU body run on the CPU, `kitjob::HostGpuFn`).
 //!
 //! Loading checks everything it can before any of the module's code runs:
 //! the manifest line by line, every declared host symbol, and (on the GPU)
@@ -31,6 +33,9 @@ use crate::signature::{Sig, Ty};
 
 /// A kernel's host code: runs one whole job (host addresses).
 pub type HostFn = unsafe extern "C" fn(*const KitJob);
+/// A kernel's GPU body run on the CPU (`kitjob::HostGpuFn`): one whole job,
+/// 0 or 1 with a fault.
+pub use crate::kitjob::HostGpuFn;
 
 /// Which element types a kernel's T ranges over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +66,12 @@ pub struct UserKernel {
     /// `host[type id]`: the host code of each type T may be (a kernel with
     /// no T: at F32's place).
     pub host: [Option<HostFn>; EC_TYPE_COUNT as usize],
+    /// `host_gpu[type id]`: the GPU body run on the CPU, where the module
+    /// exports it (`erlcuda_hostgpu_NAME_TY`); the code of a kernel with no
+    /// CPU body.
+    pub host_gpu: [Option<HostGpuFn>; EC_TYPE_COUNT as usize],
+    /// The CPU backend runs `host_gpu` even where `host` exists.
+    pub runs_gpu_body: bool,
 }
 
 impl UserKernel {
@@ -77,6 +88,8 @@ impl UserKernel {
             block_rule: d.block_rule,
             shared: d.shared,
             host: [None; EC_TYPE_COUNT as usize],
+            host_gpu: [None; EC_TYPE_COUNT as usize],
+            runs_gpu_body: false,
         }
     }
 
@@ -102,6 +115,11 @@ impl UserKernel {
         }
     }
 
+    /// The host symbol of the GPU body run on the CPU for jobs of type
+    /// `ty`: `erlcuda_hostgpu_` and the entry.
+    pub fn host_gpu_symbol(&self, ty: ElemType) -> String {
+        format!("erlcuda_hostgpu_{}", self.entry(ty))
+    }
     /// The host symbol of jobs of type `ty`: `erlcuda_host_` and the entry.
     pub fn host_symbol(&self, ty: ElemType) -> String {
         format!("erlcuda_host_{}", self.entry(ty))
@@ -263,14 +281,11 @@ impl HostLib {
         Ok(HostLib { handle, _copy: file })
     }
 
-    fn symbol(&self, name: &str) -> Option<HostFn> {
+    fn symbol(&self, name: &str) -> Option<*mut c_void> {
         let c = CString::new(name).ok()?;
-        // SAFETY: the handle is open; a found symbol is the kit's C-ABI
-        // host function (declared by the manifest next to it).
-        unsafe {
-            let p = libc::dlsym(self.handle, c.as_ptr());
-            (!p.is_null()).then(|| std::mem::transmute::<*mut c_void, HostFn>(p))
-        }
+        // SAFETY: the handle is open.
+        let p = unsafe { libc::dlsym(self.handle, c.as_ptr()) };
+        (!p.is_null()).then_some(p)
     }
 }
 
@@ -304,10 +319,25 @@ pub trait ModuleLoader {
     fn unload_module(&mut self, slot: u16);
 }
 
+/// Which code the CPU backend runs for a kernel that has both a CPU body
+/// and a GPU body (gpud's `--cpu-runs`, the app env `cpu_runs`). A kernel
+/// with a GPU body only always runs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuRuns {
+    /// The CPU body (`erlcuda_host_NAME_TY`): the faster one.
+    #[default]
+    Cpu,
+    /// The GPU body, each block's threads emulated
+    /// (`erlcuda_hostgpu_NAME_TY`): the code the GPU runs, checked.
+    Gpu,
+}
+
 /// The loaded modules by slot.
 #[derive(Default)]
 pub struct Registry {
     slots: HashMap<u16, Module>,
+    /// Applied to each kernel as its module loads.
+    pub cpu_runs: CpuRuns,
 }
 
 /// The id of kernel `i` of slot `slot`.
@@ -345,10 +375,21 @@ impl Registry {
             let mut k = UserKernel::new(kernel_id(slot, i), d);
             let types: Vec<ElemType> = k.entry_types().collect();
             for ty in types {
-                let sym = k.host_symbol(ty);
-                k.host[ty as usize] =
-                    Some(host.symbol(&sym).ok_or_else(|| format!("host.so lacks {sym}, which the manifest declares"))?);
+                let (sym, gpu) = (k.host_symbol(ty), k.host_gpu_symbol(ty));
+                // SAFETY: symbols of these names are the kit's C-ABI host
+                // entries of this kernel and type (kitjob's "Entries").
+                unsafe {
+                    k.host[ty as usize] = host.symbol(&sym).map(|p| std::mem::transmute::<*mut c_void, HostFn>(p));
+                    k.host_gpu[ty as usize] =
+                        host.symbol(&gpu).map(|p| std::mem::transmute::<*mut c_void, HostGpuFn>(p));
+                }
+                if k.host[ty as usize].is_none() && k.host_gpu[ty as usize].is_none() {
+                    return Err(format!("host.so lacks {sym} and {gpu}, one of which the manifest declares"));
+                }
             }
+            // A module built before the GPU entries existed has none: its
+            // CPU bodies run whatever the setting.
+            k.runs_gpu_body = self.cpu_runs == CpuRuns::Gpu && k.host_gpu.iter().any(Option::is_some);
             kernels.push(Arc::new(k));
         }
         backend.load_module(slot, &ptx, &kernels).map_err(|e| format!("module.ptx: {e}"))?;

@@ -1,4 +1,4 @@
-//! GPU access patterns the kernels share (nvptx64 only): four consecutive
+//! GPU access patterns the kernels share (both targets): four consecutive
 //! elements of any element type in one access, a block's walk over a row,
 //! and a thread's tile of a row held in registers.
 //!

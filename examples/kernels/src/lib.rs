@@ -9,7 +9,9 @@
 //! * [`rows`]: `cos_sim`, `argmax_rows`, `topk_rows`, `log_softmax_rows`;
 //! * [`search`]: `cos_topk`, the best rows by cosine similarity;
 //! * [`maps`]: `gather`, `axpbypcz`, `gelu`, `u8_to_unit`;
-//! * [`scatter`]: `histogram`, `scatter_add`.
+//! * [`scatter`]: `histogram`, `scatter_add`;
+//! * [`onebody`]: `tree_row_sums`, `segment_scan`, `transpose`, written
+//!   once: a GPU body only, which the CPU backend runs itself.
 
 // The GPU build has no std; the host build (the CPU backend's library)
 // keeps it.
@@ -17,12 +19,13 @@
 
 pub mod maps;
 pub mod math;
+pub mod onebody;
 pub mod order;
 pub mod rows;
 pub mod scatter;
 pub mod search;
 
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 mod group;
 
 #[cfg(test)]

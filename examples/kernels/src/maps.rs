@@ -129,14 +129,14 @@ kernel! {
 }
 
 /// The first element of this thread's group in virtual block `block`.
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 #[inline(always)]
 fn group_at(block: u64) -> u64 {
     use erlcuda_kernel::device::{block_dim, thread_idx};
     4 * (block * block_dim() as u64 + thread_idx() as u64)
 }
 
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 use {
     crate::group::{aligned, load4, store4},
     crate::math::unit_u8,

@@ -7,12 +7,12 @@
 //! grid strides over the rows of every coalesced job.
 
 use crate::math::exp_le0;
-use crate::order::{First, NONE};
-#[cfg(target_arch = "nvptx64")]
-use crate::order::{beats_earlier, before};
+use crate::order::{before, First, NONE};
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
+use crate::order::beats_earlier;
 use erlcuda_kernel::reduce::ReduceOp;
 use erlcuda_kernel::{kernel, Float, Numeric};
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 use erlcuda_kernel::Element;
 
 /// The most elements `topk_rows` returns per row: its signature refuses a
@@ -181,7 +181,7 @@ mod host {
 
 /// The GPU sides: one block per row, every function called by all the
 /// block's threads (B a multiple of 32: `block_rule = warps`).
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 mod gpu {
     use super::*;
     use crate::group::{aligned, for_row, for_row2, load_tile, store_tile, tile_col, tile_slots};

@@ -3,7 +3,7 @@
 //! one thread, so its loops add in index order).
 
 use erlcuda_kernel::kernel;
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 use erlcuda_kernel::{Element, Numeric};
 
 kernel! {
@@ -66,7 +66,7 @@ kernel! {
     }
 }
 
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 mod gpu {
     use super::*;
     use erlcuda_kernel::device::{block_dim, sync_threads, thread_idx, trap};

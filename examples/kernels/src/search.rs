@@ -15,7 +15,6 @@
 //! lower index, NaN after every number) are then one definite answer
 //! whatever order the rows are met in.
 
-#[cfg(target_arch = "nvptx64")]
 use crate::order::{before, NONE};
 use crate::rows::{cosine, TOPK_MAX};
 use erlcuda_kernel::{kernel, Float};
@@ -99,7 +98,7 @@ mod host {
 
 /// The GPU side: every function called by all the block's threads
 /// (B a multiple of 32: `block_rule = warps`).
-#[cfg(target_arch = "nvptx64")]
+// (both targets: the CPU backend runs GPU code where cpu_runs = gpu)
 mod gpu {
     use super::*;
     use core::array::from_fn;

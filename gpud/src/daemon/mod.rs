@@ -147,6 +147,7 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     // The modules the VM had loaded (a restart brings them back before any
     // job queued for them is drained). One that fails is left out, said
     // here: its jobs are then refused as BAD_KERNEL.
+    d.modules.cpu_runs = opts.cpu_runs;
     for (slot, dir) in &opts.modules {
         if let Err(e) = d.modules.load(*slot, dir, &mut *d.backend) {
             log!(Error, "gpud[{}]: module in slot {slot} ({}): {e}", opts.device, dir.display());

@@ -34,13 +34,25 @@ impl KernelOp for UserOp {
             unsafe { std::ptr::write_bytes(arena.host_ptr(*r), 0, r.bytes() as usize) };
         }
         let kj = super::kit_job(job, &ptrs);
-        let f = self.0.host[job.ty() as usize].expect("validation admits only declared types");
-        // SAFETY: the module's host code for this kernel and type; the job's
-        // regions hold the lengths its signature states, and the caller
-        // keeps them unaliased (KernelOp::cpu). What the code does beyond
-        // that is the module's trust (SECURITY.md): a fault there ends
+        let ty = job.ty() as usize;
+        // SAFETY (both calls): the module's host code for this kernel and
+        // type; the job's regions hold the lengths its signature states, and
+        // the caller keeps them unaliased (KernelOp::cpu). What the code does
+        // beyond that is the module's trust (SECURITY.md): a fault there ends
         // gpud, never the VM.
-        unsafe { f(&kj) }
+        if let Some(f) = self.0.host[ty].filter(|_| !self.0.runs_gpu_body) {
+            return unsafe { f(&kj) };
+        }
+        // No CPU body, or `cpu_runs` is gpu: the GPU code, each block's
+        // threads emulated.
+        let f = self.0.host_gpu[ty].expect("loading admits only kernels with host code for every type");
+        let mut fault = crate::kitjob::Fault::default();
+        if unsafe { f(&kj, &mut fault) } != 0 {
+            // The GPU body stopped short: a divergent barrier or warp
+            // operation, which on a GPU would hang the launch. The job's
+            // outputs are then incomplete.
+            crate::log!(Warning, "gpud: kernel {}: its GPU body run on the CPU stopped: {fault:?}", self.0.name);
+        }
     }
 
     fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch> {

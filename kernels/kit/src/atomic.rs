@@ -153,6 +153,78 @@ pub unsafe fn cas_shared<T: AtomicBits>(a: u32, expected: T, new: T) -> T {
     T::atomic_cas_shared(a, expected, new)
 }
 
+// ------------------------------------------------- host: shared memory
+
+/// The emulated shared memory at address `a` as a `T` ([`crate::emu`]).
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+fn shared_at<T: Element>(a: u32) -> *mut T {
+    crate::emu::shared_ptr(a, T::BYTES as usize).cast()
+}
+
+/// [`add`] on the emulated block's shared memory.
+///
+/// # Safety
+/// `a` holds a `T` of this block's shared memory.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub unsafe fn add_shared<T: AtomicAdd>(a: u32, v: T) -> T {
+    T::atomic_add(shared_at(a), v)
+}
+
+/// [`min`] on the emulated block's shared memory.
+///
+/// # Safety
+/// As [`add_shared`].
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub unsafe fn min_shared<T: AtomicMinMax>(a: u32, v: T) -> T {
+    T::atomic_min(shared_at(a), v)
+}
+
+/// [`max`] on the emulated block's shared memory.
+///
+/// # Safety
+/// As [`add_shared`].
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub unsafe fn max_shared<T: AtomicMinMax>(a: u32, v: T) -> T {
+    T::atomic_max(shared_at(a), v)
+}
+
+/// [`exch`] on the emulated block's shared memory.
+///
+/// # Safety
+/// As [`add_shared`].
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub unsafe fn exch_shared<T: AtomicBits>(a: u32, v: T) -> T {
+    T::atomic_exch(shared_at(a), v)
+}
+
+/// [`cas`] on the emulated block's shared memory.
+///
+/// # Safety
+/// As [`add_shared`].
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub unsafe fn cas_shared<T: AtomicBits>(a: u32, expected: T, new: T) -> T {
+    T::atomic_cas(shared_at(a), expected, new)
+}
+
+/// `*p += v` for f32 or f64 by a compare-and-swap loop on the bits: the
+/// host form of [`crate::Float::red_add`].
+#[cfg(not(target_arch = "nvptx64"))]
+pub(crate) unsafe fn add_bits<T: crate::Float>(p: *mut T, v: T) {
+    if T::BYTES == 4 {
+        let a = AtomicU32::from_ptr(p.cast());
+        let _ = a.fetch_update(Relaxed, Relaxed, |b| Some((T::from_bits64(b.into()) + v).to_bits64() as u32));
+    } else {
+        let a = AtomicU64::from_ptr(p.cast());
+        let _ = a.fetch_update(Relaxed, Relaxed, |b| Some((T::from_bits64(b) + v).to_bits64()));
+    }
+}
+
 // ------------------------------------------------------------ nvptx64
 
 /// One `atom` operation in global and shared memory: `$f`/`$fs` the trait

@@ -1,4 +1,4 @@
-//! Block-wide reductions and scans with any [`ReduceOp`] (nvptx64), and
+//! Block-wide reductions and scans with any [`ReduceOp`], and
 //! their host meaning.
 //!
 //! On the GPU every thread of the block calls them together (uniform
@@ -9,12 +9,13 @@
 //! one another at once. An item is at most 16 bytes (an element, or
 //! ArgMax's pair).
 //!
-//! On the host the same names take the block's items as a slice in thread
-//! order: [`reduce`] combines them ([`crate::reduce::fold`]), the scans fill
-//! an output slice.
+//! On the host the same functions run in a GPU body run on the CPU
+//! ([`crate::emu`]), through the same warp steps and barriers, so they
+//! combine in the GPU's order; the `_of` forms take the block's items as a
+//! slice in thread order: [`reduce_of`] combines them
+//! ([`crate::reduce::fold`]), the scans fill an output slice.
 
 use crate::reduce::ReduceOp;
-#[cfg(target_arch = "nvptx64")]
 use crate::{
     device::{block_dim, sync_threads, thread_idx},
     shared::{scratch, SCRATCH_BYTES},
@@ -22,7 +23,6 @@ use crate::{
 };
 
 /// Slot `w` of the scratch as a pointer to an item (16-byte slots).
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 fn slot<I>(w: u32) -> *mut I {
     const { assert!(core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16) };
@@ -33,7 +33,6 @@ fn slot<I>(w: u32) -> *mut I {
 /// Combines, in warp order, the per-warp values each warp's lane
 /// `src_lane` holds in `v`; every thread gets the result of the warps
 /// before its own (`exclusive`) or of all warps. Two barriers.
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 fn across_warps<R: ReduceOp>(op: R, v: R::Item, src_lane: u32, exclusive: bool) -> R::Item
 where
@@ -57,7 +56,6 @@ where
 }
 
 /// The block's items combined in thread order, returned to every thread.
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn reduce<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
@@ -67,7 +65,6 @@ where
 }
 
 /// Thread `i` gets the items of threads `0..=i` combined.
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn inclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
@@ -80,7 +77,6 @@ where
 
 /// Thread `i` gets the items of threads `0..i` combined (thread 0 the
 /// identity).
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn exclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
@@ -100,18 +96,18 @@ where
 
 /// The block's items combined in thread order.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn reduce<R: ReduceOp>(op: R, items: &[R::Item]) -> R::Item {
+pub fn reduce_of<R: ReduceOp>(op: R, items: &[R::Item]) -> R::Item {
     crate::reduce::fold(op, items.iter().copied())
 }
 
 /// `out[i]`: items `0..=i` combined ([`crate::reduce::inclusive_scan`]).
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn inclusive_scan<R: ReduceOp>(op: R, items: &[R::Item], out: &mut [R::Item]) {
+pub fn inclusive_scan_of<R: ReduceOp>(op: R, items: &[R::Item], out: &mut [R::Item]) {
     crate::reduce::inclusive_scan(op, items, out)
 }
 
 /// `out[i]`: items `0..i` combined ([`crate::reduce::exclusive_scan`]).
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn exclusive_scan<R: ReduceOp>(op: R, items: &[R::Item], out: &mut [R::Item]) {
+pub fn exclusive_scan_of<R: ReduceOp>(op: R, items: &[R::Item], out: &mut [R::Item]) {
     crate::reduce::exclusive_scan(op, items, out)
 }

@@ -1,4 +1,4 @@
-//! Device primitives (nvptx64 only): thread and block indices, barriers,
+//! Device primitives: thread and block indices, barriers,
 //! dynamic shared memory, warp shuffles and warp/block reductions, `trap`,
 //! and `unroll!`. The built-in kernels (`kernels/`) use these very
 //! definitions.
@@ -18,9 +18,15 @@
 //! without `nomem`, so LLVM never moves a shared access across them.
 //! The warp and block reductions assume full warps: the block size a kernel
 //! runs with is a multiple of 32.
+//!
+//! On the host the same names run a GPU body on the CPU ([`crate::emu`]):
+//! the indices are the emulated thread's, a barrier waits for the block's
+//! other threads, shared addresses index the block's emulated region.
 
 use crate::Float;
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
+#[cfg(target_arch = "nvptx64")]
 use core::arch::nvptx::{
     _block_dim_x, _block_dim_y, _block_idx_x, _block_idx_y, _grid_dim_x, _grid_dim_y, _thread_idx_x, _thread_idx_y,
 };
@@ -38,12 +44,14 @@ macro_rules! unroll {
 }
 
 /// This thread's index in its block (`%tid.x`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn thread_idx() -> u32 {
     unsafe { _thread_idx_x() }
 }
 
 /// This block's index in the grid (`%ctaid.x`); not the virtual block.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn block_idx() -> u32 {
     unsafe { _block_idx_x() }
@@ -51,36 +59,42 @@ pub fn block_idx() -> u32 {
 
 /// Threads per block (`%ntid.x`): the kernel's `threads` unless the launch
 /// said `{block, B}`.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn block_dim() -> u32 {
     unsafe { _block_dim_x() }
 }
 
 /// Blocks in the grid (`%nctaid.x`): the stride of the grid-stride loop.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn grid_dim() -> u32 {
     unsafe { _grid_dim_x() }
 }
 
 /// `%tid.y`: 0 in every erlcuda launch.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn thread_idx_y() -> u32 {
     unsafe { _thread_idx_y() }
 }
 
 /// `%ctaid.y`.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn block_idx_y() -> u32 {
     unsafe { _block_idx_y() }
 }
 
 /// `%ntid.y`.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn block_dim_y() -> u32 {
     unsafe { _block_dim_y() }
 }
 
 /// `%nctaid.y`.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn grid_dim_y() -> u32 {
     unsafe { _grid_dim_y() }
@@ -97,6 +111,97 @@ pub fn global_x() -> u32 {
 #[inline(always)]
 pub fn global_y() -> u32 {
     block_idx_y() * block_dim_y() + thread_idx_y()
+}
+
+// ------------------------------------------- the host: a GPU body on the CPU
+
+/// `%tid.x` of the GPU thread being run ([`crate::emu`]).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn thread_idx() -> u32 {
+    crate::emu::thread_idx().0
+}
+
+/// `%ctaid.x`: the virtual block's index within its job on the host.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn block_idx() -> u32 {
+    crate::emu::block_idx().0
+}
+
+/// `%ntid.x`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn block_dim() -> u32 {
+    crate::emu::dims().block.0
+}
+
+/// `%nctaid.x`: the job's virtual blocks on the host.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn grid_dim() -> u32 {
+    crate::emu::dims().grid.0
+}
+
+/// `%tid.y`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn thread_idx_y() -> u32 {
+    crate::emu::thread_idx().1
+}
+
+/// `%ctaid.y`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn block_idx_y() -> u32 {
+    crate::emu::block_idx().1
+}
+
+/// `%ntid.y`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn block_dim_y() -> u32 {
+    crate::emu::dims().block.1
+}
+
+/// `%nctaid.y`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn grid_dim_y() -> u32 {
+    crate::emu::dims().grid.1
+}
+
+/// `bar.sync 0`: waits until every thread of the block arrives at this
+/// same call (by its place in the source); a thread that reaches another
+/// barrier, or returns, while others wait here is a divergent barrier.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn sync_threads() {
+    crate::emu::barrier(core::panic::Location::caller())
+}
+
+/// Aborts the GPU body run.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn trap() -> ! {
+    panic!("erlcuda_kernel: trap in a GPU body")
+}
+
+/// The dynamic shared memory's address: 0 in the emulated region.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn smem_base() -> u32 {
+    0
+}
+
+/// The dynamic shared memory at byte `offset` as a pointer.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn shared<T>(offset: u32) -> *mut T {
+    crate::emu::shared_ptr(offset, 0).cast()
+}
+
+/// 4 f32 of shared memory at `a`.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub unsafe fn lds4_f32(a: u32) -> [f32; 4] {
+    crate::emu::shared_ptr(a, 16).cast::<[f32; 4]>().read_unaligned()
+}
+
+/// Stores 4 f32 at shared address `a`.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub unsafe fn sts4_f32(a: u32, v: [f32; 4]) {
+    crate::emu::shared_ptr(a, 16).cast::<[f32; 4]>().write_unaligned(v)
 }
 
 /// Lane of this thread in its warp.
@@ -119,12 +224,14 @@ pub fn warp() -> u32 {
 /// before the barrier: a warp split by the row's end waited at two
 /// `bar.sync`, and the launch hung on an H100). The intrinsic has memory
 /// effects, so it is a compiler barrier for shared memory too.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn sync_threads() {
     unsafe { core::arch::nvptx::_syncthreads() }
 }
 
 /// Aborts the kernel (`trap`): the launch fails, gpud exits.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn trap() -> ! {
     unsafe { core::arch::nvptx::trap() }
@@ -132,6 +239,7 @@ pub fn trap() -> ! {
 
 /// Shared-window (32-bit) address of the dynamic shared memory (16-byte
 /// aligned), sized by the launch's shared bytes.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 // The asm converts the address only, it touches no memory: `nomem` holds.
 #[allow(clippy::pointers_in_nomem_asm_block)]
@@ -151,6 +259,7 @@ pub fn smem_base() -> u32 {
 /// The dynamic shared memory at byte `offset` as a generic pointer (for
 /// plain `*p` accesses; [`Float::lds`]/[`Float::sts`] on
 /// `smem_base() + offset` are the explicit `ld.shared`/`st.shared`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn shared<T>(offset: u32) -> *mut T {
     let p = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<u8>();
@@ -158,6 +267,7 @@ pub fn shared<T>(offset: u32) -> *mut T {
 }
 
 /// 16-byte shared-memory load of 4 f32 (`a` 16-byte aligned).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn lds4_f32(a: u32) -> [f32; 4] {
     let (x, y, z, w): (f32, f32, f32, f32);
@@ -168,6 +278,7 @@ pub unsafe fn lds4_f32(a: u32) -> [f32; 4] {
 }
 
 /// 16-byte shared-memory store of 4 f32 (`a` 16-byte aligned).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn sts4_f32(a: u32, v: [f32; 4]) {
     asm!("st.shared.v4.f32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) a,

@@ -60,6 +60,34 @@ pub trait Element: Copy + Default + Debug + PartialEq + PartialOrd + Send + Sync
     /// Shared-memory store at the shared-window address `a`.
     #[cfg(target_arch = "nvptx64")]
     unsafe fn store_shared(a: u32, v: Self);
+
+    /// Load (host: a GPU body run on the CPU, [`crate::emu`]).
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    unsafe fn load(p: *const Self) -> Self {
+        p.read()
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    unsafe fn load_nc(p: *const Self) -> Self {
+        p.read()
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    unsafe fn store(p: *mut Self, v: Self) {
+        p.write(v)
+    }
+    /// The emulated block's shared memory at address `a`.
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[track_caller]
+    unsafe fn load_shared(a: u32) -> Self {
+        crate::emu::shared_ptr(a, Self::BYTES as usize).cast::<Self>().read_unaligned()
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[track_caller]
+    unsafe fn store_shared(a: u32, v: Self) {
+        crate::emu::shared_ptr(a, Self::BYTES as usize).cast::<Self>().write_unaligned(v)
+    }
 }
 
 /// An element with arithmetic. Integer arithmetic wraps on the GPU (PTX

@@ -60,7 +60,7 @@
 //! 10,470 ulps are near its zero at 1 (x = 0.9996, a result of 4e-4): an
 //! absolute error of about 3e-16.
 //!
-//! # Global and shared accesses (nvptx64)
+//! # Global and shared accesses (nvptx64; on the host a GPU body's, run on the CPU)
 //! `ldg`/`ldg_nc`/`stg`/`lds`/`sts` are [`crate::Element`]'s `load`/`load_nc`/
 //! `store`/`load_shared`/`store_shared` under the names the built-in
 //! kernels use. The 4-element group functions need `p` 16-byte aligned
@@ -159,13 +159,11 @@ pub trait Float: Numeric + Neg<Output = Self> {
     fn fmod(self, y: Self) -> Self;
 
     /// Global load (`p` generic, in global memory).
-    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn ldg(p: *const Self) -> Self {
         Self::load(p)
     }
     /// Global load through the read-only path.
-    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn ldg_nc(p: *const Self) -> Self {
         Self::load_nc(p)
@@ -176,7 +174,6 @@ pub trait Float: Numeric + Neg<Output = Self> {
     /// 4 consecutive elements through the read-only path (`p` 16-byte aligned).
     #[cfg(target_arch = "nvptx64")]
     unsafe fn ldg4_nc(p: *const Self) -> [Self; 4];
-    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn stg(p: *mut Self, v: Self) {
         Self::store(p, v)
@@ -188,25 +185,45 @@ pub trait Float: Numeric + Neg<Output = Self> {
     /// [`crate::atomic::add`] for the form that returns the old value.
     #[cfg(target_arch = "nvptx64")]
     unsafe fn red_add(p: *mut Self, v: Self);
+    /// 4 consecutive elements (host: a GPU body on the CPU).
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    unsafe fn ldg4(p: *const Self) -> [Self; 4] {
+        core::array::from_fn(|i| Self::load(p.add(i)))
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    unsafe fn ldg4_nc(p: *const Self) -> [Self; 4] {
+        Self::ldg4(p)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    unsafe fn stg4(p: *mut Self, v: [Self; 4]) {
+        for (i, x) in v.into_iter().enumerate() {
+            Self::store(p.add(i), x)
+        }
+    }
+    /// Atomic `*p += v` (a compare-and-swap loop on the bits).
+    #[cfg(not(target_arch = "nvptx64"))]
+    #[inline(always)]
+    unsafe fn red_add(p: *mut Self, v: Self) {
+        crate::atomic::add_bits(p, v)
+    }
     /// Shared memory at the 32-bit shared-window address `a`.
-    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn lds(a: u32) -> Self {
         Self::load_shared(a)
     }
-    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     unsafe fn sts(a: u32, v: Self) {
         Self::store_shared(a, v)
     }
     /// `v` of lane `lane + delta` (own value past lane 31; full warp).
-    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     fn shfl_down(v: Self, delta: u32) -> Self {
         crate::warp::shfl_down(v, delta)
     }
     /// `v` of lane `lane ^ mask` (full warp).
-    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
     fn shfl_xor(v: Self, mask: u32) -> Self {
         crate::warp::shfl_xor(v, mask)

@@ -64,6 +64,51 @@ pub unsafe fn run<T>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>))
     body(Args::new(job, layout))
 }
 
+/// A kernel's GPU code on the CPU: its PTX entry's host twin `entry(jobs,
+/// njobs, total_blocks)` run as a launch of this one job, one emulated
+/// block per virtual block ([`crate::emu`]), in order: block `b` has
+/// `block_idx` b of `grid_dim` n, so the entry's grid-stride loop takes
+/// exactly virtual block b. `launch` is the kernel's `(threads, shared)`,
+/// which the job's launch options (`{block, B}`, `{shared_bytes, S}`)
+/// override as on the GPU. Returns 0, or 1 with `fault` filled at the
+/// first faulting block (the blocks after it do not run).
+///
+/// # Safety
+/// As [`Args::new`].
+pub unsafe fn run_gpu(
+    job: &Job,
+    sig: &crate::signature::Sig,
+    blocks: &crate::job::Blocks,
+    launch: (u32, u32),
+    fault: &mut crate::job::Fault,
+    entry: impl Fn(*const Job, u32, u32),
+) -> u32 {
+    use crate::emu::{run_block, Dims, Reason};
+    use crate::job::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, OPT_BLOCK, OPT_SHARED_BYTES};
+    let threads = if job.given & OPT_BLOCK != 0 { job.block } else { launch.0 };
+    let shared = if job.given & OPT_SHARED_BYTES != 0 { job.shared_bytes.max(launch.1) } else { launch.1 };
+    // gpud counted them by the same rule; a job it refused never gets here.
+    let Some(n) = blocks.of(sig, job, threads) else { return 0 };
+    let Ok(n) = u32::try_from(n) else { return 0 };
+    let one = Job { block_start: 0, ..*job };
+    for b in 0..n {
+        let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
+        if let Err(f) = run_block(dims, (b, 0), &|| entry(&one, 1, n)) {
+            *fault = crate::job::Fault {
+                reason: match f.reason {
+                    Reason::DivergentBarrier => FAULT_DIVERGENT_BARRIER,
+                    Reason::DivergentWarpOp => FAULT_DIVERGENT_WARP_OP,
+                },
+                thread: f.thread,
+                block: u64::from(b),
+                ..Default::default()
+            };
+            return 1;
+        }
+    }
+    0
+}
+
 /// Terms per chunk of [`sum`]: one GPU virtual block of a reduction at the
 /// default block size (65536, gpud's EC_SUM_CHUNK).
 pub const SUM_CHUNK: usize = crate::sum_order::CHUNK;

@@ -113,6 +113,47 @@ impl Job {
     }
 }
 
+/// What `erlcuda_hostgpu_NAME[_TY](job, fault)` writes when the GPU body it
+/// runs on the CPU stops short (it then returns 1; 0 when every block ran to
+/// its end): 32 bytes, C layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fault {
+    /// `FAULT_*`.
+    pub reason: u32,
+    /// The thread (linear index within its block).
+    pub thread: u32,
+    /// The virtual block within the job.
+    pub block: u64,
+    /// For `FAULT_OUT_OF_BOUNDS`: the argument's slot (as [`Job::addr`]).
+    pub slot: u32,
+    pub reserved: u32,
+    /// For `FAULT_OUT_OF_BOUNDS`: the element index.
+    pub index: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<Fault>() == 32);
+
+/// A thread waits at a barrier that others of its block do not reach.
+pub const FAULT_DIVERGENT_BARRIER: u32 = 1;
+/// A lane waits at a warp operation that other lanes reach elsewhere, or
+/// not at all.
+pub const FAULT_DIVERGENT_WARP_OP: u32 = 2;
+
+/// The host entry that runs a kernel's GPU code on the CPU, exported as
+/// `erlcuda_hostgpu_NAME_TY` (`erlcuda_hostgpu_NAME` for a kernel with no
+/// T) by every kernel: one whole job, every virtual block in order; returns
+/// 0, or 1 with `*fault` filled. A kernel with a CPU body also has
+/// `erlcuda_host_NAME_TY`, which the CPU backend runs unless its
+/// `cpu_runs` setting says `gpu`.
+pub type HostGpuFn = unsafe extern "C" fn(job: *const Job, fault: *mut Fault) -> u32;
+
+/// The launch options a job carries (`given`'s bits; `EC_OPT_*` in
+/// `c_src/erlcuda_ring.h`, which gpud's layout test holds these to).
+pub const OPT_GRID: u32 = 1;
+pub const OPT_BLOCK: u32 = 2;
+pub const OPT_SHARED_BYTES: u32 = 4;
+
 /// Elements per thread per virtual block of an `elementwise` kernel.
 pub const ELEMS_PER_THREAD: u64 = 4;
 /// Terms each thread of a `reduction` adds serially per virtual block; a

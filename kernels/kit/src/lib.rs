@@ -9,7 +9,9 @@
 //!   with no T), with the job-table ABI of [`job`];
 //! * the host (CPU backend) entries `erlcuda_host_NAME_TY` (or
 //!   `erlcuda_host_NAME`), `extern "C" fn(job: *const Job)`, each running
-//!   one whole job;
+//!   one whole job through the CPU body; for a `kernel!` with no CPU body,
+//!   `erlcuda_hostgpu_NAME_TY` instead ([`job::HostGpuFn`]), running the
+//!   GPU body on the CPU ([`emu`]);
 //! * the kernel's line of the module manifest (its signature, in the
 //!   language of [`signature`]), checked at compile time, which the build
 //!   command reads out of the host library.
@@ -50,11 +52,13 @@
 //! * [`warp`]: votes, ballots, shuffles of any element type;
 //! * [`shared`]: static shared arrays (`shared_array!`, nvptx64);
 //! * [`launch`]: rows, parts of rows and 2-D tiles over virtual blocks;
-//!   `device` (nvptx64): thread and block indices (x and y), barriers.
+//!   [`device`]: thread and block indices (x and y), barriers;
+//! * `emu` (host): a GPU body run on the CPU, a coroutine per GPU thread.
 //!
-//! On the host the atomics are `core::sync::atomic` operations and the warp
-//! and block forms take the warp's or block's values as a slice, computing
-//! what the GPU forms compute (the CPU backend runs a job on one thread).
+//! On the host the atomics are `core::sync::atomic` operations; the device,
+//! warp, block and shared functions work inside a GPU body run on the CPU
+//! ([`emu`]), and the warp and block `_of` forms take the warp's or block's
+//! values as a slice, computing what the GPU forms compute.
 //!
 //! The crate itself is `no_std`; its one dependency, `libm`, is too. On
 //! nvptx64 it also provides the `#[panic_handler]` (a trap), so a kernel
@@ -103,11 +107,14 @@ pub mod manifest;
 mod args;
 pub use args::Args;
 
-#[cfg(target_arch = "nvptx64")]
 pub mod device;
 
-// What the macros expand to on each side; not an API of its own.
-#[cfg(target_arch = "nvptx64")]
+// A GPU body run on the CPU: the block's threads as coroutines.
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod emu;
+
+// What the macros expand to on each side; not an API of its own. The GPU
+// side is built for the host too: a GPU body run on the CPU runs it.
 #[doc(hidden)]
 pub mod gpu;
 #[cfg(not(target_arch = "nvptx64"))]

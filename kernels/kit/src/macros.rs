@@ -77,6 +77,11 @@
 ///   context. The GPU body must reach every barrier with all the block's
 ///   threads; a barrier follows each call.
 ///
+/// * Without `cpu(k) { .. }` the kernel has its GPU body alone, which the
+///   CPU backend runs itself ([`crate::emu`]): the host library then
+///   exports `erlcuda_hostgpu_NAME_TY` ([`crate::job::HostGpuFn`]) instead
+///   of `erlcuda_host_NAME_TY`.
+///
 /// The declaration is checked at compile time by the parser gpud reads
 /// the manifest with; a broken rule is a compile error naming it.
 #[macro_export]
@@ -108,7 +113,7 @@ macro_rules! kernel {
     ($($other:tt)*) => {
         compile_error!(
             "erlcuda_kernel: kernel! is `NAME, T: Bound in [types] (or []), (ARGS) -> (OUTS), blocks = RULE, \
-             threads = N, block_rule = any|warps|pow2, shared = BYTES, gpu(k, block) { .. } cpu(k) { .. }`"
+             threads = N, block_rule = any|warps|pow2, shared = BYTES, gpu(k, block) { .. } [cpu(k) { .. }]`"
         );
     };
 }
@@ -220,7 +225,8 @@ macro_rules! table {
                 $threads, $shared
             );
 
-            #[cfg(target_arch = "nvptx64")]
+            // Both targets: the host runs it on the CPU (`crate::emu`) where a
+            // setting asks for the GPU body.
             #[inline(always)]
             #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
             unsafe fn __gpu<T: $crate::Float>($gk: $crate::Args<'_, T>, $gblock: u64) {
@@ -240,7 +246,7 @@ macro_rules! table {
                 unsafe { $cbody }
             }
 
-            $( $crate::__entries!($name, [Float], $ty); )+
+            $( $crate::__entries!($name, [Float], $ty, [cpu]); )+
         };
     };
 }
@@ -256,12 +262,12 @@ macro_rules! __kernel_blocks {
         [$($head:tt)*] [$($b:tt)*]
         , threads = $threads:expr, block_rule = $rule:ident, shared = $shared:expr,
         gpu($gk:ident, $gb:ident) $gbody:block
-        cpu($ck:ident) $cbody:block
+        $(cpu($ck:ident) $cbody:block)?
         $(,)?
     ) => {
         $crate::__kernel_expand!(
             $($head)* ; [$($b)*] ; $threads ; $rule ; $shared ;
-            gpu($gk, $gb) $gbody cpu($ck) $cbody
+            gpu($gk, $gb) $gbody $(cpu($ck) $cbody)?
         );
     };
     ([$($head:tt)*] [$($b:tt)*] $t:tt $($rest:tt)*) => {
@@ -270,7 +276,7 @@ macro_rules! __kernel_blocks {
     ([$($head:tt)*] [$($b:tt)*]) => {
         compile_error!(
             "erlcuda_kernel: after the signature, kernel! takes `blocks = RULE, threads = N, \
-             block_rule = any|warps|pow2, shared = BYTES, gpu(k, block) { .. } cpu(k) { .. }`"
+             block_rule = any|warps|pow2, shared = BYTES, gpu(k, block) { .. } [cpu(k) { .. }]`"
         );
     };
 }
@@ -283,7 +289,7 @@ macro_rules! __kernel_expand {
         $(#[$m:meta])* $name:ident, [$($bound:ident)?], [$($ty:ident),*],
         ($($an:ident : $ak:ident $(( $($as:tt)* ))?),*) -> ($($on:ident : $ok:ident $(( $($os:tt)* ))?),*) ;
         [$($b:tt)*] ; $threads:expr ; $rule:ident ; $shared:expr ;
-        gpu($gk:ident, $gb:ident) $gbody:block cpu($ck:ident) $cbody:block
+        gpu($gk:ident, $gb:ident) $gbody:block $(cpu($ck:ident) $cbody:block)?
     ) => {
         $(#[$m])*
         const _: () = {
@@ -304,7 +310,7 @@ macro_rules! __kernel_expand {
             $crate::__manifest!(__K);
 
             $crate::__kernel_fn!(
-                gpu [$($bound)?] ($gk, $gb) {
+                gpu [$($bound)?] [$($ck)?] ($gk, $gb) {
                     // The device primitives by their plain names in the body,
                     // and the element traits' methods on any element type.
                     #[allow(unused_imports)]
@@ -317,20 +323,43 @@ macro_rules! __kernel_expand {
                     unsafe { $gbody }
                 }
             );
-            $crate::__kernel_fn!(
-                cpu [$($bound)?] ($ck) {
-                    #[allow(unused_imports)]
-                    use $crate::{Element as _, Float as _, Int as _, Numeric as _};
-                    let (mut __vi, mut __pi, mut __oi) = (0usize, 0usize, 0usize);
-                    $( let $an = $crate::__arg!(cpu $ak [$($($as)*)?], $ck, __vi, __pi); )*
-                    $( let $on = $crate::__out!(cpu $ok [$($($os)*)?], $ck, __oi); )*
-                    unsafe { $cbody }
-                }
+            $crate::__kernel_cpu!(
+                [$($bound)?] ($($an : $ak $(( $($as)* ))?),*) -> ($($on : $ok $(( $($os)* ))?),*)
+                $(cpu($ck) $cbody)?
             );
 
-            $crate::__kernel_entries!($name, [$($bound)?], [$($ty),*]);
+            // The kernel's block size and shared bytes, for running the GPU
+            // body on the host.
+            #[cfg(not(target_arch = "nvptx64"))]
+            #[allow(dead_code)]
+            const __LAUNCH: (u32, u32) = ($threads, $shared);
+
+            $crate::__kernel_entries!($name, [$($bound)?], [$($ty),*], [$($ck)?]);
         };
     };
+}
+
+/// A `kernel!`'s CPU body as `__cpu`, its arguments bound by name; nothing
+/// for a kernel with only a GPU body.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kernel_cpu {
+    (
+        [$($bound:ident)?] ($($an:ident : $ak:ident $(( $($as:tt)* ))?),*) -> ($($on:ident : $ok:ident $(( $($os:tt)* ))?),*)
+        cpu($ck:ident) $cbody:block
+    ) => {
+        $crate::__kernel_fn!(
+            cpu [$($bound)?] ($ck) {
+                #[allow(unused_imports)]
+                use $crate::{Element as _, Float as _, Int as _, Numeric as _};
+                let (mut __vi, mut __pi, mut __oi) = (0usize, 0usize, 0usize);
+                $( let $an = $crate::__arg!(cpu $ak [$($($as)*)?], $ck, __vi, __pi); )*
+                $( let $on = $crate::__out!(cpu $ok [$($($os)*)?], $ck, __oi); )*
+                unsafe { $cbody }
+            }
+        );
+    };
+    ([$($bound:ident)?] ($($args:tt)*) -> ($($outs:tt)*)) => {};
 }
 
 /// One `kernel!` item as a [`crate::manifest::Item`]; a malformed one gets
@@ -376,14 +405,15 @@ macro_rules! __rty {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __kernel_fn {
-    (gpu [$bound:ident] ($k:ident, $b:ident) $body:tt) => {
-        #[cfg(target_arch = "nvptx64")]
+    // The GPU body, for both targets: the host runs it on the CPU
+    // (`crate::emu`), alone or where a setting asks for it instead of the
+    // CPU body.
+    (gpu [$bound:ident] [$($ck:ident)?] ($k:ident, $b:ident) $body:tt) => {
         #[inline(always)]
         #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
         unsafe fn __gpu<T: $crate::$bound>($k: $crate::Args<'_, T>, $b: u64) $body
     };
-    (gpu [] ($k:ident, $b:ident) $body:tt) => {
-        #[cfg(target_arch = "nvptx64")]
+    (gpu [] [$($ck:ident)?] ($k:ident, $b:ident) $body:tt) => {
         #[inline(always)]
         #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
         unsafe fn __gpu($k: $crate::Args<'_, ()>, $b: u64) $body
@@ -468,10 +498,10 @@ macro_rules! __out {
 #[macro_export]
 #[allow_internal_unstable(abi_ptx)]
 macro_rules! __kernel_entries {
-    ($name:ident, [$bound:ident], [$($ty:ident),+]) => {
-        $( $crate::__entries!($name, [$bound], $ty); )+
+    ($name:ident, [$bound:ident], [$($ty:ident),+], $cpu:tt) => {
+        $( $crate::__entries!($name, [$bound], $ty, $cpu); )+
     };
-    ($name:ident, [], []) => {
+    ($name:ident, [], [], []) => {
         const _: () = {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(export_name = stringify!($name))]
@@ -480,6 +510,31 @@ macro_rules! __kernel_entries {
                     __gpu($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)));
+        };
+    };
+    ($name:ident, [], [], [$ck:ident]) => {
+        const _: () = {
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(export_name = stringify!($name))]
+            unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)));
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name)))]
@@ -495,7 +550,7 @@ macro_rules! __kernel_entries {
 #[macro_export]
 #[allow_internal_unstable(abi_ptx)]
 macro_rules! __entries {
-    ($name:ident, [$bound:ident], $ty:ident) => {
+    ($name:ident, [$bound:ident], $ty:ident, []) => {
         const _: () = {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(export_name = concat!(stringify!($name), "_", stringify!($ty)))]
@@ -504,6 +559,31 @@ macro_rules! __entries {
                     __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
+        };
+    };
+    ($name:ident, [$bound:ident], $ty:ident, [$ck:ident]) => {
+        const _: () = {
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(export_name = concat!(stringify!($name), "_", stringify!($ty)))]
+            unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_block(jobs, njobs, total_blocks, |job, block| {
+                    __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
+                })
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]
@@ -511,6 +591,21 @@ macro_rules! __entries {
                 $crate::host::run::<$crate::__rty!($ty)>(&*job, &__LAYOUT, |k| __cpu::<$crate::__rty!($ty)>(k))
             }
         };
+    };
+}
+
+/// The host entry that runs a kernel's GPU body on the CPU
+/// ([`crate::host::run_gpu`]): `erlcuda_hostgpu_NAME[_TY](job, fault) ->
+/// u32` ([`crate::job::HostGpuFn`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __host_gpu_entry {
+    ($sym:expr) => {
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[unsafe(export_name = $sym)]
+        unsafe extern "C" fn __host_gpu(job: *const $crate::Job, fault: *mut $crate::job::Fault) -> u32 {
+            $crate::host::run_gpu(&*job, &__K.sig, &__K.blocks, __LAUNCH, &mut *fault, |j, n, t| __entry(j, n, t))
+        }
     };
 }
 
@@ -556,6 +651,9 @@ macro_rules! __legacy {
         $crate::__manifest!(__K);
         #[allow(dead_code)]
         const __NV: usize = __LAYOUT.vectors as usize;
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[allow(dead_code)]
+        const __LAUNCH: (u32, u32) = ($threads, $shared);
         #[allow(dead_code)]
         const __NS: usize = __LAYOUT.scalars as usize;
     };
@@ -641,6 +739,14 @@ macro_rules! __pointwise_entries {
             unsafe extern "ptx-kernel" fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
                 $crate::gpu::$shape::<$ty, __NV, __NS>(jobs, njobs, total_blocks, __body::<$ty>)
             }
+
+            // The same on the host, where a setting runs the GPU code on the
+            // CPU (`crate::emu`).
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::$shape::<$ty, __NV, __NS>(jobs, njobs, total_blocks, __body::<$ty>)
+            }
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]

@@ -188,6 +188,8 @@ pub struct Kernel {
     pub line: Text,
     pub sig: Sig,
     pub layout: Layout,
+    /// Virtual blocks per job (the line's `blocks`).
+    pub blocks: Blocks,
 }
 
 impl core::fmt::Debug for Kernel {
@@ -331,9 +333,10 @@ const fn finish(
     if !sig.uses_t && !types.is_empty() {
         return err(name, "no argument or output has type T: declare the kernel with [] instead of T: ... in [...]");
     }
-    if let Err(r) = Blocks::parse(&sig, blocks.as_str()) {
-        return err(name, r);
-    }
+    let rule_of_blocks = match Blocks::parse(&sig, blocks.as_str()) {
+        Ok(b) => b,
+        Err(r) => return err(name, r),
+    };
     let Some(rule) = BlockRule::parse(block_rule) else {
         return err(name, "block_rule is any, warps or pow2");
     };
@@ -369,7 +372,7 @@ const fn finish(
     if l.overflow || args.overflow || outs.overflow || blocks.overflow {
         return err(name, "the manifest line is longer than 4095 bytes");
     }
-    Ok(Kernel { line: l, sig, layout: Layout::of(&sig) })
+    Ok(Kernel { line: l, sig, layout: Layout::of(&sig), blocks: rule_of_blocks })
 }
 
 const fn check_name(name: &str) -> Result<(), &'static str> {

@@ -26,9 +26,9 @@
 //! Shared memory is not zeroed: write before reading, with a barrier
 //! between the writers and the readers.
 
-#[cfg(target_arch = "nvptx64")]
+#[allow(unused_imports)]
 use crate::element::Element;
-#[cfg(target_arch = "nvptx64")]
+#[allow(unused_imports)]
 use core::marker::PhantomData;
 
 /// `shared_array!(NAME: [T; N])` or `shared_array!(NAME: [T; N], room =
@@ -63,14 +63,14 @@ macro_rules! shared_array {
 
 /// `N` elements of `T` in the block's shared memory, addressed by their
 /// shared-window address. Copy it freely: it is the address.
-#[cfg(target_arch = "nvptx64")]
+// Both targets (the host's: in a GPU body run on the CPU, crate::emu).
 #[derive(Clone, Copy)]
 pub struct SharedArray<T, const N: usize> {
     addr: u32,
     _t: PhantomData<T>,
 }
 
-#[cfg(target_arch = "nvptx64")]
+// Both targets; `as_ptr` per target.
 impl<T: Element, const N: usize> SharedArray<T, N> {
     /// # Safety
     /// `addr` is the shared-window address of `N` elements of `T`, aligned
@@ -111,9 +111,9 @@ impl<T: Element, const N: usize> SharedArray<T, N> {
         unsafe { T::store_shared(self.addr(i), v) }
     }
 
-    /// The array as a generic pointer, for plain Rust accesses.
+    /// The array as a generic pointer, for plain Rust accesses (the asm converts the address only).
+    #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
-    // The asm converts the address only, it touches no memory.
     #[allow(clippy::pointers_in_nomem_asm_block)]
     pub fn as_ptr(&self) -> *mut T {
         let p: u64;
@@ -132,8 +132,40 @@ pub const SCRATCH_BYTES: usize = 32 * 16;
 
 /// The kit's scratch array: 32 slots of 16 bytes. Only [`crate::block`]
 /// uses it, between two barriers of its own.
-#[cfg(target_arch = "nvptx64")]
+// Both targets: the host's is in the emulated block's shared memory.
 #[inline(always)]
 pub(crate) fn scratch() -> SharedArray<u64, { SCRATCH_BYTES / 8 }> {
     crate::shared_array!(erlcuda_kit_scratch: [u64; SCRATCH_BYTES / 8])
+}
+
+/// The host side of [`SharedArray`]: a pointer into the emulated block's
+/// shared memory ([`crate::emu`]).
+#[cfg(not(target_arch = "nvptx64"))]
+impl<T: Element, const N: usize> SharedArray<T, N> {
+    /// The array as a pointer, for plain Rust accesses.
+    pub fn as_ptr(&self) -> *mut T {
+        crate::emu::shared_ptr(self.addr, N * T::BYTES as usize).cast()
+    }
+}
+
+/// `shared_array!` in a GPU body run on the CPU ([`crate::emu`]): the
+/// array is placed in the block's emulated shared memory at its first use,
+/// keyed by a static of the call site's own (one array per call site, as
+/// the GPU's `.shared` symbol), and poisoned with the rest of it before
+/// each block.
+#[cfg(not(target_arch = "nvptx64"))]
+#[macro_export]
+macro_rules! shared_array {
+    ($name:ident : [$t:ty; $n:expr]) => {
+        $crate::shared_array!($name: [$t; $n], room = $t)
+    };
+    ($name:ident : [$t:ty; $n:expr], room = $w:ty) => {{
+        // Interior mutability: a static of its own address, never merged
+        // with another call site's.
+        static KEY: ::core::sync::atomic::AtomicU8 = ::core::sync::atomic::AtomicU8::new(0);
+        const { assert!(::core::mem::size_of::<$t>() <= ::core::mem::size_of::<$w>()) };
+        let a = $crate::emu::static_shared(&KEY as *const _ as usize, ($n) * ::core::mem::size_of::<$w>());
+        // SAFETY: N elements of the room type were reserved, 16-byte aligned.
+        unsafe { $crate::shared::SharedArray::<$t, { $n }>::at(a) }
+    }};
 }

@@ -2,12 +2,13 @@
 //! ballots, shuffles of any element type (or an operator's item, such as
 //! ArgMax's pair), and reductions and scans with any [`ReduceOp`].
 //!
-//! On nvptx64 every function is for the full warp: all 32 lanes call it
-//! together (member mask `0xffffffff`), as in a block whose size is a
-//! multiple of 32. On the host (the CPU backend runs a job on one thread)
-//! the same names take the warp's 32 (or fewer) values as a slice, in lane
-//! order, and return what the GPU form returns: [`ballot`] the bits, [`all`]
-//! and [`any`] the vote, [`reduce`] the combined items.
+//! Every function is for the full warp: all 32 lanes call it together
+//! (member mask `0xffffffff`), as in a block whose size is a multiple of
+//! 32. On the host the same functions run in a GPU body run on the CPU
+//! ([`crate::emu`]: the lanes meet, then each reads the exchanged values);
+//! the `_of` forms take a warp's 32 (or fewer) values as a slice, in lane
+//! order, and return what the GPU form returns: [`ballot_of`] the bits,
+//! [`all_of`] and [`any_of`] the vote, [`reduce_of`] the combined items.
 
 use crate::reduce::ReduceOp;
 
@@ -21,6 +22,9 @@ pub trait Lanes: Copy {
     /// The value of the lane `how` and `arg` name (see [`Shfl`]).
     #[cfg(target_arch = "nvptx64")]
     fn shuffle(self, how: Shfl, arg: u32) -> Self;
+    /// The same in a GPU body run on the CPU, called from `site`.
+    #[cfg(not(target_arch = "nvptx64"))]
+    fn shuffle_at(self, how: Shfl, arg: u32, site: &'static core::panic::Location<'static>) -> Self;
 }
 
 /// Which lane a shuffle reads (PTX `shfl.sync` modes).
@@ -78,6 +82,7 @@ fn shfl32(how: Shfl, x: u32, arg: u32) -> u32 {
     }
 }
 
+#[cfg(target_arch = "nvptx64")]
 impl<T: crate::element::Element> Lanes for T {
     /// One 32-bit shuffle, two for 8-byte types (PTX shuffles 32-bit
     /// registers only).
@@ -94,6 +99,7 @@ impl<T: crate::element::Element> Lanes for T {
     }
 }
 
+#[cfg(target_arch = "nvptx64")]
 impl<A: Lanes, B: Lanes> Lanes for (A, B) {
     #[cfg(target_arch = "nvptx64")]
     #[inline(always)]
@@ -103,7 +109,6 @@ impl<A: Lanes, B: Lanes> Lanes for (A, B) {
 }
 
 /// Lane of this thread in its warp (x dimension).
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn lane() -> u32 {
     crate::device::thread_idx() & 31
@@ -162,7 +167,6 @@ pub fn any(pred: bool) -> bool {
 /// depth 5 in which each lane keeps the lower lanes' part on the left, so
 /// every lane computes the same operations on the same operands (the same
 /// bits) and `op` need not be commutative.
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn reduce<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
@@ -184,7 +188,6 @@ where
 
 /// Lane `i` gets the items of lanes `0..=i` combined (Hillis–Steele,
 /// depth 5).
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn inclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
@@ -205,7 +208,6 @@ where
 }
 
 /// Lane `i` gets the items of lanes `0..i` combined (lane 0 the identity).
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn exclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
@@ -219,29 +221,100 @@ where
     }
 }
 
+// ---------------------------------------- the host: a GPU body on the CPU
+
+/// Where a warp operation is called from: lanes meet at one only when
+/// they call it from the same place ([`crate::emu`]).
+#[cfg(not(target_arch = "nvptx64"))]
+type Site = &'static core::panic::Location<'static>;
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl<T: crate::element::Element> Lanes for T {
+    fn shuffle_at(self, how: Shfl, arg: u32, site: Site) -> T {
+        T::from_bits64(crate::emu::warp_op(crate::emu::WarpOp::Shfl(how), self.to_bits64(), arg, site))
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl<A: Lanes, B: Lanes> Lanes for (A, B) {
+    fn shuffle_at(self, how: Shfl, arg: u32, site: Site) -> (A, B) {
+        (self.0.shuffle_at(how, arg, site), self.1.shuffle_at(how, arg, site))
+    }
+}
+
+/// `v` of lane `src`, every lane of the emulated warp here.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn shfl_idx<T: Lanes>(v: T, src: u32) -> T {
+    v.shuffle_at(Shfl::Idx, src, core::panic::Location::caller())
+}
+
+/// `v` of lane `lane - delta` (own value below lane `delta`).
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn shfl_up<T: Lanes>(v: T, delta: u32) -> T {
+    v.shuffle_at(Shfl::Up, delta, core::panic::Location::caller())
+}
+
+/// `v` of lane `lane + delta` (own value past lane 31 − `delta`).
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn shfl_down<T: Lanes>(v: T, delta: u32) -> T {
+    v.shuffle_at(Shfl::Down, delta, core::panic::Location::caller())
+}
+
+/// `v` of lane `lane ^ mask`.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn shfl_xor<T: Lanes>(v: T, mask: u32) -> T {
+    v.shuffle_at(Shfl::Xor, mask, core::panic::Location::caller())
+}
+
+/// Bit `i` set when lane `i`'s `pred` holds.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn ballot(pred: bool) -> u32 {
+    crate::emu::warp_op(crate::emu::WarpOp::Ballot, pred as u64, 0, core::panic::Location::caller()) as u32
+}
+
+/// Whether every lane's `pred` holds.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn all(pred: bool) -> bool {
+    crate::emu::warp_op(crate::emu::WarpOp::All, pred as u64, 0, core::panic::Location::caller()) != 0
+}
+
+/// Whether some lane's `pred` holds.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+pub fn any(pred: bool) -> bool {
+    crate::emu::warp_op(crate::emu::WarpOp::Any, pred as u64, 0, core::panic::Location::caller()) != 0
+}
+
 // ------------------------------------------------------ the host meaning
+// of a warp's values given at once (for CPU bodies and tests)
 
 /// Bit `i` set when `preds[i]` holds (at most 32 lanes).
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn ballot(preds: &[bool]) -> u32 {
+pub fn ballot_of(preds: &[bool]) -> u32 {
     assert!(preds.len() <= SIZE as usize);
     preds.iter().enumerate().fold(0, |b, (i, &p)| b | (p as u32) << i)
 }
 
 /// Whether every lane's predicate holds.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn all(preds: &[bool]) -> bool {
+pub fn all_of(preds: &[bool]) -> bool {
     preds.iter().all(|&p| p)
 }
 
 /// Whether some lane's predicate holds.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn any(preds: &[bool]) -> bool {
+pub fn any_of(preds: &[bool]) -> bool {
     preds.iter().any(|&p| p)
 }
 
 /// The lanes' items combined in lane order ([`crate::reduce::fold`]).
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn reduce<R: ReduceOp>(op: R, items: &[R::Item]) -> R::Item {
+pub fn reduce_of<R: ReduceOp>(op: R, items: &[R::Item]) -> R::Item {
     crate::reduce::fold(op, items.iter().copied())
 }

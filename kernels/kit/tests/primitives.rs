@@ -213,11 +213,11 @@ fn a_users_operator_keeps_the_order() {
 #[test]
 fn block_and_warp_on_the_host_are_the_sequential_forms() {
     let xs: Vec<i64> = (0..1024).map(|i| (i * 7919) % 1000 - 500).collect();
-    assert_eq!(block::reduce(Sum::new(), &xs), xs.iter().sum::<i64>());
+    assert_eq!(block::reduce_of(Sum::new(), &xs), xs.iter().sum::<i64>());
     let mut inc = vec![0; xs.len()];
-    block::inclusive_scan(Sum::new(), &xs, &mut inc);
+    block::inclusive_scan_of(Sum::new(), &xs, &mut inc);
     let mut exc = vec![0; xs.len()];
-    block::exclusive_scan(Sum::new(), &xs, &mut exc);
+    block::exclusive_scan_of(Sum::new(), &xs, &mut exc);
     let mut acc = 0;
     for i in 0..xs.len() {
         assert_eq!(exc[i], acc);
@@ -225,18 +225,18 @@ fn block_and_warp_on_the_host_are_the_sequential_forms() {
         assert_eq!(inc[i], acc);
     }
     let mut mx = vec![0; xs.len()];
-    block::inclusive_scan(Max::new(), &xs, &mut mx);
+    block::inclusive_scan_of(Max::new(), &xs, &mut mx);
     assert_eq!(mx[1023], *xs.iter().max().unwrap());
-    assert_eq!(warp::reduce(ArgMax::<i64>::new(), &with_index(&xs[..32])).1, {
+    assert_eq!(warp::reduce_of(ArgMax::<i64>::new(), &with_index(&xs[..32])).1, {
         let m = xs[..32].iter().max().unwrap();
         xs.iter().position(|v| v == m).unwrap() as u32
     });
 
     let preds: Vec<bool> = (0..32).map(|i| i % 3 == 0).collect();
-    assert_eq!(warp::ballot(&preds), 0x4924_9249);
-    assert!(warp::any(&preds) && !warp::all(&preds));
-    assert!(warp::all(&[true; 32]) && !warp::any(&[false; 32]));
-    assert_eq!(warp::ballot(&[true; 32]), u32::MAX);
+    assert_eq!(warp::ballot_of(&preds), 0x4924_9249);
+    assert!(warp::any_of(&preds) && !warp::all_of(&preds));
+    assert!(warp::all_of(&[true; 32]) && !warp::any_of(&[false; 32]));
+    assert_eq!(warp::ballot_of(&[true; 32]), u32::MAX);
 }
 
 // -------------------------------------------------------------- elements
