@@ -230,8 +230,8 @@ launch(Kernel, Args) ->
 %% `{shared_bytes, S}'; a job for another node returns once that node has
 %% accepted or refused it. Reasons: the module doc's <a
 %% href="#Errors">Errors</a>.
-%% Emits `[erlcuda, launch, start]' (and `exception' when refused) where
-%% telemetry is there: {@link erlcuda_telemetry}.
+%% The submit is the span `[erlcuda, launch, _]' where telemetry is there
+%% ({@link erlcuda_telemetry}): its stop carries `{ok, Ref}' or the refusal.
 -spec launch(kernel(), [term()], [option()]) -> {ok, reference()} | {error, reason()}.
 launch(Kernel, Args, Opts) ->
     case erlcuda_telemetry:handler() of
@@ -262,8 +262,9 @@ launch_sync(Kernel, Args) ->
 %% `{timeout, Ms}' (default 5000). After `{error, timeout}' no message about
 %% the job reaches the caller later: the job is cancelled, or, if its answer
 %% was already on its way, that answer is taken out of the mailbox and
-%% returned instead. Emits `[erlcuda, launch, start | stop | exception]'
-%% where telemetry is there: {@link erlcuda_telemetry}.
+%% returned instead. The job is the span `[erlcuda, launch, _]' where
+%% telemetry is there ({@link erlcuda_telemetry}): its stop carries the
+%% answer.
 -spec launch_sync(kernel(), [term()], [option()]) -> {ok, result()} | {error, reason()}.
 launch_sync(Kernel, Args, Opts) ->
     case erlcuda_telemetry:handler() of
@@ -326,6 +327,14 @@ put(Vector) ->
 %% those of `launch' (the module doc's <a href="#Errors">Errors</a>).
 -spec put(vector(), [option()]) -> {ok, buffer()} | {error, reason()}.
 put(Vector, Opts) ->
+    case erlcuda_telemetry:handler() of
+        false -> put_untraced(Vector, Opts);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, put],
+                                      #{device => erlcuda_telemetry:device(Opts)},
+                                      fun() -> put_untraced(Vector, Opts) end)
+    end.
+
+put_untraced(Vector, Opts) ->
     case options(Opts) of
         {ok, Device0, Timeout, [], host} ->
             Device = case Device0 of default -> 0; N -> N end,
@@ -396,6 +405,13 @@ get(Buf) ->
 %% {opt, O}}' (<a href="#Errors">Errors</a>).
 -spec get(buffer(), [{timeout, timeout()}]) -> {ok, vector()} | {error, reason()}.
 get(Buf, Opts) ->
+    case erlcuda_telemetry:handler() of
+        false -> get_untraced(Buf, Opts);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, get], #{buffer => Buf},
+                                      fun() -> get_untraced(Buf, Opts) end)
+    end.
+
+get_untraced(Buf, Opts) ->
     case options(Opts) of
         {ok, _, Timeout, _, _} ->
             %% Every option is one of launch's (options/1); get takes only
@@ -422,6 +438,13 @@ get_buffer(Buf, Timeout) ->
 %% `{error, {buffer, freed}}'. Garbage collection frees buffers too.
 -spec free(buffer()) -> ok | {error, {badarg, buffer}}.
 free(Buf) ->
+    case erlcuda_telemetry:handler() of
+        false -> free_untraced(Buf);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, free], #{buffer => Buf},
+                                      fun() -> free_untraced(Buf) end)
+    end.
+
+free_untraced(Buf) ->
     try erlcuda_nif:free(Buf)
     catch error:badarg -> {error, {badarg, buffer}}
     end.
@@ -532,14 +555,22 @@ kernels() ->
 %% `timeout' (<a href="#Errors">Errors</a>).
 -spec load_module(atom(), file:filename_all()) -> ok | {error, reason()}.
 load_module(Name, Dir) ->
-    erlcuda_modules:load(Name, Dir).
+    case erlcuda_telemetry:handler() of
+        false -> erlcuda_modules:load(Name, Dir);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, load_module], #{name => Name, dir => Dir},
+                                      fun() -> erlcuda_modules:load(Name, Dir) end)
+    end.
 
 %% @doc Unloads module `Name' from every device. Errors: `{no_module,
 %% Name}', `{badarg, {name, Name}}' (not an atom), `not_started',
 %% `timeout'.
 -spec unload_module(atom()) -> ok | {error, reason()}.
 unload_module(Name) ->
-    erlcuda_modules:unload(Name).
+    case erlcuda_telemetry:handler() of
+        false -> erlcuda_modules:unload(Name);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, unload_module], #{name => Name},
+                                      fun() -> erlcuda_modules:unload(Name) end)
+    end.
 
 %%% Internal
 
