@@ -460,9 +460,15 @@ static inline uint64_t region_addr(const struct region *r)
 enum buffer_state { BUF_LIVE, BUF_OTHER_DEVICE, BUF_FREED, BUF_LOST };
 static inline enum buffer_state buffer_state(const struct device *d, const struct buffer_res *b)
 {
+    int freed = __atomic_load_n(&b->freed, __ATOMIC_ACQUIRE);
+    /* A buffer of a device closed since (the application stopped; a new
+     * start made a new device) went with its gpud: lost, as after a gpud
+     * restart, not a buffer of another device. */
+    if (__atomic_load_n(&b->d->closed, __ATOMIC_ACQUIRE))
+        return freed ? BUF_FREED : BUF_LOST;
     if (b->d != d)
         return BUF_OTHER_DEVICE;
-    if (__atomic_load_n(&b->freed, __ATOMIC_ACQUIRE))
+    if (freed)
         return BUF_FREED;
     if (b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED))
         return BUF_LOST;

@@ -35,7 +35,10 @@
 %% == Errors ==
 %%
 %% This is the one list of the reasons in `{error, Reason}' that the API
-%% returns or sends; the guides link here. "At once" means the call itself
+%% returns or sends; the guides link here. Which one each situation gets,
+%% whatever the function (before start, after a restart, a lost buffer, an
+%% unknown device, a number out of range), is the table of
+%% `guides/errors.md'. "At once" means the call itself
 %% returns it (nothing was submitted, and no message follows); "in the
 %% message" means it arrives as `{erlcuda, Ref, {error, Reason}}' after
 %% `{ok, Ref}' (`launch_sync', `put' and `get' return it the same way).
@@ -47,13 +50,14 @@
 %% <dt>`{badarg, {arg, I}}'</dt><dd>Argument I (1-based, the first that does
 %%     not fit) is not what its place in the kernel's signature takes: a
 %%     vector of the length its expression gives (a list of numbers, or of
-%%     integers for an integer type; a binary; `{Type, Binary}'; a buffer),
-%%     an `io' argument that is no buffer (or names a buffer another
-%%     argument names too), a number (an integer for an integer type, in
-%%     its range), or a dimension (an integer from 0 to 2^32-1, in its
-%%     range where the signature gives one, as `topk_rows''s 1 ≤ K ≤
-%%     min(cols, 64); one that divides a length must be at least 1 and
-%%     divide it). For
+%%     integers for an integer type, each in its type's range; a binary;
+%%     `{Type, Binary}'; a buffer), an `io' argument that is no buffer (or
+%%     names a buffer another argument names too), a number (an integer for
+%%     an integer type; in its type's range: a finite number that would be
+%%     infinity as an `f32', as `1.0e300', is out of it), or a dimension
+%%     (an integer from 0 to 2^32-1, in its range where the signature gives
+%%     one, as `topk_rows''s 1 ≤ K ≤ min(cols, 64); one that divides a
+%%     length must be at least 1 and divide it). For
 %%     `put/1,2', I is 1: not a vector.</dd>
 %% <dt>`{badarg, {type, I}}'</dt><dd>Vector I has another element type than
 %%     its signature declares (for `T': than the argument that fixed T), or
@@ -101,8 +105,9 @@
 %%     `cluster'.</dd>
 %% <dt>`{buffer, freed}', `{buffer, lost}', `{buffer, {device, D}}'</dt>
 %%     <dd>A buffer argument (or the buffer of `get/1') was freed; was made
-%%     by a gpud that has died since (its memory went with it); or lives on
-%%     device D, not the one `{device, N}' names.</dd>
+%%     by a gpud that has died since, or by an erlcuda stopped since (its
+%%     memory went with it); or lives on device D, not the one `{device, N}'
+%%     names.</dd>
 %% </dl>
 %%
 %% Try again later:
@@ -122,8 +127,14 @@
 %%
 %% The device or the node went away:
 %% <dl>
+%% <dt>`not_started'</dt><dd>At once, from every function that needs
+%%     erlcuda (`launch', `launch_sync', `put', `get', `pin', `stats',
+%%     `memory', `load_module', `unload_module'): the erlcuda application
+%%     is not running on this node, or stopped while the call waited.
+%%     Checked before the device a call names.</dd>
 %% <dt>`closed'</dt><dd>The device is stopping (the application stops):
-%%     at once, or in the message of every job still in flight.</dd>
+%%     in the message of every job still in flight (or at once, for a call
+%%     that raced the stop).</dd>
 %% <dt>`{gpud_exit, Status}'</dt><dd>In the message: gpud exited with the
 %%     job in flight (it is restarted with backoff). Status is its exit
 %%     status (an integer: 128 + the signal's number for a signal, so 137
@@ -168,8 +179,6 @@
 %%     slots: unload one first.</dd>
 %% <dt>`{no_module, Name}'</dt><dd>`unload_module/1' of a name not
 %%     loaded.</dd>
-%% <dt>`not_started'</dt><dd>The erlcuda application is not running, or
-%%     stopped while the call waited.</dd>
 %% </dl>
 -module(erlcuda).
 
@@ -303,7 +312,12 @@ route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
         {Here, N} when Buffers -> {local, N};
         any when Buffers -> {local, device(default, Args)};
         _ when Buffers -> {error, {badarg, {buffer, node_local}}};
-        _ -> remote
+        %% The cluster's processes are erlcuda's: not there while it is not
+        %% running here, whatever runs on other nodes.
+        _ -> case whereis(erlcuda_sup) of
+                 undefined -> {error, not_started};
+                 _ -> remote
+             end
     end;
 route(Device, Args, _Out) ->
     {local, device(Device, Args)}.
@@ -339,7 +353,7 @@ put_untraced(Vector, Opts) ->
         {ok, Device0, Timeout, [], host} ->
             Device = case Device0 of default -> 0; N -> N end,
             case handle(Device) of
-                undefined -> {error, {no_device, Device}};
+                undefined -> no_device(Device);
                 H ->
                     Ref = make_ref(), % see launch_sync_untraced/3
                     case erlcuda_nif:put(H, Vector, Ref) of
@@ -377,7 +391,7 @@ pin(Vector, Opts) ->
         {ok, Device0, _Timeout, [], host} when is_integer(Device0); Device0 =:= default ->
             Device = case Device0 of default -> 0; N -> N end,
             case {Vector, handle(Device)} of
-                {_, undefined} -> {error, {no_device, Device}};
+                {_, undefined} -> no_device(Device);
                 {Bin, H} when is_binary(Bin) -> erlcuda_nif:pin(H, Bin);
                 {{Type, Bin}, H} when is_binary(Bin), (Type =:= f32 orelse Type =:= f64 orelse
                                                         Type =:= s32 orelse Type =:= u32 orelse
@@ -430,7 +444,14 @@ get_buffer(Buf, Timeout) ->
             Ref = make_ref(), % see launch_sync_untraced/3
             case erlcuda_nif:get(Buf, Ref) of
                 {ok, Ref} -> await(Device, Ref, Timeout);
-                {error, _} = E -> E
+                {error, _} = E ->
+                    %% A buffer outlives the erlcuda that made it (its
+                    %% memory does not: {buffer, lost}); with none running
+                    %% now the answer is the one of every call then.
+                    case whereis(erlcuda_sup) of
+                        undefined -> {error, not_started};
+                        _ -> E
+                    end
             end
     end.
 
@@ -457,7 +478,7 @@ free_untraced(Buf) ->
 %% `device_allocs' (allocations from the device so far).
 -spec memory(non_neg_integer()) -> #{used := non_neg_integer(), peak := non_neg_integer(),
                                      limit := non_neg_integer(), buffers := non_neg_integer(),
-                                     atom() => term()} | {error, {no_device, term()}}.
+                                     atom() => term()} | {error, {no_device, term()} | not_started}.
 memory(N) ->
     case stats(N) of
         #{buffers_used := U, buffers_peak := P, buffers_limit := L, buffers := B,
@@ -520,13 +541,13 @@ devices(Other) ->
 %% batches and launches,
 %% `max_batch' and `batch_hist' (bucket i counts drains of 2^i to 2^(i+1)-1
 %% jobs), bad descriptors, restarts, and the fields of {@link devices/0}.
--spec stats(non_neg_integer()) -> map() | {error, {no_device, term()}}.
+-spec stats(non_neg_integer()) -> map() | {error, {no_device, term()} | not_started}.
 stats(N) ->
     case handle(N) of
-        undefined -> {error, {no_device, N}};
+        undefined -> no_device(N);
         _ ->
             try erlcuda_device:stats(N)
-            catch exit:_ -> {error, {no_device, N}}
+            catch exit:_ -> no_device(N)
             end
     end.
 
@@ -577,7 +598,7 @@ unload_module(Name) ->
 submit(Device, Kernel, Args, Launch, Out, Ref) ->
     Flags = case Out of buffer -> buffer; host -> 0 end,
     case handle(Device) of
-        undefined -> {error, {no_device, Device}};
+        undefined -> no_device(Device);
         H when is_atom(Kernel), Launch =:= [] -> nif_submit(H, Kernel, Args, Flags, Ref);
         _ when is_atom(Kernel) -> {error, {badarg, {opt, hd(Launch)}}};
         H -> submit_user(H, Kernel, Args, Launch, {Flags, Ref}, 3)
@@ -648,6 +669,15 @@ launch_opts(Launch, BlockRule) ->
 
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
+
+%% No handle for device N: erlcuda is not running on this node at all
+%% (every function that needs it answers `not_started' then, whatever
+%% device it names), or runs without a device N.
+no_device(N) ->
+    case whereis(erlcuda_sup) of
+        undefined -> {error, not_started};
+        _ -> {error, {no_device, N}}
+    end.
 
 await(Device, Ref, Timeout) ->
     spin(handle(Device), Ref),

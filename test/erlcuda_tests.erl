@@ -5,11 +5,11 @@
 
 without_app_test() ->
     erlcuda_ref:stop_app(),
-    ?assertEqual({error, {no_device, 0}}, erlcuda:launch(reduce, [[1.0]])),
-    ?assertEqual({error, {no_device, 0}}, erlcuda:launch_sync(reduce, [[1.0]])),
+    ?assertEqual({error, not_started}, erlcuda:launch(reduce, [[1.0]])),
+    ?assertEqual({error, not_started}, erlcuda:launch_sync(reduce, [[1.0]])),
     ?assertEqual({error, {badarg, opts}}, erlcuda:launch(reduce, [[1.0]], #{})),
     ?assertEqual([], erlcuda:devices()),
-    ?assertEqual({error, {no_device, 0}}, erlcuda:stats(0)).
+    ?assertEqual({error, not_started}, erlcuda:stats(0)).
 
 %% The tests' fast exact sum (erlcuda_ref:sum2/1) is dot2/1 of {X, 1.0}
 %% pairs bit for bit, on random terms of mixed magnitude and sign, cancelling
