@@ -530,17 +530,12 @@ devices(cluster) ->
 devices(Other) ->
     {error, {no_device, Other}}.
 
-%% @doc Counters of device `N': jobs submitted and completed, jobs in flight
-%% and their peak, arena use and growth (`arena_grown_ahead': segments added
-%% once the arena was three quarters full, before a job needed them;
-%% `arena_grown_on_miss': added for a job that fitted nowhere), busy
-%% refusals, `result_bytes' (output bytes read into result terms: a list
-%% or a copied binary; none for a zero-copy result or a free),
-%% `pinned_bytes' (bytes copied by {@link pin/2}), `arena_inputs' (binaries
-%% a job or a put read in the arena, with no copy), gpud's
-%% batches and launches,
-%% `max_batch' and `batch_hist' (bucket i counts drains of 2^i to 2^(i+1)-1
-%% jobs), bad descriptors, restarts, and the fields of {@link devices/0}.
+%% @doc Counters of device `N', and the fields of {@link devices/0}. Jobs
+%% are counted as their callers see them (a launch, a put or a get is one
+%% job, however many slices gpud ran it in): `submitted', then `jobs_ok',
+%% `jobs_failed' or `jobs_cancelled' (after the caller's timeout); gpud's
+%% own counts are per descriptor (`gpud_descriptors_ok', ...). Every key
+%% and its unit: the table in `guides/observability.md' (Counters).
 -spec stats(non_neg_integer()) -> map() | {error, {no_device, term()} | not_started}.
 stats(N) ->
     case handle(N) of

@@ -1,5 +1,6 @@
 %% Common Test: one answer per situation, whatever function meets it (the
-%% table of guides/errors.md, row by row).
+%% table of guides/errors.md, row by row), and the counters of jobs as
+%% their callers see them.
 -module(erlcuda_answers_SUITE).
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
@@ -7,15 +8,19 @@
 -compile({no_auto_import, [put/2]}).
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([not_started/1, buffer_of_an_earlier_start/1, buffer_of_an_earlier_gpud/1,
-         unknown_device/1, out_of_range/1]).
+         unknown_device/1, out_of_range/1, jobs_as_callers_see_them/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
     [not_started, buffer_of_an_earlier_start, buffer_of_an_earlier_gpud, unknown_device,
-     out_of_range].
+     out_of_range, jobs_as_callers_see_them].
 
+init_per_testcase(jobs_as_callers_see_them, Config) ->
+    %% Jobs from 16 KiB run in slices (as from 32 MiB by default).
+    ok = erlcuda_ref:start_app([{pipeline_min_bytes, 16384}]),
+    Config;
 init_per_testcase(_Case, Config) ->
     ok = erlcuda_ref:start_app([]),
     Config.
@@ -126,6 +131,41 @@ out_of_range(_) ->
     {ok, {f64, <<_:64/float-native>>}} = erlcuda:launch_sync(saxpy, [1.0e300, One64, One64]),
     {ok, B} = erlcuda:put({f64, <<1.0e300:64/float-native>>}),
     ok = erlcuda:free(B).
+
+%% A job that ran in slices is one job to its caller: submitted, jobs_ok
+%% and jobs_failed count jobs, gpud_descriptors_ok every slice gpud
+%% answered; a cancelled job counts as such.
+jobs_as_callers_see_them(_) ->
+    S0 = erlcuda:stats(0),
+    %% A reduction of more than 65536 elements from 16 KiB on is sliced.
+    Big = binary:copy(<<1.0:32/float-native>>, 1 bsl 17),
+    {ok, Sum} = erlcuda:launch_sync(reduce, [Big], [{timeout, 60000}]),
+    ?assertEqual(131072.0, Sum),
+    S1 = erlcuda:stats(0),
+    ?assertEqual(1, delta(pipelined, S0, S1)),
+    ?assertEqual(1, delta(submitted, S0, S1)),
+    ?assertEqual(1, delta(jobs_ok, S0, S1)),
+    ?assertEqual(0, delta(jobs_failed, S0, S1)),
+    ?assert(delta(gpud_descriptors_ok, S0, S1) > 1),
+    %% A put and a get: a job each. A free: none.
+    {ok, Buf} = erlcuda:put([1.0]),
+    {ok, _} = erlcuda:get(Buf),
+    ok = erlcuda:free(Buf),
+    {error, {buffer, freed}} = erlcuda:get(Buf),
+    S2 = erlcuda:stats(0),
+    ?assertEqual(2, delta(submitted, S1, S2)),
+    ?assertEqual(2, delta(jobs_ok, S1, S2)),
+    %% A refusal at once is no job; an error answer is a failed one.
+    {error, {badarg, _}} = erlcuda:launch_sync(reduce, [[foo]]),
+    S3 = erlcuda:stats(0),
+    ?assertEqual(0, delta(submitted, S2, S3)),
+    ?assertEqual(0, delta(jobs_failed, S2, S3)),
+    %% In balance: every job submitted is answered ok, failed or cancelled.
+    #{submitted := Sub, jobs_ok := Ok, jobs_failed := Failed, jobs_cancelled := Cancelled} = S3,
+    ?assertEqual(Sub, Ok + Failed + Cancelled).
+
+delta(Key, Before, After) ->
+    maps:get(Key, After) - maps:get(Key, Before).
 
 wait_new_gpud(Old) ->
     wait_new_gpud(Old, 1000).
