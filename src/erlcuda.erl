@@ -189,8 +189,9 @@
          kernels/0, load_module/2, unload_module/1,
          put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1]).
 
--export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
-              kernel_info/0, buffer/0]).
+-export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0, badarg/0,
+              kernel_info/0, buffer/0, device_info/0, cluster_device_info/0, stats/0,
+              memory/0]).
 
 -type kernel() :: atom() | {Module :: atom(), Kernel :: atom()}.
 -type elem_type() :: f32 | f64 | s32 | u32 | s64 | u8.
@@ -217,12 +218,45 @@
                 | {timeout, timeout()} | {output, buffer | host}
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}.
--type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
+%% What a `{badarg, What}' names (<a href="#Errors">Errors</a>).
+-type badarg() :: args | {arg, pos_integer()} | {type, pos_integer()} | too_large | opts
+                | {opt, term()} | {buffer, node_local} | buffer | {name, term()}
+                | {dir, term()}.
+-type reason() :: {badarg, badarg()} | {unknown_kernel, term()} | {no_device, term()}
                 | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom() | integer()}
                 | {nodedown, node()} | {remote, term()}
                 | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}
                 | {manifest, term()} | {module, binary()} | no_module_slot
                 | {no_module, atom()} | not_started.
+
+%% One device of this node (devices/0). `startup' maps each phase of the
+%% last start to microseconds; `undefined' before the first ready.
+-type device_info() :: #{id := non_neg_integer(), backend := auto | cuda | cpu,
+                         name := binary(), os_pid := pos_integer() | undefined,
+                         status := starting | up | down, restarts := non_neg_integer(),
+                         last_exit := term(), ready_us := non_neg_integer() | undefined,
+                         startup := #{atom() => non_neg_integer()} | undefined,
+                         lane := green | priority | none, lane_sms := non_neg_integer()}.
+%% One device of the cluster (devices(cluster)): another node's carries
+%% the keys of device_info() its node last reported (only `status' before
+%% its first report).
+-type cluster_device_info() :: #{node := node(), id := non_neg_integer(),
+                                 in_flight := non_neg_integer(),
+                                 status := starting | up | down, atom() => term()}.
+%% stats/1: counters (non-negative integers, each with its unit in
+%% guides/observability.md), `batch_hist' (a list of them), `closed', and
+%% the keys of device_info().
+-type stats() :: #{submitted := non_neg_integer(), completed := non_neg_integer(),
+                   jobs_ok := non_neg_integer(), jobs_failed := non_neg_integer(),
+                   jobs_cancelled := non_neg_integer(), modules_refused := non_neg_integer(),
+                   busy := non_neg_integer(), in_flight := non_neg_integer(),
+                   in_flight_peak := non_neg_integer(), arena_used := non_neg_integer(),
+                   arena_bytes := non_neg_integer(), arena_max_bytes := non_neg_integer(),
+                   closed := boolean(), batch_hist => [non_neg_integer()],
+                   atom() => term()}.
+-type memory() :: #{used := non_neg_integer(), peak := non_neg_integer(),
+                    limit := non_neg_integer(), buffers := non_neg_integer(),
+                    cached := non_neg_integer(), device_allocs := non_neg_integer()}.
 
 -define(DEFAULT_TIMEOUT, 5000).
 
@@ -476,9 +510,7 @@ free_untraced(Buf) ->
 %% by default all but a tenth, at least 1 GiB, left for the context),
 %% `buffers' (live), `cached' (freed blocks kept for reuse) and
 %% `device_allocs' (allocations from the device so far).
--spec memory(non_neg_integer()) -> #{used := non_neg_integer(), peak := non_neg_integer(),
-                                     limit := non_neg_integer(), buffers := non_neg_integer(),
-                                     atom() => term()} | {error, {no_device, term()} | not_started}.
+-spec memory(non_neg_integer()) -> memory() | {error, {no_device, term()} | not_started}.
 memory(N) ->
     case stats(N) of
         #{buffers_used := U, buffers_peak := P, buffers_limit := L, buffers := B,
@@ -503,7 +535,7 @@ memory(N) ->
 %% (that stream only: lane_sms off, or a driver without green contexts) or
 %% `none' (the CPU backend, or a device with one priority); `lane_sms' is 0
 %% unless `green'.
--spec devices() -> [map()].
+-spec devices() -> [device_info()].
 devices() ->
     case whereis(erlcuda_sup) of
         undefined -> [];
@@ -524,7 +556,7 @@ devices() ->
 %% the cluster (found through `pg'), the maps of {@link devices/0} on its
 %% node with `node' and `in_flight' added. Anything else: `{error,
 %% {no_device, Other}}', as {@link stats/1} answers.
--spec devices(cluster | term()) -> [map()] | {error, {no_device, term()}}.
+-spec devices(cluster | term()) -> [cluster_device_info()] | {error, {no_device, term()}}.
 devices(cluster) ->
     erlcuda_cluster:devices();
 devices(Other) ->
@@ -536,7 +568,7 @@ devices(Other) ->
 %% `jobs_failed' or `jobs_cancelled' (after the caller's timeout); gpud's
 %% own counts are per descriptor (`gpud_descriptors_ok', ...). Every key
 %% and its unit: the table in `guides/observability.md' (Counters).
--spec stats(non_neg_integer()) -> map() | {error, {no_device, term()} | not_started}.
+-spec stats(non_neg_integer()) -> stats() | {error, {no_device, term()} | not_started}.
 stats(N) ->
     case handle(N) of
         undefined -> no_device(N);
