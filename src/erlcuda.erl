@@ -187,7 +187,8 @@
 
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, devices/1, stats/1,
          kernels/0, load_module/2, unload_module/1,
-         put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1]).
+         put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1,
+         from_list/2, to_list/1]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0, badarg/0,
               kernel_info/0, buffer/0, device_info/0, cluster_device_info/0, stats/0,
@@ -620,7 +621,103 @@ unload_module(Name) ->
                                       fun() -> erlcuda_modules:unload(Name) end)
     end.
 
+%% @doc A list of numbers as the vector `{Type, Binary}' (native-endian
+%% elements of `Type'), read as a job reads a list for an argument of that
+%% type: numbers (and `nan', `infinity', `neg_infinity') for `f32' and
+%% `f64', an integer taken where it fits 64 signed bits; integers for the
+%% integer types; each in its type's range. The vector passes to any call
+%% as it is, and makes a typed binary without a comprehension (in Elixir:
+%% `:erlcuda.from_list(:f32, [1.0, 2.0])'). Errors: `{badarg, {arg, 1}}'
+%% (not an element type), `{badarg, {arg, 2}}' (not a proper list of
+%% such numbers).
+-spec from_list(elem_type(), [number() | nan | infinity | neg_infinity]) ->
+          {elem_type(), binary()} | {error, {badarg, {arg, 1 | 2}}}.
+from_list(Type, List) ->
+    case elem_bits(Type) of
+        undefined -> {error, {badarg, {arg, 1}}};
+        _ when not is_list(List) -> {error, {badarg, {arg, 2}}};
+        _ ->
+            %% An improper list or an element that does not fit raises in
+            %% the comprehension: one answer for both.
+            try {Type, << <<(elem_bin(Type, X))/binary>> || X <- List >>}
+            catch error:_ -> {error, {badarg, {arg, 2}}}
+            end
+    end.
+
+%% @doc The elements of a vector as a list: of `{Type, Binary}', or of a
+%% binary (f32), as a list result of a job has them (floats, or the atoms
+%% `nan', `infinity', `neg_infinity'; integers for an integer type). For
+%% the binaries {@link get/1} and jobs answer (in Elixir:
+%% `:erlcuda.to_list(bin)'). Errors: `{badarg, {arg, 1}}' (not a
+%% vector, or a binary that is no whole number of elements).
+-spec to_list(binary() | {elem_type(), binary()}) ->
+          [number() | nan | infinity | neg_infinity] | {error, {badarg, {arg, 1}}}.
+to_list(Bin) when is_binary(Bin) ->
+    to_list({f32, Bin});
+to_list({Type, Bin}) when is_binary(Bin) ->
+    case elem_bits(Type) of
+        Bits when is_integer(Bits), bit_size(Bin) rem Bits =:= 0 -> elems(Type, Bits, Bin);
+        _ -> {error, {badarg, {arg, 1}}}
+    end;
+to_list(_) ->
+    {error, {badarg, {arg, 1}}}.
+
 %%% Internal
+
+%% Bits per element of each type: elem_type() as a function.
+elem_bits(f32) -> 32;
+elem_bits(f64) -> 64;
+elem_bits(s32) -> 32;
+elem_bits(u32) -> 32;
+elem_bits(s64) -> 64;
+elem_bits(u8) -> 8;
+elem_bits(_) -> undefined.
+
+%% The NIF's range rules (c_src/args.c): a finite float that would be
+%% infinity as an f32 (from FLT_MAX plus half an ulp, 2^128 - 2^103) is
+%% refused; Erlang's own 32-bit float segment would store infinity.
+-define(F32_OVERFLOW, 3.4028235677973366e38).
+elem_bin(T, nan) when T =:= f32; T =:= f64 -> nonfinite_bin(T, 16#7fc00000, 16#7ff8000000000000);
+elem_bin(T, infinity) when T =:= f32; T =:= f64 -> nonfinite_bin(T, 16#7f800000, 16#7ff0000000000000);
+elem_bin(T, neg_infinity) when T =:= f32; T =:= f64 ->
+    nonfinite_bin(T, 16#ff800000, 16#fff0000000000000);
+elem_bin(f32, X) when is_float(X), abs(X) < ?F32_OVERFLOW -> <<X:32/float-native>>;
+elem_bin(f32, X) when is_integer(X), X >= -16#8000000000000000, X =< 16#7fffffffffffffff ->
+    <<X:32/float-native>>;
+elem_bin(f64, X) when is_float(X) -> <<X:64/float-native>>;
+elem_bin(f64, X) when is_integer(X), X >= -16#8000000000000000, X =< 16#7fffffffffffffff ->
+    <<X:64/float-native>>;
+elem_bin(s32, X) when is_integer(X), X >= -16#80000000, X =< 16#7fffffff -> <<X:32/signed-native>>;
+elem_bin(u32, X) when is_integer(X), X >= 0, X =< 16#ffffffff -> <<X:32/unsigned-native>>;
+elem_bin(s64, X) when is_integer(X), X >= -16#8000000000000000, X =< 16#7fffffffffffffff ->
+    <<X:64/signed-native>>;
+elem_bin(u8, X) when is_integer(X), X >= 0, X =< 255 -> <<X:8>>.
+
+nonfinite_bin(f32, Bits32, _) -> <<Bits32:32/unsigned-native>>;
+nonfinite_bin(f64, _, Bits64) -> <<Bits64:64/unsigned-native>>.
+
+elems(f32, _, Bin) -> [float_elem(32, E) || <<E:4/binary>> <= Bin];
+elems(f64, _, Bin) -> [float_elem(64, E) || <<E:8/binary>> <= Bin];
+elems(u8, _, Bin) -> binary_to_list(Bin);
+elems(T, Bits, Bin) when T =:= s32; T =:= s64 -> [X || <<X:Bits/signed-native>> <= Bin];
+elems(u32, Bits, Bin) -> [X || <<X:Bits/unsigned-native>> <= Bin].
+
+%% A float element; Erlang has no non-finite floats, so those do not match
+%% as floats and are read from their bits, as the NIF's list results are.
+float_elem(Bits, E) ->
+    case E of
+        <<X:Bits/float-native>> -> X;
+        <<U:Bits/unsigned-native>> ->
+            Mantissa = U band ((1 bsl (Bits - 1 - exponent_bits(Bits))) - 1),
+            Negative = U bsr (Bits - 1) =:= 1,
+            if Mantissa =/= 0 -> nan;
+               Negative -> neg_infinity;
+               true -> infinity
+            end
+    end.
+
+exponent_bits(32) -> 8;
+exponent_bits(64) -> 11.
 
 submit(Device, Kernel, Args, Launch, Out, Ref) ->
     Flags = case Out of buffer -> buffer; host -> 0 end,

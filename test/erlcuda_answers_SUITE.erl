@@ -8,14 +8,15 @@
 -compile({no_auto_import, [put/2]}).
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([not_started/1, buffer_of_an_earlier_start/1, buffer_of_an_earlier_gpud/1,
-         unknown_device/1, out_of_range/1, jobs_as_callers_see_them/1]).
+         unknown_device/1, out_of_range/1, typed_binaries_as_the_nif/1,
+         jobs_as_callers_see_them/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
     [not_started, buffer_of_an_earlier_start, buffer_of_an_earlier_gpud, unknown_device,
-     out_of_range, jobs_as_callers_see_them].
+     out_of_range, typed_binaries_as_the_nif, jobs_as_callers_see_them].
 
 init_per_testcase(jobs_as_callers_see_them, Config) ->
     %% Jobs from 16 KiB run in slices (as from 32 MiB by default).
@@ -131,6 +132,27 @@ out_of_range(_) ->
     {ok, {f64, <<_:64/float-native>>}} = erlcuda:launch_sync(saxpy, [1.0e300, One64, One64]),
     {ok, B} = erlcuda:put({f64, <<1.0e300:64/float-native>>}),
     ok = erlcuda:free(B).
+
+%% from_list/2 reads a list as a job does, and to_list/1 gives what a list
+%% result would: the same vector through both paths, edges included; and
+%% what the NIF refuses, from_list refuses.
+typed_binaries_as_the_nif(_) ->
+    Max = 3.4028234663852886e38,
+    L = [1.0, -2.5, 3, Max, -Max, nan, infinity, neg_infinity, 1.0e-45],
+    Zeros = [0.0 || _ <- L],
+    {ok, ViaList} = erlcuda:launch_sync(vector_add, [L, Zeros]),
+    {ok, ViaBin} = erlcuda:launch_sync(vector_add, [erlcuda:from_list(f32, L), Zeros]),
+    ?assertEqual(ViaList, erlcuda:to_list(ViaBin)),
+    %% The f64 zeros fix T: the NIF reads the list L as f64.
+    {ok, {f64, Nif64}} = erlcuda:launch_sync(vector_add, [erlcuda:from_list(f64, Zeros), L]),
+    ?assertEqual(erlcuda:to_list(erlcuda:from_list(f64, L)), erlcuda:to_list({f64, Nif64})),
+    {ok, B} = erlcuda:put(erlcuda:from_list(u8, [1, 2, 255])),
+    ?assertEqual({ok, {u8, <<1, 2, 255>>}}, erlcuda:get(B)),
+    ok = erlcuda:free(B),
+    [begin
+         {error, {badarg, {arg, 1}}} = erlcuda:put(Bad),
+         {error, {badarg, {arg, 2}}} = erlcuda:from_list(f32, Bad)
+     end || Bad <- [[1.0e300], [3.5e38], [foo], [1 bsl 64]]].
 
 %% A job that ran in slices is one job to its caller: submitted, jobs_ok
 %% and jobs_failed count jobs, gpud_descriptors_ok every slice gpud
