@@ -275,7 +275,8 @@ answer_ok(_, {raised, _, _, _}) -> false;
 answer_ok(_, ok) -> true;
 answer_ok(_, {ok, _}) -> true;
 answer_ok(_, {error, R}) -> reason_ok(R);
-answer_ok(F, L) when is_list(L) -> lists:member(F, [devices, kernels]);
+answer_ok(F, L) when is_list(L) -> lists:member(F, [devices, kernels, to_list]);
+answer_ok(from_list, {T, B}) when is_atom(T) -> is_binary(B);
 answer_ok(F, M) when is_map(M) -> lists:member(F, [stats, memory]);
 answer_ok(_, _) -> false.
 
@@ -350,6 +351,9 @@ good_args(get, 2, _) ->
     [elements([?LIVE_BUF, ?FREED_BUF]),
      elements([[], [{timeout, ?CHECK_TIMEOUT}], [{timeout, infinity}]])];
 good_args(free, 1, _) -> [elements([?LIVE_BUF, ?FREED_BUF])];
+good_args(from_list, 2, _) ->
+    [elements([f32, f64, s32, u32, s64, u8]), elements([[], [1, 2], [1.0, nan], [1.0e300]])];
+good_args(to_list, 1, _) -> [good_bin()];
 %% Any other function: its arity's worth of any terms.
 good_args(_, A, _) -> vector(A, any_term()).
 
