@@ -189,6 +189,9 @@
          kernels/0, load_module/2, unload_module/1,
          put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1,
          from_list/2, to_list/1]).
+%% For erlcuda_cluster, which routes a call to a local device inside the
+%% caller's own span: the calls without a span of their own.
+-export([launch_untraced/3, launch_sync_untraced/3]).
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0, badarg/0,
               kernel_info/0, buffer/0, device_info/0, cluster_device_info/0, stats/0,
@@ -284,6 +287,7 @@ launch(Kernel, Args, Opts) ->
                                         fun() -> launch_untraced(Kernel, Args, Opts) end)
     end.
 
+%% @private
 launch_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Target, _Timeout, Launch, Out} ->
@@ -317,6 +321,7 @@ launch_sync(Kernel, Args, Opts) ->
                                         fun() -> launch_sync_untraced(Kernel, Args, Opts) end)
     end.
 
+%% @private
 launch_sync_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Target, Timeout, Launch, Out} ->

@@ -36,7 +36,10 @@
 %%     result or the error (`timeout' included). For `launch' it is the
 %%     submit: its stop carries `{ok, Ref}' or the refusal; the job's
 %%     answer goes from the NIF straight to the caller's mailbox as
-%%     `{erlcuda, Ref, _}', where erlcuda never sees it.</dd>
+%%     `{erlcuda, Ref, _}', where erlcuda never sees it. A call routed by
+%%     `{device, any}' or `{device, {Node, N}}' is one span on the calling
+%%     node; a node that runs a job for another emits its own launch span
+%%     for it.</dd>
 %% <dt>`[erlcuda, put, _]'</dt>
 %% <dd>`erlcuda:put/1,2', the whole copy: `#{device}' (as for launch).</dd>
 %% <dt>`[erlcuda, get, _]', `[erlcuda, free, _]'</dt>

@@ -18,7 +18,7 @@ all() ->
 groups() ->
     [{with_telemetry, [sequence],
       [launch_sync_start_stop, launch_sync_errors, launch_sync_timeout, launch_async,
-       buffer_spans, module_spans, exception_only_when_raised, gpud_restart, memory_events, memory_event_buffers, memory_only_at_start]}].
+       routed_launch_one_span, buffer_spans, module_spans, exception_only_when_raised, gpud_restart, memory_events, memory_event_buffers, memory_only_at_start]}].
 
 init_per_suite(Config) ->
     %% A real telemetry in the code path would make without_telemetry moot.
@@ -152,6 +152,23 @@ launch_async(_) ->
     [{[erlcuda, launch, start], _, #{sync := false} = M0},
      {[erlcuda, launch, stop], _, M1}] = launch_events(),
     ?assertEqual(M0#{result => {error, {no_device, 3}}}, M1).
+
+%% A call routed by the cluster to this node's device ({device, any},
+%% {device, {node(), N}}) is one span, the caller's, with the device as
+%% given: no second span inside it.
+routed_launch_one_span(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    Here = node(),
+    [begin
+         {ok, [3.0]} = erlcuda:launch_sync(vector_add, [[1.0], [2.0]], [{device, D}]),
+         {ok, Ref} = erlcuda:launch(vector_add, [[1.0], [2.0]], [{device, D}]),
+         receive {erlcuda, Ref, {ok, [3.0]}} -> ok after 5000 -> ct:fail(no_answer) end,
+         ?assertEqual([{launch, #{kernel => vector_add, device => D, sync => true}, {ok, [3.0]}},
+                       {launch, #{kernel => vector_add, device => D, sync => false}, {ok, Ref}}],
+                      spans(events(), []))
+     end || D <- [any, {Here, 0}]],
+    ok.
 
 %% put, get and free are spans too, each stop with the call's answer;
 %% a bad buffer is a stop, not an exception.
