@@ -295,7 +295,10 @@ reason_ok({module, Why}) -> is_binary(Why);
 reason_ok({no_module, N}) -> is_atom(N);
 reason_ok(R) -> lists:member(R, [busy, closed, timeout, oom, enomem, no_module_slot, not_started]).
 
-%% A job launch/2,3 took answers exactly once, with an answer of the API.
+%% A job launch/2,3 took answers exactly once, with an answer of the API
+%% (launch_untraced/3 is launch/3 without its telemetry span).
+one_message(launch_untraced, Answer) ->
+    one_message(launch, Answer);
 one_message(launch, {ok, Ref}) ->
     receive
         {erlcuda, Ref, {ok, _}} -> no_dup(Ref);
@@ -335,6 +338,8 @@ good_args(launch_sync, 3, M) ->
     ?LET({Job, O}, {good_job(M), elements([[], [{device, 0}], [{timeout, ?CHECK_TIMEOUT}],
                                            [{output, buffer}, {timeout, ?CHECK_TIMEOUT}]])},
          Job ++ [O]);
+good_args(launch_untraced, 3, M) -> good_args(launch, 3, M);
+good_args(launch_sync_untraced, 3, M) -> good_args(launch_sync, 3, M);
 good_args(devices, 1, _) -> [cluster];
 good_args(stats, 1, _) -> [0];
 good_args(memory, 1, _) -> [0];
