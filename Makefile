@@ -15,8 +15,17 @@ all: compile
 setup:
 	@bash .ci/setup
 
-# Native outputs in priv/ (called by rebar3's pre-compile hook).
+# Native outputs in priv/ (called by rebar3's pre-compile hook, as `make
+# -s native`: a project that depends on erlcuda builds it on every compile,
+# mix on every `mix run`, so nothing is printed when nothing changed).
 native: nif gpud
+
+# Under `make -s`, cargo is quiet too (its warnings and errors still show),
+# and one line says when a build of gpud is coming: the first takes minutes.
+CARGO_QUIET := $(if $(findstring s,$(firstword -$(MAKEFLAGS))),-q)
+GPUD_INPUTS = $(shell find gpud kernels -path '*/target' -prune -o -type f -newer priv/gpud -print \
+                -quit 2>/dev/null) $(filter-out priv/gpud,$(shell find Cargo.toml Cargo.lock \
+                c_src/erlcuda_ring.h -newer priv/gpud 2>/dev/null))
 
 nif:
 	$(MAKE) -C c_src
@@ -29,7 +38,9 @@ nif:
 # The gpud the VM runs: without the test support (--no-default-features
 # leaves out the `testkit` feature: test vectors, baseline, gpud-bench).
 gpud:
-	$(CARGO) build --release -p gpud --no-default-features
+	@if [ -n "$(CARGO_QUIET)" ] && { [ ! -x priv/gpud ] || [ -n "$(strip $(GPUD_INPUTS))" ]; }; then \
+	    echo "erlcuda: building gpud (cargo, minutes the first time)"; fi
+	$(CARGO) build $(CARGO_QUIET) --release -p gpud --no-default-features
 	@mkdir -p priv
 	cp target/release/gpud priv/gpud.tmp && mv priv/gpud.tmp priv/gpud
 

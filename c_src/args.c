@@ -126,6 +126,17 @@ static int term_to_int(ErlNifEnv *env, ERL_NIF_TERM t, uint8_t type, int64_t *ou
 
 static int is_float_type(uint8_t type) { return type == EC_TYPE_F32 || type == EC_TYPE_F64; }
 
+/* Whether a finite double stays finite as an f32: a larger one would come
+ * back as infinity without a word, so it is refused as out of its type's
+ * range, as an integer out of an integer type's range is. Rounding to
+ * nearest takes everything below FLT_MAX plus half an ulp to FLT_MAX; the
+ * half-way point itself rounds to even, that is to infinity. Infinities
+ * and NaN given as such (the atoms) are kept. */
+static int fits_f32(double x)
+{
+    return !isfinite(x) || fabs(x) < 0x1.ffffffp+127;
+}
+
 /* Classifies a vector argument: a list of numbers (f32), a binary (f32), or
  * {Type, Binary}. A plain binary's elements are of the type its argument
  * declares, so its size is checked by the caller that knows that type (len
@@ -218,7 +229,7 @@ int copy_vec(ErlNifEnv *env, const struct vec *v, void *dst)
     while (enif_get_list_cell(env, tail, &head, &tail)) {
         switch (v->type) {
         case EC_TYPE_F32:
-            if (!term_to_double(env, head, &x))
+            if (!term_to_double(env, head, &x) || !fits_f32(x))
                 return 0;
             ((float *)dst)[i] = (float)x;
             break;
@@ -309,7 +320,7 @@ static int parse_param(ErlNifEnv *env, const struct sig_arg *a, uint8_t t, ERL_N
     uint8_t ty = resolve(a->type, t);
     if (is_float_type(ty)) {
         double x;
-        if (!term_to_double(env, term, &x))
+        if (!term_to_double(env, term, &x) || (ty == EC_TYPE_F32 && !fits_f32(x)))
             return 0;
         memcpy(param, &x, 8);
         return 1;

@@ -292,10 +292,8 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, 
 {
     struct device *d = b->d;
     enif_rwlock_rlock(d->life);
-    if (d->closed) {
-        enif_rwlock_runlock(d->life);
-        return make_error(env, ATOM_closed);
-    }
+    /* A closed device is the buffer's own (b->d): the buffer is lost
+     * (buffer_state), which buffer_unusable says. */
     ERL_NIF_TERM why = buffer_unusable(env, d, b);
     if (why) {
         enif_rwlock_runlock(d->life);

@@ -174,6 +174,23 @@ static void count_job_stalls(struct device *d, const struct ec_cqe *cqe, int64_t
                 (uint64_t)parts[3]);
 }
 
+/* A job's end in the counters of jobs as their callers see them: one per
+ * job, whatever number of descriptors gpud answered for it; `claim` as
+ * claim_job's (0: the caller timed out and cancelled it), `ok` whether it
+ * is answered {ok, _}. A free is no caller's job; a module load or unload
+ * (a control) counts only when gpud refused it. */
+static void count_answer(struct device *d, const struct job *j, int claim, int ok)
+{
+    if (j->output == OUTPUT_FREE)
+        return;
+    if (j->output == OUTPUT_CONTROL) {
+        if (claim == 1 && !ok)
+            count(&d->c.modules_refused, 1);
+        return;
+    }
+    count(claim == 0 ? &d->c.jobs_cancelled : ok ? &d->c.jobs_ok : &d->c.jobs_failed, 1);
+}
+
 /* Answers the job of one CQE; sets *release to its slot once answered (or
  * cancelled), to be freed with release_jobs; leaves it alone otherwise. */
 static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
@@ -239,6 +256,7 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
         }
         /* Counted before the answer goes: a caller that reads stats/1 once
          * answered sees its own job there. */
+        count_answer(d, j, claim, status == EC_STATUS_OK);
         if (!handed && cqe->drained_ns)
             count_job_stalls(d, cqe, j->t_pub, taken, mono_ns());
         if (!handed)
@@ -252,6 +270,8 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
             prof_add(&p[PC_TRIP_ANSWER_NS], (uint64_t)(sent - taken));
         }
     }
+    if (claim == 0)
+        count_answer(d, j, claim, 0);
     count(&d->c.completed, 1);
     *release = idx;
 }
@@ -641,6 +661,8 @@ void fail_in_flight_locked(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM
         int claim = claim_job(d, i, j->gen);
         if (claim < 0)
             continue;
+        if (j->output != OUTPUT_CONTROL)
+            count_answer(d, j, claim, 0);
         if (claim == 1)
             send_answer(d, caller_env, m, j, make_error(m, enif_make_copy(m, reason)));
         release_job_locked(d, i);

@@ -75,7 +75,9 @@ void device_close(struct device *d, ErlNifEnv *caller_env, ERL_NIF_TERM reason)
         enif_rwlock_rwunlock(d->life);
         return;
     }
-    d->closed = 1;
+    /* Atomic: buffer_state reads it for a buffer of this device without
+     * its lock (a job of another device naming it). */
+    __atomic_store_n(&d->closed, 1, __ATOMIC_RELEASE);
     prefault_stop(&d->prefault); /* before anything is unmapped */
     stop_completion_thread(d);
     if (d->shm.hdr) {

@@ -183,6 +183,12 @@ struct buffer_res {
 /* The NIF's counters of a device, X(field, stats key) (stats.c). */
 #define NIF_COUNTERS(X)                                                                          \
     X(submitted, submitted) X(completed, completed) X(busy, busy)                               \
+    /* Jobs as their callers see them (launches, puts, gets; a job gpud   \
+     * ran in slices is one), by their end: answered {ok, _}, answered    \
+     * {error, _}, cancelled after the caller's timeout; modules gpud      \
+     * refused. gpud counts descriptors apart (stats.c). */               \
+    X(jobs_ok, jobs_ok) X(jobs_failed, jobs_failed) X(jobs_cancelled, jobs_cancelled)          \
+    X(modules_refused, modules_refused)                                                         \
     X(bogus_cqes, bogus_completions) X(wakeups_sent, sq_wakeups) X(cq_sleeps, cq_sleeps)        \
     X(failed_by_reset, failed_by_restart) X(dirty_submits, dirty_submits)                       \
     X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(put_windowed, puts_windowed)      \
@@ -460,9 +466,15 @@ static inline uint64_t region_addr(const struct region *r)
 enum buffer_state { BUF_LIVE, BUF_OTHER_DEVICE, BUF_FREED, BUF_LOST };
 static inline enum buffer_state buffer_state(const struct device *d, const struct buffer_res *b)
 {
+    int freed = __atomic_load_n(&b->freed, __ATOMIC_ACQUIRE);
+    /* A buffer of a device closed since (the application stopped; a new
+     * start made a new device) went with its gpud: lost, as after a gpud
+     * restart, not a buffer of another device. */
+    if (__atomic_load_n(&b->d->closed, __ATOMIC_ACQUIRE))
+        return freed ? BUF_FREED : BUF_LOST;
     if (b->d != d)
         return BUF_OTHER_DEVICE;
-    if (__atomic_load_n(&b->freed, __ATOMIC_ACQUIRE))
+    if (freed)
         return BUF_FREED;
     if (b->epoch != __atomic_load_n(&d->epoch, __ATOMIC_RELAXED))
         return BUF_LOST;

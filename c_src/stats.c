@@ -11,7 +11,10 @@
 
 /* gpud's counters: X(field of struct ec_stats, stats key). */
 #define GPUD_STATS(X)                                                                            \
-    X(jobs_ok, jobs_ok) X(jobs_failed, jobs_failed) X(batches, batches) X(launches, launches)   \
+    /* every descriptor gpud answered: each slice of a job, frees and    \
+     * module loads too (jobs as callers see them: NIF_COUNTERS) */       \
+    X(jobs_ok, gpud_descriptors_ok) X(jobs_failed, gpud_descriptors_failed)                    \
+    X(batches, batches) X(launches, launches)                                                  \
     X(bad_descriptors, bad_descriptors) X(max_batch, max_batch) X(sleeps, gpud_sleeps)          \
     X(work_ns, gpud_work_ns) X(launches_timed, gpud_launches_timed)                             \
     X(launch_drain_ns, gpud_launch_drain_ns) X(launch_run_ns, gpud_launch_run_ns)               \

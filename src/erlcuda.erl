@@ -35,7 +35,10 @@
 %% == Errors ==
 %%
 %% This is the one list of the reasons in `{error, Reason}' that the API
-%% returns or sends; the guides link here. "At once" means the call itself
+%% returns or sends; the guides link here. Which one each situation gets,
+%% whatever the function (before start, after a restart, a lost buffer, an
+%% unknown device, a number out of range), is the table of
+%% `guides/errors.md'. "At once" means the call itself
 %% returns it (nothing was submitted, and no message follows); "in the
 %% message" means it arrives as `{erlcuda, Ref, {error, Reason}}' after
 %% `{ok, Ref}' (`launch_sync', `put' and `get' return it the same way).
@@ -47,13 +50,14 @@
 %% <dt>`{badarg, {arg, I}}'</dt><dd>Argument I (1-based, the first that does
 %%     not fit) is not what its place in the kernel's signature takes: a
 %%     vector of the length its expression gives (a list of numbers, or of
-%%     integers for an integer type; a binary; `{Type, Binary}'; a buffer),
-%%     an `io' argument that is no buffer (or names a buffer another
-%%     argument names too), a number (an integer for an integer type, in
-%%     its range), or a dimension (an integer from 0 to 2^32-1, in its
-%%     range where the signature gives one, as `topk_rows''s 1 ≤ K ≤
-%%     min(cols, 64); one that divides a length must be at least 1 and
-%%     divide it). For
+%%     integers for an integer type, each in its type's range; a binary;
+%%     `{Type, Binary}'; a buffer), an `io' argument that is no buffer (or
+%%     names a buffer another argument names too), a number (an integer for
+%%     an integer type; in its type's range: a finite number that would be
+%%     infinity as an `f32', as `1.0e300', is out of it), or a dimension
+%%     (an integer from 0 to 2^32-1, in its range where the signature gives
+%%     one, as `topk_rows''s 1 ≤ K ≤ min(cols, 64); one that divides a
+%%     length must be at least 1 and divide it). For
 %%     `put/1,2', I is 1: not a vector.</dd>
 %% <dt>`{badarg, {type, I}}'</dt><dd>Vector I has another element type than
 %%     its signature declares (for `T': than the argument that fixed T), or
@@ -101,8 +105,9 @@
 %%     `cluster'.</dd>
 %% <dt>`{buffer, freed}', `{buffer, lost}', `{buffer, {device, D}}'</dt>
 %%     <dd>A buffer argument (or the buffer of `get/1') was freed; was made
-%%     by a gpud that has died since (its memory went with it); or lives on
-%%     device D, not the one `{device, N}' names.</dd>
+%%     by a gpud that has died since, or by an erlcuda stopped since (its
+%%     memory went with it); or lives on device D, not the one `{device, N}'
+%%     names.</dd>
 %% </dl>
 %%
 %% Try again later:
@@ -122,8 +127,14 @@
 %%
 %% The device or the node went away:
 %% <dl>
+%% <dt>`not_started'</dt><dd>At once, from every function that needs
+%%     erlcuda (`launch', `launch_sync', `put', `get', `pin', `stats',
+%%     `memory', `load_module', `unload_module'): the erlcuda application
+%%     is not running on this node, or stopped while the call waited.
+%%     Checked before the device a call names.</dd>
 %% <dt>`closed'</dt><dd>The device is stopping (the application stops):
-%%     at once, or in the message of every job still in flight.</dd>
+%%     in the message of every job still in flight (or at once, for a call
+%%     that raced the stop).</dd>
 %% <dt>`{gpud_exit, Status}'</dt><dd>In the message: gpud exited with the
 %%     job in flight (it is restarted with backoff). Status is its exit
 %%     status (an integer: 128 + the signal's number for a signal, so 137
@@ -168,8 +179,6 @@
 %%     slots: unload one first.</dd>
 %% <dt>`{no_module, Name}'</dt><dd>`unload_module/1' of a name not
 %%     loaded.</dd>
-%% <dt>`not_started'</dt><dd>The erlcuda application is not running, or
-%%     stopped while the call waited.</dd>
 %% </dl>
 -module(erlcuda).
 
@@ -178,10 +187,15 @@
 
 -export([launch/2, launch/3, launch_sync/2, launch_sync/3, devices/0, devices/1, stats/1,
          kernels/0, load_module/2, unload_module/1,
-         put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1]).
+         put/1, put/2, pin/1, pin/2, get/1, get/2, free/1, memory/1,
+         from_list/2, to_list/1]).
+%% For erlcuda_cluster, which routes a call to a local device inside the
+%% caller's own span: the calls without a span of their own.
+-export([launch_untraced/3, launch_sync_untraced/3]).
 
--export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0,
-              kernel_info/0, buffer/0]).
+-export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0, badarg/0,
+              kernel_info/0, buffer/0, device_info/0, cluster_device_info/0, stats/0,
+              memory/0]).
 
 -type kernel() :: atom() | {Module :: atom(), Kernel :: atom()}.
 -type elem_type() :: f32 | f64 | s32 | u32 | s64 | u8.
@@ -208,12 +222,45 @@
                 | {timeout, timeout()} | {output, buffer | host}
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}.
--type reason() :: {badarg, term()} | {unknown_kernel, term()} | {no_device, term()}
+%% What a `{badarg, What}' names (<a href="#Errors">Errors</a>).
+-type badarg() :: args | {arg, pos_integer()} | {type, pos_integer()} | too_large | opts
+                | {opt, term()} | {buffer, node_local} | buffer | {name, term()}
+                | {dir, term()}.
+-type reason() :: {badarg, badarg()} | {unknown_kernel, term()} | {no_device, term()}
                 | busy | closed | timeout | {gpud_exit, term()} | {gpud, atom() | integer()}
                 | {nodedown, node()} | {remote, term()}
                 | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}
                 | {manifest, term()} | {module, binary()} | no_module_slot
                 | {no_module, atom()} | not_started.
+
+%% One device of this node (devices/0). `startup' maps each phase of the
+%% last start to microseconds; `undefined' before the first ready.
+-type device_info() :: #{id := non_neg_integer(), backend := auto | cuda | cpu,
+                         name := binary(), os_pid := pos_integer() | undefined,
+                         status := starting | up | down, restarts := non_neg_integer(),
+                         last_exit := term(), ready_us := non_neg_integer() | undefined,
+                         startup := #{atom() => non_neg_integer()} | undefined,
+                         lane := green | priority | none, lane_sms := non_neg_integer()}.
+%% One device of the cluster (devices(cluster)): another node's carries
+%% the keys of device_info() its node last reported (only `status' before
+%% its first report).
+-type cluster_device_info() :: #{node := node(), id := non_neg_integer(),
+                                 in_flight := non_neg_integer(),
+                                 status := starting | up | down, atom() => term()}.
+%% stats/1: counters (non-negative integers, each with its unit in
+%% guides/observability.md), `batch_hist' (a list of them), `closed', and
+%% the keys of device_info().
+-type stats() :: #{submitted := non_neg_integer(), completed := non_neg_integer(),
+                   jobs_ok := non_neg_integer(), jobs_failed := non_neg_integer(),
+                   jobs_cancelled := non_neg_integer(), modules_refused := non_neg_integer(),
+                   busy := non_neg_integer(), in_flight := non_neg_integer(),
+                   in_flight_peak := non_neg_integer(), arena_used := non_neg_integer(),
+                   arena_bytes := non_neg_integer(), arena_max_bytes := non_neg_integer(),
+                   closed := boolean(), batch_hist => [non_neg_integer()],
+                   atom() => term()}.
+-type memory() :: #{used := non_neg_integer(), peak := non_neg_integer(),
+                    limit := non_neg_integer(), buffers := non_neg_integer(),
+                    cached := non_neg_integer(), device_allocs := non_neg_integer()}.
 
 -define(DEFAULT_TIMEOUT, 5000).
 %% After a timeout, how long more a job that could not be cancelled (its
@@ -234,8 +281,8 @@ launch(Kernel, Args) ->
 %% `{shared_bytes, S}'; a job for another node returns once that node has
 %% accepted or refused it. Reasons: the module doc's <a
 %% href="#Errors">Errors</a>.
-%% Emits `[erlcuda, launch, start]' (and `exception' when refused) where
-%% telemetry is there: {@link erlcuda_telemetry}.
+%% The submit is the span `[erlcuda, launch, _]' where telemetry is there
+%% ({@link erlcuda_telemetry}): its stop carries `{ok, Ref}' or the refusal.
 -spec launch(kernel(), [term()], [option()]) -> {ok, reference()} | {error, reason()}.
 launch(Kernel, Args, Opts) ->
     case erlcuda_telemetry:handler() of
@@ -244,6 +291,7 @@ launch(Kernel, Args, Opts) ->
                                         fun() -> launch_untraced(Kernel, Args, Opts) end)
     end.
 
+%% @private
 launch_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Target, _Timeout, Launch, Out} ->
@@ -266,8 +314,9 @@ launch_sync(Kernel, Args) ->
 %% `{timeout, Ms}' (default 5000). After `{error, timeout}' no message about
 %% the job reaches the caller later: the job is cancelled, or, if its answer
 %% was already on its way, that answer is waited for at most 1 s more, taken
-%% out of the mailbox and returned instead. Emits `[erlcuda, launch, start | stop | exception]'
-%% where telemetry is there: {@link erlcuda_telemetry}.
+%% out of the mailbox and returned instead. The job is the span
+%% `[erlcuda, launch, _]' where telemetry is there ({@link erlcuda_telemetry}):
+%% its stop carries the answer.
 -spec launch_sync(kernel(), [term()], [option()]) -> {ok, result()} | {error, reason()}.
 launch_sync(Kernel, Args, Opts) ->
     case erlcuda_telemetry:handler() of
@@ -276,6 +325,7 @@ launch_sync(Kernel, Args, Opts) ->
                                         fun() -> launch_sync_untraced(Kernel, Args, Opts) end)
     end.
 
+%% @private
 launch_sync_untraced(Kernel, Args, Opts) ->
     case options(Opts) of
         {ok, Target, Timeout, Launch, Out} ->
@@ -306,7 +356,12 @@ route(Target, Args, Out) when Target =:= any; is_tuple(Target) ->
         {Here, N} when Buffers -> {local, N};
         any when Buffers -> {local, device(default, Args)};
         _ when Buffers -> {error, {badarg, {buffer, node_local}}};
-        _ -> remote
+        %% The cluster's processes are erlcuda's: not there while it is not
+        %% running here, whatever runs on other nodes.
+        _ -> case whereis(erlcuda_sup) of
+                 undefined -> {error, not_started};
+                 _ -> remote
+             end
     end;
 route(Device, Args, _Out) ->
     {local, device(Device, Args)}.
@@ -330,11 +385,19 @@ put(Vector) ->
 %% those of `launch' (the module doc's <a href="#Errors">Errors</a>).
 -spec put(vector(), [option()]) -> {ok, buffer()} | {error, reason()}.
 put(Vector, Opts) ->
+    case erlcuda_telemetry:handler() of
+        false -> put_untraced(Vector, Opts);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, put],
+                                      #{device => erlcuda_telemetry:device(Opts)},
+                                      fun() -> put_untraced(Vector, Opts) end)
+    end.
+
+put_untraced(Vector, Opts) ->
     case options(Opts) of
         {ok, Device0, Timeout, [], host} ->
             Device = case Device0 of default -> 0; N -> N end,
             case handle(Device) of
-                undefined -> {error, {no_device, Device}};
+                undefined -> no_device(Device);
                 H ->
                     Ref = make_ref(), % see launch_sync_untraced/3
                     case erlcuda_nif:put(H, Vector, Ref) of
@@ -372,7 +435,7 @@ pin(Vector, Opts) ->
         {ok, Device0, _Timeout, [], host} when is_integer(Device0); Device0 =:= default ->
             Device = case Device0 of default -> 0; N -> N end,
             case {Vector, handle(Device)} of
-                {_, undefined} -> {error, {no_device, Device}};
+                {_, undefined} -> no_device(Device);
                 {Bin, H} when is_binary(Bin) -> erlcuda_nif:pin(H, Bin);
                 {{Type, Bin}, H} when is_binary(Bin), (Type =:= f32 orelse Type =:= f64 orelse
                                                         Type =:= s32 orelse Type =:= u32 orelse
@@ -400,6 +463,13 @@ get(Buf) ->
 %% {opt, O}}' (<a href="#Errors">Errors</a>).
 -spec get(buffer(), [{timeout, timeout()}]) -> {ok, vector()} | {error, reason()}.
 get(Buf, Opts) ->
+    case erlcuda_telemetry:handler() of
+        false -> get_untraced(Buf, Opts);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, get], #{buffer => Buf},
+                                      fun() -> get_untraced(Buf, Opts) end)
+    end.
+
+get_untraced(Buf, Opts) ->
     case options(Opts) of
         {ok, _, Timeout, _, _} ->
             %% Every option is one of launch's (options/1); get takes only
@@ -418,7 +488,14 @@ get_buffer(Buf, Timeout) ->
             Ref = make_ref(), % see launch_sync_untraced/3
             case erlcuda_nif:get(Buf, Ref) of
                 {ok, Ref} -> await(Device, Ref, Timeout);
-                {error, _} = E -> E
+                {error, _} = E ->
+                    %% A buffer outlives the erlcuda that made it (its
+                    %% memory does not: {buffer, lost}); with none running
+                    %% now the answer is the one of every call then.
+                    case whereis(erlcuda_sup) of
+                        undefined -> {error, not_started};
+                        _ -> E
+                    end
             end
     end.
 
@@ -426,6 +503,13 @@ get_buffer(Buf, Timeout) ->
 %% `{error, {buffer, freed}}'. Garbage collection frees buffers too.
 -spec free(buffer()) -> ok | {error, {badarg, buffer}}.
 free(Buf) ->
+    case erlcuda_telemetry:handler() of
+        false -> free_untraced(Buf);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, free], #{buffer => Buf},
+                                      fun() -> free_untraced(Buf) end)
+    end.
+
+free_untraced(Buf) ->
     try erlcuda_nif:free(Buf)
     catch error:badarg -> {error, {badarg, buffer}}
     end.
@@ -436,9 +520,7 @@ free(Buf) ->
 %% by default all but a tenth, at least 1 GiB, left for the context),
 %% `buffers' (live), `cached' (freed blocks kept for reuse) and
 %% `device_allocs' (allocations from the device so far).
--spec memory(non_neg_integer()) -> #{used := non_neg_integer(), peak := non_neg_integer(),
-                                     limit := non_neg_integer(), buffers := non_neg_integer(),
-                                     atom() => term()} | {error, {no_device, term()}}.
+-spec memory(non_neg_integer()) -> memory() | {error, {no_device, term()} | not_started}.
 memory(N) ->
     case stats(N) of
         #{buffers_used := U, buffers_peak := P, buffers_limit := L, buffers := B,
@@ -463,7 +545,7 @@ memory(N) ->
 %% (that stream only: lane_sms off, or a driver without green contexts) or
 %% `none' (the CPU backend, or a device with one priority); `lane_sms' is 0
 %% unless `green'.
--spec devices() -> [map()].
+-spec devices() -> [device_info()].
 devices() ->
     case whereis(erlcuda_sup) of
         undefined -> [];
@@ -484,30 +566,25 @@ devices() ->
 %% the cluster (found through `pg'), the maps of {@link devices/0} on its
 %% node with `node' and `in_flight' added. Anything else: `{error,
 %% {no_device, Other}}', as {@link stats/1} answers.
--spec devices(cluster | term()) -> [map()] | {error, {no_device, term()}}.
+-spec devices(cluster | term()) -> [cluster_device_info()] | {error, {no_device, term()}}.
 devices(cluster) ->
     erlcuda_cluster:devices();
 devices(Other) ->
     {error, {no_device, Other}}.
 
-%% @doc Counters of device `N': jobs submitted and completed, jobs in flight
-%% and their peak, arena use and growth (`arena_grown_ahead': segments added
-%% once the arena was three quarters full, before a job needed them;
-%% `arena_grown_on_miss': added for a job that fitted nowhere), busy
-%% refusals, `result_bytes' (output bytes read into result terms: a list
-%% or a copied binary; none for a zero-copy result or a free),
-%% `pinned_bytes' (bytes copied by {@link pin/2}), `arena_inputs' (binaries
-%% a job or a put read in the arena, with no copy), gpud's
-%% batches and launches,
-%% `max_batch' and `batch_hist' (bucket i counts drains of 2^i to 2^(i+1)-1
-%% jobs), bad descriptors, restarts, and the fields of {@link devices/0}.
--spec stats(non_neg_integer()) -> map() | {error, {no_device, term()}}.
+%% @doc Counters of device `N', and the fields of {@link devices/0}. Jobs
+%% are counted as their callers see them (a launch, a put or a get is one
+%% job, however many slices gpud ran it in): `submitted', then `jobs_ok',
+%% `jobs_failed' or `jobs_cancelled' (after the caller's timeout); gpud's
+%% own counts are per descriptor (`gpud_descriptors_ok', ...). Every key
+%% and its unit: the table in `guides/observability.md' (Counters).
+-spec stats(non_neg_integer()) -> stats() | {error, {no_device, term()} | not_started}.
 stats(N) ->
     case handle(N) of
-        undefined -> {error, {no_device, N}};
+        undefined -> no_device(N);
         _ ->
             try erlcuda_device:stats(N)
-            catch exit:_ -> {error, {no_device, N}}
+            catch exit:_ -> no_device(N)
             end
     end.
 
@@ -536,21 +613,125 @@ kernels() ->
 %% `timeout' (<a href="#Errors">Errors</a>).
 -spec load_module(atom(), file:filename_all()) -> ok | {error, reason()}.
 load_module(Name, Dir) ->
-    erlcuda_modules:load(Name, Dir).
+    case erlcuda_telemetry:handler() of
+        false -> erlcuda_modules:load(Name, Dir);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, load_module], #{name => Name, dir => Dir},
+                                      fun() -> erlcuda_modules:load(Name, Dir) end)
+    end.
 
 %% @doc Unloads module `Name' from every device. Errors: `{no_module,
 %% Name}', `{badarg, {name, Name}}' (not an atom), `not_started',
 %% `timeout'.
 -spec unload_module(atom()) -> ok | {error, reason()}.
 unload_module(Name) ->
-    erlcuda_modules:unload(Name).
+    case erlcuda_telemetry:handler() of
+        false -> erlcuda_modules:unload(Name);
+        Mod -> erlcuda_telemetry:span(Mod, [erlcuda, unload_module], #{name => Name},
+                                      fun() -> erlcuda_modules:unload(Name) end)
+    end.
+
+%% @doc A list of numbers as the vector `{Type, Binary}' (native-endian
+%% elements of `Type'), read as a job reads a list for an argument of that
+%% type: numbers (and `nan', `infinity', `neg_infinity') for `f32' and
+%% `f64', an integer taken where it fits 64 signed bits; integers for the
+%% integer types; each in its type's range. The vector passes to any call
+%% as it is, and makes a typed binary without a comprehension (in Elixir:
+%% `:erlcuda.from_list(:f32, [1.0, 2.0])'). Errors: `{badarg, {arg, 1}}'
+%% (not an element type), `{badarg, {arg, 2}}' (not a proper list of
+%% such numbers).
+-spec from_list(elem_type(), [number() | nan | infinity | neg_infinity]) ->
+          {elem_type(), binary()} | {error, {badarg, {arg, 1 | 2}}}.
+from_list(Type, List) ->
+    case elem_bits(Type) of
+        undefined -> {error, {badarg, {arg, 1}}};
+        _ when not is_list(List) -> {error, {badarg, {arg, 2}}};
+        _ ->
+            %% An improper list or an element that does not fit raises in
+            %% the comprehension: one answer for both.
+            try {Type, << <<(elem_bin(Type, X))/binary>> || X <- List >>}
+            catch error:_ -> {error, {badarg, {arg, 2}}}
+            end
+    end.
+
+%% @doc The elements of a vector as a list: of `{Type, Binary}', or of a
+%% binary (f32), as a list result of a job has them (floats, or the atoms
+%% `nan', `infinity', `neg_infinity'; integers for an integer type). For
+%% the binaries {@link get/1} and jobs answer (in Elixir:
+%% `:erlcuda.to_list(bin)'). Errors: `{badarg, {arg, 1}}' (not a
+%% vector, or a binary that is no whole number of elements).
+-spec to_list(binary() | {elem_type(), binary()}) ->
+          [number() | nan | infinity | neg_infinity] | {error, {badarg, {arg, 1}}}.
+to_list(Bin) when is_binary(Bin) ->
+    to_list({f32, Bin});
+to_list({Type, Bin}) when is_binary(Bin) ->
+    case elem_bits(Type) of
+        Bits when is_integer(Bits), bit_size(Bin) rem Bits =:= 0 -> elems(Type, Bits, Bin);
+        _ -> {error, {badarg, {arg, 1}}}
+    end;
+to_list(_) ->
+    {error, {badarg, {arg, 1}}}.
 
 %%% Internal
+
+%% Bits per element of each type: elem_type() as a function.
+elem_bits(f32) -> 32;
+elem_bits(f64) -> 64;
+elem_bits(s32) -> 32;
+elem_bits(u32) -> 32;
+elem_bits(s64) -> 64;
+elem_bits(u8) -> 8;
+elem_bits(_) -> undefined.
+
+%% The NIF's range rules (c_src/args.c): a finite float that would be
+%% infinity as an f32 (from FLT_MAX plus half an ulp, 2^128 - 2^103) is
+%% refused; Erlang's own 32-bit float segment would store infinity.
+-define(F32_OVERFLOW, 3.4028235677973366e38).
+elem_bin(T, nan) when T =:= f32; T =:= f64 -> nonfinite_bin(T, 16#7fc00000, 16#7ff8000000000000);
+elem_bin(T, infinity) when T =:= f32; T =:= f64 -> nonfinite_bin(T, 16#7f800000, 16#7ff0000000000000);
+elem_bin(T, neg_infinity) when T =:= f32; T =:= f64 ->
+    nonfinite_bin(T, 16#ff800000, 16#fff0000000000000);
+elem_bin(f32, X) when is_float(X), abs(X) < ?F32_OVERFLOW -> <<X:32/float-native>>;
+elem_bin(f32, X) when is_integer(X), X >= -16#8000000000000000, X =< 16#7fffffffffffffff ->
+    <<X:32/float-native>>;
+elem_bin(f64, X) when is_float(X) -> <<X:64/float-native>>;
+elem_bin(f64, X) when is_integer(X), X >= -16#8000000000000000, X =< 16#7fffffffffffffff ->
+    <<X:64/float-native>>;
+elem_bin(s32, X) when is_integer(X), X >= -16#80000000, X =< 16#7fffffff -> <<X:32/signed-native>>;
+elem_bin(u32, X) when is_integer(X), X >= 0, X =< 16#ffffffff -> <<X:32/unsigned-native>>;
+elem_bin(s64, X) when is_integer(X), X >= -16#8000000000000000, X =< 16#7fffffffffffffff ->
+    <<X:64/signed-native>>;
+elem_bin(u8, X) when is_integer(X), X >= 0, X =< 255 -> <<X:8>>.
+
+nonfinite_bin(f32, Bits32, _) -> <<Bits32:32/unsigned-native>>;
+nonfinite_bin(f64, _, Bits64) -> <<Bits64:64/unsigned-native>>.
+
+elems(f32, _, Bin) -> [float_elem(32, E) || <<E:4/binary>> <= Bin];
+elems(f64, _, Bin) -> [float_elem(64, E) || <<E:8/binary>> <= Bin];
+elems(u8, _, Bin) -> binary_to_list(Bin);
+elems(T, Bits, Bin) when T =:= s32; T =:= s64 -> [X || <<X:Bits/signed-native>> <= Bin];
+elems(u32, Bits, Bin) -> [X || <<X:Bits/unsigned-native>> <= Bin].
+
+%% A float element; Erlang has no non-finite floats, so those do not match
+%% as floats and are read from their bits, as the NIF's list results are.
+float_elem(Bits, E) ->
+    case E of
+        <<X:Bits/float-native>> -> X;
+        <<U:Bits/unsigned-native>> ->
+            Mantissa = U band ((1 bsl (Bits - 1 - exponent_bits(Bits))) - 1),
+            Negative = U bsr (Bits - 1) =:= 1,
+            if Mantissa =/= 0 -> nan;
+               Negative -> neg_infinity;
+               true -> infinity
+            end
+    end.
+
+exponent_bits(32) -> 8;
+exponent_bits(64) -> 11.
 
 submit(Device, Kernel, Args, Launch, Out, Ref) ->
     Flags = case Out of buffer -> buffer; host -> 0 end,
     case handle(Device) of
-        undefined -> {error, {no_device, Device}};
+        undefined -> no_device(Device);
         H when is_atom(Kernel), Launch =:= [] -> nif_submit(H, Kernel, Args, Flags, Ref);
         _ when is_atom(Kernel) -> {error, {badarg, {opt, hd(Launch)}}};
         H -> submit_user(H, Kernel, Args, Launch, {Flags, Ref}, 3)
@@ -621,6 +802,15 @@ launch_opts(Launch, BlockRule) ->
 
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
+
+%% No handle for device N: erlcuda is not running on this node at all
+%% (every function that needs it answers `not_started' then, whatever
+%% device it names), or runs without a device N.
+no_device(N) ->
+    case whereis(erlcuda_sup) of
+        undefined -> {error, not_started};
+        _ -> {error, {no_device, N}}
+    end.
 
 %% After the timeout, the job is cancelled; if it could not be, the caller
 %% waits at most ?LATE_ANSWER_MS more, and no message about the job

@@ -104,7 +104,7 @@ devices() ->
 %% @doc `erlcuda:launch/3' for a target other than a local device number.
 -spec launch(target(), erlcuda:kernel(), [term()], list()) -> {ok, reference()} | {error, term()}.
 launch({Node, N}, Kernel, Args, Launch) when Node =:= node() ->
-    named(Node, N, erlcuda:launch(Kernel, Args, [{device, N} | Launch]));
+    named(Node, N, erlcuda:launch_untraced(Kernel, Args, [{device, N} | Launch]));
 launch({Node, N} = Device, Kernel, Args, Launch) ->
     case member(Node, N) of
         true -> erlcuda_remote:launch(Node, N, Kernel, Args, Launch);
@@ -113,7 +113,7 @@ launch({Node, N} = Device, Kernel, Args, Launch) ->
 launch(any, Kernel, Args, Launch) ->
     first_any(route(), Kernel,
               fun({Node, N}) when Node =:= node() ->
-                      case erlcuda:launch(Kernel, Args, [{device, N} | Launch]) of
+                      case erlcuda:launch_untraced(Kernel, Args, [{device, N} | Launch]) of
                           {error, R} -> {refused, R};
                           Ok -> {answer, Ok}
                       end;
@@ -129,7 +129,8 @@ launch(any, Kernel, Args, Launch) ->
 -spec launch_sync(target(), erlcuda:kernel(), [term()], list(), timeout()) ->
           {ok, term()} | {error, term()}.
 launch_sync({Node, N}, Kernel, Args, Launch, Timeout) when Node =:= node() ->
-    named(Node, N, erlcuda:launch_sync(Kernel, Args, [{device, N}, {timeout, Timeout} | Launch]));
+    named(Node, N, erlcuda:launch_sync_untraced(Kernel, Args,
+                                                [{device, N}, {timeout, Timeout} | Launch]));
 launch_sync({Node, N} = Device, Kernel, Args, Launch, Timeout) ->
     case member(Node, N) of
         true ->
@@ -148,7 +149,7 @@ launch_sync(any, Kernel, Args, Launch, Timeout) ->
     first_any(route(), Kernel,
               fun({Node, N}) when Node =:= node() ->
                       Opts = [{device, N}, {timeout, left(Deadline)} | Launch],
-                      case erlcuda:launch_sync(Kernel, Args, Opts) of
+                      case erlcuda:launch_sync_untraced(Kernel, Args, Opts) of
                           {error, R} = E ->
                               case refusal(R) of
                                   true -> {refused, R};

@@ -7,28 +7,52 @@
 %% `persistent_term'. Without it every emitting site costs one
 %% `persistent_term' lookup and nothing else.
 %%
-%% Events (measurements: times in `native' units, sizes in bytes):
+%% Calls of `erlcuda' are spans, as `telemetry:span/3' makes them (and as
+%% Phoenix, Ecto and Finch emit theirs): `Prefix ++ [start]' before the
+%% work, `Prefix ++ [stop]' once the call returns, whatever it returns, and
+%% `Prefix ++ [exception]' only where the call raises (a bug: no function
+%% of `erlcuda' raises by design), the exception then raised again. An
+%% answer `{error, Reason}' is a stop like any other: the outcome is in its
+%% metadata.
+%%
+%% Measurements (times in `native' units, sizes in bytes):
+%% <ul>
+%% <li>start: `#{monotonic_time, system_time}';</li>
+%% <li>stop: `#{duration, monotonic_time}' (`duration' from the start);</li>
+%% <li>exception: as stop.</li>
+%% </ul>
+%% Metadata: each span's own (below) and `telemetry_span_context' (a
+%% reference shared by one call's events) in all three; in stop, `result'
+%% as well, the value the call returned (`{ok, _}', `ok' or `{error,
+%% Reason}'); in exception, `kind', `reason' and `stacktrace' instead.
+%%
+%% Spans:
 %% <dl>
-%% <dt>`[erlcuda, launch, start]'</dt>
-%% <dd>`#{monotonic_time, system_time}'; metadata `#{kernel, device, sync,
-%%     telemetry_span_context}', plus `ref' (the job's reference) for an
-%%     accepted `erlcuda:launch/2,3'. `sync' is `true' for
-%%     `erlcuda:launch_sync/2,3', `false' for `erlcuda:launch/2,3';
-%%     `device' is the `{device, _}' option as given (0 when absent).
-%%     For `launch' the start is emitted when the submit has returned (so
-%%     that it can carry `ref'), with the times taken before it.</dd>
-%% <dt>`[erlcuda, launch, stop]'</dt>
-%% <dd>`launch_sync' only, when `{ok, Result}' arrived:
-%%     `#{duration, monotonic_time}', the start's metadata. The answer to
-%%     an accepted `launch' goes from the NIF straight to the caller's
-%%     mailbox, where erlcuda never sees it: there is no stop for it (the
-%%     start's `ref' names the message `{erlcuda, Ref, _}' to time it by).</dd>
-%% <dt>`[erlcuda, launch, exception]'</dt>
-%% <dd>`launch_sync' answered `{error, Reason}' (a timeout included), or
-%%     `launch' refused the job at once: `#{duration, monotonic_time}', the
-%%     start's metadata plus `kind => error', `reason => Reason',
-%%     `stacktrace => []'; or the call raised: `kind', `reason' and
-%%     `stacktrace' of the exception, which is raised again.</dd>
+%% <dt>`[erlcuda, launch, _]'</dt>
+%% <dd>`erlcuda:launch/2,3' and `erlcuda:launch_sync/2,3': `#{kernel,
+%%     device, sync}', `kernel' as given, `device' the `{device, _}'
+%%     option as given (0 when absent), `sync' `true' for `launch_sync'.
+%%     For `launch_sync' the span is the whole job: its stop carries the
+%%     result or the error (`timeout' included). For `launch' it is the
+%%     submit: its stop carries `{ok, Ref}' or the refusal; the job's
+%%     answer goes from the NIF straight to the caller's mailbox as
+%%     `{erlcuda, Ref, _}', where erlcuda never sees it. A call routed by
+%%     `{device, any}' or `{device, {Node, N}}' is one span on the calling
+%%     node; a node that runs a job for another emits its own launch span
+%%     for it.</dd>
+%% <dt>`[erlcuda, put, _]'</dt>
+%% <dd>`erlcuda:put/1,2', the whole copy: `#{device}' (as for launch).</dd>
+%% <dt>`[erlcuda, get, _]', `[erlcuda, free, _]'</dt>
+%% <dd>`erlcuda:get/1,2', the whole copy back, and `erlcuda:free/1':
+%%     `#{buffer}', the buffer as given.</dd>
+%% <dt>`[erlcuda, load_module, _]', `[erlcuda, unload_module, _]'</dt>
+%% <dd>`erlcuda:load_module/2' (on every device, JIT compiling included)
+%%     and `erlcuda:unload_module/1': `#{name}', and `dir' (as given) for
+%%     a load.</dd>
+%% </dl>
+%%
+%% Events that are no span:
+%% <dl>
 %% <dt>`[erlcuda, gpud, restart]'</dt>
 %% <dd>gpud exited (or failed to start) and a new one is scheduled:
 %%     `#{system_time, backoff, uptime}' (the delay before the new start,
@@ -49,7 +73,7 @@
 %% </dl>
 -module(erlcuda_telemetry).
 
--export([setup/0, handler/0, launch/5, execute/3]).
+-export([setup/0, handler/0, span/4, launch/5, device/1, execute/3]).
 
 -export_type([event/0]).
 
@@ -83,42 +107,32 @@ execute(Event, Measurements, Meta) ->
         Mod -> emit(Mod, Event, Measurements, Meta)
     end.
 
-%% @doc A launch with its events, `Run' doing the work: `Sync' true for
-%% `launch_sync' (start, then stop or exception), false for `launch' (start
-%% with the job's ref, or start and exception when refused). Callers check
-%% {@link handler/0} first: this is the path with telemetry.
--spec launch(module(), boolean(), erlcuda:kernel() | term(), term(),
-             fun(() -> {ok, term()} | {error, term()})) -> {ok, term()} | {error, term()}.
-launch(Mod, Sync, Kernel, Opts, Run) ->
+%% @doc Runs `Run' as the span `Prefix' (start, then stop or exception),
+%% `Meta' its metadata. Callers check {@link handler/0} first: this is the
+%% path with telemetry, and the one without it makes no closure.
+-spec span(module(), event(), map(), fun(() -> Result)) -> Result.
+span(Mod, Prefix, Meta0, Run) ->
     T0 = erlang:monotonic_time(),
-    Meta = #{kernel => Kernel, device => device(Opts), sync => Sync,
-             telemetry_span_context => make_ref()},
-    Start = #{monotonic_time => T0, system_time => erlang:system_time()},
-    Sync andalso emit(Mod, [erlcuda, launch, start], Start, Meta),
+    Meta = Meta0#{telemetry_span_context => make_ref()},
+    emit(Mod, Prefix ++ [start], #{monotonic_time => T0, system_time => erlang:system_time()}, Meta),
     try Run() of
-        {ok, Ref} when not Sync ->
-            emit(Mod, [erlcuda, launch, start], Start, Meta#{ref => Ref}),
-            {ok, Ref};
-        {ok, _} = Ok ->
-            emit(Mod, [erlcuda, launch, stop], since(T0), Meta),
-            Ok;
-        {error, Reason} = E ->
-            Sync orelse emit(Mod, [erlcuda, launch, start], Start, Meta),
-            emit(Mod, [erlcuda, launch, exception], since(T0),
-                 Meta#{kind => error, reason => Reason, stacktrace => []}),
-            E
+        Result ->
+            emit(Mod, Prefix ++ [stop], since(T0), Meta#{result => Result}),
+            Result
     catch Class:Why:St ->
-            Sync orelse emit(Mod, [erlcuda, launch, start], Start, Meta),
-            emit(Mod, [erlcuda, launch, exception], since(T0),
+            emit(Mod, Prefix ++ [exception], since(T0),
                  Meta#{kind => Class, reason => Why, stacktrace => St}),
             erlang:raise(Class, Why, St)
     end.
 
-since(T0) ->
-    T = erlang:monotonic_time(),
-    #{duration => T - T0, monotonic_time => T}.
+%% @doc A launch's span: `Sync' true for `launch_sync'.
+-spec launch(module(), boolean(), term(), term(), fun(() -> Result)) -> Result.
+launch(Mod, Sync, Kernel, Opts, Run) ->
+    span(Mod, [erlcuda, launch], #{kernel => Kernel, device => device(Opts), sync => Sync}, Run).
 
-%% The device asked for, as given: the metadata of a bad option list too.
+%% @doc The metadata `device' of a call with options `Opts': the device
+%% asked for, as given (0 when absent), for a bad option list too.
+-spec device(term()) -> term().
 device(Opts) when is_list(Opts) ->
     try lists:keyfind(device, 1, Opts) of
         {device, D} -> D;
@@ -126,6 +140,11 @@ device(Opts) when is_list(Opts) ->
     catch error:_ -> 0
     end;
 device(_) -> 0.
+
+%% A stop's (or an exception's) measurements.
+since(T0) ->
+    T = erlang:monotonic_time(),
+    #{duration => T - T0, monotonic_time => T}.
 
 %% A handler's failure is telemetry's business (it detaches the handler);
 %% a missing or broken stand-in must not fail a launch either.

@@ -29,7 +29,7 @@
          end_per_testcase/2]).
 -export([every_doc_is_listed/1, readme/1, getting_started/1, buffers/1, own_kernels/1,
          across_nodes/1, configuration/1, observability/1, gpu_machine/1, reliability/1,
-         internals/1, guides_index/1]).
+         internals/1, guides_index/1, errors/1]).
 
 -define(DOCS, [{readme, "README.md"},
                {guides_index, "guides/README.md"},
@@ -39,6 +39,7 @@
                {across_nodes, "guides/across-nodes.md"},
                {configuration, "guides/configuration.md"},
                {observability, "guides/observability.md"},
+               {errors, "guides/errors.md"},
                {gpu_machine, "guides/on-a-gpu-machine.md"},
                {reliability, "guides/reliability-and-security.md"},
                {internals, "guides/internals.md"}]).
@@ -102,6 +103,7 @@ observability(Config) -> run_doc(observability, Config).
 gpu_machine(Config) -> run_doc(gpu_machine, Config).
 reliability(Config) -> run_doc(reliability, Config).
 internals(Config) -> run_doc(internals, Config).
+errors(Config) -> run_doc(errors, Config).
 
 run_doc(Case, Config) ->
     File = proplists:get_value(Case, ?DOCS),

@@ -275,7 +275,8 @@ answer_ok(_, {raised, _, _, _}) -> false;
 answer_ok(_, ok) -> true;
 answer_ok(_, {ok, _}) -> true;
 answer_ok(_, {error, R}) -> reason_ok(R);
-answer_ok(F, L) when is_list(L) -> lists:member(F, [devices, kernels]);
+answer_ok(F, L) when is_list(L) -> lists:member(F, [devices, kernels, to_list]);
+answer_ok(from_list, {T, B}) when is_atom(T) -> is_binary(B);
 answer_ok(F, M) when is_map(M) -> lists:member(F, [stats, memory]);
 answer_ok(_, _) -> false.
 
@@ -294,7 +295,10 @@ reason_ok({module, Why}) -> is_binary(Why);
 reason_ok({no_module, N}) -> is_atom(N);
 reason_ok(R) -> lists:member(R, [busy, closed, timeout, oom, enomem, no_module_slot, not_started]).
 
-%% A job launch/2,3 took answers exactly once, with an answer of the API.
+%% A job launch/2,3 took answers exactly once, with an answer of the API
+%% (launch_untraced/3 is launch/3 without its telemetry span).
+one_message(launch_untraced, Answer) ->
+    one_message(launch, Answer);
 one_message(launch, {ok, Ref}) ->
     receive
         {erlcuda, Ref, {ok, _}} -> no_dup(Ref);
@@ -334,6 +338,8 @@ good_args(launch_sync, 3, M) ->
     ?LET({Job, O}, {good_job(M), elements([[], [{device, 0}], [{timeout, ?CHECK_TIMEOUT}],
                                            [{output, buffer}, {timeout, ?CHECK_TIMEOUT}]])},
          Job ++ [O]);
+good_args(launch_untraced, 3, M) -> good_args(launch, 3, M);
+good_args(launch_sync_untraced, 3, M) -> good_args(launch_sync, 3, M);
 good_args(devices, 1, _) -> [cluster];
 good_args(stats, 1, _) -> [0];
 good_args(memory, 1, _) -> [0];
@@ -350,6 +356,9 @@ good_args(get, 2, _) ->
     [elements([?LIVE_BUF, ?FREED_BUF]),
      elements([[], [{timeout, ?CHECK_TIMEOUT}], [{timeout, infinity}]])];
 good_args(free, 1, _) -> [elements([?LIVE_BUF, ?FREED_BUF])];
+good_args(from_list, 2, _) ->
+    [elements([f32, f64, s32, u32, s64, u8]), elements([[], [1, 2], [1.0, nan], [1.0e300]])];
+good_args(to_list, 1, _) -> [good_bin()];
 %% Any other function: its arity's worth of any terms.
 good_args(_, A, _) -> vector(A, any_term()).
 

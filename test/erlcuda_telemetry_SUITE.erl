@@ -18,7 +18,7 @@ all() ->
 groups() ->
     [{with_telemetry, [sequence],
       [launch_sync_start_stop, launch_sync_errors, launch_sync_timeout, launch_async,
-       gpud_restart, memory_events, memory_event_buffers, memory_only_at_start]}].
+       routed_launch_one_span, buffer_spans, module_spans, exception_only_when_raised, gpud_restart, memory_events, memory_event_buffers, memory_only_at_start]}].
 
 init_per_suite(Config) ->
     %% A real telemetry in the code path would make without_telemetry moot.
@@ -64,6 +64,10 @@ without_telemetry(_) ->
     {error, {badarg, _}} = erlcuda:launch_sync(vector_add, [[1.0], [foo]]),
     {ok, Ref} = erlcuda:launch(reduce, [[1.0, 2.0]]),
     receive {erlcuda, Ref, {ok, 3.0}} -> ok after 5000 -> ct:fail(no_answer) end,
+    {ok, B} = erlcuda:put([1.0]),
+    {ok, _} = erlcuda:get(B),
+    ok = erlcuda:free(B),
+    {error, _} = erlcuda:load_module(x, "/nonexistent"),
     kill_gpud(),
     _ = erlcuda_ref:wait_ready(),
     timer:sleep(200),
@@ -84,15 +88,17 @@ launch_sync_start_stop(_) ->
     ?assert(is_integer(D) andalso D >= 0),
     ?assertEqual(T1 - T0, D),
     #{kernel := vector_add, device := 0, sync := true, telemetry_span_context := Ctx} = Meta0,
-    ?assertEqual(Meta0, Meta1),
+    ?assertEqual(Meta0#{result => {ok, [3.0]}}, Meta1),
     ?assert(is_reference(Ctx)),
     %% A user's kernel name as given.
     {error, {unknown_kernel, {nomod, k}}} = erlcuda:launch_sync({nomod, k}, []),
     [{[erlcuda, launch, start], _, #{kernel := {nomod, k}}},
-     {[erlcuda, launch, exception], _, #{kernel := {nomod, k}}}] = launch_events().
+     {[erlcuda, launch, stop], _, #{kernel := {nomod, k},
+                                    result := {error, {unknown_kernel, {nomod, k}}}}}] =
+        launch_events().
 
-%% Every refusal and error answer is an exception event with the reason
-%% launch_sync returned.
+%% Every refusal and error answer is a stop (never an exception: nothing
+%% raised) with the answer launch_sync returned in its metadata.
 launch_sync_errors(_) ->
     ok = erlcuda_ref:start_app([]),
     flush(),
@@ -103,18 +109,18 @@ launch_sync_errors(_) ->
              {vector_add, [[1.0], [2.0]], [{bogus, 1}]},
              {vector_add, [[1.0], [2.0]], not_a_list}],
     [begin
-         {error, Reason} = erlcuda:launch_sync(K, A, O),
+         {error, _} = Answer = erlcuda:launch_sync(K, A, O),
          [{[erlcuda, launch, start], _, Meta},
-          {[erlcuda, launch, exception], #{duration := D}, XMeta}] = launch_events(),
+          {[erlcuda, launch, stop], #{duration := D}, StopMeta}] = launch_events(),
          ?assert(D >= 0),
-         ?assertEqual(Meta#{kind => error, reason => Reason, stacktrace => []}, XMeta),
+         ?assertEqual(Meta#{result => Answer}, StopMeta),
          ?assertEqual(K, maps:get(kernel, Meta)),
          ?assertEqual(case O of [{device, N}] -> N; _ -> 0 end, maps:get(device, Meta))
      end || {K, A, O} <- Calls],
     ok.
 
-%% A timeout is an exception with reason `timeout' (or, when the answer
-%% raced the timeout, a stop): always what the caller got.
+%% A timeout is a stop whose result is `{error, timeout}' (or, when the
+%% answer raced the timeout, the answer): always what the caller got.
 launch_sync_timeout(_) ->
     ok = erlcuda_ref:start_app([]),
     flush(),
@@ -125,31 +131,88 @@ launch_sync_timeout(_) ->
     ?assertEqual(10, length(Events)),
     lists:foreach(
       fun({Result, [{[erlcuda, launch, start], _, _}, {Name, _, Meta}]}) ->
-              case Result of
-                  {error, timeout} ->
-                      ?assertEqual([erlcuda, launch, exception], Name),
-                      ?assertEqual(timeout, maps:get(reason, Meta));
-                  {ok, _} ->
-                      ?assertEqual([erlcuda, launch, stop], Name)
-              end
+              ?assertEqual([erlcuda, launch, stop], Name),
+              ?assertEqual(Result, maps:get(result, Meta))
       end, lists:zip(Results, pairs(Events))),
     ?assert(lists:member({error, timeout}, Results)).
 
-%% launch/3: a start carrying the job's ref (its answer goes to the caller
-%% alone: no stop); a refusal is a start and an exception.
+%% launch/3: the span is the submit, its stop carrying `{ok, Ref}' (the
+%% answer goes to the caller alone); a refusal is a stop carrying it.
 launch_async(_) ->
     ok = erlcuda_ref:start_app([]),
     flush(),
     {ok, Ref} = erlcuda:launch(dot_product, [[1.0, 2.0], [3.0, 4.0]]),
     receive {erlcuda, Ref, {ok, 11.0}} -> ok after 5000 -> ct:fail(no_answer) end,
     timer:sleep(100),
-    [{[erlcuda, launch, start], #{monotonic_time := _, system_time := _}, Meta}] = launch_events(),
-    #{kernel := dot_product, device := 0, sync := false, ref := Ref} = Meta,
+    [{[erlcuda, launch, start], #{monotonic_time := _, system_time := _}, Meta},
+     {[erlcuda, launch, stop], #{duration := _}, StopMeta}] = launch_events(),
+    #{kernel := dot_product, device := 0, sync := false} = Meta,
+    ?assertEqual(Meta#{result => {ok, Ref}}, StopMeta),
     {error, {no_device, 3}} = erlcuda:launch(reduce, [[1.0]], [{device, 3}]),
     [{[erlcuda, launch, start], _, #{sync := false} = M0},
-     {[erlcuda, launch, exception], _, M1}] = launch_events(),
-    ?assertNot(maps:is_key(ref, M0)),
-    ?assertEqual({error, {no_device, 3}}, {maps:get(kind, M1), maps:get(reason, M1)}).
+     {[erlcuda, launch, stop], _, M1}] = launch_events(),
+    ?assertEqual(M0#{result => {error, {no_device, 3}}}, M1).
+
+%% A call routed by the cluster to this node's device ({device, any},
+%% {device, {node(), N}}) is one span, the caller's, with the device as
+%% given: no second span inside it.
+routed_launch_one_span(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    Here = node(),
+    [begin
+         {ok, [3.0]} = erlcuda:launch_sync(vector_add, [[1.0], [2.0]], [{device, D}]),
+         {ok, Ref} = erlcuda:launch(vector_add, [[1.0], [2.0]], [{device, D}]),
+         receive {erlcuda, Ref, {ok, [3.0]}} -> ok after 5000 -> ct:fail(no_answer) end,
+         ?assertEqual([{launch, #{kernel => vector_add, device => D, sync => true}, {ok, [3.0]}},
+                       {launch, #{kernel => vector_add, device => D, sync => false}, {ok, Ref}}],
+                      spans(events(), []))
+     end || D <- [any, {Here, 0}]],
+    ok.
+
+%% put, get and free are spans too, each stop with the call's answer;
+%% a bad buffer is a stop, not an exception.
+buffer_spans(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    {ok, B} = erlcuda:put([1.0, 2.0]),
+    {ok, <<1.0:32/float-native, 2.0:32/float-native>>} = Got = erlcuda:get(B),
+    ok = erlcuda:free(B),
+    {error, {buffer, freed}} = erlcuda:get(B, [{timeout, 1000}]),
+    {error, {badarg, buffer}} = erlcuda:free(not_a_buffer),
+    {error, {no_device, 5}} = erlcuda:put([1.0], [{device, 5}]),
+    Spans = spans(events(), []),
+    ?assertEqual([{put, #{device => 0}, {ok, B}},
+                  {get, #{buffer => B}, Got},
+                  {free, #{buffer => B}, ok},
+                  {get, #{buffer => B}, {error, {buffer, freed}}},
+                  {free, #{buffer => not_a_buffer}, {error, {badarg, buffer}}},
+                  {put, #{device => 5}, {error, {no_device, 5}}}], Spans).
+
+%% Module loads and unloads: a refused load is a stop with the reason.
+module_spans(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    {error, {badarg, {dir, 42}}} = erlcuda:load_module(x, 42),
+    {error, {manifest, _}} = NoManifest = erlcuda:load_module(x, "/nonexistent"),
+    {error, {no_module, x}} = erlcuda:unload_module(x),
+    ?assertEqual([{load_module, #{name => x, dir => 42}, {error, {badarg, {dir, 42}}}},
+                  {load_module, #{name => x, dir => "/nonexistent"}, NoManifest},
+                  {unload_module, #{name => x}, {error, {no_module, x}}}],
+                 spans(events(), [])).
+
+%% An exception event only where the call raised: the exception goes on
+%% to the caller, after start and exception (no stop).
+exception_only_when_raised(_) ->
+    ok = erlcuda_ref:start_app([]),
+    flush(),
+    ?assertError(boom, erlcuda_telemetry:span(telemetry, [erlcuda, test], #{a => 1},
+                                              fun() -> error(boom) end)),
+    [{[erlcuda, test, start], _, Meta},
+     {[erlcuda, test, exception], #{duration := D}, XMeta}] = events(),
+    ?assert(D >= 0),
+    #{kind := error, reason := boom, stacktrace := [_ | _]} = XMeta,
+    ?assertEqual(Meta, maps:without([kind, reason, stacktrace], XMeta)).
 
 %% kill -9 of gpud: one restart event naming the device, the gpud that
 %% died, why, and how long it had been up.
@@ -289,6 +352,20 @@ events(N, Ms) ->
     receive {telemetry, E, M, Meta} -> [{E, M, Meta} | events(N - 1, Ms)]
     after Ms -> []
     end.
+
+%% Each start and its stop (in order, one call at a time) as {Function,
+%% the start's own metadata, the stop's result}; every pair shares its
+%% span context, and the stop's metadata is the start's plus `result'.
+spans([{[erlcuda, F, start], #{monotonic_time := T0}, Meta},
+       {[erlcuda, F, stop], #{duration := D, monotonic_time := T1}, StopMeta} | T], Acc) ->
+    ?assertEqual(T1 - T0, D),
+    #{result := Result} = StopMeta,
+    ?assertEqual(Meta, maps:remove(result, StopMeta)),
+    spans(T, [{F, maps:remove(telemetry_span_context, Meta), Result} | Acc]);
+spans([{[erlcuda, memory], _, _} | T], Acc) ->
+    spans(T, Acc);
+spans([], Acc) ->
+    lists:reverse(Acc).
 
 pairs([A, B | T]) -> [[A, B] | pairs(T)];
 pairs([]) -> [].

@@ -5,11 +5,11 @@
 
 without_app_test() ->
     erlcuda_ref:stop_app(),
-    ?assertEqual({error, {no_device, 0}}, erlcuda:launch(reduce, [[1.0]])),
-    ?assertEqual({error, {no_device, 0}}, erlcuda:launch_sync(reduce, [[1.0]])),
+    ?assertEqual({error, not_started}, erlcuda:launch(reduce, [[1.0]])),
+    ?assertEqual({error, not_started}, erlcuda:launch_sync(reduce, [[1.0]])),
     ?assertEqual({error, {badarg, opts}}, erlcuda:launch(reduce, [[1.0]], #{})),
     ?assertEqual([], erlcuda:devices()),
-    ?assertEqual({error, {no_device, 0}}, erlcuda:stats(0)).
+    ?assertEqual({error, not_started}, erlcuda:stats(0)).
 
 %% The tests' fast exact sum (erlcuda_ref:sum2/1) is dot2/1 of {X, 1.0}
 %% pairs bit for bit, on random terms of mixed magnitude and sign, cancelling
@@ -86,3 +86,39 @@ copy_pool_nice_test() ->
                    "erl -noshell -pa '~s' -erlcuda copy_threads 3 -erlcuda copy_nice 7 -eval '~s' 2>&1",
                    [Ebin, Probe]))),
     ?assertMatch({match, _}, re:run(Out, "nices 7,7,7\\s*$")).
+
+%% from_list/2 and to_list/1, erlcuda's typed binaries for Elixir and
+%% Erlang alike: each type's round trip, the non-finite atoms, and the
+%% NIF's refusals (range, floats for integer types, improper lists).
+typed_binaries_test() ->
+    Max32 = 3.4028234663852886e38,
+    Cases = [{f32, [1.0, -2.5, 0.0, Max32, -Max32, 7]},
+             {f64, [1.0e300, -1.0e-300, 3]},
+             {s32, [-16#80000000, 0, 16#7fffffff]},
+             {u32, [0, 16#ffffffff]},
+             {s64, [-16#8000000000000000, 16#7fffffffffffffff]},
+             {u8, [0, 255, 17]}],
+    [begin
+         {T, Bin} = erlcuda:from_list(T, L),
+         ?assertEqual(length(L) * bytes(T), byte_size(Bin)),
+         ?assertEqual([case T of f32 -> float(X); f64 -> float(X); _ -> X end || X <- L],
+                      erlcuda:to_list({T, Bin}))
+     end || {T, L} <- Cases],
+    NonFinite = [nan, infinity, neg_infinity, 1.0],
+    [?assertEqual(NonFinite, erlcuda:to_list(erlcuda:from_list(T, NonFinite))) || T <- [f32, f64]],
+    %% A plain binary is f32, as for a job.
+    ?assertEqual([1.5, 2.0], erlcuda:to_list(<<1.5:32/float-native, 2.0:32/float-native>>)),
+    {f32, <<1.5:32/float-native>>} = erlcuda:from_list(f32, [1.5]),
+    Arg = fun(I) -> {error, {badarg, {arg, I}}} end,
+    [?assertEqual(Arg(2), erlcuda:from_list(T, L))
+     || {T, L} <- [{f32, [1.0e300]}, {f32, [3.5e38]}, {f32, [1 bsl 64]}, {f32, [foo]},
+                   {f32, [1.0 | 2.0]}, {f32, not_a_list}, {s32, [1.0]}, {s32, [1 bsl 31]},
+                   {u32, [-1]}, {u8, [256]}, {u8, [nan]}, {s64, [1 bsl 63]}]],
+    ?assertEqual(Arg(1), erlcuda:from_list(f16, [1.0])),
+    [?assertEqual(Arg(1), erlcuda:to_list(V))
+     || V <- [<<1, 2, 3>>, {f64, <<1:32>>}, {f16, <<>>}, [1.0], {f32, [1.0]}]],
+    ?assertEqual([], erlcuda:to_list({u8, <<>>})).
+
+bytes(T) when T =:= f64; T =:= s64 -> 8;
+bytes(u8) -> 1;
+bytes(_) -> 4.

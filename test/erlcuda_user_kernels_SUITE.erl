@@ -299,8 +299,15 @@ load_errors(Config) ->
     NoHost = filename:join(Priv, "nohost"),
     ok = filelib:ensure_dir(filename:join(NoHost, "x")),
     [{ok, _} = file:copy(filename:join(Ex, F), filename:join(NoHost, F)) || F <- ["manifest", "module.ptx"]],
+    S0 = erlcuda:stats(0),
     {error, {module, Why1}} = erlcuda:load_module(nohost, NoHost),
     ct:pal("no host.so: ~ts", [Why1]),
+    %% A module gpud refused is counted as such: no job, no bad descriptor.
+    S1 = erlcuda:stats(0),
+    ?assertEqual(#{modules_refused => 1, bad_descriptors => 0, jobs_failed => 0, submitted => 0},
+                 maps:map(fun(K, V) -> V - maps:get(K, S0) end,
+                          maps:with([modules_refused, bad_descriptors, jobs_failed, submitted],
+                                    S1))),
     %% A declared kernel the library lacks.
     Ghost = filename:join(Priv, "ghost"),
     ok = filelib:ensure_dir(filename:join(Ghost, "x")),

@@ -22,10 +22,15 @@ defmodule ErlcudaExample do
     end
   end
 
-  @doc "alpha * x + y on f64 vectors, as Elixir floats."
+  @doc """
+  alpha * x + y on f64 vectors, as Elixir floats: `:erlcuda.from_list/2`
+  makes the typed binaries, `:erlcuda.to_list/1` reads the result.
+  """
   def saxpy(alpha, xs, ys) do
-    {:ok, {:f64, out}} = :erlcuda.launch_sync(:saxpy, [alpha, f64(xs), f64(ys)])
-    for <<v::float-64-native <- out>>, do: v
+    {:ok, out} =
+      :erlcuda.launch_sync(:saxpy, [alpha, :erlcuda.from_list(:f64, xs), :erlcuda.from_list(:f64, ys)])
+
+    :erlcuda.to_list(out)
   end
 
   @doc "The dot product of two lists, launched without waiting; the answer is a message."
@@ -38,6 +43,4 @@ defmodule ErlcudaExample do
       5000 -> {:error, :timeout}
     end
   end
-
-  defp f64(list), do: {:f64, for(v <- list, into: <<>>, do: <<v::float-64-native>>)}
 end

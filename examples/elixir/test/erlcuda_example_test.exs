@@ -18,6 +18,20 @@ defmodule ErlcudaExampleTest do
     assert ErlcudaExample.saxpy(0.5, [2.0, 4.0], [1.0, 1.0]) == [2.0, 3.0]
   end
 
+  test "typed binaries from lists and back" do
+    {:f32, bin} = :erlcuda.from_list(:f32, [1.5, 2.0, :infinity])
+    assert bin == <<1.5::float-32-native, 2.0::float-32-native, 0x7F800000::32-native>>
+    assert {:ok, sum} = :erlcuda.launch_sync(:vector_add, [bin, bin])
+    assert :erlcuda.to_list(sum) == [3.0, 4.0, :infinity]
+    assert :erlcuda.to_list(:erlcuda.from_list(:u8, [1, 2, 255])) == [1, 2, 255]
+    assert {:error, {:badarg, {:arg, 2}}} = :erlcuda.from_list(:f32, [1.0e300])
+  end
+
+  test "a charlist is a list of integers, taken as numbers" do
+    assert {:ok, 294.0} = :erlcuda.launch_sync(:reduce, [~c"abc"])
+    assert {:ok, 294.0} = :erlcuda.launch_sync(:reduce, [[97, 98, 99]])
+  end
+
   test "launch returns at once; the answer is a message" do
     assert {:ok, 11.0} = ErlcudaExample.dot_async([1.0, 2.0], [3.0, 4.0])
   end

@@ -195,7 +195,10 @@ impl Daemon {
             return Ok(false);
         }
         let status = self.run_control(sqe);
-        if status != Status::Ok {
+        // A module gpud refused (its PTX, its symbols) is the module's
+        // fault, answered with why; the VM counts it (modules_refused). A
+        // bad descriptor is one the VM should never have written.
+        if !matches!(status, Status::Ok | Status::ModuleError) {
             self.ring.stats().bad_descriptors.fetch_add(1, Ordering::Relaxed);
         }
         let ok = self.complete(sqe.user_data, status, 1, CqeTimes::NONE);
