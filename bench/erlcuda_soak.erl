@@ -41,7 +41,7 @@
 %% these; it compares start and end, never rates over a short window, so a
 %% loaded machine cannot fail it.
 -module(erlcuda_soak).
--export([main/0, run/1, fit/2, resources/0]).
+-export([main/0, run/1, fit/3, resources/0]).
 
 %% The soak's own arena settings: binaries from PIPE bytes are pipelined,
 %% puts above WINDOW go through a window of the arena, so that both paths
@@ -61,6 +61,9 @@
 %% The VM's memory at the end may exceed the start's by this much (after
 %% every process's garbage is collected): allocators keep carriers.
 -define(MEMORY_SLACK, (64 bsl 20)).
+%% The samples' fields kept in the JSON (meta.samples).
+-define(SAMPLE_FIELDS, [t, calls, arena_used, vm_total, vm_binary, vm_fds, processes, gpud_pid,
+                        gpud_fds, gpud_rss, gpud_rss_anon]).
 %% Counter indices.
 -define(C_OK, 1).
 -define(C_EXPECTED, 2).
@@ -85,7 +88,8 @@ resources() ->
      {vm_fds, fds, 1, vm},
      {processes, processes, 10, vm},
      {gpud_fds, fds, 1, gpud},
-     {gpud_rss, bytes, 32 bsl 20, gpud}].
+     {gpud_rss, bytes, 32 bsl 20, gpud},
+     {gpud_rss_anon, bytes, 32 bsl 20, gpud}].
 
 %% `make soak': the settings from the environment (SOAK_MINUTES, default
 %% 60; SOAK_EVERY_SECONDS, SOAK_SAMPLE_SECONDS, SOAK_KILL_SECONDS; the JSON
@@ -249,7 +253,8 @@ sample(T, Ctx) ->
       buffer_frees_queued => maps:get(buffer_frees_queued, Stats, 0),
       vm_total => erlang:memory(total), vm_binary => erlang:memory(binary),
       vm_fds => fds("self"), processes => erlang:system_info(process_count),
-      gpud_pid => Gpud, gpud_fds => fds(Gpud), gpud_rss => rss(Gpud)}.
+      gpud_pid => Gpud, gpud_fds => fds(Gpud), gpud_rss => rss(Gpud, "VmRSS"),
+      gpud_rss_anon => rss(Gpud, "RssAnon")}.
 
 %% Open fds of an OS process (the listing's own fd included, the same in
 %% every sample), undefined when unknown.
@@ -260,11 +265,14 @@ fds(Pid) ->
         {error, _} -> undefined
     end.
 
-rss(undefined) -> undefined;
-rss(Pid) ->
+%% A field of /proc/PID/status in bytes: VmRSS (resident, the arena's
+%% shared pages it touched included) or RssAnon (its own heap and stacks,
+%% where a leak of gpud's would show).
+rss(undefined, _) -> undefined;
+rss(Pid, Field) ->
     case file:read_file("/proc/" ++ str(Pid) ++ "/status") of
         {ok, B} ->
-            case re:run(B, "VmRSS:\\s+(\\d+) kB", [{capture, all_but_first, list}]) of
+            case re:run(B, Field ++ ":\\s+(\\d+) kB", [{capture, all_but_first, list}]) of
                 {match, [K]} -> list_to_integer(K) * 1024;
                 nomatch -> undefined
             end;
@@ -291,15 +299,16 @@ kill_gpud(#{counters := C}) ->
     end.
 
 header() ->
-    say("~8s ~10s ~11s ~10s ~10s ~6s ~6s ~9s ~9s ~10s ~5s~n",
+    say("~8s ~10s ~11s ~10s ~10s ~6s ~6s ~9s ~9s ~9s ~10s ~5s~n",
         ["elapsed", "calls", "arena_used", "vm_total", "vm_binary", "vm_fds", "procs",
-         "gpud_fds", "gpud_rss", "unexpected", "kills"]).
+         "gpud_fds", "gpud_rss", "gpud_anon", "unexpected", "kills"]).
 
 line(#{t := T, calls := N} = S) ->
-    say("~7.1fs ~10b ~11s ~10s ~10s ~6b ~6b ~9s ~9s ~10b ~5b~n",
+    say("~7.1fs ~10b ~11s ~10s ~10s ~6b ~6b ~9s ~9s ~9s ~10b ~5b~n",
         [T, N, mib(maps:get(arena_used, S)), mib(maps:get(vm_total, S)), mib(maps:get(vm_binary, S)),
          maps:get(vm_fds, S), maps:get(processes, S), opt(maps:get(gpud_fds, S)),
-         mib(maps:get(gpud_rss, S)), maps:get(unexpected, S), maps:get(kills, S)]).
+         mib(maps:get(gpud_rss, S)), mib(maps:get(gpud_rss_anon, S)), maps:get(unexpected, S),
+         maps:get(kills, S)]).
 
 mib(undefined) -> "-";
 mib(B) -> io_lib:format("~.1fM", [B / (1 bsl 20)]).
@@ -368,19 +377,28 @@ gc_all() ->
 %% The least-squares slope of Key over Samples, per second, with its
 %% standard error: within each group of samples (the same gpud_pid, for
 %% Whose = gpud; all of them, for vm) about that group's own mean, so each
-%% gpud's life has its own intercept and they share the slope. Samples
-%% where Key is undefined are left out. Returns {Slope, StdErr, N} or
-%% undefined where fewer than 3 samples (beyond one per group) remain or
-%% they span no time.
-fit(Samples, {Key, Whose}) ->
+%% gpud's life has its own intercept and they share the slope. Fitted are
+%% the samples from Warm seconds into the run, and for gpud's figures also
+%% LifeWarm seconds into that gpud's life: a fresh gpud's heap grows for
+%% its first seconds (it went from 27 to 34 MiB over its first 30 s and
+%% then stayed, on the CPU backend), and lives of a few minutes would show
+%% that step as growth. Samples where Key is undefined are left out.
+%% Returns {Slope, StdErr, N} or undefined where fewer than 3 samples
+%% (beyond one per group) remain or they span no time.
+fit(Samples, {Key, Whose}, {Warm, LifeWarm}) ->
     Pts = [{group(Whose, S), T, V} || #{t := T, Key := V} = S <- Samples, is_number(V),
                                       Whose =:= vm orelse is_integer(maps:get(gpud_pid, S))],
-    Groups = lists:foldl(fun({G, T, V}, M) -> maps:update_with(G, fun(L) -> [{T, V} | L] end, [{T, V}], M) end,
-                         #{}, Pts),
-    Centred = lists:append([centre(L) || L <- maps:values(Groups)]),
+    Lives = lists:foldl(fun({G, T, V}, M) -> maps:update_with(G, fun(L) -> [{T, V} | L] end, [{T, V}], M) end,
+                        #{}, Pts),
+    Skip = case Whose of vm -> 0; gpud -> LifeWarm end,
+    Groups = [Kept || L <- maps:values(Lives),
+                      Born <- [lists:min([T || {T, _} <- L])],
+                      Kept <- [[P || {T, _} = P <- L, T >= Warm, T - Born >= Skip]],
+                      Kept =/= []],
+    Centred = lists:append([centre(L) || L <- Groups]),
     Sxx = lists:sum([Dt * Dt || {Dt, _} <- Centred]),
     Sxy = lists:sum([Dt * Dv || {Dt, Dv} <- Centred]),
-    Dof = length(Centred) - map_size(Groups) - 1,
+    Dof = length(Centred) - length(Groups) - 1,
     case Dof >= 1 andalso Sxx > 0 of
         false -> undefined;
         true ->
@@ -405,17 +423,18 @@ report(Opts, Ctx, Start, End, Settled, Samples) ->
     #{counters := C, kinds := K, notes := Notes} = Ctx,
     line(End#{t => float(Secs), calls => calls(Ctx), unexpected => counters:get(C, ?C_UNEXPECTED),
               kills => counters:get(C, ?C_KILLS)}),
+    LifeWarm = maps:get(kill_s, Opts) / 3,
     Fitted = [S || #{t := T} = S <- Samples, T >= Warm],
     say("~nafter the load: ~s~n", [case Settled of
                                         true -> "settled back to the start";
                                         Left -> io_lib:format("NOT back to the start: ~p", [Left])
                                     end]),
-    say("growth per hour over ~b samples after ~p s of warm-up (gpud's within each gpud's life):~n",
-        [length(Fitted), Warm]),
-    say("~-11s ~12s ~12s ~12s ~12s ~12s ~12s  ~s~n",
+    say("growth per hour over ~b samples after ~p s of warm-up (gpud's within each gpud's life, "
+        "from ~.1f s into it):~n", [length(Fitted), Warm, LifeWarm]),
+    say("~-13s ~12s ~12s ~12s ~12s ~12s ~12s  ~s~n",
         ["resource", "start", "end", "min", "max", "growth/h", "bound/h", "verdict"]),
-    Rows = [row(R, Fitted, Samples, Start, End) || R <- resources()],
-    [say("~-11s ~12s ~12s ~12s ~12s ~12s ~12s  ~s~n",
+    Rows = [row(R, {Warm, LifeWarm}, Samples, Start, End) || R <- resources()],
+    [say("~-13s ~12s ~12s ~12s ~12s ~12s ~12s  ~s~n",
          [atom_to_list(Key), fmt(U, S0), fmt(U, E0), fmt(U, Min), fmt(U, Max), fmt(U, G), fmt(U, Bound), V])
      || #{key := Key, unit := U, start := S0, 'end' := E0, min := Min, max := Max, growth := G,
           bound := Bound, verdict := V} <- Rows],
@@ -436,9 +455,9 @@ report(Opts, Ctx, Start, End, Settled, Samples) ->
     write_json(maps:get(json, Opts), Opts, Result),
     Result.
 
-row({Key, Unit, Floor, Whose}, Fitted, Samples, Start, End) ->
+row({Key, Unit, Floor, Whose}, Warms, Samples, Start, End) ->
     Vals = [V || #{Key := V} <- Samples, is_number(V)],
-    {G, Bound, Se, N} = case fit(Fitted, {Key, Whose}) of
+    {G, Bound, Se, N} = case fit(Samples, {Key, Whose}, Warms) of
                             undefined -> {undefined, Floor, undefined, 0};
                             {B, SE, N0} -> {B * 3600, max(Floor, 3 * SE * 3600), SE * 3600, N0}
                         end,
@@ -482,10 +501,13 @@ write_json(File, Opts, #{fits := Rows, counts := Counts, kinds := Kinds, settled
     Meta = #{producer => <<"bench/erlcuda_soak.erl">>, backend => Backend, device => Name,
              host => list_to_binary(Host),
              date => list_to_binary(calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}])),
-             seconds => Secs, samples => length(Ss),
+             seconds => Secs, sample_count => length(Ss),
              every_s => maps:get(every_s, Opts), sample_s => maps:get(sample_s, Opts),
              kill_s => maps:get(kill_s, Opts), warmup_s => maps:get(warmup_s, Opts),
              cores => erlang:system_info(logical_processors),
+             %% Every sample, for a look at what the fit summarises.
+             sample_fields => ?SAMPLE_FIELDS,
+             samples => [[num(maps:get(F, S)) || F <- ?SAMPLE_FIELDS] || S <- Ss],
              otp => list_to_binary(erlang:system_info(otp_release))},
     ok = filelib:ensure_dir(File),
     ok = file:write_file(File, erlcuda_bench:json(#{meta => Meta, records => Recs ++ [Rec]})),
