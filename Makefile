@@ -7,7 +7,7 @@ EBIN := _build/default/lib/erlcuda/ebin
 
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
         user-modules example-module example test-docs test-as-dependency test-elixir \
-        check test-c test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster \
+        check test-c test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster soak \
         gpu-bundle clean
 
 all: compile
@@ -216,6 +216,18 @@ bench: setup $(BENCH_EBIN) gpud-bench
 	    erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_bench:main(), halt().'
 	python3 bench/report.py --machine $(BENCH_MACHINE) --erlang _build/bench/erlang.json \
 	    --command "make bench"
+
+# The soak (bench/erlcuda_soak.erl): SOAK_MINUTES (default 60) of mixed
+# load on this machine's backend, gpud killed now and then, a line of the
+# resources every few minutes (SOAK_EVERY_SECONDS), then each one's growth
+# per hour with a verdict, and whether the node settled back to its start;
+# fails if anything grows or does not come back. Records in
+# _build/soak/soak.json. Its short run is test/erlcuda_soak_SUITE.erl.
+SOAK_MINUTES ?= 60
+soak: setup $(BENCH_EBIN) example-module
+	@mkdir -p _build/soak
+	ERLCUDA_USER_MODULES=$(USER_MODULES) ERLCUDA_SOAK_JSON=_build/soak/soak.json SOAK_MINUTES=$(SOAK_MINUTES) \
+	    erl -noshell -pa $(EBIN) -pa $(BENCH_EBIN) -eval 'erlcuda_soak:main().'
 
 # erlcuda across nodes (bench/erlcuda_cluster_bench.erl): small jobs per
 # second with {device, any} over this node and 2 peer nodes against one node,

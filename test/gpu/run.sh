@@ -28,6 +28,12 @@
 #                    file in one archive, $OUT/erlcuda-all.tar.gz (report.py
 #                    --regenerate rebuilds RESULTS.md from it), the summary
 #                    also in $OUT/all-summary.txt
+#   run.sh soak [MINUTES]
+#                    the soak (bench/erlcuda_soak.erl, `make soak' here) for
+#                    MINUTES (default 5): mixed load, gpud killed now and
+#                    then, a line of the resources every few seconds, their
+#                    growth per hour at the end; fails if one grows or the
+#                    node does not settle back; records in $OUT/soak.json
 #   run.sh demo      `make demo' there: the built-in kernels, then the
 #                    search over the bundled docs with the users' kernels
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
@@ -217,6 +223,10 @@ EOF
         cp "$dir/all-summary.txt" "$out/all-summary.txt"
         tar -C "$tmp" -czf "$out/erlcuda-all.tar.gz" all
         echo "run.sh all: $out/erlcuda-all.tar.gz ($(du -h "$out/erlcuda-all.tar.gz" | cut -f1)), $(( $(date +%s) - t0 )) s" ;;
+    soak)
+        out="${OUT:-.}"
+        SOAK_MINUTES="${2:-5}" ERLCUDA_SOAK_JSON="$out/soak.json" ERLCUDA_USER_MODULES="$here/user_modules" \
+            erl "erlcuda_soak:main()" 2>&1 | tee "$out/soak.log" ;;
     demo) cd "$here/docs" && erl "erlcuda_demo:main(\"$here/user_modules/example\"), halt()" ;;
     ncu)
         ks="${2:-argmax_rows,gelu,topk_rows,histogram}"
@@ -266,5 +276,5 @@ EOF
         # The kit's device primitives and math (kernels/kit/gpu_tests),
         # through CuPy against NumPy: random inputs, a fresh seed each run.
         PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
-    *) echo "usage: $0 [check|cargo|erlang|all|kernels|kit|bench|part ERL PEERS|mixed|lanes|demo|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|all|kernels|kit|bench|part ERL PEERS|mixed|lanes|demo|soak [MINUTES]|eval EXPR]" >&2; exit 2 ;;
 esac
