@@ -19,6 +19,8 @@
     X(ok) X(error) X(erlcuda) X(badarg) X(busy) X(closed) X(unknown_kernel) X(args) X(arg)      \
     X(shape) X(too_large) X(gpud) X(timeout) X(peer) X(oom) X(enomem)       \
     X(stale_kernel) X(module) X(buffer) X(freed) X(lost) X(live) X(device)                     \
+    /* a kernel_fault's keys (complete.c) */                                                   \
+    X(kernel) X(reason) X(block) X(thread) X(index)                                            \
     /* floats that are no numbers */                                                           \
     X(nan) X(infinity) X(neg_infinity)                                                          \
     /* cancel/2, await_spin/2, booleans, submit's flags, module_op's operations */              \
@@ -41,7 +43,7 @@ EC_NIF_ATOMS(EC_NIF_ATOM_DECLARE)
 
 /* The atoms of erlcuda_ring.h's lists, by id or code. */
 extern ERL_NIF_TERM TYPE_ATOMS[EC_TYPE_COUNT], SHAPE_ATOMS[EC_SHAPE_COUNT],
-    STATUS_ATOMS[EC_STATUS_COUNT];
+    STATUS_ATOMS[EC_STATUS_COUNT], FAULT_ATOMS[EC_FAULT_COUNT];
 
 /* Makes every atom above; called by load and upgrade. */
 void atoms_load(ErlNifEnv *env);

@@ -93,6 +93,25 @@ ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status)
     return make_error(env, enif_make_tuple2(env, ATOM_gpud, why));
 }
 
+/* A user's job whose GPU body, run on the CPU, stopped short (gpud's
+ * KERNEL_FAULT, erlcuda_ring.h): {error, {kernel_fault, #{kernel => K,
+ * reason => R, block => B, thread => T}}}, K the kernel as the caller named
+ * it; an out_of_bounds fault adds arg (the argument's slot) and index. */
+static ERL_NIF_TERM fault_error(ErlNifEnv *env, const struct job *j, const struct ec_fault *f)
+{
+    ERL_NIF_TERM k = j->kmod ? enif_make_tuple2(env, j->kmod, j->kname) : enif_make_uint(env, j->kernel);
+    ERL_NIF_TERM why = f->reason > 0 && f->reason < EC_FAULT_COUNT ? FAULT_ATOMS[f->reason]
+                                                                  : enif_make_uint(env, f->reason);
+    ERL_NIF_TERM keys[6] = {ATOM_kernel, ATOM_reason, ATOM_block, ATOM_thread, ATOM_arg, ATOM_index};
+    ERL_NIF_TERM vals[6] = {k, why, enif_make_uint(env, f->block), enif_make_uint(env, f->thread),
+                            enif_make_uint(env, f->slot), enif_make_uint64(env, f->index)};
+    size_t n = f->reason == EC_FAULT_OUT_OF_BOUNDS ? 6 : 4;
+    ERL_NIF_TERM map;
+    if (!enif_make_map_from_arrays(env, keys, vals, n, &map))
+        map = enif_make_new_map(env);
+    return make_error(env, enif_make_tuple2(env, STATUS_ATOMS[EC_STATUS_KERNEL_FAULT], map));
+}
+
 static void send_answer(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *msg_env,
                         struct job *j, ERL_NIF_TERM result)
 {
@@ -242,6 +261,8 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
         int handed = 0; /* to the list converter, which answers */
         if (j->output == OUTPUT_CONTROL) {
             result = control_result(m, d, j, status);
+        } else if (status == EC_STATUS_KERNEL_FAULT) {
+            result = fault_error(m, j, &cqe->fault);
         } else if (status != EC_STATUS_OK) {
             result = status_error(m, status);
         } else if (j->out_buf) {
@@ -257,7 +278,8 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
         /* Counted before the answer goes: a caller that reads stats/1 once
          * answered sees its own job there. */
         count_answer(d, j, claim, status == EC_STATUS_OK);
-        if (!handed && cqe->drained_ns)
+        /* A fault's payload sits where the stamps would (no sample). */
+        if (!handed && cqe->drained_ns && status != EC_STATUS_KERNEL_FAULT)
             count_job_stalls(d, cqe, j->t_pub, taken, mono_ns());
         if (!handed)
             send_answer(d, caller_env, m, j, result);

@@ -153,6 +153,9 @@ struct job {
     uint32_t ncredit;
     uint32_t credit[PIPELINE_MAX_PARTS - 1];
     int64_t t_pub; /* its publish (mono_ns): the round trip's and the stalls' split */
+    /* A user's kernel's job: {kmod, kname} names the kernel in a
+     * kernel_fault answer (atoms, valid in every env; 0 otherwise). */
+    ERL_NIF_TERM kmod, kname;
     int timed;     /* a timed submit's job (profile.h, round trip) */
 };
 #define JOB_FIRST_FIELD kernel
@@ -325,7 +328,8 @@ struct vec {
  * (signature.h), and parse_args checks a call against it alone. Never
  * written after it is made: submits on every scheduler read it at once. */
 struct kernel_info {
-    ERL_NIF_TERM atom; /* built-ins: the name */
+    ERL_NIF_TERM atom;   /* the name (users' kernels: within their module) */
+    ERL_NIF_TERM module; /* users' kernels: their module's name (an atom) */
     struct sig sig;
     /* Users' kernels: the length in their `blocks` rule, checked as an
      * output's is (has_blocks 0: none to check). */

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 11u
+#define EC_ABI_VERSION 12u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -331,7 +331,8 @@ enum ec_kernel {
     X(MODULE_ERROR, 9, module_error)  \
     X(OOM, 10, oom)                     \
     X(TOO_LARGE, 11, too_large)         \
-    X(BAD_BUFFER, 12, bad_buffer)
+    X(BAD_BUFFER, 12, bad_buffer)      \
+    X(KERNEL_FAULT, 13, kernel_fault)
 
 enum ec_status {
 #define EC_STATUS_ENUM(NAME, CODE, ATOM) EC_STATUS_##NAME = CODE,
@@ -431,12 +432,50 @@ _Static_assert(sizeof(struct ec_job_args) == EC_JOB_ARGS_BYTES, "ec_job_args is 
  * into queue, gpud and CQ (stats/1's job_stalls_*): a small job that waited
  * a millisecond with no step of gpud's loop or the VM's that long must have
  * waited in one of those. */
+/* Why a user's GPU body, run on the CPU (the kit's emulator), stopped short
+ * of its end: the completion of such a job has status KERNEL_FAULT and the
+ * fault in place of its stamps (a faulted job is no timing sample). Only
+ * that job: the other jobs of its launch ran on their own and are answered
+ * as usual. X(NAME, code, erlang_atom); the codes are the kit's FAULT_*
+ * (kernels/kit/src/job.rs), which gpud's layout test holds to these.
+ *   DIVERGENT_BARRIER  a thread waits at a barrier that others of its block
+ *                      do not reach (they returned, or wait elsewhere);
+ *   DIVERGENT_WARP_OP  a lane waits at a warp operation that other lanes
+ *                      of its warp reach at another place, or not at all;
+ *   OUT_OF_BOUNDS      a read or write outside argument `slot` (as
+ *                      ec_job_args' slots), at element `index`. */
+#define EC_FAULTS(X)                               \
+    X(DIVERGENT_BARRIER, 1, divergent_barrier)     \
+    X(DIVERGENT_WARP_OP, 2, divergent_warp_op)     \
+    X(OUT_OF_BOUNDS, 3, out_of_bounds)
+enum ec_fault_reason {
+#define EC_FAULT_ENUM(NAME, CODE, ATOM) EC_FAULT_##NAME = CODE,
+    EC_FAULTS(EC_FAULT_ENUM)
+#undef EC_FAULT_ENUM
+};
+enum { EC_FAULT_COUNT = 1 EC_FAULTS(EC_ROW_PLUS_ONE) }; /* codes run 1 .. COUNT-1 */
+_Static_assert(EC_IDS_DENSE(EC_FAULTS, 1, EC_FAULT_COUNT), "EC_FAULTS codes run 1, 2, ...");
+
+/* A kernel fault: 16 bytes, in a completion's place of its stamps. */
+struct ec_fault {
+    uint64_t index;  /* OUT_OF_BOUNDS: the element index (else 0) */
+    uint32_t block;  /* the virtual block of the job that faulted */
+    uint16_t thread; /* the thread, linear index within its block (< 1024) */
+    uint8_t reason;  /* EC_FAULT_* */
+    uint8_t slot;    /* OUT_OF_BOUNDS: the argument's slot (else 0) */
+};
+
 struct ec_cqe {
     uint64_t user_data;
     int32_t status; /* enum ec_status */
     uint32_t batch; /* how many jobs of this kernel shared the launch */
-    uint64_t drained_ns;
-    uint64_t done_ns;
+    union {
+        struct {
+            uint64_t drained_ns;
+            uint64_t done_ns;
+        };
+        struct ec_fault fault; /* status EC_STATUS_KERNEL_FAULT only */
+    };
 };
 
 #define EC_BATCH_HIST_BUCKETS 16u /* bucket i counts batches of size [2^i, 2^(i+1)) */

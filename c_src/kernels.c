@@ -54,7 +54,8 @@ void set_module_gen(uint32_t slot, uint32_t gen)
 
 ErlNifResourceType *KERNEL_RT;
 
-/* {Id, Slot, Gen, Args, Outs, Blocks, Types}: built by erlcuda_modules from
+/* {Id, Slot, Gen, Args, Outs, Blocks, Types, {Module, Name}}: built by
+ * erlcuda_modules from
  * the manifest (Blocks: the length inside its `blocks` rule), whose
  * signature it has read with signature/2 already; checked here again, once,
  * when the module is loaded, so a wrong one never reaches gpud. The blocks
@@ -67,10 +68,17 @@ ERL_NIF_TERM make_user_kernel(ErlNifEnv *env, ERL_NIF_TERM row)
     unsigned id, slot, gen, types;
     ErlNifBinary args, outs, blocks;
     const char *why;
-    if (!enif_get_tuple(env, row, &arity, &e) || arity != 7 || !enif_get_uint(env, e[0], &id) ||
+    if (!enif_get_tuple(env, row, &arity, &e) || arity != 8 || !enif_get_uint(env, e[0], &id) ||
         !enif_get_uint(env, e[1], &slot) || !enif_get_uint(env, e[2], &gen) ||
         !enif_inspect_binary(env, e[3], &args) || !enif_inspect_binary(env, e[4], &outs) ||
         !enif_inspect_binary(env, e[5], &blocks) || !enif_get_uint(env, e[6], &types))
+        return enif_make_badarg(env);
+    /* The kernel as callers name it, {Module, Name}: two atoms, kept as
+     * terms (an atom is valid in every env) for its jobs' fault answers. */
+    const ERL_NIF_TERM *name;
+    int narity;
+    if (!enif_get_tuple(env, e[7], &narity, &name) || narity != 2 || !enif_is_atom(env, name[0]) ||
+        !enif_is_atom(env, name[1]))
         return enif_make_badarg(env);
     if (slot >= EC_MODULE_SLOTS || gen == 0 || id < EC_USER_KERNEL_BASE ||
         (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS != slot || types >= (1u << EC_TYPE_COUNT))
@@ -100,6 +108,8 @@ ERL_NIF_TERM make_user_kernel(ErlNifEnv *env, ERL_NIF_TERM row)
         ki->id = id;
         ki->slot = slot;
         ki->gen = gen;
+        ki->module = name[0];
+        ki->atom = name[1];
         result = enif_make_tuple2(env, ATOM_ok, enif_make_resource(env, ki));
     }
     enif_release_resource(ki);

@@ -12,7 +12,7 @@ int kernels_load(ErlNifEnv *env);
 const struct kernel_info *builtin_kernel(ErlNifEnv *env, ERL_NIF_TERM kernel);
 /* user_kernel(Row) -> {ok, Kernel} | {error, Why}: a user's kernel as
  * erlcuda_modules describes it when its module is loaded, {Id, Slot, Gen,
- * Args, Outs, Blocks, Types}, read and checked into a KERNEL_RT resource.
+ * Args, Outs, Blocks, Types, {Module, Name}}, read and checked into a KERNEL_RT resource.
  * {error, Why}: the blocks length does not read against the signature (Why:
  * the reader's message); badarg for a row that is not one. */
 ERL_NIF_TERM make_user_kernel(ErlNifEnv *env, ERL_NIF_TERM row);

@@ -197,6 +197,10 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         ref = enif_make_ref(env);
     j->form = s.form;
     j->zero_copy = zero_copy;
+    if (users) {
+        j->kmod = s.ki->module;
+        j->kname = s.ki->atom;
+    }
     struct ec_sqe sqe = {
         .user_data = job_begin(d, (uint32_t)idx, env, ref, s.kernel, s.nout ? s.outs[0].type : s.type,
                                OUTPUT_KERNEL, (uint32_t)s.out_len),

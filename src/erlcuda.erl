@@ -166,6 +166,12 @@
 %%     `device_error' (the GPU failed the launch; gpud exits after a fault
 %%     that poisons the context, so jobs in flight get `{gpud_exit, _}'). An
 %%     integer: a status this NIF does not know.</dd>
+%% <dt>`{kernel_fault, #{kernel, reason, block, thread}}'</dt><dd>A user's
+%%     kernel run through its GPU body on the CPU backend reached a barrier
+%%     the rest of its block does not reach (`divergent_barrier'), or a
+%%     warp operation the rest of its warp does not
+%%     (`divergent_warp_op'): on a GPU it would hang. That job only; gpud
+%%     serves on (see `kernel_fault()').</dd>
 %% </dl>
 %%
 %% Users' kernel modules (`load_module/2', `unload_module/1'), at once:
@@ -195,7 +201,7 @@
 
 -export_type([kernel/0, elem_type/0, vector/0, result/0, option/0, reason/0, badarg/0,
               kernel_info/0, buffer/0, device_info/0, cluster_device_info/0, stats/0,
-              memory/0]).
+              memory/0, kernel_fault/0]).
 
 -type kernel() :: atom() | {Module :: atom(), Kernel :: atom()}.
 -type elem_type() :: f32 | f64 | s32 | u32 | s64 | u8.
@@ -231,7 +237,15 @@
                 | {nodedown, node()} | {remote, term()}
                 | oom | enomem | {buffer, freed | lost | {device, non_neg_integer()}}
                 | {manifest, term()} | {module, binary()} | no_module_slot
-                | {no_module, atom()} | not_started.
+                | {no_module, atom()} | not_started
+                | {kernel_fault, kernel_fault()}.
+%% A user's GPU body run on the CPU stopped short: a barrier the rest of
+%% its block does not reach, or a warp operation the rest of its warp does
+%% not reach (a hang on a GPU). `block': the job's virtual block; `thread':
+%% the thread's linear index in it.
+-type kernel_fault() :: #{kernel := kernel(),
+                          reason := divergent_barrier | divergent_warp_op,
+                          block := non_neg_integer(), thread := non_neg_integer()}.
 
 %% One device of this node (devices/0). `startup' maps each phase of the
 %% last start to microseconds; `undefined' before the first ready.

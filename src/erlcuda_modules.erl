@@ -167,13 +167,14 @@ int(B, Name) ->
     end.
 
 %% The kernel as the NIF reads it once (from {Id, Slot, Gen, Args, Outs,
-%% BlocksLength, TypesMask}) and the map kernels/0 shows. Throws
+%% BlocksLength, TypesMask, {Module, Kernel}}, the last naming it in a
+%% kernel_fault answer) and the map kernels/0 shows. Throws
 %% {KernelName, {blocks, Why}} when the blocks length does not read.
 row(Name, Slot, Gen, I, #{name := K, args_text := A, outs_text := O, types := Types,
                           blocks := Blocks} = D) ->
     Id = ?USER_KERNEL_BASE + Slot * ?MODULE_KERNELS + I,
     Mask = lists:foldl(fun(T, Acc) -> Acc bor (1 bsl type_id(T)) end, 0, Types),
-    Kernel = case erlcuda_nif:user_kernel({Id, Slot, Gen, A, O, blocks_length(Blocks), Mask}) of
+    Kernel = case erlcuda_nif:user_kernel({Id, Slot, Gen, A, O, blocks_length(Blocks), Mask, {Name, K}}) of
                  {ok, Parsed} -> Parsed;
                  {error, Why} -> throw({atom_to_binary(K), {blocks, Why}})
              end,

@@ -145,7 +145,8 @@ kernels() -> ?NOT_LOADED.
 -spec signature(binary(), binary()) -> {ok, [map()], [map()], boolean()} | {error, binary()}.
 signature(_Args, _Outs) -> ?NOT_LOADED.
 
-%% A user's kernel `{Id, Slot, Gen, Args, Outs, BlocksLength, TypesMask}'
+%% A user's kernel `{Id, Slot, Gen, Args, Outs, BlocksLength, TypesMask,
+%% {Module, Name}}'
 %% (erlcuda_modules) read and checked once, when its module is loaded: a
 %% launch passes `{Kernel, LaunchOpts}' to submit/4,5. `{error, Why}': its
 %% blocks length does not read against its signature.

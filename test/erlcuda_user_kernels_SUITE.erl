@@ -13,6 +13,7 @@ all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
      call_forms, topk_rows_cases, cos_topk, cos_topk_cases,
      one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, gpu_bodies_match_cpu_bodies,
+     divergent_barrier_fault, divergent_warp_op_fault,
      coalesced,
      coalesced_1000_callers,
      replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
@@ -372,6 +373,39 @@ fault(Kernel) ->
     wait_new_gpud(Old, 500),
     {ok, [1.0]} = erlcuda:launch_sync({example, clamp}, [[3.0], 0.0, 1.0]),
     {ok, [3.0, 5.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [2.0, 3.0]]),
+    ok = erlcuda:unload_module(faulty),
+    ok.
+
+%% A GPU body run on the CPU that reaches a barrier the rest of its block
+%% does not (test/kernels_faulty: divergent_barrier), or a warp operation
+%% the rest of its warp does not (divergent_shuffle): that job alone is
+%% answered {error, {kernel_fault, Info}}; the jobs launched with it, in
+%% one burst (coalesced into its launch), get their results; gpud serves
+%% on, the same process.
+divergent_barrier_fault(_) ->
+    kernel_fault(divergent_barrier, #{reason => divergent_barrier, block => 0, thread => 16}).
+
+divergent_warp_op_fault(_) ->
+    kernel_fault(divergent_shuffle, #{reason => divergent_warp_op, block => 0, thread => 0}).
+
+kernel_fault(Name, Want) ->
+    ok = erlcuda:load_module(faulty, erlcuda_user_check:dir(faulty)),
+    Pid = os_pid(),
+    K = {faulty, Name},
+    Fault = {error, {kernel_fault, Want#{kernel => K}}},
+    Good = [float(I) || I <- lists:seq(1, 100)],
+    Twice = [2 * X || X <- Good],
+    ?assertEqual(Fault, erlcuda:launch_sync(K, [[-1.0 | Good]])),
+    %% One burst: faulting and good jobs alternate, all in flight at once.
+    Refs = [{Bad, element(2, {ok, _} = erlcuda:launch(K, [case Bad of true -> [-1.0 | Good]; false -> Good end]))}
+            || I <- lists:seq(1, 40), Bad <- [I rem 2 =:= 0]],
+    [receive
+         {erlcuda, Ref, Got} when Bad -> ?assertEqual(Fault, Got);
+         {erlcuda, Ref, Got} -> ?assertEqual({ok, Twice}, Got)
+     after 10000 -> ct:fail({no_answer, Ref})
+     end || {Bad, Ref} <- Refs],
+    ?assertEqual({ok, Twice}, erlcuda:launch_sync(K, [Good])),
+    ?assertEqual(Pid, os_pid()),
     ok = erlcuda:unload_module(faulty),
     ok.
 

@@ -30,7 +30,7 @@ const _: () = assert!(
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 11;
+pub const EC_ABI_VERSION: u32 = 12;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -99,7 +99,7 @@ impl StallPhase {
 }
 /// One past the largest kernel id.
 pub const EC_KERNEL_COUNT: u32 = KERNEL_ROWS.len() as u32 + 1;
-pub const EC_STATUS_COUNT: u32 = 13;
+pub const EC_STATUS_COUNT: u32 = 14;
 pub const EC_TYPE_COUNT: u32 = 6;
 pub const EC_SHAPE_COUNT: u32 = 3;
 /// A job's slots (`ec_job_args.addr`, `len`): vector and io arguments
@@ -361,6 +361,50 @@ c_struct! {
         pub drained_ns: u64,
         /// CLOCK_MONOTONIC ns when gpud saw that launch finished (or 0).
         pub done_ns: u64,
+    }
+}
+
+c_struct! {
+    /// `struct ec_fault`: why a user's GPU body run on the CPU stopped, in
+    /// a [`Status::KernelFault`] completion's place of its stamps (C: the
+    /// union over `drained_ns` and `done_ns`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CqeFault: Pod {
+        /// `OUT_OF_BOUNDS`: the element index.
+        pub index: u64,
+        /// The job's virtual block that faulted.
+        pub block: u32,
+        /// The thread, linear index within its block.
+        pub thread: u16,
+        /// An `EC_FAULT_*` code (the kit's `FAULT_*`).
+        pub reason: u8,
+        /// `OUT_OF_BOUNDS`: the argument's slot.
+        pub slot: u8,
+    }
+}
+
+/// `EC_FAULTS`: (C name, code, atom) of each kernel fault reason.
+pub const FAULTS: [(&str, u8, &str); 3] = [
+    ("DIVERGENT_BARRIER", 1, "divergent_barrier"),
+    ("DIVERGENT_WARP_OP", 2, "divergent_warp_op"),
+    ("OUT_OF_BOUNDS", 3, "out_of_bounds"),
+];
+
+impl Cqe {
+    /// A [`Status::KernelFault`] completion: the fault where the stamps
+    /// would be.
+    pub fn fault(user_data: u64, batch: u32, f: CqeFault) -> Cqe {
+        let b = as_bytes(&f);
+        let word = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Cqe { user_data, status: Status::KernelFault.code(), batch, drained_ns: word(0), done_ns: word(8) }
+    }
+
+    /// The fault of a [`Status::KernelFault`] completion.
+    pub fn fault_info(&self) -> CqeFault {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.drained_ns.to_ne_bytes());
+        b[8..].copy_from_slice(&self.done_ns.to_ne_bytes());
+        CqeFault::from_bytes(&b).expect("16 bytes")
     }
 }
 
@@ -677,10 +721,11 @@ pub enum Status {
     Oom = 10,
     TooLarge = 11,
     BadBuffer = 12,
+    KernelFault = 13,
 }
 
 impl Status {
-    pub const ALL: [Status; 13] = [
+    pub const ALL: [Status; 14] = [
         Status::Ok,
         Status::BadKernel,
         Status::BadFlags,
@@ -694,6 +739,7 @@ impl Status {
         Status::Oom,
         Status::TooLarge,
         Status::BadBuffer,
+        Status::KernelFault,
     ];
 
     pub fn code(self) -> i32 {
@@ -719,6 +765,7 @@ impl Status {
             Status::Oom => "OOM",
             Status::TooLarge => "TOO_LARGE",
             Status::BadBuffer => "BAD_BUFFER",
+            Status::KernelFault => "KERNEL_FAULT",
         }
     }
 
@@ -737,6 +784,7 @@ impl Status {
             Status::Oom => "oom",
             Status::TooLarge => "too_large",
             Status::BadBuffer => "bad_buffer",
+            Status::KernelFault => "kernel_fault",
         }
     }
 }
@@ -898,7 +946,10 @@ int main(void)
 
     SZ(ec_cqe); AL(ec_cqe);
     OF(ec_cqe, user_data); OF(ec_cqe, status); OF(ec_cqe, batch);
-    OF(ec_cqe, drained_ns); OF(ec_cqe, done_ns);
+    OF(ec_cqe, drained_ns); OF(ec_cqe, done_ns); OF(ec_cqe, fault);
+    SZ(ec_fault); AL(ec_fault);
+    OF(ec_fault, index); OF(ec_fault, block); OF(ec_fault, thread); OF(ec_fault, reason); OF(ec_fault, slot);
+    C(EC_FAULT_COUNT);
 
     SZ(ec_stats); AL(ec_stats);
     OF(ec_stats, jobs_ok); OF(ec_stats, jobs_failed); OF(ec_stats, batches);
@@ -948,6 +999,10 @@ int main(void)
     print_sig("sample_free_bound", "x:v:T:n,a:d:1..,c:d:a..=n/a", "y:o:T:n");
     print_sig("sample_whole", "x:v:T:n,k:d", "y:w:T:n,m:o:u32:k,s:s:f64");
     EC_STATUSES(STATUS)
+#define FAULT(NAME, CODE, ATOM) \
+    P("fault." #NAME ".code", EC_FAULT_##NAME); \
+    printf("fault.%s.atom %s\n", #NAME, #ATOM);
+    EC_FAULTS(FAULT)
 #define STALL(NAME, INDEX, KEY) P("stall." #KEY ".index", INDEX);
     EC_STALLS(STALL)
     EC_TYPES(TYPE)
@@ -1081,6 +1136,16 @@ int main(void)
 
         sz!("ec_cqe", Cqe);
         fields!("ec_cqe", Cqe);
+        // The fault overlays the stamps (Cqe::fault).
+        put("offsetof.ec_cqe.fault", offset_of!(Cqe, drained_ns).to_string());
+        put("sizeof.ec_cqe.fault", size_of::<CqeFault>().to_string());
+        sz!("ec_fault", CqeFault);
+        fields!("ec_fault", CqeFault);
+        put("const.EC_FAULT_COUNT", (FAULTS.len() + 1).to_string());
+        for (name, code, atom) in FAULTS {
+            put(&format!("fault.{name}.code"), code.to_string());
+            put(&format!("fault.{name}.atom"), atom.to_string());
+        }
 
         sz!("ec_stats", Stats);
         fields!("ec_stats", Stats);
@@ -1385,5 +1450,17 @@ int main(void)
         // The option bits the kit's host entries read in `given`.
         use crate::kitjob::{OPT_BLOCK, OPT_GRID, OPT_SHARED_BYTES};
         assert_eq!((OPT_GRID, OPT_BLOCK, OPT_SHARED_BYTES), (EC_OPT_GRID, EC_OPT_BLOCK, EC_OPT_SHARED_BYTES));
+    }
+
+    /// The fault codes a kernel's host entry writes are the ring's.
+    #[test]
+    fn layout_kit_faults_are_the_rings() {
+        use crate::kitjob::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, FAULT_OUT_OF_BOUNDS};
+        let kit = [FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, FAULT_OUT_OF_BOUNDS];
+        assert_eq!(kit.map(|c| c as u8), FAULTS.map(|(_, c, _)| c));
+        let f = CqeFault { index: u64::MAX - 1, block: 7, thread: 1023, reason: 2, slot: 9 };
+        let c = Cqe::fault(5, 3, f);
+        assert_eq!((c.user_data, c.status, c.batch), (5, Status::KernelFault.code(), 3));
+        assert_eq!(c.fault_info(), f);
     }
 }

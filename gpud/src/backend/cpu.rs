@@ -31,6 +31,9 @@ pub struct CpuBackend {
     memory: HostMemory,
     next_ticket: Ticket,
     done: Vec<Ticket>,
+    /// The faulted jobs of finished launches not yet answered: (ticket,
+    /// user_data, fault). Empty but for a faulty user's kernel.
+    faults: Vec<(Ticket, u64, crate::kitjob::Fault)>,
     /// Puts' and gets' copies, a piece at a time.
     copies: Pacer<()>,
     /// Each piece takes at least this long (fault injection only, else 0).
@@ -44,6 +47,7 @@ impl CpuBackend {
             memory: HostMemory { blocks: 0, capacity: crate::buffers::host_ram() / 4 },
             next_ticket: 1,
             done: Vec::new(),
+            faults: Vec::new(),
             // Copied when issued: nothing goes ahead (pace.rs).
             copies: Pacer::new(Pacing::default(), 0),
             piece_delay: slow_copies(),
@@ -136,10 +140,20 @@ impl Backend for CpuBackend {
                 launch.jobs.len()
             )));
         }
-        self.run(arena, launch);
+        let faults = self.run(arena, launch);
         let t = self.ticket();
+        self.faults.extend(faults.into_iter().map(|(u, f)| (t, u, f)));
         self.done.push(t);
         Ok(t)
+    }
+
+    fn take_faults(&mut self, ticket: Ticket) -> Vec<(u64, crate::kitjob::Fault)> {
+        if self.faults.is_empty() {
+            return Vec::new();
+        }
+        let (mine, rest) = std::mem::take(&mut self.faults).into_iter().partition(|(t, _, _)| *t == ticket);
+        self.faults = rest;
+        mine.into_iter().map(|(_, u, f)| (u, f)).collect()
     }
 
     fn poll(&mut self, done: &mut Vec<Ticket>) -> Result<()> {
@@ -209,20 +223,26 @@ impl CpuBackend {
         t
     }
 
-    fn run(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) {
+    /// Runs every job of the launch, each on its own (coalesced jobs too),
+    /// so a job's fault is its own: returns the faulted jobs' user_data
+    /// and faults.
+    fn run(&mut self, arena: &Arena<'_>, launch: &Launch<'_>) -> Vec<(u64, crate::kitjob::Fault)> {
         let work: u64 = launch.jobs.iter().map(Job::work).fold(0, u64::saturating_add);
+        let one = |job: &Job| {
+            // SAFETY: see the two callers below.
+            unsafe { launch.op.cpu_checked(arena, job) }.map(|f| (job.user_data(), f))
+        };
         if launch.independent && launch.jobs.len() > 1 && work >= PAR_BATCH_WORK {
-            // SAFETY: `independent` means no job's output overlaps a region
-            // of any other job, and within a job validation proved the output
-            // disjoint from the inputs, so concurrent jobs never alias.
-            launch.jobs.par_iter().for_each(|job| unsafe { launch.op.cpu(arena, job) });
+            // SAFETY (one): `independent` means no job's output overlaps a
+            // region of any other job, and within a job validation proved
+            // the output disjoint from the inputs, so concurrent jobs never
+            // alias.
+            launch.jobs.par_iter().filter_map(one).collect()
         } else {
-            for job in launch.jobs {
-                // SAFETY: one job at a time; its slices die before the next
-                // job's are made, and within the job validation proved the
-                // output disjoint from the inputs.
-                unsafe { launch.op.cpu(arena, job) };
-            }
+            // SAFETY (one): one job at a time; its slices die before the
+            // next job's are made, and within the job validation proved the
+            // output disjoint from the inputs.
+            launch.jobs.iter().filter_map(one).collect()
         }
     }
 }

@@ -133,6 +133,14 @@ pub trait Backend: ModuleLoader {
         None
     }
 
+    /// The jobs of the finished launch `ticket` that faulted (by their
+    /// `user_data`), taken: each is answered `KERNEL_FAULT` with its fault,
+    /// the launch's other jobs as usual. Only the CPU backend runs GPU
+    /// bodies checked; none by default.
+    fn take_faults(&mut self, _ticket: Ticket) -> Vec<(u64, crate::kitjob::Fault)> {
+        Vec::new()
+    }
+
     /// Appends the tickets of launches and copies that have finished since
     /// the last call to `done` (in any order), and moves paced copies on.
     /// `Err` as for `submit`.

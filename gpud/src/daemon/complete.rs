@@ -11,7 +11,7 @@ use super::{nanos, CqeTimes, Daemon};
 use crate::descriptor::{Job, KernelRef};
 use crate::error::Result;
 use crate::handshake::peer_closed;
-use crate::layout::{Cqe, StallPhase, Status};
+use crate::layout::{Cqe, CqeFault, StallPhase, Status};
 
 impl Daemon {
     /// Collects finished tickets into `self.done`. True when there are some.
@@ -49,7 +49,12 @@ impl Daemon {
             // Stamped for small launches only: the VM's split of a small
             // job's wait (a large launch's own run is no stall).
             let times = if f.small { CqeTimes::of(f.drained, started) } else { CqeTimes::NONE };
-            if !self.answer(&f.jobs, Status::Ok, times) {
+            let faults = self.backend.take_faults(*t);
+            if !faults.is_empty() {
+                if !self.answer_faulted(&f.jobs, &faults, times) {
+                    return Ok(false);
+                }
+            } else if !self.answer(&f.jobs, Status::Ok, times) {
                 return Ok(false);
             }
             self.ring.cq_publish();
@@ -83,6 +88,26 @@ impl Daemon {
     pub(super) fn answer(&mut self, jobs: &[u64], status: Status, times: CqeTimes) -> bool {
         let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
         jobs.iter().all(|&u| self.complete(u, status, batch, times))
+    }
+
+    /// A finished launch some of whose jobs faulted: each of those gets
+    /// `KERNEL_FAULT` with its fault, every other job its usual answer.
+    fn answer_faulted(&mut self, jobs: &[u64], faults: &[(u64, crate::kitjob::Fault)], times: CqeTimes) -> bool {
+        let batch = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+        jobs.iter().all(|&u| match faults.iter().find(|(fu, _)| *fu == u) {
+            Some((_, f)) => {
+                log!(Notice, "gpud[{}]: a user's GPU body run on the CPU faulted: {f:?}", self.device);
+                let info = CqeFault {
+                    index: f.index,
+                    block: u32::try_from(f.block).unwrap_or(u32::MAX),
+                    thread: u16::try_from(f.thread).unwrap_or(u16::MAX),
+                    reason: u8::try_from(f.reason).unwrap_or(u8::MAX),
+                    slot: u8::try_from(f.slot).unwrap_or(u8::MAX),
+                };
+                self.write_cqe(Cqe::fault(u, batch, info))
+            }
+            None => self.complete(u, Status::Ok, batch, times),
+        })
     }
 
     /// [`Daemon::answer`] for jobs not handed to the backend.
@@ -157,6 +182,11 @@ impl Daemon {
     /// Writes one completion (waiting for room if the VM broke its promise
     /// of never letting the CQ fill). False when the VM went away meanwhile.
     pub(super) fn complete(&mut self, user_data: u64, status: Status, batch: u32, times: CqeTimes) -> bool {
+        self.write_cqe(Cqe { user_data, status: status.code(), batch, drained_ns: times.drained_ns, done_ns: times.done_ns })
+    }
+
+    /// Writes completion `cqe`, as [`Daemon::complete`].
+    fn write_cqe(&mut self, cqe: Cqe) -> bool {
         let device = self.device;
         let sock = &self.sock;
         let mut warned = false;
@@ -171,15 +201,9 @@ impl Daemon {
             log!(Notice, "gpud[{device}]: the VM went away while the CQ was full; exiting");
             return false;
         }
-        self.ring.cq_write(Cqe {
-            user_data,
-            status: status.code(),
-            batch,
-            drained_ns: times.drained_ns,
-            done_ns: times.done_ns,
-        });
+        self.ring.cq_write(cqe);
         let stats = self.ring.stats();
-        if status == Status::Ok {
+        if cqe.status == Status::Ok.code() {
             stats.jobs_ok.fetch_add(1, Ordering::Relaxed);
         } else {
             stats.jobs_failed.fetch_add(1, Ordering::Relaxed);

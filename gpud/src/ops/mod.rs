@@ -125,6 +125,19 @@ pub trait KernelOp {
     /// elsewhere, and the inputs not written).
     unsafe fn cpu(&self, arena: &Arena<'_>, job: &Job);
 
+    /// CPU backend: [`KernelOp::cpu`], and the fault that stopped the job
+    /// short, if any: only a user's GPU body run on the CPU can fault (a
+    /// divergent barrier or warp operation, which on a GPU would hang the
+    /// launch). The job alone is answered with it.
+    ///
+    /// # Safety
+    /// As [`KernelOp::cpu`].
+    unsafe fn cpu_checked(&self, arena: &Arena<'_>, job: &Job) -> Option<crate::kitjob::Fault> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.cpu(arena, job) };
+        None
+    }
+
     /// CUDA: appends the job table of `jobs` (device pointers in `ptrs`, one
     /// per job) to `table` and says how to launch it; `None` when the batch
     /// is too large for the kernel's u32 counts (the caller splits it).

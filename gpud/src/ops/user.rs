@@ -15,6 +15,13 @@ pub struct UserOp(pub Arc<UserKernel>);
 
 impl KernelOp for UserOp {
     unsafe fn cpu(&self, arena: &Arena<'_>, job: &Job) {
+        // SAFETY: the caller's promise, passed on.
+        if let Some(f) = unsafe { self.cpu_checked(arena, job) } {
+            crate::log!(Warning, "gpud: kernel {}: its GPU body run on the CPU stopped: {f:?}", self.0.name);
+        }
+    }
+
+    unsafe fn cpu_checked(&self, arena: &Arena<'_>, job: &Job) -> Option<crate::kitjob::Fault> {
         let mut ptrs = DevPtrs::default();
         let outs = crate::layout::EC_MAX_VECTORS as usize..;
         for (i, r) in job.inputs().iter().enumerate().chain(outs.zip(job.outputs())) {
@@ -41,18 +48,16 @@ impl KernelOp for UserOp {
         // beyond that is the module's trust (SECURITY.md): a fault there ends
         // gpud, never the VM.
         if let Some(f) = self.0.host[ty].filter(|_| !self.0.runs_gpu_body) {
-            return unsafe { f(&kj) };
+            unsafe { f(&kj) };
+            return None;
         }
         // No CPU body, or `cpu_runs` is gpu: the GPU code, each block's
         // threads emulated.
         let f = self.0.host_gpu[ty].expect("loading admits only kernels with host code for every type");
         let mut fault = crate::kitjob::Fault::default();
-        if unsafe { f(&kj, &mut fault) } != 0 {
-            // The GPU body stopped short: a divergent barrier or warp
-            // operation, which on a GPU would hang the launch. The job's
-            // outputs are then incomplete.
-            crate::log!(Warning, "gpud: kernel {}: its GPU body run on the CPU stopped: {fault:?}", self.0.name);
-        }
+        // The GPU body stopped short (its outputs incomplete): the job is
+        // answered with the fault instead of its outputs.
+        (unsafe { f(&kj, &mut fault) } != 0).then_some(fault)
     }
 
     fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch> {

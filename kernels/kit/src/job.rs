@@ -134,11 +134,15 @@ pub struct Fault {
 
 const _: () = assert!(core::mem::size_of::<Fault>() == 32);
 
-/// A thread waits at a barrier that others of its block do not reach.
+/// The reasons (`EC_FAULTS` in `c_src/erlcuda_ring.h`, which gpud's layout
+/// test holds these to). A thread waits at a barrier that others of its
+/// block do not reach.
 pub const FAULT_DIVERGENT_BARRIER: u32 = 1;
 /// A lane waits at a warp operation that other lanes reach elsewhere, or
 /// not at all.
 pub const FAULT_DIVERGENT_WARP_OP: u32 = 2;
+/// A read or write outside argument `slot`, at element `index`.
+pub const FAULT_OUT_OF_BOUNDS: u32 = 3;
 
 /// The host entry that runs a kernel's GPU code on the CPU, exported as
 /// `erlcuda_hostgpu_NAME_TY` (`erlcuda_hostgpu_NAME` for a kernel with no

@@ -1,6 +1,8 @@
-//! Users' kernels that fail on purpose, for the crash-isolation tests: a
+//! Users' kernels that fail on purpose. For the crash-isolation tests: a
 //! user kernel's fault must take down gpud (which the supervisor restarts,
-//! failing the jobs it held), never the VM. Built like any users' crate:
+//! failing the jobs it held), never the VM. For the CPU run's checks: a
+//! GPU body's divergent barrier or warp operation is answered as the job's
+//! kernel_fault, and gpud serves on. Built like any users' crate:
 //! `priv/erlcuda-build test/kernels_faulty OUT_DIR`.
 
 #![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -33,5 +35,54 @@ table! {
     }
     cpu(k) {
         panic!("boom: erlcuda's fault-test kernel panics on purpose");
+    }
+}
+
+// GPU bodies only, which the CPU backend runs itself and checks (the kit's
+// emulator): a job whose first element is negative stops short, and is
+// answered {error, {kernel_fault, ...}}; any other job gets y = 2x. On a
+// GPU the faulting jobs would hang or be undefined: CPU-only fixtures.
+use erlcuda_kernel::kernel;
+
+kernel! {
+    /// y = 2x; with x[0] < 0, only the first 16 threads of each block reach
+    /// a barrier (the others return): a divergent barrier.
+    divergent_barrier, T: Float in [f32],
+    (x: v(T, n)) -> (y: w(T, n)),
+    blocks = elements(n), threads = 64, block_rule = warps, shared = 0,
+    gpu(job, b) {
+        let n = job.len(0) as usize;
+        // Each thread 4 consecutive elements (the `elements` rule's count).
+        let base = (b as usize * block_dim() as usize + thread_idx() as usize) * 4;
+        for i in base..n.min(base + 4) {
+            let v = T::load_nc(x.add(i));
+            T::store(y.add(i), v + v);
+        }
+        if n > 0 && T::load_nc(x) < T::ZERO {
+            if thread_idx() >= 16 {
+                return;
+            }
+            sync_threads();
+        }
+    }
+}
+
+kernel! {
+    /// y = 2x; with x[0] < 0, only lanes 0 to 15 of each warp shuffle: a
+    /// warp operation the other lanes never reach.
+    divergent_shuffle, T: Float in [f32],
+    (x: v(T, n)) -> (y: w(T, n)),
+    blocks = elements(n), threads = 64, block_rule = warps, shared = 0,
+    gpu(job, b) {
+        let n = job.len(0) as usize;
+        if n > 0 && T::load_nc(x) < T::ZERO && erlcuda_kernel::warp::lane() < 16 {
+            let _ = erlcuda_kernel::warp::shfl_xor(T::ZERO, 1);
+        }
+        // Each thread 4 consecutive elements (the `elements` rule's count).
+        let base = (b as usize * block_dim() as usize + thread_idx() as usize) * 4;
+        for i in base..n.min(base + 4) {
+            let v = T::load_nc(x.add(i));
+            T::store(y.add(i), v + v);
+        }
     }
 }
