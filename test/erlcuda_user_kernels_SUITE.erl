@@ -13,7 +13,7 @@ all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
      call_forms, topk_rows_cases, cos_topk, cos_topk_cases,
      one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, gpu_bodies_match_cpu_bodies,
-     divergent_barrier_fault, divergent_warp_op_fault,
+     divergent_barrier_fault, divergent_warp_op_fault, load_after_a_resident_unload,
      coalesced,
      coalesced_1000_callers,
      replace_while_in_flight, unload, kernel_terms, back_after_restart, load_errors, host_panic,
@@ -407,6 +407,23 @@ kernel_fault(Name, Want) ->
     ?assertEqual({ok, Twice}, erlcuda:launch_sync(K, [Good])),
     ?assertEqual(Pid, os_pid()),
     ok = erlcuda:unload_module(faulty),
+    ok.
+
+%% A module whose GPU body ran on the CPU stays loaded after its unload
+%% (the kit's emulator keeps thread-local coroutine stacks, and the loader
+%% then keeps the library): a module loaded after it gets its own code,
+%% not the resident one's (gpud once handed it the old library for a
+%% reused /proc/self/fd path: "host.so lacks ...").
+load_after_a_resident_unload(_) ->
+    Good = [float(I) || I <- lists:seq(1, 100)],
+    [begin
+         ok = erlcuda:load_module(resident, erlcuda_user_check:dir(faulty)),
+         ?assertEqual({ok, [2 * X || X <- Good]}, erlcuda:launch_sync({resident, divergent_barrier}, [Good])),
+         ok = erlcuda:unload_module(resident),
+         ok = erlcuda:load_module(after_it, erlcuda_user_check:dir(example)),
+         ?assertEqual({ok, [1.0]}, erlcuda:launch_sync({after_it, clamp}, [[3.0], 0.0, 1.0])),
+         ok = erlcuda:unload_module(after_it)
+     end || _ <- lists:seq(1, 3)],
     ok.
 
 %% Users' jobs while the arena grows (erlcuda_user_check:growth_under_load/0):

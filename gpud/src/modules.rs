@@ -241,7 +241,9 @@ struct HostLib {
     /// The private copy, open while the library is loaded: the loader
     /// knows a library by its path, `/proc/self/fd/N`, and would hand back
     /// an older module for a reused fd number.
-    _copy: std::fs::File,
+    copy: Option<std::fs::File>,
+    /// That path.
+    path: CString,
 }
 
 // SAFETY: a dlopen handle may be used from any thread.
@@ -278,7 +280,7 @@ impl HostLib {
             };
             return Err(format!("{}: {why}", path.display()));
         }
-        Ok(HostLib { handle, _copy: file })
+        Ok(HostLib { handle, copy: Some(file), path: proc_path })
     }
 
     fn symbol(&self, name: &str) -> Option<*mut c_void> {
@@ -294,6 +296,21 @@ impl Drop for HostLib {
         // SAFETY: nothing of the library is referenced once its module is
         // dropped (its kernels' Arcs go with it; launches have finished).
         unsafe { libc::dlclose(self.handle) };
+        // A library that registered thread-local destructors (Rust's
+        // thread_local! of a type with Drop: the kit's emulator keeps its
+        // coroutine stacks so) stays loaded after dlclose, under its path.
+        // Closing the copy would let a later module's copy get the same fd
+        // number, and dlopen would hand back this library for it (seen: a
+        // module loaded after the faulty one was unloaded lacked its own
+        // entries). Such a copy stays open for the life of gpud.
+        // SAFETY: RTLD_NOLOAD only looks the path up; a handle it returns
+        // holds a reference, given back at once.
+        let still = unsafe { libc::dlopen(self.path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        if !still.is_null() {
+            // SAFETY: the reference RTLD_NOLOAD took.
+            unsafe { libc::dlclose(still) };
+            std::mem::forget(self.copy.take());
+        }
     }
 }
 
