@@ -69,18 +69,9 @@ init_per_testcase(_Case, Config) ->
 end_per_testcase(_Case, _Config) ->
     erlcuda_ref:stop_app().
 
-%% The repository's root: rebar3 links _build/test/lib/erlcuda/src to it.
+% The repository's root (erlcuda_ref:repo_root/1).
 root() ->
-    Lib = code:lib_dir(erlcuda),
-    Src = filename:join(Lib, "src"),
-    Candidates = case file:read_link_all(Src) of
-                     {ok, Target} -> [filename:dirname(filename:absname(Target, Lib))];
-                     {error, _} -> []
-                 end ++ [filename:dirname(Lib)],
-    case [D || D <- Candidates, filelib:is_regular(filename:join(D, "guides/README.md"))] of
-        [Root | _] -> Root;
-        [] -> ct:fail({no_guides_near, Candidates})
-    end.
+    erlcuda_ref:repo_root("guides/README.md").
 
 %%% Test cases
 

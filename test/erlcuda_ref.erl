@@ -4,7 +4,7 @@
 
 -export([f32/1, random_vector/1, to_binary/1, from_binary/1, args/3, shape/2,
          check/3, reference/2, depth/3, unit/1, load_app/1, start_app/1, wait_ready/0, stop_app/0,
-         os_state/1, exact/3, dot2/1, sum2/1]).
+         os_state/1, exact/3, dot2/1, sum2/1, repo_root/1]).
 
 %% @doc Rounds a float to the nearest f32.
 -spec f32(number()) -> float().
@@ -241,4 +241,21 @@ os_state(OsPid) ->
                 [_, <<"Z", _/binary>>] -> zombie;
                 _ -> alive
             end
+    end.
+
+%% @doc The checkout's root directory, the one where `Marker' (a path
+%% relative to it) is a file: rebar3 links _build/test/lib/erlcuda/src to
+%% the checkout's src, and a plain build has the application in the
+%% checkout itself.
+-spec repo_root(file:filename()) -> file:filename().
+repo_root(Marker) ->
+    Lib = code:lib_dir(erlcuda),
+    Src = filename:join(Lib, "src"),
+    Candidates = case file:read_link_all(Src) of
+                     {ok, Target} -> [filename:dirname(filename:absname(Target, Lib))];
+                     {error, _} -> []
+                 end ++ [filename:dirname(Lib)],
+    case [D || D <- Candidates, filelib:is_regular(filename:join(D, Marker))] of
+        [Root | _] -> Root;
+        [] -> error({no_checkout_with, Marker, Candidates})
     end.

@@ -67,15 +67,6 @@ short_soak(_Config) ->
     ?assertEqual([], Idle),
     ?assert(maps:get(ok, Counts) > 1000, Counts).
 
-%% The repository's root: rebar3 links _build/test/lib/erlcuda/src to it.
+% The repository's root (erlcuda_ref:repo_root/1).
 root() ->
-    Lib = code:lib_dir(erlcuda),
-    Src = filename:join(Lib, "src"),
-    Candidates = case file:read_link_all(Src) of
-                     {ok, Target} -> [filename:dirname(filename:absname(Target, Lib))];
-                     {error, _} -> []
-                 end ++ [filename:dirname(Lib)],
-    case [D || D <- Candidates, filelib:is_regular(filename:join(D, "bench/erlcuda_soak.erl"))] of
-        [Root | _] -> Root;
-        [] -> ct:fail({no_bench_near, Candidates})
-    end.
+    erlcuda_ref:repo_root("bench/erlcuda_soak.erl").
