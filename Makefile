@@ -145,8 +145,10 @@ test-bench:
 check-ptx:
 	bash kernels/check-ptx.sh
 
-test-rust:
-	$(CARGO) test --release -p gpud
+# GPUD_FAULT_BIN: e2e's fallback test fails the CUDA open of a gpud built
+# with fault injection.
+test-rust: gpud-fault
+	GPUD_FAULT_BIN=$(GPUD_FAULT) $(CARGO) test --release -p gpud
 
 # Users' own kernels: a crate written with kernels/kit (erlcuda-kernel) built
 # into OUT (module.ptx, host.so, manifest), e.g.

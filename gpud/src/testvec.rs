@@ -659,6 +659,69 @@ mod tests {
         }
     }
 
+    /// A CUDA open that fails at any step leaves nothing behind: no
+    /// stream, event, module or green context alive and the primary
+    /// context released (`backend auto` then serves on the CPU holding
+    /// nothing of the GPU). Run in a child process: other tests' backends
+    /// would be counted too. Without a GPU, the open fails at the driver
+    /// and the child checks that nothing was made.
+    #[test]
+    fn cuda_open_leaks_nothing_at_any_step() {
+        if std::env::var("GPUD_OPEN_CHILD").is_ok() {
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args(["--exact", "testvec::tests::cuda_open_child", "--include-ignored", "--nocapture"])
+            .env("GPUD_OPEN_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        eprintln!("{text}");
+        assert!(out.status.success(), "open child failed");
+        assert!(text.contains("OPEN-CHILD-OK"), "open child did not run");
+    }
+
+    #[test]
+    #[ignore = "run by cuda_open_leaks_nothing_at_any_step in a child process"]
+    fn cuda_open_child() {
+        use crate::backend::cuda::{live_handles, primary_context_held, CudaBackend, OPEN_STEPS};
+        let nothing_held = |when: &str| {
+            let held: Vec<_> = live_handles().into_iter().filter(|&(_, n)| n != 0).collect();
+            assert!(held.is_empty(), "{when}: handles alive: {held:?}");
+            assert_ne!(primary_context_held(0), Some(true), "{when}: the primary context is still retained");
+        };
+        nothing_held("before any open");
+        match CudaBackend::open(0, crate::backend::DEFAULT_LANE_SMS) {
+            Ok(b) => {
+                assert!(live_handles().iter().all(|&(_, n)| n >= 0));
+                let streams = live_handles().into_iter().find(|&(k, _)| k == "stream").map_or(0, |(_, n)| n);
+                assert!(streams > 0, "an open backend owns streams");
+                assert_eq!(primary_context_held(0), Some(true));
+                drop(b);
+                nothing_held("after a backend was dropped");
+                for step in OPEN_STEPS {
+                    let e = CudaBackend::open_failing_at(0, crate::backend::DEFAULT_LANE_SMS, Some(step))
+                        .err()
+                        .unwrap_or_else(|| panic!("open did not fail at {step}"));
+                    assert!(e.to_string().contains(step), "{step}: {e}");
+                    nothing_held(&format!("after an open failed at {step}"));
+                    eprintln!("open failed at {step}: nothing held");
+                }
+                // And it opens again, whole, after all that.
+                drop(CudaBackend::open(0, crate::backend::DEFAULT_LANE_SMS).expect("open after the faults"));
+                nothing_held("after the last open was dropped");
+            }
+            Err(e) => {
+                // No GPU here (ERLCUDA_REQUIRE_GPU=1 makes that a failure):
+                // the open failed before any handle.
+                no_gpu(&e.to_string());
+                nothing_held("after an open without a GPU");
+            }
+        }
+        eprintln!("OPEN-CHILD-OK");
+    }
+
     /// The context really faults: run in a child process (the fault poisons
     /// the process's primary context, which other tests share).
     #[cfg(feature = "fault-injection")]

@@ -862,6 +862,63 @@ fn refuses_an_unsealed_memfd() {
     expect_handshake_failure(&mut vm, None, 0);
 }
 
+/// `--backend auto` after a CUDA open that failed: gpud serves on the CPU
+/// and holds nothing of the GPU. A gpud built with `fault-injection`
+/// (`GPUD_FAULT_BIN`; `make test-rust` and the GPU bundle set it) fails
+/// its open at each step in turn (ERLCUDA_GPUD_CUDA_OPEN_FAULT); on a
+/// machine without a GPU the open fails at the driver, before any step.
+/// Either way the log must not say that a handle was left held.
+#[test]
+fn auto_falls_back_to_the_cpu_after_a_failed_cuda_open() {
+    let Ok(bin) = std::env::var("GPUD_FAULT_BIN") else {
+        eprintln!("NOTE: GPUD_FAULT_BIN is not set (make test-rust sets it): skipped");
+        return;
+    };
+    let probe = Command::new(&bin).args(["--probe", "--backend", "cuda"]).stdin(Stdio::null()).output().unwrap();
+    let gpu = String::from_utf8_lossy(&probe.stdout).starts_with("backend cuda devices ");
+    for step in gpud::backend::cuda::OPEN_STEPS {
+        let mut vm = Vm::new(64, 1 << 16);
+        let mut child = Command::new(&bin)
+            .args(["--socket", &vm.name, "--device", "0", "--backend", "auto"])
+            .env("ERLCUDA_GPUD_CUDA_OPEN_FAULT", step)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gpud");
+        let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let log = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut gpud = Gpud { stdin: child.stdin.take(), child, lines };
+        vm.accept_and_hello(0, None);
+        let ready = std::iter::from_fn(|| gpud.line(Duration::from_secs(20)))
+            .find(|l| l.starts_with("ready "))
+            .unwrap_or_else(|| panic!("{step}: no ready line"));
+        assert!(ready.starts_with("ready cpu "), "{step}: {ready}");
+        let data = vm.write(&[1.5; 8]);
+        let out = vm.alloc(1);
+        vm.submit(&[Sqe { user_data: 1, kernel: Kernel::Reduce.id(), in0: data, in0_len: 8, out, out_len: 1, ..Sqe::default() }]);
+        let c = vm.wait_cqes(1, Duration::from_secs(10));
+        assert_eq!((c[0].user_data, c[0].status), (1, 0), "{step}");
+        assert_eq!(vm.read(out, 1), vec![12.0]);
+        gpud.close_stdin();
+        assert_eq!(gpud.wait_exit(EXIT_DEADLINE).code(), Some(0), "{step}");
+        let log = log.join().unwrap();
+        assert!(log.contains("backend auto:") && log.contains("using the CPU"), "{step}: {log}");
+        assert!(!log.contains("handles held"), "{step}: {log}");
+        if gpu {
+            assert!(log.contains(&format!("{step}: a fault injected there")), "{step}: {log}");
+        }
+    }
+}
+
 #[test]
 fn probe_lines() {
     let run = |args: &[&str]| {

@@ -82,7 +82,7 @@ cargo_tests() {
         name=$(basename "$t")
         log="$tmp/cargo-$name.log"
         bins=$((bins + 1))
-        if (cd "$tmp" && ERLCUDA_REQUIRE_GPU=1 GPUD_BIN="$gpud" GPUD_BENCH_BIN="$here/gpud-bench" \
+        if (cd "$tmp" && ERLCUDA_REQUIRE_GPU=1 GPUD_BIN="$gpud" GPUD_BENCH_BIN="$here/gpud-bench" GPUD_FAULT_BIN="$here/gpud-fault" \
                 GPUD_E2E_BACKEND="${GPUD_E2E_BACKEND:-cuda}" \
                 "$t" --skip layout_agrees_with_c_header) >"$log" 2>&1; then
             :

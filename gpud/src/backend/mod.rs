@@ -266,6 +266,12 @@ pub fn open(kind: BackendKind, device: u32, lane_sms: Option<u32>) -> Result<Box
             Ok(b) => Ok(Box::new(b)),
             Err(e) => {
                 log!(Notice, "gpud[{device}]: backend auto: {e}; using the CPU");
+                // The failed open dropped whatever it had made; a handle
+                // still counted here is one it leaked.
+                let held: Vec<_> = cuda::live_handles().into_iter().filter(|&(_, n)| n != 0).collect();
+                if !held.is_empty() {
+                    log!(Warning, "gpud[{device}]: backend auto: CUDA handles held after the failed open: {held:?}");
+                }
                 Ok(Box::new(cpu::CpuBackend::new(device)))
             }
         },

@@ -97,6 +97,15 @@ pub(super) fn primary_ctx_retain(dev: sys::CUdevice) -> DResult<sys::CUcontext> 
     Ok(ctx)
 }
 
+/// Whether `dev`'s primary context is active (retained by someone in this
+/// process): the tests' check that every retain was released.
+pub(super) fn primary_ctx_active(dev: sys::CUdevice) -> DResult<bool> {
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: valid out-pointers; the driver checks the device.
+    check(unsafe { sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) })?;
+    Ok(active != 0)
+}
+
 /// # Safety
 /// `dev`'s primary context was retained by this process and is released
 /// once for each retain; nothing uses the context afterwards.

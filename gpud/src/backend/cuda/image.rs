@@ -6,7 +6,8 @@ use std::ffi::CString;
 
 use cudarc::driver::sys;
 
-use super::{driver, no_cuda};
+use super::handles::Module;
+use super::no_cuda;
 use crate::error::Result;
 use crate::layout::{ElemType, EC_TYPE_COUNT, KERNEL_ROWS};
 
@@ -53,7 +54,7 @@ pub fn cubin_for(cubins: &'static [Cubin], major: i32, minor: i32, sm80: bool) -
 /// (unless `ERLCUDA_FORCE_PTX=1`), else, or if the driver refuses the cubin
 /// (one from a newer toolkit than the driver, say), the PTX. Returns the
 /// module and what was loaded, for the log. Needs a current context.
-pub(super) fn load_builtin_module(major: i32, minor: i32, sm80: bool, ptx: &CString) -> Result<(sys::CUmodule, String)> {
+pub(super) fn load_builtin_module(major: i32, minor: i32, sm80: bool, ptx: &CString) -> Result<(Module, String)> {
     let forced = std::env::var("ERLCUDA_FORCE_PTX").is_ok_and(|v| v == "1");
     let mut why = if forced { "ERLCUDA_FORCE_PTX=1" } else { "no cubin for this GPU" }.to_string();
     if let Some(c) = cubin_for(CUBINS, major, minor, sm80).filter(|_| !forced) {
@@ -62,7 +63,7 @@ pub(super) fn load_builtin_module(major: i32, minor: i32, sm80: bool, ptx: &CStr
         // SAFETY: `img` holds at least c.image.len() bytes; no overlap.
         unsafe { std::ptr::copy_nonoverlapping(c.image.as_ptr(), img.as_mut_ptr().cast::<u8>(), c.image.len()) };
         // SAFETY: a whole cubin, 8-byte aligned, alive for the call.
-        match unsafe { driver::module_load_data(img.as_ptr().cast()) } {
+        match unsafe { Module::load_data(img.as_ptr().cast()) } {
             Ok(module) => return Ok((module, format!("cubin sm_{}{}", c.major, c.minor))),
             Err(e) => {
                 why = format!("the driver refused the sm_{}{} cubin ({:?})", c.major, c.minor, e.0);
@@ -70,22 +71,23 @@ pub(super) fn load_builtin_module(major: i32, minor: i32, sm80: bool, ptx: &CStr
             }
         }
     }
-    let module = driver::module_load_ptx(ptx)
+    let module = Module::load_ptx(ptx)
         .map_err(|e| no_cuda("cuda_setup_failed", format!("cuModuleLoadData: {:?}", e.0)))?;
     Ok((module, format!("PTX ({}) JIT: {why}", if sm80 { "sm_80" } else { "sm_70" })))
 }
 
 /// `funcs[kernel id - 1][type id]`: the entry `<entry>_<type>` of every
 /// type each row of the kernel table lists (null for the others).
-pub(super) fn builtin_entries(module: sys::CUmodule) -> Result<Vec<[sys::CUfunction; EC_TYPE_COUNT as usize]>> {
+pub(super) fn builtin_entries(module: &Module) -> Result<Vec<[sys::CUfunction; EC_TYPE_COUNT as usize]>> {
     let mut funcs = vec![[std::ptr::null_mut(); EC_TYPE_COUNT as usize]; KERNEL_ROWS.len()];
     for (row, fs) in KERNEL_ROWS.iter().zip(&mut funcs) {
         for ty in ElemType::ALL.into_iter().filter(|t| row.kernel.runs_on(*t)) {
             let name = format!("{}_{}", row.entry, ty.atom());
             let c = CString::new(name.as_str()).unwrap();
-            // SAFETY: the module was just loaded and lives as long as the
-            // backend that keeps these functions.
-            fs[ty as usize] = unsafe { driver::module_get_function(module, &c) }
+            // The module lives as long as the backend that keeps these
+            // functions.
+            fs[ty as usize] = module
+                .function(&c)
                 .map_err(|e| no_cuda("cuda_setup_failed", format!("kernel entry {name}: {:?}", e.0)))?;
         }
     }

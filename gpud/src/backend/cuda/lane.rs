@@ -31,6 +31,7 @@ use std::ptr;
 
 use cudarc::driver::sys;
 
+use super::handles::{Event, GreenCtx, Module, Stream};
 use super::{driver, setup};
 use crate::error::Result;
 
@@ -41,16 +42,16 @@ const PROBE_PTX: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
 
 /// The lane and the partition the device's SMs are in.
 pub(super) struct Lane {
-    /// Small launches' stream (null: none, they share the others').
-    pub(super) stream: sys::CUstream,
+    /// Small launches' stream (None: none, they share the others').
+    /// Declared before `green`: dropped before the context it is in.
+    pub(super) stream: Option<Stream>,
     green: Option<Green>,
 }
 
 /// The two green contexts of a reservation.
-#[derive(Clone, Copy)]
 struct Green {
-    lane: sys::CUgreenCtx,
-    rest: sys::CUgreenCtx,
+    lane: GreenCtx,
+    rest: GreenCtx,
     lane_sms: u32,
     rest_sms: u32,
 }
@@ -72,15 +73,9 @@ impl Green {
         if lane_sms == 0 || rest_sms == 0 {
             return Err(format!("the split of {total} SMs gave {lane_sms} and {rest_sms}"));
         }
-        let lane = driver::green_ctx_create(dev, &lane).map_err(|e| format!("cuGreenCtxCreate: {:?}", e.0))?;
-        let rest = match driver::green_ctx_create(dev, &rest) {
-            Ok(g) => g,
-            Err(e) => {
-                // SAFETY: just created, no stream made in it.
-                let _ = unsafe { driver::green_ctx_destroy(lane) };
-                return Err(format!("cuGreenCtxCreate: {:?}", e.0));
-            }
-        };
+        let lane = GreenCtx::create(dev, &lane).map_err(|e| format!("cuGreenCtxCreate: {:?}", e.0))?;
+        // On an error `lane` is dropped (destroyed) with the return.
+        let rest = GreenCtx::create(dev, &rest).map_err(|e| format!("cuGreenCtxCreate: {:?}", e.0))?;
         Ok(Green { lane, rest, lane_sms, rest_sms })
     }
 }
@@ -100,43 +95,32 @@ impl Lane {
             }
         }
         let stream = match greatest {
-            Some(p) => setup("cuStreamCreateWithPriority", driver::stream_create_with_priority(p))?,
-            None => ptr::null_mut(),
+            Some(p) => Some(setup("cuStreamCreateWithPriority", Stream::with_priority(p))?),
+            None => None,
         };
         Ok(Lane { stream, green: None })
     }
 
     /// The lane of reservation `g`, once a kernel has run on a stream of
-    /// each partition; Err (everything made undone) says why not.
+    /// each partition; Err (everything made dropped) says why not.
     fn tried(g: Green, priority: i32) -> std::result::Result<Lane, String> {
-        let mut lane = Lane { stream: ptr::null_mut(), green: Some(g) };
-        let tried = (|| {
-            // SAFETY: the contexts live until close, after their streams.
-            lane.stream = unsafe { driver::green_stream_create(g.lane, priority) }
-                .map_err(|e| format!("cuGreenCtxStreamCreate: {:?}", e.0))?;
-            let rest = lane.work_stream().map_err(|e| e.to_string())?;
-            let r = try_streams(&[lane.stream, rest]);
-            // SAFETY: synchronized by try_streams, or never used.
-            let _ = unsafe { driver::stream_destroy(rest) };
-            r
-        })();
-        match tried {
-            Ok(()) => Ok(lane),
-            Err(why) => {
-                // SAFETY: the one work stream made is destroyed.
-                unsafe { lane.close() };
-                Err(why)
-            }
-        }
+        let stream = g.lane.stream(priority).map_err(|e| format!("cuGreenCtxStreamCreate: {:?}", e.0))?;
+        let lane = Lane { stream: Some(stream), green: Some(g) };
+        let rest = lane.work_stream().map_err(|e| e.to_string())?;
+        let lane_stream = lane.stream.as_ref().map_or(ptr::null_mut(), Stream::raw);
+        // `rest` is dropped here, synchronized by try_streams or never
+        // used; on an error `lane` is dropped too.
+        try_streams(&[lane_stream, rest.raw()])?;
+        Ok(lane)
     }
 
     /// A stream for launches that are not small: in the partition of the
-    /// SMs not reserved, where there is a reservation.
-    pub(super) fn work_stream(&self) -> Result<sys::CUstream> {
+    /// SMs not reserved, where there is a reservation. The caller drops it
+    /// before the lane.
+    pub(super) fn work_stream(&self) -> Result<Stream> {
         match &self.green {
-            // SAFETY: the context lives until close, after its streams.
-            Some(g) => setup("cuGreenCtxStreamCreate", unsafe { driver::green_stream_create(g.rest, 0) }),
-            None => setup("cuStreamCreate", driver::stream_create_non_blocking()),
+            Some(g) => setup("cuGreenCtxStreamCreate", g.rest.stream(0)),
+            None => setup("cuStreamCreate", Stream::non_blocking()),
         }
     }
 
@@ -145,9 +129,9 @@ impl Lane {
     /// work streams have every SM already). A large launch goes there while
     /// no small job runs (launch.rs), so the reservation costs large jobs
     /// nothing when there are no small ones to keep it for.
-    pub(super) fn wide_stream(&self) -> Result<Option<sys::CUstream>> {
+    pub(super) fn wide_stream(&self) -> Result<Option<Stream>> {
         match &self.green {
-            Some(_) => Ok(Some(setup("cuStreamCreate", driver::stream_create_non_blocking())?)),
+            Some(_) => Ok(Some(setup("cuStreamCreate", Stream::non_blocking())?)),
             None => Ok(None),
         }
     }
@@ -157,26 +141,8 @@ impl Lane {
     pub(super) fn describe(&self) -> String {
         match &self.green {
             Some(g) => format!("green {} {}", g.lane_sms, g.rest_sms),
-            None if self.stream.is_null() => "none".into(),
+            None if self.stream.is_none() => "none".into(),
             None => "priority".into(),
-        }
-    }
-
-    /// Destroys the lane's stream and the green contexts.
-    ///
-    /// # Safety
-    /// Nothing runs on any stream made by [`Lane::work_stream`], and every
-    /// such stream is destroyed already; the lane is not used afterwards.
-    pub(super) unsafe fn close(&mut self) {
-        if !self.stream.is_null() {
-            // SAFETY: made in open, destroyed once.
-            let _ = unsafe { driver::stream_destroy(self.stream) };
-            self.stream = ptr::null_mut();
-        }
-        if let Some(g) = self.green.take() {
-            // SAFETY: the caller destroyed their streams.
-            let _ = unsafe { driver::green_ctx_destroy(g.lane) };
-            let _ = unsafe { driver::green_ctx_destroy(g.rest) };
         }
     }
 }
@@ -192,32 +158,23 @@ fn try_streams(streams: &[sys::CUstream]) -> std::result::Result<(), String> {
         move |e| format!("{what}: {:?}", e.0)
     }
     let ptx = CString::new(PROBE_PTX).map_err(|_| "the probe's PTX holds a NUL".to_string())?;
-    let module = driver::module_load_ptx(&ptx).map_err(named("cuModuleLoadData"))?;
-    let tried = (|| {
-        let name = CString::new("erlcuda_lane_probe").map_err(|_| "bad probe name".to_string())?;
-        // SAFETY: the module just loaded, unloaded below.
-        let f = unsafe { driver::module_get_function(module, &name) }.map_err(named("cuModuleGetFunction"))?;
-        let ev = driver::event_create().map_err(named("cuEventCreate"))?;
-        let each = (|| {
-            for &s in streams {
-                // SAFETY: a function of no parameters and no memory; live
-                // streams and event.
-                unsafe { driver::launch_kernel(f, 1, 32, 0, s, &mut []) }
-                    .map_err(named("cuLaunchKernel on a green context's stream"))?;
-                unsafe { driver::event_record(ev, s) }.map_err(named("cuEventRecord on a green context's stream"))?;
-                unsafe { driver::stream_synchronize(s) }.map_err(named("cuStreamSynchronize"))?;
-                if !unsafe { driver::event_query(ev) }.map_err(named("cuEventQuery"))? {
-                    return Err("an event behind a green context's work had not fired once it was done".into());
-                }
-            }
-            Ok(())
-        })();
-        // SAFETY: no stream waits on it any more (each was synchronized,
-        // or the failed call recorded nothing).
-        let _ = unsafe { driver::event_destroy(ev) };
-        each
-    })();
-    // SAFETY: nothing of the module runs any more.
-    let _ = unsafe { driver::module_unload(module) };
-    tried
+    // Both dropped (the event destroyed, then the module unloaded) on
+    // every way out: each stream was synchronized, or the failed call
+    // enqueued nothing.
+    let module = Module::load_ptx(&ptx).map_err(named("cuModuleLoadData"))?;
+    let name = CString::new("erlcuda_lane_probe").map_err(|_| "bad probe name".to_string())?;
+    let f = module.function(&name).map_err(named("cuModuleGetFunction"))?;
+    let ev = Event::new().map_err(named("cuEventCreate"))?;
+    for &s in streams {
+        // SAFETY: a function of no parameters and no memory; live
+        // streams and event.
+        unsafe { driver::launch_kernel(f, 1, 32, 0, s, &mut []) }
+            .map_err(named("cuLaunchKernel on a green context's stream"))?;
+        unsafe { driver::event_record(ev.raw(), s) }.map_err(named("cuEventRecord on a green context's stream"))?;
+        unsafe { driver::stream_synchronize(s) }.map_err(named("cuStreamSynchronize"))?;
+        if !unsafe { driver::event_query(ev.raw()) }.map_err(named("cuEventQuery"))? {
+            return Err("an event behind a green context's work had not fired once it was done".into());
+        }
+    }
+    Ok(())
 }

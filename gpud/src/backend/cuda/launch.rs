@@ -8,6 +8,7 @@ use std::ptr;
 
 use cudarc::driver::sys;
 
+use super::handles::{Event, Stream};
 use super::memory::CudaMemory;
 use super::{ck, driver, CudaBackend, STREAMS_PER_KERNEL};
 use crate::arena::Arena;
@@ -100,7 +101,7 @@ pub fn policy(op: &dyn KernelOp, job: &Job, njobs: usize) -> Placement {
 pub(super) struct Slot {
     /// 0 when free.
     ticket: Ticket,
-    event: sys::CUevent,
+    event: Event,
     host_table: *mut u8,
     /// The staging buffer's device address (it is mapped): small tables are
     /// read from there by the kernel, without a copy (see MAPPED_TABLE_MAX).
@@ -116,7 +117,7 @@ impl Slot {
     fn new() -> Result<Slot> {
         Ok(Slot {
             ticket: 0,
-            event: ck(driver::event_create(), "cuEventCreate")?,
+            event: ck(Event::new(), "cuEventCreate")?,
             host_table: ptr::null_mut(),
             host_table_dev: 0,
             host_cap: 0,
@@ -174,12 +175,12 @@ impl Slot {
         Ok(())
     }
 
-    /// Releases what this slot allocated; errors (a dead context) are
-    /// ignored on the way out.
+    /// Releases the memory this slot allocated (its event goes with the
+    /// slot); errors (a dead context) are ignored on the way out.
     pub(super) fn free(&mut self, mem: &mut CudaMemory) {
-        // SAFETY (each call): the slot's own allocations and event, freed
-        // once, after the context was synchronized (or died): nothing in
-        // flight uses them.
+        // SAFETY (each call): the slot's own allocations, freed once,
+        // after the context was synchronized (or died): nothing in flight
+        // uses them.
         if !self.host_table.is_null() {
             let _ = unsafe { driver::mem_free_host(self.host_table.cast()) };
         }
@@ -189,7 +190,8 @@ impl Slot {
         if self.scratch != 0 {
             unsafe { mem.dev_free(self.scratch) };
         }
-        let _ = unsafe { driver::event_destroy(self.event) };
+        self.host_table = ptr::null_mut();
+        (self.dev_table, self.scratch) = (0, 0);
     }
 }
 
@@ -241,7 +243,8 @@ impl CudaBackend {
         let wide = !small && self.wide.is_some() && !self.paced.small_recently(std::time::Instant::now());
         self.last_wide = (!small && self.wide.is_some()).then_some(wide);
         let (f, stream, smem) = self.entry_stream(kernel, ty, wide)?;
-        Ok((f, if small && !self.lane.stream.is_null() { self.lane.stream } else { stream }, smem))
+        let lane = self.lane.stream.as_ref().filter(|_| small).map(Stream::raw);
+        Ok((f, lane.unwrap_or(stream), smem))
     }
 
     fn entry_stream(&mut self, kernel: KernelRef, ty: ElemType, wide: bool) -> Result<(sys::CUfunction, sys::CUstream, u32)> {
@@ -251,8 +254,8 @@ impl CudaBackend {
                 let t = self.turn[i];
                 self.turn[i] = (t + 1) % STREAMS_PER_KERNEL;
                 let stream = match &self.wide {
-                    Some(w) if wide => w.streams[i][t],
-                    _ => self.streams[i][t],
+                    Some(w) if wide => w.streams[i][t].raw(),
+                    _ => self.streams[i][t].raw(),
                 };
                 (self.funcs[i][ty as usize], stream, self.smem_max[i][ty as usize])
             }
@@ -264,8 +267,8 @@ impl CudaBackend {
                     .map_or(ptr::null_mut(), |fs| fs[ty as usize]);
                 let smem = self.user_smem_max.get(&(id, ty as u8)).copied().unwrap_or(SMEM_DEFAULT_MAX);
                 let stream = match &self.wide {
-                    Some(w) if wide => w.user,
-                    _ => self.user_stream,
+                    Some(w) if wide => w.user.raw(),
+                    _ => self.user_stream.raw(),
                 };
                 if stream != self.user_last {
                     if let Some(w) = &self.wide {
@@ -273,8 +276,8 @@ impl CudaBackend {
                         // buffer's updates): the new stream waits for the
                         // last launch on the old one.
                         // SAFETY: both streams and the event live as long as the backend.
-                        ck(unsafe { driver::event_record(w.switch, self.user_last) }, "cuEventRecord")?;
-                        ck(unsafe { driver::stream_wait_event(stream, w.switch) }, "cuStreamWaitEvent")?;
+                        ck(unsafe { driver::event_record(w.switch.raw(), self.user_last) }, "cuEventRecord")?;
+                        ck(unsafe { driver::stream_wait_event(stream, w.switch.raw()) }, "cuStreamWaitEvent")?;
                     }
                     self.user_last = stream;
                 }
@@ -511,7 +514,7 @@ impl CudaBackend {
             })?;
         }
         // SAFETY: the slot's event and one of this backend's streams.
-        ck(unsafe { driver::event_record(slot.event, stream) }, "cuEventRecord")?;
+        ck(unsafe { driver::event_record(slot.event.raw(), stream) }, "cuEventRecord")?;
         self.last_enqueue = enqueue_started.elapsed();
         let t = self.next_ticket;
         self.next_ticket += 1;
@@ -531,7 +534,7 @@ impl CudaBackend {
                 continue;
             }
             // SAFETY: the event was created by this backend and recorded.
-            if ck(unsafe { driver::event_query(s.event) }, "a launch on the GPU (cuEventQuery)")? {
+            if ck(unsafe { driver::event_query(s.event.raw()) }, "a launch on the GPU (cuEventQuery)")? {
                 done.push(s.ticket);
                 s.ticket = 0;
                 self.busy -= 1;

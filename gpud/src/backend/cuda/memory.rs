@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::driver::DResult;
+use super::handles::{Event, Stream};
 use super::{ck, driver, CudaBackend};
 use crate::backend::pace::Dir;
 use crate::backend::{Registered, Registrar, Ticket};
@@ -130,7 +131,7 @@ impl Segment {
 /// pools, cuMemAlloc / cuMemFree.
 pub(super) struct CudaMemory {
     pub(super) capacity: u64,
-    pub(super) pool: Option<(sys::CUmemoryPool, sys::CUstream)>,
+    pub(super) pool: Option<(sys::CUmemoryPool, Stream)>,
 }
 
 impl CudaMemory {
@@ -138,7 +139,9 @@ impl CudaMemory {
     /// launches' own tables and scratch (which grow, rarely, while gpud
     /// serves: cuMemFree there stalled every job in flight too).
     pub(super) fn dev_alloc(&mut self, bytes: usize) -> DResult<u64> {
-        let Some((pool, stream)) = self.pool else { return driver::mem_alloc(bytes) };
+        let Some((pool, stream)) = self.pool.as_ref().map(|(p, s)| (*p, s.raw())) else {
+            return driver::mem_alloc(bytes);
+        };
         // SAFETY: the pool and its stream live as long as the backend.
         let p = match unsafe { driver::mem_alloc_from_pool_async(bytes, pool, stream) } {
             Ok(p) => p,
@@ -165,8 +168,8 @@ impl CudaMemory {
     /// `p` came from `dev_alloc`, is freed once, and nothing in flight or
     /// later uses it.
     pub(super) unsafe fn dev_free(&mut self, p: u64) {
-        let _ = match self.pool {
-            Some((_, stream)) => unsafe { driver::mem_free_async(p, stream) },
+        let _ = match &self.pool {
+            Some((_, stream)) => unsafe { driver::mem_free_async(p, stream.raw()) },
             None => unsafe { driver::mem_free(p) },
         };
     }
@@ -237,14 +240,14 @@ impl CudaBackend {
         if self.paced.open() == 0 {
             return Ok(());
         }
-        let streams = self.copy_streams;
+        let streams = [self.copy_streams[0].raw(), self.copy_streams[1].raw()];
         let spare = RefCell::new(std::mem::take(&mut self.spare_events));
         let r = self.paced.advance(
             done,
             |dir, dev, host, n| {
                 let e = match spare.borrow_mut().pop() {
                     Some(e) => e,
-                    None => ck(driver::event_create(), "cuEventCreate")?,
+                    None => ck(Event::new(), "cuEventCreate")?,
                 };
                 let s = streams[dir as usize];
                 // SAFETY: `dev..+n` lies in a live buffer block and
@@ -260,11 +263,11 @@ impl CudaBackend {
                     }
                 })?;
                 // SAFETY: an event of this backend's, on its stream.
-                ck(unsafe { driver::event_record(e, s) }, "cuEventRecord (copy)")?;
+                ck(unsafe { driver::event_record(e.raw(), s) }, "cuEventRecord (copy)")?;
                 Ok(e)
             },
             // SAFETY: events created by this backend and recorded.
-            |e| ck(unsafe { driver::event_query(*e) }, "a copy on the GPU (cuEventQuery)"),
+            |e| ck(unsafe { driver::event_query(e.raw()) }, "a copy on the GPU (cuEventQuery)"),
             |e| spare.borrow_mut().push(e),
         );
         self.spare_events = spare.into_inner();

@@ -28,7 +28,8 @@
 //! context fails, so gpud answers what it holds with DEVICE_ERROR and exits 3.
 //!
 //! Files, bottom to top: `driver` (the only caller of the raw driver API:
-//! one checked function per call), `image` (the built-in module: PTX or
+//! one checked function per call), `handles` (owners of the context,
+//! green contexts, streams, events and modules, each freeing itself), `image` (the built-in module: PTX or
 //! cubin), `memory` (segments and device buffers), `user_module` (users'
 //! modules, their entries checked), `launch` (placement, slots, one launch
 //! enqueued), and this file (the device opened, the [`Backend`] trait).
@@ -44,6 +45,7 @@
 #![allow(clippy::too_many_arguments)]
 
 mod driver;
+mod handles;
 mod image;
 mod lane;
 mod launch;
@@ -52,12 +54,13 @@ mod user_module;
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::ptr::{self, NonNull};
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
+pub use handles::live as live_handles;
 pub use image::{cubin_for, Cubin};
 pub use launch::policy;
 
@@ -70,6 +73,7 @@ use crate::layout::{EC_MAX_SEGMENTS, EC_TYPE_COUNT, KERNEL_ROWS};
 use crate::modules::{ModuleLoader, UserKernel};
 use crate::ops::{DevPtrs, Placement};
 use driver::DResult;
+use handles::{Event, Module, PrimaryCtx, Stream};
 use image::{PTX, PTX_SM80};
 use lane::Lane;
 use launch::{Chunk, Copy, Slot, SMEM_DEFAULT_MAX};
@@ -135,50 +139,32 @@ pub fn probe() -> Result<u32> {
     driver_devices().map(|(_, n)| n)
 }
 
+/// The CUDA backend. Its handles are owned ([`handles`]) and dropped in
+/// the order the fields are declared: every stream, event and module
+/// before the green contexts of the lane and the primary context last.
 pub struct CudaBackend {
     device: u32,
     name: String,
-    ctx: sys::CUcontext,
-    cu_dev: sys::CUdevice,
-    module: sys::CUmodule,
     /// `funcs[kernel id - 1][type id]`: the entry `<entry>_<type>` of every
-    /// type the kernel's row lists (null for the others).
+    /// type the kernel's row lists (null for the others), of `_module`.
     funcs: Vec<[sys::CUfunction; EC_TYPE_COUNT as usize]>,
     /// Dynamic shared memory each function was opened up to (beyond 48 KiB).
     smem_max: Vec<[u32; EC_TYPE_COUNT as usize]>,
-    /// [`STREAMS_PER_KERNEL`] streams per kernel, taken in turn by its
-    /// launches (`turn`).
-    streams: Vec<[sys::CUstream; STREAMS_PER_KERNEL]>,
     turn: Vec<usize>,
-    /// Users' kernels: one stream for all of them, their modules by slot,
-    /// and the dynamic shared memory each entry was opened up to.
-    user_stream: sys::CUstream,
     /// The stream the last user launch went on (its order is kept across a
-    /// change to or from `wide`).
+    /// change to or from `wide`): an alias of `user_stream` or of the wide
+    /// one, which own it.
     user_last: sys::CUstream,
-    /// Under a reservation, the streams large launches take while no small
-    /// job runs (lane.rs, `Lane::wide_stream`).
-    wide: Option<Wide>,
-    user_mods: HashMap<u16, UserModule>,
     user_smem_max: HashMap<(u16, u8), u32>,
     segs: Vec<Option<Segment>>,
     /// How long `open`'s steps took (the startup profile).
     open_phases: Vec<(&'static str, Duration)>,
-    slots: Vec<Slot>,
     next_ticket: Ticket,
     busy: usize,
     /// The last submit's driver calls (`Backend::last_enqueue`).
     last_enqueue: Duration,
     /// Where the last submit's launch ran (`Backend::last_wide`).
     last_wide: Option<bool>,
-    /// Puts' and gets' copies, paced (`pace`), on a stream per direction;
-    /// events of finished pieces kept for the next ones.
-    paced: Pacer<sys::CUevent>,
-    /// Small launches' stream, and the SMs they may have to themselves
-    /// (`lane`).
-    lane: Lane,
-    copy_streams: [sys::CUstream; 2],
-    spare_events: Vec<sys::CUevent>,
     /// Benchmarks force a placement for every job.
     force_mode: Option<Placement>,
     // Reused per launch.
@@ -188,15 +174,54 @@ pub struct CudaBackend {
     copies_out: Vec<Copy>,
     chunks: Vec<Chunk>,
     zero_dev: Vec<(u64, usize)>,
+    // Owned handles from here on, in the order they are dropped.
+    slots: Vec<Slot>,
+    /// Puts' and gets' copies, paced (`pace`), on a stream per direction;
+    /// events of finished pieces kept for the next ones.
+    paced: Pacer<Event>,
+    spare_events: Vec<Event>,
+    /// [`STREAMS_PER_KERNEL`] streams per kernel, taken in turn by its
+    /// launches (`turn`).
+    streams: Vec<[Stream; STREAMS_PER_KERNEL]>,
+    /// Users' kernels: one stream for all of them, their modules by slot,
+    /// and the dynamic shared memory each entry was opened up to.
+    user_stream: Stream,
+    /// Under a reservation, the streams large launches take while no small
+    /// job runs (lane.rs, `Lane::wide_stream`).
+    wide: Option<Wide>,
+    copy_streams: [Stream; 2],
     /// Device buffers' raw memory (the caching allocator, buffers.rs,
     /// sits on it).
     memory: CudaMemory,
+    /// Small launches' stream, and the SMs they may have to themselves
+    /// (`lane`): after every stream made in its green contexts.
+    lane: Lane,
+    user_mods: HashMap<u16, UserModule>,
+    /// The built-in kernels' module, held for `funcs` (unloaded on drop).
+    _module: Module,
+    /// Last: released once everything made in it is gone.
+    ctx: PrimaryCtx,
 }
 
 impl CudaBackend {
     /// Opens device `device`, with `lane_sms` SMs reserved for small
     /// launches where the driver can (None: no reservation).
     pub fn open(device: u32, lane_sms: Option<u32>) -> Result<CudaBackend> {
+        Self::open_failing_at(device, lane_sms, injected_open_fault().as_deref())
+    }
+
+    /// [`CudaBackend::open`], failing at step `fail_at` (one of
+    /// [`OPEN_STEPS`]) as if the driver had refused it there: what the
+    /// steps before it made must all be freed (the fault injection of the
+    /// tests; `open` passes None outside `fault-injection` builds).
+    pub fn open_failing_at(device: u32, lane_sms: Option<u32>, fail_at: Option<&str>) -> Result<CudaBackend> {
+        let step = |at: &'static str| -> Result<()> {
+            debug_assert!(OPEN_STEPS.contains(&at));
+            match fail_at {
+                Some(f) if f == at => Err(no_cuda("cuda_setup_failed", format!("{at}: a fault injected there"))),
+                _ => Ok(()),
+            }
+        };
         let t_open = Instant::now();
         let (t_load, n) = driver_devices()?;
         let t_init = t_open.elapsed().saturating_sub(t_load);
@@ -206,6 +231,7 @@ impl CudaBackend {
                 format!("device {device} requested, the driver sees {n}"),
             ));
         }
+        step("device")?;
         let dev = setup("cuDeviceGet", driver::device_get(device as i32))?;
         // An attribute the driver does not give reads as 0.
         let attr = |a: sys::CUdevice_attribute| driver::device_attribute(dev, a).unwrap_or(0);
@@ -226,64 +252,63 @@ impl CudaBackend {
         let dname = driver::device_name(dev).unwrap_or_default();
         let drv = driver::driver_version().unwrap_or(0);
         let t = Instant::now();
-        let ctx = setup("cuDevicePrimaryCtxRetain", driver::primary_ctx_retain(dev))?;
-        // SAFETY: the context just retained; released in Drop.
-        setup("cuCtxSetCurrent", unsafe { driver::ctx_set_current(ctx) })?;
+        // From here on every handle has an owner: a `?` drops what was made.
+        let ctx = setup("cuDevicePrimaryCtxRetain", PrimaryCtx::retain(dev))?;
+        step("context")?;
         let t_ctx = t.elapsed();
         let sm80 = major >= 8 && PTX_SM80.is_some();
         let src = if sm80 { PTX_SM80 } else { PTX };
         let ptx = CString::new(src.unwrap_or_default()).map_err(|_| no_cuda("no_cuda_backend", "PTX holds a NUL"))?;
         let t = Instant::now();
         let (module, loaded) = image::load_builtin_module(major, minor, sm80, &ptx)?;
+        step("module")?;
         let load_ms = t.elapsed().as_secs_f64() * 1e3;
-        let funcs = image::builtin_entries(module)?;
+        let funcs = image::builtin_entries(&module)?;
         // The PTX load (t started above it) and the entry lookups.
         let t_module = t.elapsed();
         // Every kernel stream is the lane's or one of the lane's work
         // streams: under a reservation, none may run in the primary context.
         let lane = Lane::open(device, dev, lane_sms)?;
-        let mut streams = vec![[ptr::null_mut(); STREAMS_PER_KERNEL]; KERNEL_ROWS.len()];
-        for s in streams.iter_mut().flatten() {
-            *s = lane.work_stream()?;
-        }
+        step("lane")?;
+        let streams = (0..KERNEL_ROWS.len())
+            .map(|_| {
+                let s = (0..STREAMS_PER_KERNEL).map(|_| lane.work_stream()).collect::<Result<Vec<_>>>()?;
+                Ok(s.try_into().unwrap_or_else(|_| unreachable!("STREAMS_PER_KERNEL streams")))
+            })
+            .collect::<Result<Vec<[Stream; STREAMS_PER_KERNEL]>>>()?;
         let (free_b, _total_b) = setup("cuMemGetInfo", driver::mem_get_info())?;
         let user_stream = lane.work_stream()?;
         let wide = Wide::open(&lane, streams.len())?;
         let copy_streams = [
-            setup("cuStreamCreate", driver::stream_create_non_blocking())?,
-            setup("cuStreamCreate", driver::stream_create_non_blocking())?,
+            setup("cuStreamCreate", Stream::non_blocking())?,
+            setup("cuStreamCreate", Stream::non_blocking())?,
         ];
+        step("streams")?;
         // Device buffers' memory from the stream-ordered pool (memory.rs),
         // which keeps what buffers may hold in all (never more than the
         // device had free) rather than trimming it at each synchronization.
         let pool = match driver::default_mem_pool(dev, free_b as u64) {
-            Ok(Some(pool)) => Some((pool, setup("cuStreamCreate", driver::stream_create_non_blocking())?)),
+            Ok(Some(pool)) => Some((pool, setup("cuStreamCreate", Stream::non_blocking())?)),
             Ok(None) => None,
             Err(e) => {
                 log!(Warning, "gpud[{device}]: cuda: no memory pool ({e:?}): buffers use cuMemAlloc / cuMemFree");
                 None
             }
         };
+        step("pool")?;
         log!(
             Info,
             "gpud[{device}]: cuda: {dname}, cc {major}.{minor}, driver {}.{}, kernels: {loaded}, loaded in {load_ms:.1} ms",
             drv / 1000,
             drv % 1000 / 10,
         );
-        Ok(CudaBackend {
+        let backend = CudaBackend {
             device,
             name: format!("{dname} (cc {major}.{minor}, driver {}.{})", drv / 1000, drv % 1000 / 10),
-            ctx,
-            cu_dev: dev,
-            module,
             smem_max: vec![[SMEM_DEFAULT_MAX; EC_TYPE_COUNT as usize]; funcs.len()],
             funcs,
             turn: vec![0; streams.len()],
-            streams,
-            user_stream,
-            user_last: user_stream,
-            wide,
-            user_mods: HashMap::new(),
+            user_last: user_stream.raw(),
             user_smem_max: HashMap::new(),
             segs: (0..EC_MAX_SEGMENTS).map(|_| None).collect(),
             // driver_load: opening libcuda; cuda_init: cuInit; context: retaining
@@ -297,15 +322,10 @@ impl CudaBackend {
                 ("context", t_ctx),
                 ("module", t_module),
             ],
-            slots: Vec::new(),
             next_ticket: 1,
             busy: 0,
             last_enqueue: Duration::ZERO,
             last_wide: None,
-            paced: Pacer::new(Pacing::default(), AHEAD_BYTES),
-            lane,
-            copy_streams,
-            spare_events: Vec::new(),
             force_mode: None,
             bytes: Vec::new(),
             ptrs: Vec::new(),
@@ -313,11 +333,25 @@ impl CudaBackend {
             copies_out: Vec::new(),
             chunks: Vec::new(),
             zero_dev: Vec::new(),
+            slots: Vec::new(),
+            paced: Pacer::new(Pacing::default(), AHEAD_BYTES),
+            spare_events: Vec::new(),
+            streams,
+            user_stream,
+            wide,
+            copy_streams,
             // The device's memory as the context found it: what is
             // already taken (the context, other processes) is not
             // ours to hand out.
             memory: CudaMemory { capacity: free_b as u64, pool },
-        })
+            lane,
+            user_mods: HashMap::new(),
+            _module: module,
+            ctx,
+        };
+        // The last step: everything made, dropped whole.
+        step("ready")?;
+        Ok(backend)
     }
 
     /// Benchmarks: place every job's data this way (None: [`policy`]).
@@ -350,7 +384,7 @@ impl Backend for CudaBackend {
     }
 
     fn registrar(&self) -> Box<dyn Registrar> {
-        Box::new(memory::CudaRegistrar { ctx: self.ctx, current: false, gap: memory::register_gap() })
+        Box::new(memory::CudaRegistrar { ctx: self.ctx.raw(), current: false, gap: memory::register_gap() })
     }
 
     fn adopt_segment(&mut self, seg: usize, reg: Registered) -> Result<()> {
@@ -423,72 +457,76 @@ impl Backend for CudaBackend {
 /// SMs than on 132), for a small-job p99 beside it of 34 us against 773.
 struct Wide {
     /// `streams[kernel id - 1]`, taken in the same turns as the work streams.
-    streams: Vec<[sys::CUstream; STREAMS_PER_KERNEL]>,
+    streams: Vec<[Stream; STREAMS_PER_KERNEL]>,
     /// Users' kernels' (see `CudaBackend::user_last`).
-    user: sys::CUstream,
+    user: Stream,
     /// Recorded on the users' stream a launch leaves, waited for on the one
     /// it takes.
-    switch: sys::CUevent,
+    switch: Event,
 }
 
 impl Wide {
     fn open(lane: &Lane, kernels: usize) -> Result<Option<Wide>> {
         let Some(user) = lane.wide_stream()? else { return Ok(None) };
-        let mut streams = vec![[ptr::null_mut(); STREAMS_PER_KERNEL]; kernels];
-        for s in streams.iter_mut().flatten() {
-            *s = lane.wide_stream()?.unwrap_or(ptr::null_mut());
-        }
-        let switch = setup("cuEventCreate", driver::event_create())?;
+        let streams = (0..kernels)
+            .map(|_| {
+                let s = (0..STREAMS_PER_KERNEL)
+                    .map(|_| lane.wide_stream().map(|w| w.expect("a reservation has wide streams")))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(s.try_into().unwrap_or_else(|_| unreachable!("STREAMS_PER_KERNEL streams")))
+            })
+            .collect::<Result<Vec<[Stream; STREAMS_PER_KERNEL]>>>()?;
+        let switch = setup("cuEventCreate", Event::new())?;
         Ok(Some(Wide { streams, user, switch }))
+    }
+
+    fn all_streams(&self) -> impl Iterator<Item = &Stream> {
+        self.streams.iter().flatten().chain([&self.user])
     }
 }
 
+/// Whether device `device`'s primary context is held by this process (a
+/// backend open, or one that leaked it); None where the driver cannot say.
+pub fn primary_context_held(device: u32) -> Option<bool> {
+    driver_devices().ok()?;
+    driver::primary_ctx_active(driver::device_get(device as i32).ok()?).ok()
+}
+
+/// The steps of [`CudaBackend::open`] a fault can be injected at, in order:
+/// each after the handles of its name were made.
+pub const OPEN_STEPS: [&str; 7] = ["device", "context", "module", "lane", "streams", "pool", "ready"];
+
+/// The step named by ERLCUDA_GPUD_CUDA_OPEN_FAULT, in `fault-injection`
+/// builds only: the Erlang tests' way to fail gpud's CUDA open (and see
+/// `backend auto` fall back to the CPU with nothing held).
+fn injected_open_fault() -> Option<String> {
+    if !cfg!(feature = "fault-injection") {
+        return None;
+    }
+    std::env::var("ERLCUDA_GPUD_CUDA_OPEN_FAULT").ok().filter(|s| !s.is_empty())
+}
+
 impl Drop for CudaBackend {
-    /// Tears down what `open` and `add_segment` made; errors (a dead context
-    /// after a fault) are ignored.
+    /// Waits for the device, then gives back what is not a handle (slots'
+    /// memory, registered segments); the handles go with the fields, in
+    /// their declared order. Errors (a dead context after a fault) are
+    /// ignored.
     fn drop(&mut self) {
-        // Nothing runs past this: every handle below is then unused. The
+        // Nothing runs past this: every handle is then unused. The
         // context's synchronize misses the green contexts' streams, so
         // each stream is waited for too.
         let _ = driver::ctx_synchronize();
-        let wide = self.wide.iter().flat_map(|w| w.streams.iter().flatten().chain([&w.user]));
-        let streams = self.streams.iter().flatten().chain([&self.user_stream, &self.lane.stream]).chain(wide);
-        let pool_stream = self.memory.pool.map(|(_, s)| s);
-        for &s in streams.chain(&self.copy_streams).chain(pool_stream.iter()).filter(|s| !s.is_null()) {
-            // SAFETY: a stream of this backend, destroyed below.
-            let _ = unsafe { driver::stream_synchronize(s) };
+        let wide = self.wide.iter().flat_map(Wide::all_streams);
+        let pool_stream = self.memory.pool.as_ref().map(|(_, s)| s);
+        let streams = self.streams.iter().flatten().chain([&self.user_stream]).chain(self.lane.stream.as_ref());
+        for s in streams.chain(wide).chain(&self.copy_streams).chain(pool_stream) {
+            let _ = s.synchronize();
         }
         for s in &mut self.slots {
             s.free(&mut self.memory);
         }
-        // SAFETY (each call below): created by this backend, released once,
-        // after the synchronize above; the context is released last.
         for s in self.segs.iter().flatten() {
             s.unregister();
         }
-        for &s in self.streams.iter().flatten() {
-            let _ = unsafe { driver::stream_destroy(s) };
-        }
-        let _ = unsafe { driver::stream_destroy(self.user_stream) };
-        if let Some(w) = self.wide.take() {
-            for &s in w.streams.iter().flatten().chain([&w.user]) {
-                let _ = unsafe { driver::stream_destroy(s) };
-            }
-            let _ = unsafe { driver::event_destroy(w.switch) };
-        }
-        // SAFETY: every work stream destroyed just above.
-        unsafe { self.lane.close() };
-        for &s in self.copy_streams.iter().chain(pool_stream.iter()) {
-            let _ = unsafe { driver::stream_destroy(s) };
-        }
-        for &e in &self.spare_events {
-            let _ = unsafe { driver::event_destroy(e) };
-        }
-        for m in self.user_mods.values() {
-            let _ = unsafe { driver::module_unload(m.module) };
-        }
-        let _ = unsafe { driver::module_unload(self.module) };
-        let _ = unsafe { driver::primary_ctx_release(self.cu_dev) };
-        let _ = self.ctx;
     }
 }

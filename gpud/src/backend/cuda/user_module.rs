@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
+use super::handles::Module;
 use super::{driver, CudaBackend};
 use crate::layout::{ElemType, EC_TYPE_COUNT};
 use crate::modules::UserKernel;
@@ -15,8 +16,10 @@ use crate::modules::UserKernel;
 /// A user's module on the device: its PTX module and, per kernel id, the
 /// entry of each declared type.
 pub(super) struct UserModule {
-    pub(super) module: sys::CUmodule,
     pub(super) funcs: HashMap<u16, [sys::CUfunction; EC_TYPE_COUNT as usize]>,
+    /// Held for `funcs`; unloaded when the module is dropped (the daemon
+    /// waits for every launch of it first).
+    pub(super) _module: Module,
 }
 
 /// The parameters every helper-crate entry takes: `(jobs: u64, njobs: u32,
@@ -53,32 +56,24 @@ impl CudaBackend {
         kernels: &[Arc<UserKernel>],
     ) -> std::result::Result<(), String> {
         let src = CString::new(ptx).map_err(|_| "the PTX holds a NUL byte".to_string())?;
-        let module = driver::module_load_ptx(&src)
+        let module = Module::load_ptx(&src)
             .map_err(|e| format!("the driver refused it (cuModuleLoadData: {:?})", e.0))?;
         let mut funcs = HashMap::new();
-        let found = (|| {
-            for k in kernels {
-                let mut fs = [std::ptr::null_mut(); EC_TYPE_COUNT as usize];
-                for ty in ElemType::ALL.into_iter().filter(|t| k.runs_on(*t)) {
-                    let entry = k.entry(ty);
-                    let c = CString::new(entry.as_str()).map_err(|_| format!("bad entry name {entry:?}"))?;
-                    // SAFETY: the module just loaded; unloaded below if any
-                    // entry fails, else kept with its functions.
-                    fs[ty as usize] = unsafe { driver::module_get_function(module, &c) }
-                        .map_err(|_| format!("no entry {entry}, which the manifest declares"))?;
-                    check_params(fs[ty as usize], &entry)?;
-                }
-                funcs.insert(k.id, fs);
+        for k in kernels {
+            let mut fs = [std::ptr::null_mut(); EC_TYPE_COUNT as usize];
+            for ty in ElemType::ALL.into_iter().filter(|t| k.runs_on(*t)) {
+                let entry = k.entry(ty);
+                let c = CString::new(entry.as_str()).map_err(|_| format!("bad entry name {entry:?}"))?;
+                // On any error the module, just loaded, is dropped
+                // (unloaded); else it is kept with its functions.
+                fs[ty as usize] =
+                    module.function(&c).map_err(|_| format!("no entry {entry}, which the manifest declares"))?;
+                check_params(fs[ty as usize], &entry)?;
             }
-            Ok(())
-        })();
-        if let Err(e) = found {
-            // SAFETY: the module just loaded, unused.
-            let _ = unsafe { driver::module_unload(module) };
-            return Err(e);
+            funcs.insert(k.id, fs);
         }
         self.unload_user_module(slot);
-        self.user_mods.insert(slot, UserModule { module, funcs });
+        self.user_mods.insert(slot, UserModule { funcs, _module: module });
         Ok(())
     }
 
@@ -87,9 +82,9 @@ impl CudaBackend {
             for id in m.funcs.keys() {
                 self.user_smem_max.retain(|(i, _), _| i != id);
             }
-            // SAFETY: nothing of the module is in flight (the daemon waits
-            // for every launch before it unloads).
-            let _ = unsafe { driver::module_unload(m.module) };
+            // Dropping `m` unloads the module: nothing of it is in flight
+            // (the daemon waits for every launch before it unloads).
+            drop(m);
         }
     }
 }
