@@ -550,7 +550,8 @@ memory(N) ->
 %% `startup' (where that time went: a map of phase => microseconds,
 %% `spawn_us', then gpud's own `args_us', `handshake_us', `backend_us' (on
 %% CUDA split into `driver_load_us', `cuda_init_us', `context_us', `module_us' and the rest),
-%% `segments_us', `modules_us', with `total_us' their sum; `undefined'
+%% `segments_us', `modules_us', and `total_us' (gpud's phases' sum:
+%% `spawn_us' + `total_us' is `ready_us'); `undefined'
 %% before the first ready; `segments_us' is the arena's registration with
 %% the GPU, which the NIF's pre-fault of the arena's pages shortens), and
 %% `lane': how small jobs keep from waiting behind large ones on the GPU,
