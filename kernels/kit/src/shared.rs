@@ -95,6 +95,13 @@ impl<T: Element, const N: usize> SharedArray<T, N> {
     /// `*_shared` functions and `ld.shared`/`st.shared`).
     #[inline(always)]
     pub fn addr(&self, i: usize) -> u32 {
+        // Host: outside the array is the thread's fault (crate::emu), with
+        // the byte it would have reached in the shared window.
+        #[cfg(not(target_arch = "nvptx64"))]
+        if i >= N {
+            let at = i64::from(self.addr).saturating_add((i as i64).saturating_mul(i64::from(T::BYTES)));
+            crate::emu::fault(crate::emu::Reason::OutOfBounds { slot: crate::emu::SHARED_SLOT, index: at });
+        }
         assert!(i < N);
         self.addr + (i as u32) * T::BYTES
     }
