@@ -20,7 +20,7 @@
     X(shape) X(too_large) X(gpud) X(timeout) X(peer) X(oom) X(enomem)       \
     X(stale_kernel) X(module) X(buffer) X(freed) X(lost) X(live) X(device)                     \
     /* a kernel_fault's keys (complete.c) */                                                   \
-    X(kernel) X(reason) X(block) X(thread) X(index)                                            \
+    X(kernel) X(reason) X(block) X(thread) X(index) X(seed) X(shared)                          \
     /* floats that are no numbers */                                                           \
     X(nan) X(infinity) X(neg_infinity)                                                          \
     /* cancel/2, await_spin/2, booleans, submit's flags, module_op's operations */              \

@@ -9,6 +9,7 @@
 #include "args.h"
 #include "buffers.h"
 #include "complete.h"
+#include "kernels.h"
 #include "pipeline.h"
 #include "results.h"
 #include "shm.h"
@@ -96,16 +97,27 @@ ERL_NIF_TERM status_error(ErlNifEnv *env, int32_t status)
 /* A user's job whose GPU body, run on the CPU, stopped short (gpud's
  * KERNEL_FAULT, erlcuda_ring.h): {error, {kernel_fault, #{kernel => K,
  * reason => R, block => B, thread => T}}}, K the kernel as the caller named
- * it; an out_of_bounds fault adds arg (the argument's slot) and index. */
+ * it; an out_of_bounds fault adds arg (the argument's name as its
+ * signature declares it, an atom; `shared` for shared memory) and index;
+ * a job run in a seeded thread order adds seed, to replay it. */
 static ERL_NIF_TERM fault_error(ErlNifEnv *env, const struct job *j, const struct ec_fault *f)
 {
     ERL_NIF_TERM k = j->kmod ? enif_make_tuple2(env, j->kmod, j->kname) : enif_make_uint(env, j->kernel);
     ERL_NIF_TERM why = f->reason > 0 && f->reason < EC_FAULT_COUNT ? FAULT_ATOMS[f->reason]
                                                                   : enif_make_uint(env, f->reason);
-    ERL_NIF_TERM keys[6] = {ATOM_kernel, ATOM_reason, ATOM_block, ATOM_thread, ATOM_arg, ATOM_index};
-    ERL_NIF_TERM vals[6] = {k, why, enif_make_uint(env, f->block), enif_make_uint(env, f->thread),
-                            enif_make_uint(env, f->slot), enif_make_uint64(env, f->index)};
-    size_t n = f->reason == EC_FAULT_OUT_OF_BOUNDS ? 6 : 4;
+    ERL_NIF_TERM keys[7] = {ATOM_kernel, ATOM_reason, ATOM_block, ATOM_thread};
+    ERL_NIF_TERM vals[7] = {k, why, enif_make_uint(env, f->block), enif_make_uint(env, f->thread)};
+    size_t n = 4;
+    if (f->reason == EC_FAULT_OUT_OF_BOUNDS) {
+        keys[n] = ATOM_arg;
+        vals[n++] = kernel_arg_name(env, j->kernel, j->kgen, f->slot);
+        keys[n] = ATOM_index;
+        vals[n++] = enif_make_int64(env, f->index);
+    }
+    if (j->seeded) {
+        keys[n] = ATOM_seed;
+        vals[n++] = enif_make_uint(env, j->seed);
+    }
     ERL_NIF_TERM map;
     if (!enif_make_map_from_arrays(env, keys, vals, n, &map))
         map = enif_make_new_map(env);

@@ -156,6 +156,11 @@ struct job {
     /* A user's kernel's job: {kmod, kname} names the kernel in a
      * kernel_fault answer (atoms, valid in every env; 0 otherwise). */
     ERL_NIF_TERM kmod, kname;
+    /* ... and its module's generation (kernel_arg_name reads the names of
+     * its arguments by it), and the thread order's seed it ran with
+     * (seeded: EC_OPT_THREAD_ORDER was given), for that answer too. */
+    uint32_t kgen, seed;
+    int seeded;
     int timed;     /* a timed submit's job (profile.h, round trip) */
 };
 #define JOB_FIRST_FIELD kernel
@@ -349,7 +354,7 @@ struct kernel_info {
 /* A user's launch options, which differ from call to call of one kernel:
  * EC_OPT_* in `given`, the others 0 where not given. */
 struct launch_opts {
-    uint32_t given, grid, block, shared_bytes;
+    uint32_t given, grid, block, shared_bytes, seed;
 };
 
 /* A user's kernel's shape, past the table's: its job travels as an

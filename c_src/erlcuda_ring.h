@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 12u
+#define EC_ABI_VERSION 13u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -400,14 +400,18 @@ struct ec_sqe {
  *              f64 bits (the kernel rounds an f32 or T one), an integer
  *              scalar as a two's complement s64, a dimension as u64.
  *              Unused: 0.
- *   grid, block, shared_bytes  the launch options that `given` names
- *              (EC_OPT_* bits; the others, and `reserved`, are 0).
+ *   grid, block, shared_bytes, seed  the launch options that `given`
+ *              names (EC_OPT_* bits; the others, and `reserved`, are 0).
+ *              seed: the order a GPU body run on the CPU (the kit's
+ *              emulator) runs each block's threads in between barriers,
+ *              drawn from it; a GPU ignores it.
  * gpud checks every length against the signature and T, every region
  * (inputs may overlap each other; an output overlaps nothing), and the
  * options, before anything runs. */
 #define EC_OPT_GRID 1u         /* grid.x: 1 .. 2^31-1 */
 #define EC_OPT_BLOCK 2u        /* threads per block: 1 .. 1024 */
 #define EC_OPT_SHARED_BYTES 4u /* dynamic shared memory: 0 .. 48 KiB */
+#define EC_OPT_THREAD_ORDER 8u /* seed: any u32 */
 struct ec_job_args {
     uint64_t addr[EC_MAX_SLOTS];
     uint32_t len[EC_MAX_SLOTS];
@@ -418,7 +422,8 @@ struct ec_job_args {
     uint32_t block;
     uint32_t shared_bytes;
     uint32_t given;
-    uint32_t reserved[5];
+    uint32_t seed;
+    uint32_t reserved[4];
 };
 #define EC_JOB_ARGS_BYTES 256u
 _Static_assert(sizeof(struct ec_job_args) == EC_JOB_ARGS_BYTES, "ec_job_args is 256 bytes");
@@ -443,7 +448,10 @@ _Static_assert(sizeof(struct ec_job_args) == EC_JOB_ARGS_BYTES, "ec_job_args is 
  *   DIVERGENT_WARP_OP  a lane waits at a warp operation that other lanes
  *                      of its warp reach at another place, or not at all;
  *   OUT_OF_BOUNDS      a read or write outside argument `slot` (as
- *                      ec_job_args' slots), at element `index`. */
+ *                      ec_job_args' slots), at element `index` (negative:
+ *                      before its first); slot EC_FAULT_SLOT_SHARED: in
+ *                      the block's shared memory, at byte `index` of its
+ *                      window (outside it, or outside a shared array). */
 #define EC_FAULTS(X)                               \
     X(DIVERGENT_BARRIER, 1, divergent_barrier)     \
     X(DIVERGENT_WARP_OP, 2, divergent_warp_op)     \
@@ -456,9 +464,11 @@ enum ec_fault_reason {
 enum { EC_FAULT_COUNT = 1 EC_FAULTS(EC_ROW_PLUS_ONE) }; /* codes run 1 .. COUNT-1 */
 _Static_assert(EC_IDS_DENSE(EC_FAULTS, 1, EC_FAULT_COUNT), "EC_FAULTS codes run 1, 2, ...");
 
+#define EC_FAULT_SLOT_SHARED 255u
+
 /* A kernel fault: 16 bytes, in a completion's place of its stamps. */
 struct ec_fault {
-    uint64_t index;  /* OUT_OF_BOUNDS: the element index (else 0) */
+    int64_t index;   /* OUT_OF_BOUNDS: the element index (else 0) */
     uint32_t block;  /* the virtual block of the job that faulted */
     uint16_t thread; /* the thread, linear index within its block (< 1024) */
     uint8_t reason;  /* EC_FAULT_* */

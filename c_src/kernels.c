@@ -17,6 +17,69 @@ static struct kernel_info KERNELS[EC_KERNEL_COUNT];
 /* The live generation of each module slot (0: none). */
 static uint32_t MODULE_GEN[EC_MODULE_SLOTS];
 
+/* The argument names of users' kernels, by kernel id, for an
+ * out_of_bounds kernel_fault answer (kernel_arg_name): a job keeps only its
+ * kernel's id and module generation, not the kernel, which an unload may
+ * free before the job's answer. One table of EC_MODULE_KERNELS rows per
+ * module slot, made at the slot's first kernel and kept (a slot's next
+ * module reuses it): at most EC_MODULE_SLOTS of them. A row is written by
+ * make_user_kernel (erlcuda_modules, one process) and read by completion
+ * threads: gen is cleared before its names change and set after, so a
+ * reader that sees the same gen before and after got that generation's
+ * names. Names are atoms, valid in every env. */
+struct arg_names {
+    uint32_t gen;
+    ERL_NIF_TERM name[EC_MAX_SLOTS];
+};
+static struct arg_names *ARG_NAMES[EC_MODULE_SLOTS];
+
+static void set_arg_names(uint32_t id, uint32_t gen, ErlNifEnv *env, const struct sig *s)
+{
+    uint32_t slot = (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS;
+    struct arg_names *t = __atomic_load_n(&ARG_NAMES[slot], __ATOMIC_ACQUIRE);
+    if (!t) {
+        t = enif_alloc(EC_MODULE_KERNELS * sizeof *t);
+        if (!t)
+            return; /* the answer names the slot's number instead */
+        memset(t, 0, EC_MODULE_KERNELS * sizeof *t);
+        __atomic_store_n(&ARG_NAMES[slot], t, __ATOMIC_RELEASE);
+    }
+    struct arg_names *r = &t[(id - EC_USER_KERNEL_BASE) % EC_MODULE_KERNELS];
+    __atomic_store_n(&r->gen, 0, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (unsigned i = 0; i < EC_MAX_SLOTS; i++)
+        __atomic_store_n(&r->name[i], 0, __ATOMIC_RELAXED);
+    for (unsigned a = 0; a < s->nargs; a++)
+        if (s->arg[a].kind == SIG_VECTOR || s->arg[a].kind == SIG_INOUT)
+            __atomic_store_n(&r->name[s->arg[a].slot], enif_make_atom(env, s->arg[a].name), __ATOMIC_RELAXED);
+    for (unsigned k = 0; k < s->nouts; k++)
+        __atomic_store_n(&r->name[EC_MAX_VECTORS + k], enif_make_atom(env, s->out[k].name), __ATOMIC_RELAXED);
+    __atomic_store_n(&r->gen, gen, __ATOMIC_RELEASE);
+}
+
+ERL_NIF_TERM kernel_arg_name(ErlNifEnv *env, uint32_t id, uint32_t gen, uint32_t slot)
+{
+    if (slot == EC_FAULT_SLOT_SHARED)
+        return ATOM_shared;
+    ERL_NIF_TERM name = 0;
+    if (id >= EC_USER_KERNEL_BASE && slot < EC_MAX_SLOTS) {
+        uint32_t mod = (id - EC_USER_KERNEL_BASE) / EC_MODULE_KERNELS;
+        struct arg_names *t = mod < EC_MODULE_SLOTS ? __atomic_load_n(&ARG_NAMES[mod], __ATOMIC_ACQUIRE) : NULL;
+        if (t) {
+            struct arg_names *r = &t[(id - EC_USER_KERNEL_BASE) % EC_MODULE_KERNELS];
+            if (__atomic_load_n(&r->gen, __ATOMIC_ACQUIRE) == gen) {
+                name = __atomic_load_n(&r->name[slot], __ATOMIC_RELAXED);
+                __atomic_thread_fence(__ATOMIC_SEQ_CST);
+                if (__atomic_load_n(&r->gen, __ATOMIC_ACQUIRE) != gen)
+                    name = 0;
+            }
+        }
+    }
+    /* The module was replaced meanwhile (or the table could not be made):
+     * the slot's number, which the kernel's signature still reads. */
+    return name ? name : enif_make_uint(env, slot);
+}
+
 int kernels_load(ErlNifEnv *env)
 {
     const char *why = NULL;
@@ -110,6 +173,7 @@ ERL_NIF_TERM make_user_kernel(ErlNifEnv *env, ERL_NIF_TERM row)
         ki->gen = gen;
         ki->module = name[0];
         ki->atom = name[1];
+        set_arg_names(id, gen, env, &ki->sig);
         result = enif_make_tuple2(env, ATOM_ok, enif_make_resource(env, ki));
     }
     enif_release_resource(ki);
@@ -122,18 +186,20 @@ int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
     const ERL_NIF_TERM *e, *opt;
     int arity, oarity;
     void *res;
-    unsigned given, grid, block, shared;
+    unsigned given, grid, block, shared, seed;
     if (!enif_get_tuple(env, t, &arity, &e) || arity != 2 ||
         !enif_get_resource(env, e[0], KERNEL_RT, &res) || !enif_get_tuple(env, e[1], &oarity, &opt) ||
-        oarity != 4 || !enif_get_uint(env, opt[0], &given) || !enif_get_uint(env, opt[1], &grid) ||
+        oarity != 5 || !enif_get_uint(env, opt[0], &given) || !enif_get_uint(env, opt[1], &grid) ||
         !enif_get_uint(env, opt[2], &block) || !enif_get_uint(env, opt[3], &shared) ||
-        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES)) != 0)
+        !enif_get_uint(env, opt[4], &seed) ||
+        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER)) != 0)
         return 0;
     *ki = res;
     o->given = given;
     o->grid = given & EC_OPT_GRID ? grid : 0;
     o->block = given & EC_OPT_BLOCK ? block : 0;
     o->shared_bytes = given & EC_OPT_SHARED_BYTES ? shared : 0;
+    o->seed = given & EC_OPT_THREAD_ORDER ? seed : 0;
     return 1;
 }
 

@@ -26,6 +26,11 @@ int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
  * erlcuda_nif:module_gen/2. A submit of a user's kernel publishes only while
  * its generation is live, checked under sq_lock (publish_checked). */
 uint32_t module_gen(uint32_t slot);
+/* The name of argument `slot` (as ec_job_args' slots) of the user's kernel
+ * `id` of module generation `gen`, as its signature declares it (an atom):
+ * `shared` for EC_FAULT_SLOT_SHARED; the slot's number where that module
+ * is gone. For an out_of_bounds kernel_fault answer. */
+ERL_NIF_TERM kernel_arg_name(ErlNifEnv *env, uint32_t id, uint32_t gen, uint32_t slot);
 void set_module_gen(uint32_t slot, uint32_t gen);
 /* kernels(): one map per built-in (name, id, args, outputs, types, shape,
  * entry, accumulate). */

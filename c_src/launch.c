@@ -58,7 +58,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     /* `buffer`: the outputs stay on the device, new buffers. */
     int out_buf = enif_is_identical(argv[3], ATOM_buffer);
     struct job_spec s;
-    struct launch_opts opts = {0, 0, 0, 0};
+    struct launch_opts opts = {0, 0, 0, 0, 0};
     memset(&s, 0, sizeof s);
     s.ki = builtin_kernel(env, argv[1]);
     if (!s.ki && flags == 0 && user_kernel(env, argv[1], &s.ki, &opts))
@@ -200,6 +200,9 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     if (users) {
         j->kmod = s.ki->module;
         j->kname = s.ki->atom;
+        j->kgen = s.ki->gen;
+        j->seeded = (opts.given & EC_OPT_THREAD_ORDER) != 0;
+        j->seed = opts.seed;
     }
     struct ec_sqe sqe = {
         .user_data = job_begin(d, (uint32_t)idx, env, ref, s.kernel, s.nout ? s.outs[0].type : s.type,
@@ -234,6 +237,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         ja->grid = opts.grid;
         ja->block = opts.block;
         ja->shared_bytes = opts.shared_bytes;
+        ja->seed = opts.seed;
         sqe.in0 = region_addr(&j->in);
         sqe.in0_len = EC_JOB_ARGS_BYTES;
     } else {

@@ -70,12 +70,13 @@
 %%     `{output, buffer}' job that gpud finds larger than its limit.</dd>
 %% <dt>`{badarg, opts}'</dt><dd>Opts is not a proper list, or `put/2' got
 %%     an option it does not take (`output', `grid', `block',
-%%     `shared_bytes'), or `get/2' one other than `timeout'.</dd>
+%%     `shared_bytes', `thread_order'), or `get/2' one other than `timeout'.</dd>
 %% <dt>`{badarg, {opt, O}}'</dt><dd>Option O is unknown or out of range
 %%     (`{timeout, Ms}' above 2^32-1; `{block, B}' not a multiple of 32 for
 %%     a kernel whose `block_rule' is `warps', or not a power of two from
 %%     32 for `pow2'), or
-%%     is a launch option (`grid', `block', `shared_bytes') given for a
+%%     is a launch option (`grid', `block', `shared_bytes', `thread_order')
+%%     given for a
 %%     built-in kernel.</dd>
 %% <dt>`{badarg, {buffer, node_local}}'</dt><dd>A job naming a device
 %%     buffer, or asking for `{output, buffer}', was sent to another node
@@ -170,8 +171,10 @@
 %%     kernel run through its GPU body on the CPU backend reached a barrier
 %%     the rest of its block does not reach (`divergent_barrier'), or a
 %%     warp operation the rest of its warp does not
-%%     (`divergent_warp_op'): on a GPU it would hang. That job only; gpud
-%%     serves on (see `kernel_fault()').</dd>
+%%     (`divergent_warp_op'): on a GPU it would hang; or read or wrote
+%%     outside an argument or its shared memory (`out_of_bounds', with
+%%     `arg' and `index'). With a seeded thread order, `seed' too. That
+%%     job only; gpud serves on (see `kernel_fault()').</dd>
 %% </dl>
 %%
 %% Users' kernel modules (`load_module/2', `unload_module/1'), at once:
@@ -227,7 +230,8 @@
 -type option() :: {device, non_neg_integer() | {node(), non_neg_integer()} | any}
                 | {timeout, timeout()} | {output, buffer | host}
                 | {grid, pos_integer()} | {block, pos_integer()}
-                | {shared_bytes, non_neg_integer()}.
+                | {shared_bytes, non_neg_integer()}
+                | {thread_order, in_order | {seeded, 0..16#ffffffff}}.
 %% What a `{badarg, What}' names (<a href="#Errors">Errors</a>).
 -type badarg() :: args | {arg, pos_integer()} | {type, pos_integer()} | too_large | opts
                 | {opt, term()} | {buffer, node_local} | buffer | {name, term()}
@@ -241,11 +245,20 @@
                 | {kernel_fault, kernel_fault()}.
 %% A user's GPU body run on the CPU stopped short: a barrier the rest of
 %% its block does not reach, or a warp operation the rest of its warp does
-%% not reach (a hang on a GPU). `block': the job's virtual block; `thread':
-%% the thread's linear index in it.
+%% not reach (a hang on a GPU), or an access outside an argument or the
+%% block's shared memory. `block': the job's virtual block; `thread': the
+%% thread's linear index in it. `out_of_bounds' only: `arg', the argument
+%% (or output) as its signature names it, an atom (`shared': the block's
+%% shared memory; an integer, its job slot, where the module was replaced
+%% meanwhile), and `index', the element (negative: before the first; in
+%% shared memory, the byte of the block's shared window). `seed': the
+%% thread order's seed, where the job ran in a seeded order
+%% (`{thread_order, {seeded, Seed}}' replays it).
 -type kernel_fault() :: #{kernel := kernel(),
-                          reason := divergent_barrier | divergent_warp_op,
-                          block := non_neg_integer(), thread := non_neg_integer()}.
+                          reason := divergent_barrier | divergent_warp_op | out_of_bounds,
+                          block := non_neg_integer(), thread := non_neg_integer(),
+                          arg => atom() | non_neg_integer(), index => integer(),
+                          seed => 0..16#ffffffff}.
 
 %% One device of this node (devices/0). `startup' maps each phase of the
 %% last start to microseconds; `undefined' before the first ready.
@@ -292,7 +305,10 @@ launch(Kernel, Args) ->
 %% `{ok, Ref}'. Options: `{device, N}' (default 0), `{device, {Node, N}}',
 %% `{device, any}', `{output, buffer}' (the result stays on the device, see
 %% {@link put/2}), and for users' kernels `{grid, G}', `{block, B}',
-%% `{shared_bytes, S}'; a job for another node returns once that node has
+%% `{shared_bytes, S}', `{thread_order, in_order | {seeded, Seed}}' (the
+%% order a GPU body run on the CPU runs each block's threads in between
+%% barriers: a seeded order shows a missing barrier; default the setting
+%% `cpu_thread_order'); a job for another node returns once that node has
 %% accepted or refused it. Reasons: the module doc's <a
 %% href="#Errors">Errors</a>.
 %% The submit is the span `[erlcuda, launch, _]' where telemetry is there
@@ -790,10 +806,12 @@ submit_user(H, {Mod, K} = Kernel, Args, Launch, {Flags, Ref} = FR, Tries) ->
 submit_user(_H, Kernel, _Args, _Launch, _FR, _Tries) ->
     {error, {unknown_kernel, Kernel}}.
 
-%% {Given, Grid, Block, SharedBytes} (bits as the header's EC_OPT_*). The
-%% kernel's block rule says which blocks its code allows: a block tree a
-%% power of two from 32 threads (pow2), block-wide helpers whole warps
-%% (warps).
+%% {Given, Grid, Block, SharedBytes, Seed} (bits as the header's EC_OPT_*).
+%% The kernel's block rule says which blocks its code allows: a block tree
+%% a power of two from 32 threads (pow2), block-wide helpers whole warps
+%% (warps). The thread order of a GPU body run on the CPU: the call's
+%% `{thread_order, _}', else the setting cpu_thread_order (whose `random'
+%% erlcuda_settings drew a seed for, logged, when it loaded).
 launch_opts(Launch, BlockRule) ->
     BadBlock = fun(B) -> case BlockRule of
                              pow2 -> B < 32 orelse B band (B - 1) =/= 0;
@@ -803,17 +821,27 @@ launch_opts(Launch, BlockRule) ->
                end,
     lists:foldl(
       fun(_, {error, _} = E) -> E;
-         ({grid, G}, {ok, {Gv, _, B, S}}) when is_integer(G), G >= 1, G =< 16#7fffffff ->
-              {ok, {Gv bor 1, G, B, S}};
-         ({block, B} = O, {ok, {Gv, G, _, S}}) when is_integer(B), B >= 1, B =< 1024 ->
+         ({grid, G}, {ok, {Gv, _, B, S, Sd}}) when is_integer(G), G >= 1, G =< 16#7fffffff ->
+              {ok, {Gv bor 1, G, B, S, Sd}};
+         ({block, B} = O, {ok, {Gv, G, _, S, Sd}}) when is_integer(B), B >= 1, B =< 1024 ->
               case BadBlock(B) of
                   true -> {error, {badarg, {opt, O}}};
-                  false -> {ok, {Gv bor 2, G, B, S}}
+                  false -> {ok, {Gv bor 2, G, B, S, Sd}}
               end;
-         ({shared_bytes, S}, {ok, {Gv, G, B, _}}) when is_integer(S), S >= 0, S =< 49152 ->
-              {ok, {Gv bor 4, G, B, S}};
+         ({shared_bytes, S}, {ok, {Gv, G, B, _, Sd}}) when is_integer(S), S >= 0, S =< 49152 ->
+              {ok, {Gv bor 4, G, B, S, Sd}};
+         ({thread_order, in_order}, {ok, {Gv, G, B, S, _}}) ->
+              {ok, {Gv band bnot 8, G, B, S, 0}};
+         ({thread_order, {seeded, Sd}}, {ok, {Gv, G, B, S, _}})
+           when is_integer(Sd), Sd >= 0, Sd =< 16#ffffffff ->
+              {ok, {Gv bor 8, G, B, S, Sd}};
          (O, _) -> {error, {badarg, {opt, O}}}
-      end, {ok, {0, 0, 0, 0}}, Launch).
+      end, {ok, thread_order(erlcuda_settings:get(cpu_thread_order))}, Launch).
+
+%% The launch options' start: none given but the setting's thread order.
+thread_order({seeded, Seed}) -> {8, 0, 0, 0, Seed};
+%% in_order (and `random' before the settings load: no user's kernel runs then).
+thread_order(_) -> {0, 0, 0, 0, 0}.
 
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
@@ -902,14 +930,15 @@ is_proper([_ | T]) -> is_proper(T);
 is_proper([]) -> true;
 is_proper(_) -> false.
 
-%% Launch options (grid, block, shared_bytes) are collected for the kernel
+%% Launch options (grid, block, shared_bytes, thread_order) are collected for the kernel
 %% to judge: only users' kernels take them.
 options([], Device, Timeout, Launch) -> {ok, Device, Timeout, lists:reverse(Launch), host};
 options([{device, N} | T], _, Timeout, L) when is_integer(N), N >= 0 -> options(T, N, Timeout, L);
 options([{device, {Node, N} = D} | T], _, Timeout, L) when is_atom(Node), is_integer(N), N >= 0 ->
     options(T, D, Timeout, L);
 options([{device, any} | T], _, Timeout, L) -> options(T, any, Timeout, L);
-options([{K, _} = O | T], Device, Timeout, L) when K =:= grid; K =:= block; K =:= shared_bytes ->
+options([{K, _} = O | T], Device, Timeout, L)
+  when K =:= grid; K =:= block; K =:= shared_bytes; K =:= thread_order ->
     options(T, Device, Timeout, [O | L]);
 %% A receive timeout is at most 16#ffffffff ms (erlang's timeout()): a larger
 %% integer would make `receive ... after' raise timeout_value in await/3,

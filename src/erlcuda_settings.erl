@@ -38,7 +38,8 @@
 %% A value's type: integers in a range (`inf': no upper bound), powers of
 %% two, multiples of the 4 KiB page, one of some atoms, `true | false', a
 %% list of distinct device ids, `{fraction, F}' with F above 0 and at most 1, a pair of
-%% milliseconds `{First, Largest}', a file name; `{any_of, Types}' takes a
+%% milliseconds `{First, Largest}', `{seeded, Seed}' with Seed a u32, a
+%% file name; `{any_of, Types}' takes a
 %% value of any of them.
 -type type() :: {int, integer(), integer() | inf}
               | {pow2, pos_integer(), pos_integer()}
@@ -48,6 +49,7 @@
               | device_ids
               | fraction
               | backoff
+              | seeded
               | file
               | {any_of, [type()]}.
 
@@ -107,6 +109,12 @@ table() ->
       "or `gpu`, its GPU body with every block's threads emulated (barriers, shared memory, 32-lane warp "
       "operations), to check on a machine without a GPU the code the GPU runs; a kernel with a GPU body "
       "only runs it either way ([your own kernels](your-own-kernels.md#a-kernel-written-once))"},
+     {cpu_thread_order, {any_of, [{atoms, [in_order, random]}, seeded]}, in_order,
+      "the order in which a GPU body run on the cpu backend runs each block's threads between barriers: "
+      "`in_order` (by index), or one drawn from a seed, so that a missing barrier shows as a wrong result; "
+      "`random` draws the seed when erlcuda starts and logs it; a `kernel_fault` error names it, and "
+      "`{seeded, Seed}` (or a call's `{thread_order, {seeded, Seed}}`) replays it "
+      "([your own kernels](your-own-kernels.md#the-cpu-run-is-a-checker))"},
      {gpud_spin_us, {int, 0, 1000000}, 50,
       "how long gpud spins on the ring before sleeping on its eventfd"},
      {gpud_start_timeout_ms, {int, 1, ?MAX_MS}, 20000,
@@ -156,13 +164,23 @@ load() ->
         {ok, Settings} ->
             [logger:warning("erlcuda: unknown setting ~p (ignored); the settings are ~p",
                             [K, keys()]) || K <- unknown(Env)],
-            persistent_term:put(?TERM, Settings),
+            persistent_term:put(?TERM, resolve(Settings)),
             ok;
         {error, {bad_setting, Key, Value}} = E ->
             {Key, Type, _, _} = lists:keyfind(Key, 1, table()),
             logger:error("erlcuda: bad setting ~p: ~p; it takes ~ts", [Key, Value, type_text(Type)]),
             E
     end.
+
+%% The settings as their readers take them: `cpu_thread_order' `random'
+%% becomes the seed drawn now, logged, so that a wrong result seen with it
+%% can be replayed with `{seeded, Seed}'.
+resolve(#{cpu_thread_order := random} = S) ->
+    Seed = rand:uniform(16#100000000) - 1,
+    logger:notice("erlcuda: cpu_thread_order random: seed ~p (replay with {seeded, ~p})", [Seed, Seed]),
+    S#{cpu_thread_order := {seeded, Seed}};
+resolve(S) ->
+    S.
 
 %% @doc load/0 again, after the environment changed (a release upgrade's
 %% `config_change/3'; `application:set_env/3' then this). A bad value is
@@ -235,6 +253,11 @@ valid(backoff, V) ->
                 andalso First >= 0 andalso First =< Largest andalso Largest =< ?MAX_MS;
         _ -> false
     end;
+valid(seeded, V) ->
+    case V of
+        {seeded, Seed} -> is_integer(Seed) andalso Seed >= 0 andalso Seed =< 16#ffffffff;
+        _ -> false
+    end;
 valid(file, V) ->
     %% A name open_port's spawn_executable takes; whether the file is there
     %% is seen at each gpud start (a missing one counts as a gpud exit).
@@ -276,6 +299,8 @@ type_text(fraction) ->
     "`{fraction, F}`, 0 < F <= 1";
 type_text(backoff) ->
     ["`{First, Largest}` (ms), 0 <= First <= Largest <= ", num(?MAX_MS)];
+type_text(seeded) ->
+    "`{seeded, Seed}`, 0 <= Seed <= 2^32-1";
 type_text(file) ->
     "a file name (string or binary)";
 type_text({any_of, Types}) ->

@@ -79,6 +79,24 @@ bad_setting_stops_the_start_test_() ->
 unknown_key_is_not_refused_test() ->
     ?assertMatch({ok, #{}}, erlcuda_settings:check([{no_such_setting, 1}])).
 
+%% cpu_thread_order `random' is a seed drawn when the settings load (and
+%% logged), so every reader sees one replayable {seeded, Seed}; a given
+%% seed is kept as it is.
+random_thread_order_is_a_drawn_seed_test() ->
+    reset_env(),
+    try
+        ok = application:set_env(erlcuda, cpu_thread_order, random),
+        ok = erlcuda_settings:load(),
+        {seeded, S} = erlcuda_settings:get(cpu_thread_order),
+        ?assert(is_integer(S) andalso S >= 0 andalso S =< 16#FFFFFFFF),
+        ok = application:set_env(erlcuda, cpu_thread_order, {seeded, 5}),
+        ok = erlcuda_settings:reload(),
+        ?assertEqual({seeded, 5}, erlcuda_settings:get(cpu_thread_order))
+    after
+        reset_env(),
+        ok = erlcuda_settings:load()
+    end.
+
 %% Values outside each type: below and above a range, other types, and the
 %% shapes a type rules out.
 bad_values({int, Min, Max}) ->
@@ -113,6 +131,7 @@ bad_values(device_memory_limit, _) -> [-1, {fraction, 0}, {fraction, 2}, 0.5, au
 bad_values(sync_spin_us, _) -> [-1, 1001, off];
 bad_values(memory_event_ms, _) -> [0, 16#100000000, never];
 bad_values(gpud, _) -> ["", <<>>, 7, [foo], undefined];
+bad_values(cpu_thread_order, _) -> [seeded, {seeded, -1}, {seeded, 1 bsl 32}, {seeded, 1.0}, {random, 1}, 7];
 bad_values(_, T) -> bad_values(T).
 
 good_values({int, Min, inf}) -> [Min, Min + 1, 1 bsl 40];
@@ -125,6 +144,7 @@ good_values(device_ids) -> [[], [0], [3, 1]];
 good_values(fraction) -> [{fraction, 1}, {fraction, 0.25}];
 good_values(backoff) -> [{0, 0}, {1, 16#FFFFFFFF}];
 good_values(file) -> ["/usr/bin/true", <<"gpud">>];
+good_values(seeded) -> [{seeded, 0}, {seeded, 16#FFFFFFFF}];
 good_values({any_of, Types}) -> lists:append([good_values(T) || T <- Types]).
 
 %% The environment as the .app sets it.

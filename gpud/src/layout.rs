@@ -30,7 +30,7 @@ const _: () = assert!(
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 12;
+pub const EC_ABI_VERSION: u32 = 13;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -65,6 +65,7 @@ pub const EC_CONTROL_UNLOAD_MODULE: u16 = 0xff01;
 pub const EC_OPT_GRID: u32 = 1;
 pub const EC_OPT_BLOCK: u32 = 2;
 pub const EC_OPT_SHARED_BYTES: u32 = 4;
+pub const EC_OPT_THREAD_ORDER: u32 = 8;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
@@ -142,6 +143,8 @@ unsafe impl Pod for u32 {}
 unsafe impl Pod for u64 {}
 // SAFETY: as above.
 unsafe impl Pod for i32 {}
+// SAFETY: as above.
+unsafe impl Pod for i64 {}
 // SAFETY: as above (every bit pattern is some f64, NaNs included).
 unsafe impl Pod for f64 {}
 // SAFETY: an array is its elements back to back, with no padding between
@@ -370,18 +373,22 @@ c_struct! {
     /// union over `drained_ns` and `done_ns`).
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct CqeFault: Pod {
-        /// `OUT_OF_BOUNDS`: the element index.
-        pub index: u64,
+        /// `OUT_OF_BOUNDS`: the element index (negative: before the
+        /// argument's first); in shared memory, the byte in the window.
+        pub index: i64,
         /// The job's virtual block that faulted.
         pub block: u32,
         /// The thread, linear index within its block.
         pub thread: u16,
         /// An `EC_FAULT_*` code (the kit's `FAULT_*`).
         pub reason: u8,
-        /// `OUT_OF_BOUNDS`: the argument's slot.
+        /// `OUT_OF_BOUNDS`: the argument's slot, or [`EC_FAULT_SLOT_SHARED`].
         pub slot: u8,
     }
 }
+
+/// `EC_FAULT_SLOT_SHARED`: an out-of-bounds access to shared memory.
+pub const EC_FAULT_SLOT_SHARED: u8 = 255;
 
 /// `EC_FAULTS`: (C name, code, atom) of each kernel fault reason.
 pub const FAULTS: [(&str, u8, &str); 3] = [
@@ -809,9 +816,11 @@ c_struct! {
         pub grid: u32,
         pub block: u32,
         pub shared_bytes: u32,
-        /// `EC_OPT_*` bits: which of grid, block, shared_bytes are given.
+        /// `EC_OPT_*` bits: which of grid, block, shared_bytes, seed are given.
         pub given: u32,
-        pub reserved: [u32; 5],
+        /// `EC_OPT_THREAD_ORDER`: the seed of a GPU body's thread order on the CPU.
+        pub seed: u32,
+        pub reserved: [u32; 4],
     }
 }
 
@@ -935,8 +944,9 @@ int main(void)
     OF(ec_job_args, addr); OF(ec_job_args, len); OF(ec_job_args, param);
     OF(ec_job_args, block_start); OF(ec_job_args, buffers); OF(ec_job_args, grid);
     OF(ec_job_args, block); OF(ec_job_args, shared_bytes); OF(ec_job_args, given);
-    OF(ec_job_args, reserved);
-    C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES);
+    OF(ec_job_args, seed); OF(ec_job_args, reserved);
+    C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES); C(EC_OPT_THREAD_ORDER);
+    C(EC_FAULT_SLOT_SHARED);
     C(EC_JOB_ARGS_BYTES); C(EC_MAX_OUTPUTS); C(EC_MAX_SLOTS); C(EC_MAX_PARAMS); C(EC_MAX_NAME);
     C(EC_MAX_BOUNDS);
     C(EC_USER_KERNEL_BASE); C(EC_MODULE_KERNELS); C(EC_MODULE_SLOTS);
@@ -1121,6 +1131,8 @@ int main(void)
         put("const.EC_OPT_GRID", EC_OPT_GRID.to_string());
         put("const.EC_OPT_BLOCK", EC_OPT_BLOCK.to_string());
         put("const.EC_OPT_SHARED_BYTES", EC_OPT_SHARED_BYTES.to_string());
+        put("const.EC_OPT_THREAD_ORDER", EC_OPT_THREAD_ORDER.to_string());
+        put("const.EC_FAULT_SLOT_SHARED", EC_FAULT_SLOT_SHARED.to_string());
         put("const.EC_USER_KERNEL_BASE", EC_USER_KERNEL_BASE.to_string());
         put("const.EC_MODULE_KERNELS", EC_MODULE_KERNELS.to_string());
         put("const.EC_MODULE_SLOTS", EC_MODULE_SLOTS.to_string());
@@ -1444,12 +1456,16 @@ int main(void)
             ("block", offset_of!(Job, block), 4),
             ("shared_bytes", offset_of!(Job, shared_bytes), 4),
             ("given", offset_of!(Job, given), 4),
-            ("reserved", offset_of!(Job, reserved), 20),
+            ("seed", offset_of!(Job, seed), 4),
+            ("reserved", offset_of!(Job, reserved), 16),
         ];
         assert_eq!(&kit[..], JobArgs::FIELDS);
         // The option bits the kit's host entries read in `given`.
-        use crate::kitjob::{OPT_BLOCK, OPT_GRID, OPT_SHARED_BYTES};
-        assert_eq!((OPT_GRID, OPT_BLOCK, OPT_SHARED_BYTES), (EC_OPT_GRID, EC_OPT_BLOCK, EC_OPT_SHARED_BYTES));
+        use crate::kitjob::{OPT_BLOCK, OPT_GRID, OPT_SHARED_BYTES, OPT_THREAD_ORDER};
+        assert_eq!(
+            (OPT_GRID, OPT_BLOCK, OPT_SHARED_BYTES, OPT_THREAD_ORDER),
+            (EC_OPT_GRID, EC_OPT_BLOCK, EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER)
+        );
     }
 
     /// The fault codes a kernel's host entry writes are the ring's.
@@ -1458,7 +1474,8 @@ int main(void)
         use crate::kitjob::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, FAULT_OUT_OF_BOUNDS};
         let kit = [FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, FAULT_OUT_OF_BOUNDS];
         assert_eq!(kit.map(|c| c as u8), FAULTS.map(|(_, c, _)| c));
-        let f = CqeFault { index: u64::MAX - 1, block: 7, thread: 1023, reason: 2, slot: 9 };
+        assert_eq!(crate::kitjob::FAULT_SLOT_SHARED, u32::from(EC_FAULT_SLOT_SHARED));
+        let f = CqeFault { index: -2, block: 7, thread: 1023, reason: 2, slot: 9 };
         let c = Cqe::fault(5, 3, f);
         assert_eq!((c.user_data, c.status, c.batch), (5, Status::KernelFault.code(), 3));
         assert_eq!(c.fault_info(), f);

@@ -98,7 +98,7 @@ impl Daemon {
             Some((_, f)) => {
                 log!(Notice, "gpud[{}]: a user's GPU body run on the CPU faulted: {f:?}", self.device);
                 let info = CqeFault {
-                    index: f.index,
+                    index: f.index as i64,
                     block: u32::try_from(f.block).unwrap_or(u32::MAX),
                     thread: u16::try_from(f.thread).unwrap_or(u16::MAX),
                     reason: u8::try_from(f.reason).unwrap_or(u8::MAX),

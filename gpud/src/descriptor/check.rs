@@ -31,7 +31,7 @@ use super::region::{Region, Sizes};
 use crate::kitjob::{self, Job as KitJob};
 use crate::layout::{
     ElemType, JobArgs, Status, EC_MAX_PARAMS, EC_MAX_SLOTS, EC_MAX_VECTORS, EC_OPT_BLOCK, EC_OPT_GRID,
-    EC_OPT_SHARED_BYTES,
+    EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
 };
 use crate::modules::UserKernel;
 use crate::sigplan::{Check, Param, Plan};
@@ -39,7 +39,8 @@ use crate::signature::{Ty, MAX_FREE};
 
 const MV: usize = EC_MAX_VECTORS as usize;
 const SLOTS: usize = EC_MAX_SLOTS as usize;
-const OPTS: u32 = EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES;
+// The thread order's seed is any u32: only a GPU body run on the CPU reads it.
+const OPTS: u32 = EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER;
 
 /// What validation asks about device buffers: the region of a live one,
 /// and a new one for a job's output. [`NoBuffers`] knows none (every
@@ -102,8 +103,8 @@ pub(super) trait Form {
     fn param(&self, i: usize) -> u64;
     /// Bit `i`: slot `i` names a buffer.
     fn buffers(&self) -> u32;
-    /// `grid`, `block`, `shared_bytes`, `given`.
-    fn options(&self) -> [u32; 4];
+    /// `grid`, `block`, `shared_bytes`, `given`, `seed`.
+    fn options(&self) -> [u32; 5];
     /// `block_start` and `reserved` are 0.
     fn rest_is_zero(&self) -> bool;
 }
@@ -126,12 +127,12 @@ impl Form for JobArgs {
         self.buffers
     }
     #[inline(always)]
-    fn options(&self) -> [u32; 4] {
-        [self.grid, self.block, self.shared_bytes, self.given]
+    fn options(&self) -> [u32; 5] {
+        [self.grid, self.block, self.shared_bytes, self.given, self.seed]
     }
     #[inline(always)]
     fn rest_is_zero(&self) -> bool {
-        self.block_start == 0 && self.reserved == [0; 5]
+        self.block_start == 0 && self.reserved == [0; 4]
     }
 }
 
@@ -212,12 +213,16 @@ pub(super) fn check<F: Form>(
 /// Step 1: what must be 0.
 #[inline(always)]
 fn zeros<F: Form>(a: &F, plan: &Plan, takes_options: bool) -> Result<(), Status> {
-    let [grid, block, shared_bytes, given] = a.options();
+    let [grid, block, shared_bytes, given, seed] = a.options();
     let unset = |bit: u32, v: u32| given & bit != 0 || v == 0;
     let options_ok = if takes_options {
-        given & !OPTS == 0 && unset(EC_OPT_GRID, grid) && unset(EC_OPT_BLOCK, block) && unset(EC_OPT_SHARED_BYTES, shared_bytes)
+        given & !OPTS == 0
+            && unset(EC_OPT_GRID, grid)
+            && unset(EC_OPT_BLOCK, block)
+            && unset(EC_OPT_SHARED_BYTES, shared_bytes)
+            && unset(EC_OPT_THREAD_ORDER, seed)
     } else {
-        given | grid | block | shared_bytes == 0
+        given | grid | block | shared_bytes | seed == 0
     };
     let mut stray = 0u64;
     for i in 0..SLOTS {
@@ -306,7 +311,7 @@ fn io_named_once<F: Form>(a: &F, plan: &Plan) -> Result<(), Status> {
 /// Step 4: a user's geometry (its declaration, overridden by the options
 /// given) and its virtual blocks, which must fit a launch's u32 count.
 fn launch<F: Form>(a: &F, k: &UserKernel) -> Result<(Geometry, u32), Status> {
-    let [grid, block, shared_bytes, given] = a.options();
+    let [grid, block, shared_bytes, given, _seed] = a.options();
     let mut g = Geometry { threads: k.threads, shared_bytes: k.shared, grid: 0 };
     if given & EC_OPT_GRID != 0 {
         if grid == 0 || grid > i32::MAX as u32 {

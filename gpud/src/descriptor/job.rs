@@ -98,8 +98,8 @@ pub struct Job {
     /// `blocks` rule); 0 for the built-ins, whose ops count their own.
     pub(super) blocks: u32,
     /// A user's job: its launch options as the wire gave them (grid,
-    /// block, shared_bytes, given), which its record shows the kernel.
-    pub(super) opts: [u32; 4],
+    /// block, shared_bytes, given, seed), which its record shows the kernel.
+    pub(super) opts: [u32; 5],
     /// Inline (`wide` is None): slots 0, 1 and `EC_MAX_VECTORS`, unused
     /// ones [`Region::EMPTY`]; the parameters.
     pub(super) regions: [Region; 3],
@@ -229,8 +229,8 @@ impl Job {
     pub fn blocks(&self) -> u32 {
         self.blocks
     }
-    /// A user's job: `(grid, block, shared_bytes, given)` as the wire gave them.
-    pub fn launch_opts(&self) -> [u32; 4] {
+    /// A user's job: `(grid, block, shared_bytes, given, seed)` as the wire gave them.
+    pub fn launch_opts(&self) -> [u32; 5] {
         self.opts
     }
     /// True when the job asks the backend to fault the device on purpose.

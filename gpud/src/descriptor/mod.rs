@@ -247,8 +247,8 @@ impl check::Form for BuiltinForm<'_> {
         bit(EC_FLAG_IN0_BUF, 0) | bit(EC_FLAG_IN1_BUF, 1) | bit(EC_FLAG_OUT_BUF, OUT)
     }
     #[inline(always)]
-    fn options(&self) -> [u32; 4] {
-        [0; 4]
+    fn options(&self) -> [u32; 5] {
+        [0; 5]
     }
     #[inline(always)]
     fn rest_is_zero(&self) -> bool {

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::layout::{EC_ADDR_SEGMENT_SHIFT, EC_FLAG_IN0_BUF, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_SHARED_BYTES};
+use crate::layout::{
+    EC_ADDR_SEGMENT_SHIFT, EC_FLAG_IN0_BUF, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
+};
 use crate::modules::{kernel_id, parse_manifest, Types, UserKernel};
 
 const ARENA: u64 = 1 << 20;
@@ -264,7 +266,7 @@ fn unused_fields_are_zero() {
     assert_eq!(mixed(|a| a.buffers |= 1 << 12), Err(Status::BadFlags));
     assert_eq!(mixed(|a| a.param[6] = 1), Err(Status::BadFlags));
     assert_eq!(mixed(|a| a.block_start = 1), Err(Status::BadFlags));
-    assert_eq!(mixed(|a| a.reserved[4] = 1), Err(Status::BadFlags));
+    assert_eq!(mixed(|a| a.reserved[3] = 1), Err(Status::BadFlags));
 }
 
 #[test]
@@ -385,7 +387,7 @@ fn launch_options_by_the_kernels_rules() {
         mixed(|a| (a.given, a.grid, a.block, a.shared_bytes) = (given, grid, block, shared)).map(|j| (j.geometry(), j.launch_opts()))
     };
     let g = |threads, shared_bytes, grid| Geometry { threads, shared_bytes, grid };
-    assert_eq!(opts(EC_OPT_BLOCK, 0, 96, 0), Ok((g(96, 64, 0), [0, 96, 0, EC_OPT_BLOCK])));
+    assert_eq!(opts(EC_OPT_BLOCK, 0, 96, 0), Ok((g(96, 64, 0), [0, 96, 0, EC_OPT_BLOCK, 0])));
     // warps: whole warps only, at most 1024.
     for b in [0, 100, 1056, 2048] {
         assert_eq!(opts(EC_OPT_BLOCK, 0, b, 0), Err(Status::BadShape), "block {b}");
@@ -395,12 +397,18 @@ fn launch_options_by_the_kernels_rules() {
     assert_eq!(opts(EC_OPT_GRID, 1 << 31, 0, 0), Err(Status::BadShape));
     // Shared memory: never below the declared 64 bytes, at most 48 KiB.
     assert_eq!(opts(EC_OPT_SHARED_BYTES, 0, 0, 100).unwrap().0, g(128, 100, 0));
-    assert_eq!(opts(EC_OPT_SHARED_BYTES, 0, 0, 10).unwrap(), (g(128, 64, 0), [0, 0, 10, EC_OPT_SHARED_BYTES]));
+    assert_eq!(opts(EC_OPT_SHARED_BYTES, 0, 0, 10).unwrap(), (g(128, 64, 0), [0, 0, 10, EC_OPT_SHARED_BYTES, 0]));
     assert_eq!(opts(EC_OPT_SHARED_BYTES, 0, 0, 48 * 1024 + 1), Err(Status::BadShape));
     // An option without its bit, an unknown bit.
     assert_eq!(opts(0, 10, 0, 0), Err(Status::BadFlags));
     assert_eq!(opts(EC_OPT_GRID, 10, 64, 0), Err(Status::BadFlags));
-    assert_eq!(opts(8, 0, 0, 0), Err(Status::BadFlags));
+    assert_eq!(opts(16, 0, 0, 0), Err(Status::BadFlags));
+    // The thread order's seed: any u32 with its bit, passed on as given;
+    // none without it.
+    let seeded = |given: u32, seed: u32| mixed(|a| (a.given, a.seed) = (given, seed)).map(|j| j.launch_opts());
+    assert_eq!(seeded(EC_OPT_THREAD_ORDER, u32::MAX), Ok([0, 0, 0, EC_OPT_THREAD_ORDER, u32::MAX]));
+    assert_eq!(seeded(EC_OPT_THREAD_ORDER, 0), Ok([0, 0, 0, EC_OPT_THREAD_ORDER, 0]));
+    assert_eq!(seeded(0, 5), Err(Status::BadFlags));
     // pow2: a power of two from 32.
     let mut t = JobArgs::default();
     (t.addr[0], t.len[0], t.addr[OUT], t.len[OUT], t.given) = (0x1000, 3, 0x2000, 1, EC_OPT_BLOCK);

@@ -213,7 +213,7 @@ pub fn kit_job(job: &Job, p: &DevPtrs) -> kitjob::Job {
         kj.addr[i] = p.addr[i];
         kj.len[i] = job.slot(i).len() as u32;
     }
-    [kj.grid, kj.block, kj.shared_bytes, kj.given] = job.launch_opts();
+    [kj.grid, kj.block, kj.shared_bytes, kj.given, kj.seed] = job.launch_opts();
     kj
 }
 

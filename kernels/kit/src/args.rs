@@ -123,8 +123,10 @@ impl<'a, T> Args<'a, T> {
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     pub fn slice<R>(&self, slot: usize) -> &'a [R] {
+        // Untagged: a GPU body run checked (crate::emu) gets tagged
+        // addresses, which a slice cannot hold; its accesses go unchecked.
         // SAFETY: `new`'s contract.
-        unsafe { slice(self.ptr::<R>(slot), self.len(slot)) }
+        unsafe { slice(crate::emu::untag(self.addr(slot)) as *const R, self.len(slot)) }
     }
 
     /// Slot `slot` as a mutable slice of its `len` elements of `R`.
@@ -135,7 +137,7 @@ impl<'a, T> Args<'a, T> {
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     pub unsafe fn slice_mut<R>(&self, slot: usize) -> &'a mut [R] {
-        slice_mut(self.ptr::<R>(slot), self.len(slot))
+        slice_mut(crate::emu::untag(self.addr(slot)) as *mut R, self.len(slot))
     }
 
     /// Vector argument `i` as a slice of T.

@@ -216,6 +216,7 @@ pub unsafe fn cas_shared<T: AtomicBits>(a: u32, expected: T, new: T) -> T {
 /// host form of [`crate::Float::red_add`].
 #[cfg(not(target_arch = "nvptx64"))]
 pub(crate) unsafe fn add_bits<T: crate::Float>(p: *mut T, v: T) {
+    let p = crate::emu::global_mut(p);
     if T::BYTES == 4 {
         let a = AtomicU32::from_ptr(p.cast());
         let _ = a.fetch_update(Relaxed, Relaxed, |b| Some((T::from_bits64(b.into()) + v).to_bits64() as u32));
@@ -329,27 +330,27 @@ macro_rules! atomic_int {
         impl AtomicAdd for $t {
             #[inline(always)]
             unsafe fn atomic_add(p: *mut $t, v: $t) -> $t {
-                $a::from_ptr(p).fetch_add(v, Relaxed)
+                $a::from_ptr(crate::emu::global_mut(p)).fetch_add(v, Relaxed)
             }
         }
         impl AtomicMinMax for $t {
             #[inline(always)]
             unsafe fn atomic_min(p: *mut $t, v: $t) -> $t {
-                $a::from_ptr(p).fetch_min(v, Relaxed)
+                $a::from_ptr(crate::emu::global_mut(p)).fetch_min(v, Relaxed)
             }
             #[inline(always)]
             unsafe fn atomic_max(p: *mut $t, v: $t) -> $t {
-                $a::from_ptr(p).fetch_max(v, Relaxed)
+                $a::from_ptr(crate::emu::global_mut(p)).fetch_max(v, Relaxed)
             }
         }
         impl AtomicBits for $t {
             #[inline(always)]
             unsafe fn atomic_exch(p: *mut $t, v: $t) -> $t {
-                $a::from_ptr(p).swap(v, Relaxed)
+                $a::from_ptr(crate::emu::global_mut(p)).swap(v, Relaxed)
             }
             #[inline(always)]
             unsafe fn atomic_cas(p: *mut $t, e: $t, n: $t) -> $t {
-                match $a::from_ptr(p).compare_exchange(e, n, Relaxed, Relaxed) {
+                match $a::from_ptr(crate::emu::global_mut(p)).compare_exchange(e, n, Relaxed, Relaxed) {
                     Ok(old) | Err(old) => old,
                 }
             }
@@ -363,7 +364,7 @@ macro_rules! atomic_float {
         impl AtomicAdd for $t {
             #[inline(always)]
             unsafe fn atomic_add(p: *mut $t, v: $t) -> $t {
-                let a = $a::from_ptr(p.cast());
+                let a = $a::from_ptr(crate::emu::global_mut(p).cast());
                 let mut old = a.load(Relaxed);
                 loop {
                     let new = ($t::from_bits(old) + v).to_bits();
@@ -377,11 +378,11 @@ macro_rules! atomic_float {
         impl AtomicBits for $t {
             #[inline(always)]
             unsafe fn atomic_exch(p: *mut $t, v: $t) -> $t {
-                $t::from_bits($a::from_ptr(p.cast()).swap(v.to_bits(), Relaxed))
+                $t::from_bits($a::from_ptr(crate::emu::global_mut(p).cast()).swap(v.to_bits(), Relaxed))
             }
             #[inline(always)]
             unsafe fn atomic_cas(p: *mut $t, e: $t, n: $t) -> $t {
-                match $a::from_ptr(p.cast()).compare_exchange(e.to_bits(), n.to_bits(), Relaxed, Relaxed) {
+                match $a::from_ptr(crate::emu::global_mut(p).cast()).compare_exchange(e.to_bits(), n.to_bits(), Relaxed, Relaxed) {
                     Ok(old) | Err(old) => $t::from_bits(old),
                 }
             }

@@ -61,21 +61,22 @@ pub trait Element: Copy + Default + Debug + PartialEq + PartialOrd + Send + Sync
     #[cfg(target_arch = "nvptx64")]
     unsafe fn store_shared(a: u32, v: Self);
 
-    /// Load (host: a GPU body run on the CPU, [`crate::emu`]).
+    /// Load (host: a GPU body run on the CPU, [`crate::emu`]; an
+    /// argument's address is checked against its extent there).
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     unsafe fn load(p: *const Self) -> Self {
-        p.read()
+        crate::emu::global(p).read()
     }
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     unsafe fn load_nc(p: *const Self) -> Self {
-        p.read()
+        crate::emu::global(p).read()
     }
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     unsafe fn store(p: *mut Self, v: Self) {
-        p.write(v)
+        crate::emu::global_mut(p).write(v)
     }
     /// The emulated block's shared memory at address `a`.
     #[cfg(not(target_arch = "nvptx64"))]

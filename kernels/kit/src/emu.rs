@@ -26,6 +26,22 @@
 //! poisoned (0xff: NaN for floats, all ones for integers) before each
 //! block, so a read before a write shows.
 //!
+//! Run through [`crate::host::run_gpu`] (gpud's CPU backend), every access
+//! to a job's arguments through the kit (the element loads and stores,
+//! `ldg`/`stg`, the atomics) is checked against the argument's extent: the
+//! job's addresses reach the body tagged with their slot in the top byte
+//! ([`tag`]), each access strips the tag and checks the slot's bytes, and
+//! an access outside them stops the block with [`Reason::OutOfBounds`]
+//! (argument, element index), never a read or write of memory that is not
+//! the argument's, even where another argument lies just past it. An
+//! access to shared memory outside the block's region, or outside a
+//! `shared_array!`, is the same fault on [`SHARED_SLOT`]. Where
+//! [`Order::Seeded`], each round the block's runnable threads are resumed in
+//! an order drawn from the seed (and the block's index), not in index order:
+//! threads between two barriers may run in any order on a GPU, so a result
+//! that depends on their order (a missing barrier) shows, and the seed
+//! replays it.
+//!
 //! Warps are 32 consecutive linear thread indices (`x + y · block_dim.x`),
 //! as on the GPU; a block whose size is not a multiple of 32 has a short
 //! last warp, whose missing lanes take no part (a shuffle from one gives
@@ -74,6 +90,60 @@ pub enum Reason {
     /// A lane waits at a warp operation that other lanes of its warp reach
     /// at another place, or not at all.
     DivergentWarpOp,
+    /// A read or write outside job slot `slot` (as [`crate::Job::addr`]),
+    /// at element `index` of it (negative: before its first element); for
+    /// [`SHARED_SLOT`], outside the block's shared memory or a shared
+    /// array, at byte `index` of the shared window.
+    OutOfBounds { slot: u32, index: i64 },
+}
+
+/// The slot an out-of-bounds access to shared memory names
+/// ([`crate::job::FAULT_SLOT_SHARED`]).
+pub const SHARED_SLOT: u32 = crate::job::FAULT_SLOT_SHARED;
+
+/// The order a block's threads run in between barriers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Order {
+    /// Round-robin by linear index: each thread runs until it waits (at a
+    /// barrier, a warp operation) or ends, then the next one.
+    #[default]
+    InOrder,
+    /// Each round, the runnable threads in an order drawn from this seed
+    /// and the block's index: the same seed, the same order.
+    Seeded(u64),
+}
+
+/// The top byte of an argument's address as a GPU body run checked sees
+/// it: its slot + 1 (0: an address with no tag, not checked). Host
+/// addresses never use it (47 or 48 bits of user space).
+pub const TAG_SHIFT: u32 = 56;
+const ADDR_MASK: u64 = (1 << TAG_SHIFT) - 1;
+
+/// One job slot's extent, for the checked accesses: its first byte, its
+/// bytes, and its element's size (the unit of a fault's index).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extent {
+    pub base: u64,
+    pub bytes: u64,
+    pub elem: u64,
+}
+
+/// `addr` without its tag (the address itself).
+#[inline(always)]
+pub fn untag(addr: u64) -> u64 {
+    addr & ADDR_MASK
+}
+
+/// Every slot's extent (an unused slot: all 0, so any access is outside).
+pub type Extents = [Extent; crate::signature::MAX_SLOTS];
+
+/// `addr` (slot `slot`'s address) tagged for a checked run; `addr` itself
+/// where its top byte is not free.
+pub fn tag(addr: u64, slot: usize) -> u64 {
+    if addr >> TAG_SHIFT != 0 {
+        return addr;
+    }
+    addr | (slot as u64 + 1) << TAG_SHIFT
 }
 
 /// A fault of a GPU body run on the CPU: what, in which block (its
@@ -104,6 +174,8 @@ enum Wait {
     Barrier(Site),
     Warp { op: WarpOp, site: Site, val: u64, arg: u32 },
     Done,
+    /// Stopped for good: the block faults as soon as the scheduler sees it.
+    Fault(Reason),
 }
 
 /// The block being run: what the device functions consult.
@@ -121,6 +193,8 @@ struct Block {
     /// Static arrays placed so far: (key, shared address).
     statics: Vec<(usize, u32)>,
     next_static: u32,
+    /// The job's slots, for its tagged addresses (null: none given).
+    extents: *const Extents,
 }
 
 std::thread_local! {
@@ -187,20 +261,67 @@ pub fn warp_op(op: WarpOp, val: u64, arg: u32, site: Site) -> u64 {
     b.result[b.cur as usize]
 }
 
+/// Stops the running thread, and so its block, with fault `r`: it is never
+/// resumed (the scheduler returns the fault, and the block's coroutines
+/// are reset without unwinding).
+pub fn fault(r: Reason) -> ! {
+    suspend(Wait::Fault(r));
+    unreachable!("erlcuda_kernel: a faulted GPU thread was resumed")
+}
+
+/// The address to access for `p`, an access of `bytes` bytes: `p` itself
+/// where it has no tag; where it has, the address in its slot, once
+/// checked to lie inside the slot's extent (else the thread faults).
+#[inline(always)]
+pub fn checked(p: u64, bytes: usize) -> u64 {
+    if p >> TAG_SHIFT == 0 {
+        return p;
+    }
+    checked_tagged(p, bytes as u64)
+}
+
+#[inline(never)]
+fn checked_tagged(p: u64, bytes: u64) -> u64 {
+    let slot = (p >> TAG_SHIFT) as usize - 1;
+    let addr = p & ADDR_MASK;
+    let b = block();
+    // SAFETY: run_gpu keeps the extents alive for the whole run.
+    let e = (!b.extents.is_null() && slot < crate::signature::MAX_SLOTS).then(|| unsafe { (*b.extents)[slot] });
+    let e = e.unwrap_or_default();
+    let off = addr.wrapping_sub(e.base);
+    if off <= e.bytes && e.bytes - off >= bytes && e.base != 0 {
+        return addr;
+    }
+    let elem = if e.elem == 0 { bytes.max(1) } else { e.elem } as i64;
+    let index = (addr as i64).wrapping_sub(e.base as i64).div_euclid(elem);
+    fault(Reason::OutOfBounds { slot: slot as u32, index })
+}
+
+/// The pointer to access for `p` (see [`checked`]).
+#[inline(always)]
+pub fn global<T>(p: *const T) -> *const T {
+    checked(p as u64, core::mem::size_of::<T>()) as *const T
+}
+
+/// [`global`] for a write.
+#[inline(always)]
+pub fn global_mut<T>(p: *mut T) -> *mut T {
+    checked(p as u64, core::mem::size_of::<T>()) as *mut T
+}
+
 /// The shared region's base and length in bytes.
 fn region(b: &mut Block) -> (*mut u8, usize) {
     (b.shared.as_mut_ptr().cast(), b.shared.len() * 16)
 }
 
-/// Shared address `a` as a pointer to `bytes` bytes of the region; panics
-/// outside it (a fault in any case: the GPU's shared window ends there).
+/// Shared address `a` as a pointer to `bytes` bytes of the region; outside
+/// it the thread faults (on a GPU the shared window ends there).
 #[track_caller]
 pub fn shared_ptr(a: u32, bytes: usize) -> *mut u8 {
     let (p, len) = region(block());
-    assert!(
-        (a as usize).checked_add(bytes).is_some_and(|e| e <= len),
-        "erlcuda_kernel: shared memory access at {a} (+{bytes}) outside the block's {len} bytes"
-    );
+    if !(a as usize).checked_add(bytes).is_some_and(|e| e <= len) {
+        fault(Reason::OutOfBounds { slot: SHARED_SLOT, index: i64::from(a) });
+    }
     p.wrapping_add(a as usize)
 }
 
@@ -264,6 +385,21 @@ fn warp_result(op: WarpOp, lanes: &core::ops::Range<usize>, wait: &[Wait], l: us
 /// `body` is a GPU body's call for this block: whatever it reads and
 /// writes outside shared memory is valid for the whole run.
 pub unsafe fn run_block(dims: Dims, idx: (u32, u32), body: &dyn Fn()) -> Result<(), Fault> {
+    run_block_checked(dims, idx, Order::InOrder, None, body)
+}
+
+/// [`run_block`], the threads in `order`, and the tagged addresses the
+/// body accesses checked against `extents` ([`tag`]).
+///
+/// # Safety
+/// As [`run_block`]; `extents` lie inside memory valid for the whole run.
+pub unsafe fn run_block_checked(
+    dims: Dims,
+    idx: (u32, u32),
+    order: Order,
+    extents: Option<&Extents>,
+    body: &dyn Fn(),
+) -> Result<(), Fault> {
     let n = (dims.block.0 * dims.block.1) as usize;
     assert!(n >= 1 && n <= 1024, "erlcuda_kernel: a block of {n} threads");
     let shared_len = (dims.shared_bytes + STATIC_SHARED_BYTES) as usize;
@@ -280,6 +416,7 @@ pub unsafe fn run_block(dims: Dims, idx: (u32, u32), body: &dyn Fn()) -> Result<
         shared,
         statics: Vec::new(),
         next_static: dims.shared_bytes.next_multiple_of(16),
+        extents: extents.map_or(core::ptr::null(), |e| e as *const Extents),
     });
     let bp: *mut Block = &mut *b;
     let prev = CURRENT.with(|c| c.replace(bp));
@@ -297,7 +434,7 @@ pub unsafe fn run_block(dims: Dims, idx: (u32, u32), body: &dyn Fn()) -> Result<
             }
         })
         .collect();
-    let r = schedule(bp, &mut threads);
+    let r = schedule(bp, &mut threads, order);
     for mut t in threads {
         if !t.done() {
             // A faulted block's threads stay suspended: dropped without
@@ -314,18 +451,48 @@ pub unsafe fn run_block(dims: Dims, idx: (u32, u32), body: &dyn Fn()) -> Result<
     r
 }
 
+/// splitmix64: the seeded order's generator (small, and the same numbers
+/// on every host).
+fn splitmix(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Steps the block's threads until all finish or the block faults.
-fn schedule(bp: *mut Block, threads: &mut [Coroutine<(), (), (), DefaultStack>]) -> Result<(), Fault> {
+fn schedule(bp: *mut Block, threads: &mut [Coroutine<(), (), (), DefaultStack>], order: Order) -> Result<(), Fault> {
     let n = threads.len();
     // SAFETY: between resumes no coroutine runs, so the scheduler alone
     // uses the block.
     let b = || unsafe { &mut *bp };
+    let mut turn: Vec<usize> = (0..n).collect();
+    // Each block its own stream of the seed: blocks differ, and a block's
+    // order does not depend on which blocks ran before it.
+    let mut rng = match order {
+        Order::InOrder => None,
+        Order::Seeded(s) => {
+            let mut r = s ^ (u64::from(b().idx.0) | u64::from(b().idx.1) << 32).wrapping_mul(0xd605_bbb5_8c8a_bbb5);
+            splitmix(&mut r);
+            Some(r)
+        }
+    };
     loop {
-        for (i, t) in threads.iter_mut().enumerate() {
+        if let Some(r) = rng.as_mut() {
+            // Fisher-Yates over every thread; those not runnable are skipped.
+            for i in (1..n).rev() {
+                turn.swap(i, (splitmix(r) % (i as u64 + 1)) as usize);
+            }
+        }
+        for &i in &turn {
             if matches!(b().wait[i], Wait::Run) {
                 b().cur = i as u32;
-                if let CoroutineResult::Return(()) = t.resume(()) {
+                if let CoroutineResult::Return(()) = threads[i].resume(()) {
                     b().wait[i] = Wait::Done;
+                }
+                if let Wait::Fault(reason) = b().wait[i] {
+                    return Err(Fault { reason, block: b().idx, thread: i as u32 });
                 }
             }
         }

@@ -70,8 +70,13 @@ pub unsafe fn run<T>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>))
 /// `block_idx` b of `grid_dim` n, so the entry's grid-stride loop takes
 /// exactly virtual block b. `launch` is the kernel's `(threads, shared)`,
 /// which the job's launch options (`{block, B}`, `{shared_bytes, S}`)
-/// override as on the GPU. Returns 0, or 1 with `fault` filled at the
-/// first faulting block (the blocks after it do not run).
+/// override as on the GPU; `t_bytes` the size of its T (0: none). The
+/// body gets the job's argument addresses tagged with their slots, so
+/// that its accesses through the kit are checked against each argument's
+/// extent (its length in elements of its declared type); with
+/// [`OPT_THREAD_ORDER`](crate::job::OPT_THREAD_ORDER), its threads run in
+/// the order the job's seed draws. Returns 0, or 1 with `fault` filled at
+/// the first faulting block (the blocks after it do not run).
 ///
 /// # Safety
 /// As [`Args::new`].
@@ -80,29 +85,40 @@ pub unsafe fn run_gpu(
     sig: &crate::signature::Sig,
     blocks: &crate::job::Blocks,
     launch: (u32, u32),
+    t_bytes: u64,
     fault: &mut crate::job::Fault,
     entry: impl Fn(*const Job, u32, u32),
 ) -> u32 {
-    use crate::emu::{run_block, Dims, Reason};
-    use crate::job::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, OPT_BLOCK, OPT_SHARED_BYTES};
+    use crate::emu::{run_block_checked, tag, Dims, Extent, Extents, Order, Reason};
+    use crate::job::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, FAULT_OUT_OF_BOUNDS, OPT_BLOCK};
+    use crate::job::{OPT_SHARED_BYTES, OPT_THREAD_ORDER};
+    use crate::signature::{Kind, Ty};
     let threads = if job.given & OPT_BLOCK != 0 { job.block } else { launch.0 };
     let shared = if job.given & OPT_SHARED_BYTES != 0 { job.shared_bytes.max(launch.1) } else { launch.1 };
+    let order = if job.given & OPT_THREAD_ORDER != 0 { Order::Seeded(u64::from(job.seed)) } else { Order::InOrder };
     // gpud counted them by the same rule; a job it refused never gets here.
     let Some(n) = blocks.of(sig, job, threads) else { return 0 };
     let Ok(n) = u32::try_from(n) else { return 0 };
-    let one = Job { block_start: 0, ..*job };
+    // Each declared vector and output: its extent, and its address tagged.
+    let mut ext: Extents = Default::default();
+    let mut one = Job { block_start: 0, ..*job };
+    let elem = |t: Ty| if t == Ty::T { t_bytes } else { t.bytes() };
+    let vecs = sig.args().iter().filter_map(|a| a.ty.filter(|_| matches!(a.kind, Kind::Vector | Kind::Inout)).map(|t| (a.slot as usize, t)));
+    let outs = sig.outs().iter().enumerate().map(|(j, o)| (Job::out_slot(j), o.ty));
+    for (slot, t) in vecs.chain(outs) {
+        let e = elem(t);
+        ext[slot] = Extent { base: job.addr[slot], bytes: u64::from(job.len[slot]) * e, elem: e };
+        one.addr[slot] = tag(job.addr[slot], slot);
+    }
     for b in 0..n {
         let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
-        if let Err(f) = run_block(dims, (b, 0), &|| entry(&one, 1, n)) {
-            *fault = crate::job::Fault {
-                reason: match f.reason {
-                    Reason::DivergentBarrier => FAULT_DIVERGENT_BARRIER,
-                    Reason::DivergentWarpOp => FAULT_DIVERGENT_WARP_OP,
-                },
-                thread: f.thread,
-                block: u64::from(b),
-                ..Default::default()
+        if let Err(f) = run_block_checked(dims, (b, 0), order, Some(&ext), &|| entry(&one, 1, n)) {
+            let (reason, slot, index) = match f.reason {
+                Reason::DivergentBarrier => (FAULT_DIVERGENT_BARRIER, 0, 0),
+                Reason::DivergentWarpOp => (FAULT_DIVERGENT_WARP_OP, 0, 0),
+                Reason::OutOfBounds { slot, index } => (FAULT_OUT_OF_BOUNDS, slot, index as u64),
             };
+            *fault = crate::job::Fault { reason, thread: f.thread, block: u64::from(b), slot, index, ..Default::default() };
             return 1;
         }
     }

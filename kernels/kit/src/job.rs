@@ -66,7 +66,10 @@ pub struct Job {
     pub block: u32,
     pub shared_bytes: u32,
     pub given: u32,
-    pub reserved: [u32; 5],
+    /// With [`OPT_THREAD_ORDER`] in `given`: the seed of the order a GPU
+    /// body run on the CPU runs each block's threads in ([`crate::emu`]).
+    pub seed: u32,
+    pub reserved: [u32; 4],
 }
 
 const _: () = assert!(core::mem::size_of::<Job>() == 256);
@@ -83,7 +86,8 @@ impl Default for Job {
             block: 0,
             shared_bytes: 0,
             given: 0,
-            reserved: [0; 5],
+            seed: 0,
+            reserved: [0; 4],
         }
     }
 }
@@ -125,10 +129,13 @@ pub struct Fault {
     pub thread: u32,
     /// The virtual block within the job.
     pub block: u64,
-    /// For `FAULT_OUT_OF_BOUNDS`: the argument's slot (as [`Job::addr`]).
+    /// For `FAULT_OUT_OF_BOUNDS`: the argument's slot (as [`Job::addr`]),
+    /// or [`FAULT_SLOT_SHARED`].
     pub slot: u32,
     pub reserved: u32,
-    /// For `FAULT_OUT_OF_BOUNDS`: the element index.
+    /// For `FAULT_OUT_OF_BOUNDS`: the element index, two's complement
+    /// (negative: before the argument's first element); for
+    /// [`FAULT_SLOT_SHARED`], the byte in the block's shared window.
     pub index: u64,
 }
 
@@ -143,6 +150,9 @@ pub const FAULT_DIVERGENT_BARRIER: u32 = 1;
 pub const FAULT_DIVERGENT_WARP_OP: u32 = 2;
 /// A read or write outside argument `slot`, at element `index`.
 pub const FAULT_OUT_OF_BOUNDS: u32 = 3;
+/// The `slot` of a `FAULT_OUT_OF_BOUNDS` in the block's shared memory
+/// (`EC_FAULT_SLOT_SHARED`), rather than in an argument.
+pub const FAULT_SLOT_SHARED: u32 = 255;
 
 /// The host entry that runs a kernel's GPU code on the CPU, exported as
 /// `erlcuda_hostgpu_NAME_TY` (`erlcuda_hostgpu_NAME` for a kernel with no
@@ -157,6 +167,10 @@ pub type HostGpuFn = unsafe extern "C" fn(job: *const Job, fault: *mut Fault) ->
 pub const OPT_GRID: u32 = 1;
 pub const OPT_BLOCK: u32 = 2;
 pub const OPT_SHARED_BYTES: u32 = 4;
+/// `seed` is given: a GPU body run on the CPU runs each block's threads
+/// between barriers in an order drawn from it (the CPU backend's checker;
+/// the GPU ignores it).
+pub const OPT_THREAD_ORDER: u32 = 8;
 
 /// Elements per thread per virtual block of an `elementwise` kernel.
 pub const ELEMS_PER_THREAD: u64 = 4;

@@ -516,7 +516,7 @@ macro_rules! __kernel_entries {
                     __gpu($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
-            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)));
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)), ());
         };
     };
     ($name:ident, [], [], [$ck:ident]) => {
@@ -534,7 +534,7 @@ macro_rules! __kernel_entries {
                     __gpu($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
-            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)));
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name)), ());
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name)))]
@@ -565,7 +565,7 @@ macro_rules! __entries {
                     __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
-            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)), $crate::__rty!($ty));
         };
     };
     ($name:ident, [$bound:ident], $ty:ident, [$ck:ident]) => {
@@ -583,7 +583,7 @@ macro_rules! __entries {
                     __gpu::<$crate::__rty!($ty)>($crate::Args::new(job, &__LAYOUT), block)
                 })
             }
-            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)), $crate::__rty!($ty));
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]
@@ -596,15 +596,17 @@ macro_rules! __entries {
 
 /// The host entry that runs a kernel's GPU body on the CPU
 /// ([`crate::host::run_gpu`]): `erlcuda_hostgpu_NAME[_TY](job, fault) ->
-/// u32` ([`crate::job::HostGpuFn`]).
+/// u32` ([`crate::job::HostGpuFn`]); `$t` the kernel's T (`()`: none).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __host_gpu_entry {
-    ($sym:expr) => {
+    ($sym:expr, $t:ty) => {
         #[cfg(not(target_arch = "nvptx64"))]
         #[unsafe(export_name = $sym)]
         unsafe extern "C" fn __host_gpu(job: *const $crate::Job, fault: *mut $crate::job::Fault) -> u32 {
-            $crate::host::run_gpu(&*job, &__K.sig, &__K.blocks, __LAUNCH, &mut *fault, |j, n, t| __entry(j, n, t))
+            // T's size: the unit of the arguments of type T (`()`: none).
+            let t_bytes = ::core::mem::size_of::<$t>() as u64;
+            $crate::host::run_gpu(&*job, &__K.sig, &__K.blocks, __LAUNCH, t_bytes, &mut *fault, |j, n, t| __entry(j, n, t))
         }
     };
 }
@@ -746,7 +748,7 @@ macro_rules! __pointwise_entries {
             unsafe fn __entry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
                 $crate::gpu::$shape::<$ty, __NV, __NS>(jobs, njobs, total_blocks, __body::<$ty>)
             }
-            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)));
+            $crate::__host_gpu_entry!(concat!("erlcuda_hostgpu_", stringify!($name), "_", stringify!($ty)), $ty);
 
             #[cfg(not(target_arch = "nvptx64"))]
             #[unsafe(export_name = concat!("erlcuda_host_", stringify!($name), "_", stringify!($ty)))]

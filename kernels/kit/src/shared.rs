@@ -95,7 +95,7 @@ impl<T: Element, const N: usize> SharedArray<T, N> {
     /// `*_shared` functions and `ld.shared`/`st.shared`).
     #[inline(always)]
     pub fn addr(&self, i: usize) -> u32 {
-        assert!(i < N);
+        check_index(self.addr, i, N, T::BYTES);
         self.addr + (i as u32) * T::BYTES
     }
 
@@ -168,4 +168,24 @@ macro_rules! shared_array {
         // SAFETY: N elements of the room type were reserved, 16-byte aligned.
         unsafe { $crate::shared::SharedArray::<$t, { $n }>::at(a) }
     }};
+}
+
+/// Index `i` of an array of `n` elements of `bytes` at shared address
+/// `addr` (kept below [`scratch`], whose call's line names its PTX symbol):
+/// past its end the GPU traps.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn check_index(_addr: u32, i: usize, n: usize, _bytes: u32) {
+    assert!(i < n);
+}
+
+/// On the host, past the end is the thread's fault ([`crate::emu`]), with
+/// the byte it would have reached in the shared window.
+#[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
+fn check_index(addr: u32, i: usize, n: usize, bytes: u32) {
+    if i >= n {
+        let at = i64::from(addr).saturating_add((i as i64).saturating_mul(i64::from(bytes)));
+        crate::emu::fault(crate::emu::Reason::OutOfBounds { slot: crate::emu::SHARED_SLOT, index: at });
+    }
 }
