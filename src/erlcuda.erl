@@ -281,6 +281,8 @@
 %% answer being sent, or a large list result being built) is waited for:
 %% see await/3.
 -define(LATE_ANSWER_MS, 1000).
+%% A windowed get's pieces in flight at once: see get_pieces/4.
+-define(GET_PIECES_IN_FLIGHT, 2).
 
 %% @equiv launch(Kernel, Args, [])
 -spec launch(kernel(), [term()]) -> {ok, reference()} | {error, reason()}.
@@ -502,6 +504,7 @@ get_buffer(Buf, Timeout) ->
             Ref = make_ref(), % see launch_sync_untraced/3
             case erlcuda_nif:get(Buf, Ref) of
                 {ok, Ref} -> await(Device, Ref, Timeout);
+                {pieces, Sink, N} -> get_pieces(Device, Sink, N, deadline(Timeout));
                 {error, _} = E ->
                     %% A buffer outlives the erlcuda that made it (its
                     %% memory does not: {buffer, lost}); with none running
@@ -512,6 +515,76 @@ get_buffer(Buf, Timeout) ->
                     end
             end
     end.
+
+%% A buffer larger than any region the arena can give comes back through a
+%% window of it (the NIF's windowed get, c_src/buffers.c): in N pieces
+%% asked for in order, ?GET_PIECES_IN_FLIGHT at once (gpud copies one out
+%% while the NIF copies the one before it into the result), each piece's
+%% arena region given back when it is answered. The caller's timeout bounds
+%% the whole get: then the pieces in flight are cancelled as await/3
+%% cancels a job, and no message about them follows.
+get_pieces(Device, Sink, N, Deadline) ->
+    get_pieces(Device, Sink, N, Deadline, 0, []).
+
+%% Next: the pieces asked for so far; InFlight: those not yet answered,
+%% oldest first.
+get_pieces(_Device, Sink, N, _Deadline, N, []) ->
+    erlcuda_nif:get_done(Sink, ok);
+get_pieces(Device, Sink, N, Deadline, Next, InFlight)
+  when Next < N, length(InFlight) < ?GET_PIECES_IN_FLIGHT ->
+    Ref = make_ref(),
+    case erlcuda_nif:get_piece(Sink, Ref) of
+        {ok, Ref} ->
+            get_pieces(Device, Sink, N, Deadline, Next + 1, InFlight ++ [Ref]);
+        {error, busy} when InFlight =/= [] ->
+            %% No arena room for another piece now: the oldest one's
+            %% answer gives its region back.
+            await_piece(Device, Sink, N, Deadline, Next, InFlight);
+        {error, busy} when Next > 0 ->
+            %% The last piece's region is given back just after its
+            %% answer is sent: room a moment ago, room again at once
+            %% (unless other jobs took it), within the caller's timeout.
+            receive after min(1, remaining(Deadline)) -> ok end,
+            case remaining(Deadline) of
+                0 -> end_get(Device, Sink, [], {error, timeout});
+                _ -> get_pieces(Device, Sink, N, Deadline, Next, [])
+            end;
+        {error, _} = E ->
+            end_get(Device, Sink, InFlight, E)
+    end;
+get_pieces(Device, Sink, N, Deadline, Next, InFlight) ->
+    await_piece(Device, Sink, N, Deadline, Next, InFlight).
+
+await_piece(Device, Sink, N, Deadline, Next, [Oldest | Rest] = InFlight) ->
+    receive
+        {erlcuda, Oldest, ok} -> get_pieces(Device, Sink, N, Deadline, Next, Rest);
+        {erlcuda, Oldest, {error, _} = E} -> end_get(Device, Sink, Rest, E)
+    after remaining(Deadline) ->
+            end_get(Device, Sink, InFlight, {error, timeout})
+    end.
+
+end_get(Device, Sink, InFlight, {error, Why} = E) ->
+    [cancel_piece(Device, Ref) || Ref <- InFlight],
+    ok = erlcuda_nif:get_done(Sink, case Why of timeout -> timeout; _ -> error end),
+    E.
+
+%% As await/3 after its timeout: a piece's answer is `ok' or an error,
+%% built by the thread that claimed it, never handed to erlcuda_lists.
+cancel_piece(Device, Ref) ->
+    Cancelled = case handle(Device) of
+                    undefined -> not_found;
+                    H -> erlcuda_nif:cancel(H, Ref)
+                end,
+    case Cancelled of
+        cancelled -> ok;
+        _ -> receive {erlcuda, Ref, _} -> ok after ?LATE_ANSWER_MS -> ok end
+    end.
+
+deadline(infinity) -> infinity;
+deadline(Ms) -> erlang:monotonic_time(millisecond) + Ms.
+
+remaining(infinity) -> infinity;
+remaining(Deadline) -> max(0, Deadline - erlang:monotonic_time(millisecond)).
 
 %% @doc Frees a buffer at once (idempotent): later uses answer
 %% `{error, {buffer, freed}}'. Garbage collection frees buffers too.
