@@ -65,9 +65,12 @@
 %%     `f32' and `f64').</dd>
 %% <dt>`{badarg, too_large}'</dt><dd>The job can never fit: a vector or an
 %%     output of more than 2^32-1 elements, inputs and output larger
-%%     than `arena_max_bytes', or a buffer larger than
-%%     `device_memory_limit'. Also in the message of a `put' or an
-%%     `{output, buffer}' job that gpud finds larger than its limit.</dd>
+%%     than `arena_max_bytes' (a `put' or `get' larger than that goes
+%%     through the arena in pieces instead, unless `put_window_bytes' is
+%%     0), a buffer larger than `device_memory_limit', or a `put' or `get'
+%%     of more bytes than the machine's memory (a get's answer could
+%%     never be held). Also in the message of a `put' or an `{output,
+%%     buffer}' job that gpud finds larger than its limit.</dd>
 %% <dt>`{badarg, opts}'</dt><dd>Opts is not a proper list, or `put/2' got
 %%     an option it does not take (`output', `grid', `block',
 %%     `shared_bytes'), or `get/2' one other than `timeout'.</dd>
@@ -122,7 +125,9 @@
 %%     `{timeout, Ms}' (default 5000; `infinity' waits for ever); the job
 %%     is cancelled and no message about it follows. From `load_module/2' and `unload_module/1': a
 %%     device did not answer within 120 s.</dd>
-%% <dt>`enomem'</dt><dd>The VM could not allocate what the NIF needed.</dd>
+%% <dt>`enomem'</dt><dd>The VM could not allocate what the NIF needed (for
+%%     a `get' larger than the arena, its answer's binary: memory is short
+%%     now).</dd>
 %% </dl>
 %%
 %% The device or the node went away:
@@ -474,9 +479,14 @@ get(Buf) ->
 %% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
 %% Options: `{timeout, Ms | infinity}' (default 5000): after `{error,
 %% timeout}' the copy is cancelled and no message about it follows, as
-%% for `launch_sync'. Errors: `{buffer, freed | lost}', `{badarg,
-%% buffer}', `{badarg, opts}' (an option other than `timeout'), `{badarg,
-%% {opt, O}}' (<a href="#Errors">Errors</a>).
+%% for `launch_sync'. A buffer larger than the arena can hold in one
+%% region (`arena_max_bytes') comes back through a window of it, in pieces
+%% of `put_window_bytes' / 2, two at a time, copied into one binary; the
+%% timeout bounds the whole get, and every piece's region is given back
+%% when it is answered. Anything `put' accepts, `get' returns. Errors:
+%% `{buffer, freed | lost}', `{badarg, buffer}', `{badarg, opts}' (an
+%% option other than `timeout'), `{badarg, {opt, O}}', `{badarg,
+%% too_large}', `busy', `enomem' (<a href="#Errors">Errors</a>).
 -spec get(buffer(), [{timeout, timeout()}]) -> {ok, vector()} | {error, reason()}.
 get(Buf, Opts) ->
     case erlcuda_telemetry:handler() of
