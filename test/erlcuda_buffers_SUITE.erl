@@ -17,6 +17,7 @@
          frees_build_no_result/1, memory_pressure_evicts/1, pinned_binaries_are_read_in_place/1,
          pin_refuses_bad_input/1, stalls_are_counted/1, windowed_gets_return_every_byte/1,
          windowed_get_times_out_and_gives_back_its_regions/1, windowed_gets_at_once/1,
+         windowed_get_when_gpud_dies/1,
          too_large_put_answers_as_get_would/1]).
 
 %% The arena's limit in the windowed gets' cases.
@@ -31,7 +32,7 @@ all() ->
      large_copies_let_small_jobs_through, frees_build_no_result, memory_pressure_evicts,
      pinned_binaries_are_read_in_place, pin_refuses_bad_input, stalls_are_counted, other_device,
      windowed_gets_return_every_byte, windowed_get_times_out_and_gives_back_its_regions,
-     windowed_gets_at_once, too_large_put_answers_as_get_would].
+     windowed_gets_at_once, windowed_get_when_gpud_dies, too_large_put_answers_as_get_would].
 
 init_per_suite(Config) ->
     Config.
@@ -60,7 +61,8 @@ init_per_testcase(Case, Config) when Case =:= windowed_puts_leave_the_arena_alon
     Config;
 init_per_testcase(Case, Config) when Case =:= windowed_gets_return_every_byte;
                                      Case =:= windowed_get_times_out_and_gives_back_its_regions;
-                                     Case =:= windowed_gets_at_once ->
+                                     Case =:= windowed_gets_at_once;
+                                     Case =:= windowed_get_when_gpud_dies ->
     %% An arena of at most 2 MiB and a window of 256 KiB: buffers of 4 and
     %% 8 MiB go in through the put window and come back in pieces of
     %% 128 KiB, two at a time.
@@ -1112,6 +1114,34 @@ windowed_gets_at_once(_) ->
     ok = erlcuda:free(B),
     await_arena_used(Used0, 5000),
     await_idle(5000).
+
+%% gpud dies with a windowed get's pieces in flight: the get is answered
+%% {error, {gpud_exit, _}} once (the pieces it had not asked for never
+%% are), no message follows, and the arena's regions come back.
+windowed_get_when_gpud_dies(_) ->
+    Bin = rand:bytes(8 bsl 20),
+    await_idle(5000),
+    #{arena_used := Used0} = erlcuda:stats(0),
+    {ok, B} = erlcuda:put({u8, Bin}, [{timeout, 60000}]),
+    [#{os_pid := Held}] = erlcuda:devices(),
+    os:cmd("kill -STOP " ++ integer_to_list(Held)),
+    Self = self(),
+    Pid = spawn_link(fun() ->
+                             R = erlcuda:get(B, [{timeout, 60000}]),
+                             Stray = receive M -> M after 500 -> none end,
+                             Self ! {got, R, Stray}
+                     end),
+    wait_in_flight(5000),
+    os:cmd("kill -9 " ++ integer_to_list(Held)),
+    receive
+        {got, R, Stray} ->
+            ?assertMatch({error, {gpud_exit, _}}, R),
+            ?assertEqual(none, Stray)
+    after 10000 -> ct:fail({get_unanswered, Pid})
+    end,
+    wait_new_gpud(Held, 200),
+    await_arena_used(Used0, 5000),
+    ?assertEqual({error, {buffer, lost}}, erlcuda:get(B)).
 
 %% Without a window, a put larger than the arena is refused at once, in
 %% the NIF (nothing reaches gpud), with the reason a get of a buffer that
