@@ -31,6 +31,8 @@
     X(ring_entries) X(arena_bytes) X(arena_max_bytes) X(spin_us) X(busy_spin_us)                \
     X(zero_copy_bytes) X(pipeline_bytes) X(put_window_bytes) X(poison_outputs) X(prefault_arena) X(sync_spin_us)    \
     X(list_converter)                                                                           \
+    /* a get through the arena's window (buffers.c) */                                        \
+    X(pieces)                                                                                   \
     /* a large list result handed to the list converter (results.c) */                         \
     X(erlcuda_list_result) X(value)                                                             \
     /* kernels/0's keys and values */                                                          \

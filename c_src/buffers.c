@@ -11,6 +11,19 @@
  * answered once, when every slice is back (complete.c); a failed put's id
  * is freed at once, whatever slices of it gpud holds.
  *
+ * Gets. A get copies its buffer into one region of the arena, answered
+ * as a binary (a large one stays there: a resource binary). A buffer larger
+ * than any region the arena can ever give (a put through the window makes
+ * such buffers, and so can a launch) comes back through a window of the
+ * arena instead (the windowed get): submit_get answers {pieces, Sink, N},
+ * Sink holding the result binary, allocated once; the caller asks for the
+ * pieces in order, a window's worth at most in flight (erlcuda:get/2),
+ * each a GET descriptor of its own (a byte offset in p.u64[0]) into a
+ * region of put_window_bytes / GET_WINDOW_PIECES, copied into the result
+ * when answered (complete.c), its region given back then as any job's;
+ * then it takes the result (get_sink_result). A cancelled piece copies
+ * nothing; its region is given back when gpud answers it.
+ *
  * Frees. free/1 and the destructor (garbage collection) both go through
  * queue_free, which marks the buffer freed once and queues its id under
  * freeq_lock, a leaf: the destructor may run anywhere, even inside
@@ -35,12 +48,26 @@
 #include "arena.h"
 #include "args.h"
 #include "buffers.h"
+#include "copy.h"
 #include "pipeline.h"
 #include "shm.h"
 #include "slot_cache.h"
 #include "submit.h"
 
 #include <string.h>
+#include <unistd.h>
+
+/* The resource type of a windowed get's result (struct get_sink). */
+ErlNifResourceType *GET_SINK_RT;
+
+/* A windowed get's pieces in flight at once: each is put_window_bytes /
+ * this large, so the get's regions stay within the put window, and gpud
+ * copies one piece while the one before it is copied into the result. */
+#define GET_WINDOW_PIECES 2u
+/* Pieces are whole pages (and so whole elements of every type). */
+#define GET_PIECE_ALIGN 4096u
+
+static ERL_NIF_TERM windowed_get(ErlNifEnv *env, struct device *d, struct buffer_res *b, uint64_t bytes);
 
 /* A buffer garbage-collected: its free is queued (never blocking; see
  * buffers.c) and, when the queue was empty, the completion thread woken
@@ -141,7 +168,8 @@ void flush_frees(struct device *d)
  * caller then gives the slot back. */
 static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uint32_t kernel,
                               uint8_t type, uint32_t len, unsigned output, ERL_NIF_TERM keep,
-                              struct ec_sqe *sqe, uint32_t parts, const uint8_t *src, ERL_NIF_TERM ref)
+                              struct buffer_res *b, struct ec_sqe *sqe, uint32_t parts,
+                              const uint8_t *src, ERL_NIF_TERM ref)
 {
     struct job *j = &d->jobs[idx];
     j->out_buf = output == OUTPUT_PUT;
@@ -157,9 +185,8 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
     } else if (output == OUTPUT_PUT) {
         publish(d, (uint32_t)idx, sqe);
     } else {
-        /* A get: its buffer checked again under sq_lock (publish_checked). */
-        struct buffer_res *b;
-        enif_get_resource(env, keep, BUFFER_RT, (void **)&b);
+        /* A get (b, its buffer): checked again under sq_lock
+         * (publish_checked). */
         struct job_spec s;
         memset(&s, 0, sizeof s);
         s.nin = 1;
@@ -169,7 +196,9 @@ static ERL_NIF_TERM start_job(ErlNifEnv *env, struct device *d, int64_t idx, uin
             return make_error(env, why ? why : enif_make_tuple2(env, ATOM_buffer, ATOM_lost));
         }
     }
-    count(&d->c.submitted, 1);
+    /* A windowed get counts once, as its caller sees it (get_sink_piece). */
+    if (output != OUTPUT_GET_PIECE)
+        count(&d->c.submitted, 1);
     return 0;
 }
 
@@ -194,6 +223,18 @@ ERL_NIF_TERM buffer_info(ErlNifEnv *env, struct buffer_res *b)
     ERL_NIF_TERM st = !why ? ATOM_live : enif_get_tuple(env, why, &n, &e) ? e[1] : why;
     return enif_make_tuple4(env, enif_make_uint(env, b->d->id), TYPE_ATOMS[b->type],
                             enif_make_uint(env, b->len), st);
+}
+
+/* Could a get's result of `bytes` ever be held: at most the machine's
+ * memory (an Erlang binary could be far larger)? put refuses a larger
+ * vector with the reason get would give (on a put, the vector is in
+ * memory already, so only a list of numbers could come near). */
+static int host_can_hold(uint64_t bytes)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return 1; /* unknown: the allocation judges */
+    return bytes <= (uint64_t)pages * (uint64_t)page;
 }
 
 int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int dirty,
@@ -221,6 +262,11 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
         goto out;
     }
     uint64_t bytes = v.len * type_bytes(v.type);
+    /* What get could never answer, put refuses now, with get's reason. */
+    if (!host_can_hold(bytes)) {
+        fail = make_badarg(env, ATOM_too_large);
+        goto out;
+    }
     /* A binary already in the arena (a result, or pinned: pinned.c) is
      * named where it lies: gpud's DMA reads it, nothing is copied. */
     int in_arena = v.is_binary && bytes > 0 && vec_in_arena(d, &v);
@@ -272,7 +318,7 @@ int submit_put(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM argv[], int 
     };
     if (!ref)
         ref = enif_make_ref(env);
-    fail = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, &sqe,
+    fail = start_job(env, d, idx, EC_CONTROL_PUT, v.type, (uint32_t)v.len, OUTPUT_PUT, buf, NULL, &sqe,
                      parts, v.bin.data, ref);
     if (!fail) {
         *result = enif_make_tuple2(env, ATOM_ok, ref);
@@ -300,9 +346,19 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, 
         return make_error(env, why);
     }
     uint64_t bytes = (uint64_t)b->len * type_bytes(b->type);
+    if (!host_can_hold(bytes)) {
+        enif_rwlock_runlock(d->life);
+        return make_badarg(env, ATOM_too_large);
+    }
     /* A large result stays in the arena as a resource binary (no copy). */
     int zero_copy = bytes >= d->zero_copy_bytes;
     int64_t idx = reserve_job(d, 0, arena_round(bytes), 0, zero_copy);
+    if (idx == -2 && d->put_window_bytes > 0) {
+        /* No region will ever be that large: through the window. */
+        ERL_NIF_TERM r = windowed_get(env, d, b, bytes);
+        enif_rwlock_runlock(d->life);
+        return r;
+    }
     if (idx < 0) {
         enif_rwlock_runlock(d->life);
         if (idx == -1)
@@ -322,11 +378,157 @@ ERL_NIF_TERM submit_get(ErlNifEnv *env, struct buffer_res *b, ERL_NIF_TERM buf, 
     if (!ref)
         ref = enif_make_ref(env);
     ERL_NIF_TERM res = start_job(env, d, idx, EC_CONTROL_GET, b->type, b->len, OUTPUT_KERNEL, buf,
-                                 &sqe, 1, NULL, ref);
+                                 b, &sqe, 1, NULL, ref);
     if (res)
         unreserve_job(d, (uint32_t)idx);
     else
         flush_frees(d);
     enif_rwlock_runlock(d->life);
     return res ? res : enif_make_tuple2(env, ATOM_ok, ref);
+}
+
+/* ------------------------------------------------------ the windowed get -- */
+
+/* Counts a windowed get's end once (jobs_ok, jobs_failed or
+ * jobs_cancelled), if it was counted as submitted. */
+static void sink_end(struct get_sink *s, uint64_t *counter)
+{
+    int zero = 0;
+    if (__atomic_compare_exchange_n(&s->ended, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
+        __atomic_load_n(&s->started, __ATOMIC_ACQUIRE))
+        count(counter, 1);
+}
+
+void get_sink_dtor(ErlNifEnv *env, void *obj)
+{
+    struct get_sink *s = obj;
+    (void)env;
+    if (!s->b)
+        return;
+    /* The caller went away before the get ended (no piece job holds the
+     * sink any more either): as a get whose caller timed out. */
+    sink_end(s, &s->b->d->c.jobs_cancelled);
+    if (s->has_bin && !__atomic_load_n(&s->taken, __ATOMIC_ACQUIRE))
+        enif_release_binary(&s->bin);
+    enif_release_resource(s->b);
+}
+
+/* submit_get of a buffer no arena region can hold: a sink of its size
+ * and {pieces, Sink, N}. Caller holds d->life. */
+static ERL_NIF_TERM windowed_get(ErlNifEnv *env, struct device *d, struct buffer_res *b, uint64_t bytes)
+{
+    uint64_t piece = d->put_window_bytes / GET_WINDOW_PIECES / GET_PIECE_ALIGN * GET_PIECE_ALIGN;
+    if (piece == 0)
+        piece = GET_PIECE_ALIGN;
+    struct get_sink *s = enif_alloc_resource(GET_SINK_RT, sizeof *s);
+    if (!s)
+        return make_error(env, ATOM_enomem);
+    memset(s, 0, sizeof *s);
+    ERL_NIF_TERM t = enif_make_resource(env, s);
+    enif_release_resource(s); /* the term's now */
+    /* Allocated once, here: fails (never aborts the VM) when the machine
+     * has no room for it now. */
+    if (!enif_alloc_binary((size_t)bytes, &s->bin))
+        return make_error(env, ATOM_enomem);
+    s->has_bin = 1;
+    s->b = b;
+    enif_keep_resource(b);
+    s->bytes = bytes;
+    s->piece = piece;
+    s->pieces = (uint32_t)((bytes + piece - 1) / piece);
+    return enif_make_tuple3(env, ATOM_pieces, t, enif_make_uint(env, s->pieces));
+}
+
+struct get_sink *get_sink(ErlNifEnv *env, ERL_NIF_TERM t)
+{
+    struct get_sink *s;
+    return enif_get_resource(env, t, GET_SINK_RT, (void **)&s) && s->b ? s : NULL;
+}
+
+ERL_NIF_TERM get_sink_piece(ErlNifEnv *env, struct get_sink *s, ERL_NIF_TERM sink, ERL_NIF_TERM ref)
+{
+    struct buffer_res *b = s->b;
+    struct device *d = b->d;
+    /* Each piece is asked for once: a piece answered is never written
+     * again, so once `copied` counts them all the result is final. */
+    uint32_t k = __atomic_load_n(&s->next, __ATOMIC_ACQUIRE);
+    if (k >= s->pieces || __atomic_load_n(&s->ended, __ATOMIC_ACQUIRE) ||
+        !__atomic_compare_exchange_n(&s->next, &k, k + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return enif_make_badarg(env);
+    ERL_NIF_TERM fail = 0;
+    int64_t idx = -1;
+    enif_rwlock_rlock(d->life);
+    ERL_NIF_TERM why = buffer_unusable(env, d, b);
+    if (why) {
+        fail = make_error(env, why);
+        goto out;
+    }
+    uint64_t off = (uint64_t)k * s->piece;
+    uint64_t n = s->bytes - off < s->piece ? s->bytes - off : s->piece;
+    idx = reserve_job(d, 0, arena_round(n), 0, 0);
+    if (idx < 0) {
+        if (idx == -1)
+            count(&d->c.busy, 1);
+        fail = idx == -1 ? make_error(env, ATOM_busy) : make_badarg(env, ATOM_too_large);
+        goto out;
+    }
+    struct job *j = &d->jobs[idx];
+    j->sink = s;
+    j->sink_off = off;
+    uint32_t cnt = (uint32_t)(n / type_bytes(b->type));
+    struct ec_sqe sqe = {
+        .flags = EC_FLAG_IN0_BUF,
+        .in0 = b->id,
+        .in0_len = b->len,
+        .out = region_addr(&j->out),
+        .out_len = cnt,
+    };
+    sqe.p.u64[0] = off;
+    fail = start_job(env, d, idx, EC_CONTROL_GET, b->type, cnt, OUTPUT_GET_PIECE, sink, b, &sqe, 1,
+                     NULL, ref);
+    if (!fail && k == 0) {
+        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
+        count(&d->c.submitted, 1);
+        count(&d->c.get_windowed, 1);
+    }
+out:
+    if (fail) {
+        if (idx >= 0)
+            unreserve_job(d, (uint32_t)idx);
+        __atomic_store_n(&s->next, k, __ATOMIC_RELEASE); /* not asked for after all */
+    } else {
+        flush_frees(d);
+    }
+    enif_rwlock_runlock(d->life);
+    return fail ? fail : enif_make_tuple2(env, ATOM_ok, ref);
+}
+
+void get_sink_copy(struct device *d, struct job *j)
+{
+    struct get_sink *s = j->sink;
+    uint64_t n = (uint64_t)j->out_len * type_bytes(j->type);
+    copy_bytes(s->bin.data + j->sink_off, region_ptr(d, &j->out), (size_t)n);
+    __atomic_add_fetch(&s->copied, 1, __ATOMIC_ACQ_REL);
+}
+
+ERL_NIF_TERM get_sink_result(ErlNifEnv *env, struct get_sink *s, ERL_NIF_TERM outcome)
+{
+    struct counters *c = &s->b->d->c;
+    if (outcome == ATOM_timeout) {
+        sink_end(s, &c->jobs_cancelled);
+        return ATOM_ok;
+    }
+    if (outcome != ATOM_ok) {
+        sink_end(s, &c->jobs_failed);
+        return ATOM_ok;
+    }
+    int zero = 0;
+    if (__atomic_load_n(&s->copied, __ATOMIC_ACQUIRE) != s->pieces ||
+        !__atomic_compare_exchange_n(&s->taken, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return enif_make_badarg(env);
+    sink_end(s, &c->jobs_ok);
+    ERL_NIF_TERM bin = enif_make_binary(env, &s->bin);
+    return enif_make_tuple2(env, ATOM_ok, s->b->type == EC_TYPE_F32
+                                              ? bin
+                                              : enif_make_tuple2(env, TYPE_ATOMS[s->b->type], bin));
 }

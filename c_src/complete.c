@@ -212,7 +212,9 @@ static void count_job_stalls(struct device *d, const struct ec_cqe *cqe, int64_t
  * (a control) counts only when gpud refused it. */
 static void count_answer(struct device *d, const struct job *j, int claim, int ok)
 {
-    if (j->output == OUTPUT_FREE)
+    /* A windowed get's piece: the get is counted as one job, at its end
+     * (buffers.c, get_sink_result). */
+    if (j->output == OUTPUT_FREE || j->output == OUTPUT_GET_PIECE)
         return;
     if (j->output == OUTPUT_CONTROL) {
         if (claim == 1 && !ok)
@@ -277,6 +279,11 @@ static void handle_cqe(struct device *d, ErlNifEnv *caller_env, ErlNifEnv *m,
             result = fault_error(m, j, &cqe->fault);
         } else if (status != EC_STATUS_OK) {
             result = status_error(m, status);
+        } else if (j->output == OUTPUT_GET_PIECE) {
+            /* Into the result before the answer says so; the region is
+             * given back with the slot, as any job's. */
+            get_sink_copy(d, j);
+            result = ATOM_ok;
         } else if (j->out_buf) {
             /* A put, or a launch with {output, buffer}: the new buffer. */
             result = enif_make_tuple2(m, ATOM_ok, enif_make_copy(m, j->buf_term));

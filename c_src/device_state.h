@@ -147,6 +147,11 @@ struct job {
     int out_taken;   /* the output region now belongs to a resource binary */
     ErlNifPid pid;
     ERL_NIF_TERM ref;
+    /* A piece of a windowed get (OUTPUT_GET_PIECE): the result it is
+     * copied into once answered (kept alive by buf_term, the sink's term),
+     * at byte sink_off. */
+    struct get_sink *sink;
+    uint64_t sink_off;
     struct region in;  /* copied inputs */
     struct region out; /* the output */
     uint32_t out_len;
@@ -188,6 +193,27 @@ struct buffer_res {
     int freed;
 };
 
+/* A get of a buffer larger than any region the arena can give (buffers.c,
+ * the windowed get): the result, allocated once, filled piece by piece,
+ * each piece a GET descriptor of its own into a region of the arena that
+ * is given back when the piece is answered. The caller asks for the pieces
+ * in order (erlcuda:get/2), at most a window's worth at once, and takes
+ * the result once all are in. The term of this resource is the caller's
+ * and each piece job's (in its env). */
+struct get_sink {
+    struct buffer_res *b; /* kept (enif_keep_resource) */
+    ErlNifBinary bin;     /* the result, `bytes` long, once has_bin */
+    int has_bin;
+    int taken;      /* __atomic: bin handed to a term (then never written) */
+    int ended;      /* __atomic: the get counted as ended (jobs_ok, ...) */
+    int started;    /* __atomic: the get counted as submitted */
+    uint64_t bytes; /* the buffer's */
+    uint64_t piece; /* bytes per piece, whole pages; the last may have fewer */
+    uint32_t pieces;
+    uint32_t next;   /* __atomic: the next piece to ask for */
+    uint32_t copied; /* __atomic: pieces copied into bin */
+};
+
 /* The NIF's counters of a device, X(field, stats key) (stats.c). */
 #define NIF_COUNTERS(X)                                                                          \
     X(submitted, submitted) X(completed, completed) X(busy, busy)                               \
@@ -200,7 +226,7 @@ struct buffer_res {
     X(bogus_cqes, bogus_completions) X(wakeups_sent, sq_wakeups) X(cq_sleeps, cq_sleeps)        \
     X(failed_by_reset, failed_by_restart) X(dirty_submits, dirty_submits)                       \
     X(arena_inputs, arena_inputs) X(pipelined, pipelined) X(put_windowed, puts_windowed)      \
-    X(put_window_wait_ns, put_window_wait_ns)                                                   \
+    X(put_window_wait_ns, put_window_wait_ns) X(get_windowed, gets_windowed)                   \
     X(buffer_frees, buffer_frees)                                                                \
     X(reaped, reaped) X(cached_reserves, cached_reserves) X(sync_spins, sync_spins)             \
     X(sync_spin_answers, sync_spin_answers) X(arena_grown_ahead, arena_grown_ahead)             \
@@ -372,6 +398,8 @@ struct launch_opts {
 #define OUTPUT_PUT 0xfeu
 /* A free descriptor: answered to nobody. */
 #define OUTPUT_FREE 0xfdu
+/* A piece of a windowed get: copied into its sink, answered ok. */
+#define OUTPUT_GET_PIECE 0xfcu
 
 /* A checked job: what submit has learned from the arguments. Vector
  * arguments (v, io) are in[0 .. nin) in slot order, the outputs

@@ -191,6 +191,27 @@ static ERL_NIF_TERM nif_get(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
     return submit_get(env, b, argv[0], ref);
 }
 
+/* get_piece(Sink, Ref) -> {ok, Ref} | {error, _}; then {erlcuda, Ref, ok |
+ * {error, _}}: the next piece of a windowed get (buffers.h). */
+static ERL_NIF_TERM nif_get_piece(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct get_sink *s = get_sink(env, argv[0]);
+    ERL_NIF_TERM ref;
+    if (!s || !caller_ref(env, argc, argv, 1, &ref))
+        return enif_make_badarg(env);
+    return get_sink_piece(env, s, argv[0], ref);
+}
+
+/* get_done(Sink, ok | timeout | error) -> {ok, Vector} | ok (buffers.h). */
+static ERL_NIF_TERM nif_get_done(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    struct get_sink *s = get_sink(env, argv[0]);
+    (void)argc;
+    if (!s)
+        return enif_make_badarg(env);
+    return get_sink_result(env, s, argv[1]);
+}
+
 /* free(Buf) -> ok: at once and idempotent; the free goes to gpud now. */
 static ERL_NIF_TERM nif_free(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
@@ -408,7 +429,10 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info)
     ErlNifResourceTypeInit linit = {.dtor = list_answer_dtor, .members = 1};
     LIST_ANSWER_RT = enif_init_resource_type(env, "erlcuda_list_answer", &linit,
                                              ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
-    if (!DEVICE_RT || !REGION_RT || !BUFFER_RT || !KERNEL_RT || !LIST_ANSWER_RT)
+    ErlNifResourceTypeInit ginit = {.dtor = get_sink_dtor, .members = 1};
+    GET_SINK_RT = enif_init_resource_type(env, "erlcuda_get_sink", &ginit,
+                                          ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    if (!DEVICE_RT || !REGION_RT || !BUFFER_RT || !KERNEL_RT || !LIST_ANSWER_RT || !GET_SINK_RT)
         return -1;
     /* Last: a failed load gets no unload, so it must hold nothing. info:
      * {Threads, Nice}, the app envs copy_threads (0 for the default) and
@@ -465,6 +489,8 @@ static ErlNifFunc nif_funcs[] = {
     {"pin", 2, nif_pin, 0},
     {"get", 1, nif_get, 0},
     {"get", 2, nif_get, 0},
+    {"get_piece", 2, nif_get_piece, 0},
+    {"get_done", 2, nif_get_done, 0},
     {"free", 1, nif_free, 0},
     {"buffer_info", 1, nif_buffer_info, 0},
 };

@@ -254,8 +254,13 @@ enum ec_kernel {
  *         The VM answers a put once, after all of its slices, and frees
  *         the id whenever any slice failed.
  *   GET   in0 = a buffer id with EC_FLAG_IN0_BUF, in0_len its length;
- *         out = arena region of out_len == in0_len elements. Copies the
- *         buffer out. OK, BAD_BUFFER.
+ *         out = arena region of out_len elements; p.u64[0] = a byte offset
+ *         in the buffer (a multiple of the element size; out_len elements
+ *         from there must lie inside in0_len). Copies that slice of the
+ *         buffer out. A whole get is one slice at 0 with out_len ==
+ *         in0_len; a buffer too large for any region of the arena comes
+ *         back in slices, one descriptor each, through a window of the
+ *         arena (the windowed get, buffers.c). OK, BAD_BUFFER, BAD_SHAPE.
  *   FREE  in0 = arena region of in0_len u64 buffer ids (type S64, at most
  *         EC_FREE_MAX_IDS); ids gpud does not know are skipped (a buffer
  *         whose put failed is freed too), a buffer still filling is freed

@@ -65,9 +65,12 @@
 %%     `f32' and `f64').</dd>
 %% <dt>`{badarg, too_large}'</dt><dd>The job can never fit: a vector or an
 %%     output of more than 2^32-1 elements, inputs and output larger
-%%     than `arena_max_bytes', or a buffer larger than
-%%     `device_memory_limit'. Also in the message of a `put' or an
-%%     `{output, buffer}' job that gpud finds larger than its limit.</dd>
+%%     than `arena_max_bytes' (a `put' or `get' larger than that goes
+%%     through the arena in pieces instead, unless `put_window_bytes' is
+%%     0), a buffer larger than `device_memory_limit', or a `put' or `get'
+%%     of more bytes than the machine's memory (a get's answer could
+%%     never be held). Also in the message of a `put' or an `{output,
+%%     buffer}' job that gpud finds larger than its limit.</dd>
 %% <dt>`{badarg, opts}'</dt><dd>Opts is not a proper list, or `put/2' got
 %%     an option it does not take (`output', `grid', `block',
 %%     `shared_bytes', `thread_order'), or `get/2' one other than `timeout'.</dd>
@@ -123,7 +126,9 @@
 %%     `{timeout, Ms}' (default 5000; `infinity' waits for ever); the job
 %%     is cancelled and no message about it follows. From `load_module/2' and `unload_module/1': a
 %%     device did not answer within 120 s.</dd>
-%% <dt>`enomem'</dt><dd>The VM could not allocate what the NIF needed.</dd>
+%% <dt>`enomem'</dt><dd>The VM could not allocate what the NIF needed (for
+%%     a `get' larger than the arena, its answer's binary: memory is short
+%%     now).</dd>
 %% </dl>
 %%
 %% The device or the node went away:
@@ -294,6 +299,8 @@
 %% answer being sent, or a large list result being built) is waited for:
 %% see await/3.
 -define(LATE_ANSWER_MS, 1000).
+%% A windowed get's pieces in flight at once: see get_pieces/4.
+-define(GET_PIECES_IN_FLIGHT, 2).
 
 %% @equiv launch(Kernel, Args, [])
 -spec launch(kernel(), [term()]) -> {ok, reference()} | {error, reason()}.
@@ -488,9 +495,14 @@ get(Buf) ->
 %% @doc Copies a buffer back: a binary for f32, else `{Type, Binary}'.
 %% Options: `{timeout, Ms | infinity}' (default 5000): after `{error,
 %% timeout}' the copy is cancelled and no message about it follows, as
-%% for `launch_sync'. Errors: `{buffer, freed | lost}', `{badarg,
-%% buffer}', `{badarg, opts}' (an option other than `timeout'), `{badarg,
-%% {opt, O}}' (<a href="#Errors">Errors</a>).
+%% for `launch_sync'. A buffer larger than the arena can hold in one
+%% region (`arena_max_bytes') comes back through a window of it, in pieces
+%% of `put_window_bytes' / 2, two at a time, copied into one binary; the
+%% timeout bounds the whole get, and every piece's region is given back
+%% when it is answered. Anything `put' accepts, `get' returns. Errors:
+%% `{buffer, freed | lost}', `{badarg, buffer}', `{badarg, opts}' (an
+%% option other than `timeout'), `{badarg, {opt, O}}', `{badarg,
+%% too_large}', `busy', `enomem' (<a href="#Errors">Errors</a>).
 -spec get(buffer(), [{timeout, timeout()}]) -> {ok, vector()} | {error, reason()}.
 get(Buf, Opts) ->
     case erlcuda_telemetry:handler() of
@@ -518,6 +530,7 @@ get_buffer(Buf, Timeout) ->
             Ref = make_ref(), % see launch_sync_untraced/3
             case erlcuda_nif:get(Buf, Ref) of
                 {ok, Ref} -> await(Device, Ref, Timeout);
+                {pieces, Sink, N} -> get_pieces(Device, Sink, N, deadline(Timeout));
                 {error, _} = E ->
                     %% A buffer outlives the erlcuda that made it (its
                     %% memory does not: {buffer, lost}); with none running
@@ -528,6 +541,76 @@ get_buffer(Buf, Timeout) ->
                     end
             end
     end.
+
+%% A buffer larger than any region the arena can give comes back through a
+%% window of it (the NIF's windowed get, c_src/buffers.c): in N pieces
+%% asked for in order, ?GET_PIECES_IN_FLIGHT at once (gpud copies one out
+%% while the NIF copies the one before it into the result), each piece's
+%% arena region given back when it is answered. The caller's timeout bounds
+%% the whole get: then the pieces in flight are cancelled as await/3
+%% cancels a job, and no message about them follows.
+get_pieces(Device, Sink, N, Deadline) ->
+    get_pieces(Device, Sink, N, Deadline, 0, []).
+
+%% Next: the pieces asked for so far; InFlight: those not yet answered,
+%% oldest first.
+get_pieces(_Device, Sink, N, _Deadline, N, []) ->
+    erlcuda_nif:get_done(Sink, ok);
+get_pieces(Device, Sink, N, Deadline, Next, InFlight)
+  when Next < N, length(InFlight) < ?GET_PIECES_IN_FLIGHT ->
+    Ref = make_ref(),
+    case erlcuda_nif:get_piece(Sink, Ref) of
+        {ok, Ref} ->
+            get_pieces(Device, Sink, N, Deadline, Next + 1, InFlight ++ [Ref]);
+        {error, busy} when InFlight =/= [] ->
+            %% No arena room for another piece now: the oldest one's
+            %% answer gives its region back.
+            await_piece(Device, Sink, N, Deadline, Next, InFlight);
+        {error, busy} when Next > 0 ->
+            %% The last piece's region is given back just after its
+            %% answer is sent: room a moment ago, room again at once
+            %% (unless other jobs took it), within the caller's timeout.
+            receive after min(1, remaining(Deadline)) -> ok end,
+            case remaining(Deadline) of
+                0 -> end_get(Device, Sink, [], {error, timeout});
+                _ -> get_pieces(Device, Sink, N, Deadline, Next, [])
+            end;
+        {error, _} = E ->
+            end_get(Device, Sink, InFlight, E)
+    end;
+get_pieces(Device, Sink, N, Deadline, Next, InFlight) ->
+    await_piece(Device, Sink, N, Deadline, Next, InFlight).
+
+await_piece(Device, Sink, N, Deadline, Next, [Oldest | Rest] = InFlight) ->
+    receive
+        {erlcuda, Oldest, ok} -> get_pieces(Device, Sink, N, Deadline, Next, Rest);
+        {erlcuda, Oldest, {error, _} = E} -> end_get(Device, Sink, Rest, E)
+    after remaining(Deadline) ->
+            end_get(Device, Sink, InFlight, {error, timeout})
+    end.
+
+end_get(Device, Sink, InFlight, {error, Why} = E) ->
+    [cancel_piece(Device, Ref) || Ref <- InFlight],
+    ok = erlcuda_nif:get_done(Sink, case Why of timeout -> timeout; _ -> error end),
+    E.
+
+%% As await/3 after its timeout: a piece's answer is `ok' or an error,
+%% built by the thread that claimed it, never handed to erlcuda_lists.
+cancel_piece(Device, Ref) ->
+    Cancelled = case handle(Device) of
+                    undefined -> not_found;
+                    H -> erlcuda_nif:cancel(H, Ref)
+                end,
+    case Cancelled of
+        cancelled -> ok;
+        _ -> receive {erlcuda, Ref, _} -> ok after ?LATE_ANSWER_MS -> ok end
+    end.
+
+deadline(infinity) -> infinity;
+deadline(Ms) -> erlang:monotonic_time(millisecond) + Ms.
+
+remaining(infinity) -> infinity;
+remaining(Deadline) -> max(0, Deadline - erlang:monotonic_time(millisecond)).
 
 %% @doc Frees a buffer at once (idempotent): later uses answer
 %% `{error, {buffer, freed}}'. Garbage collection frees buffers too.

@@ -4,8 +4,8 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_build/2, list_send/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, free/1,
-         buffer_info/1]).
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_build/2, list_send/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, get_piece/2, get_done/2,
+         free/1, buffer_info/1]).
 
 -on_load(init/0).
 
@@ -172,9 +172,26 @@ pin(_H, _Binary) -> ?NOT_LOADED.
 -spec get(reference()) -> {ok, reference()} | {error, term()}.
 get(_Buf) -> ?NOT_LOADED.
 
-%% @doc get/1 with the caller's reference (see submit/5).
--spec get(reference(), reference()) -> {ok, reference()} | {error, term()}.
+%% @doc get/1 with the caller's reference (see submit/5). A buffer larger
+%% than any region the arena can give answers `{pieces, Sink, N}': it comes
+%% back through a window of the arena, in N pieces (get_piece/2), into
+%% Sink, which holds the result (get_done/2).
+-spec get(reference(), reference()) ->
+          {ok, reference()} | {pieces, reference(), pos_integer()} | {error, term()}.
 get(_Buf, _Ref) -> ?NOT_LOADED.
+
+%% @doc Queues the next piece of a windowed get (pieces in order, each
+%% once); the answer is `{erlcuda, Ref, ok | {error, Reason}}', the piece
+%% copied into the sink before it. `{error, busy}': no arena region free
+%% now (retry once a piece in flight is answered).
+-spec get_piece(reference(), reference()) -> {ok, reference()} | {error, term()}.
+get_piece(_Sink, _Ref) -> ?NOT_LOADED.
+
+%% @doc Ends a windowed get, counted once in stats/1 by `Outcome': `ok'
+%% answers `{ok, Vector}' once every piece is in; `timeout' (the caller
+%% cancelled) or `error' (a piece failed) answer `ok'.
+-spec get_done(reference(), ok | timeout | error) -> {ok, term()} | ok.
+get_done(_Sink, _Outcome) -> ?NOT_LOADED.
 
 %% @doc Frees buffer `Buf' now (idempotent).
 -spec free(reference()) -> ok.

@@ -84,7 +84,9 @@ table() ->
       "the arena in slices that run as they arrive ([internals](internals.md#the-pipeline))"},
      {put_window_bytes, {int, 0, ?U64}, 33554432,
       "a put of a binary larger than this (and of at least `pipeline_min_bytes`) goes through a window "
-      "of the arena this large, so the arena never grows by a put's size; 0: the whole binary in the arena"},
+      "of the arena this large, so the arena never grows by a put's size; a get of a buffer larger than "
+      "the arena can hold comes back through one, in pieces of half this; 0: the whole buffer in the arena, "
+      "for puts and gets ([device buffers](device-buffers.md#large-puts-and-gets))"},
      {copy_threads, {any_of, [{atoms, [auto]}, {int, 1, 64}]}, auto,
       "threads that copy large binaries into the arena, fixed when the NIF loads; `auto`: one per core, up to 16"},
      {copy_nice, {int, -20, 19}, 10,

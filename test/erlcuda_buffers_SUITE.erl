@@ -15,7 +15,13 @@
          pipelined_put_racing_kill9/1, large_copies_let_small_jobs_through/1,
          windowed_puts_leave_the_arena_alone/1, windowed_put_held_then_killed/1,
          frees_build_no_result/1, memory_pressure_evicts/1, pinned_binaries_are_read_in_place/1,
-         pin_refuses_bad_input/1, stalls_are_counted/1]).
+         pin_refuses_bad_input/1, stalls_are_counted/1, windowed_gets_return_every_byte/1,
+         windowed_get_times_out_and_gives_back_its_regions/1, windowed_gets_at_once/1,
+         windowed_get_when_gpud_dies/1,
+         too_large_put_answers_as_get_would/1]).
+
+%% The arena's limit in the windowed gets' cases.
+-define(SMALL_ARENA, (2 bsl 20)).
 
 all() ->
     [roundtrip_every_type, mixing_buffers_and_vectors, output_buffer_chain, freed_and_bad, get_options,
@@ -24,7 +30,9 @@ all() ->
      pipelined_put_roundtrips, pipelined_put_oom, pipelined_put_racing_kill9,
      windowed_puts_leave_the_arena_alone, windowed_put_held_then_killed,
      large_copies_let_small_jobs_through, frees_build_no_result, memory_pressure_evicts,
-     pinned_binaries_are_read_in_place, pin_refuses_bad_input, stalls_are_counted, other_device].
+     pinned_binaries_are_read_in_place, pin_refuses_bad_input, stalls_are_counted, other_device,
+     windowed_gets_return_every_byte, windowed_get_times_out_and_gives_back_its_regions,
+     windowed_gets_at_once, windowed_get_when_gpud_dies, too_large_put_answers_as_get_would].
 
 init_per_suite(Config) ->
     Config.
@@ -50,6 +58,21 @@ init_per_testcase(Case, Config) when Case =:= windowed_puts_leave_the_arena_alon
     %% through a window of two slices, many times smaller than the puts.
     ok = erlcuda_ref:start_app([{arena_bytes, 8 bsl 20}, {arena_max_bytes, 256 bsl 20},
                                 {pipeline_min_bytes, 4 bsl 20}, {put_window_bytes, 2 bsl 20}]),
+    Config;
+init_per_testcase(Case, Config) when Case =:= windowed_gets_return_every_byte;
+                                     Case =:= windowed_get_times_out_and_gives_back_its_regions;
+                                     Case =:= windowed_gets_at_once;
+                                     Case =:= windowed_get_when_gpud_dies ->
+    %% An arena of at most 2 MiB and a window of 256 KiB: buffers of 4 and
+    %% 8 MiB go in through the put window and come back in pieces of
+    %% 128 KiB, two at a time.
+    ok = erlcuda_ref:start_app([{arena_bytes, 1 bsl 20}, {arena_max_bytes, ?SMALL_ARENA},
+                                {pipeline_min_bytes, 256 bsl 10}, {put_window_bytes, 256 bsl 10}]),
+    Config;
+init_per_testcase(too_large_put_answers_as_get_would, Config) ->
+    %% No window: a put or a get needs its whole size in one region.
+    ok = erlcuda_ref:start_app([{arena_bytes, 1 bsl 20}, {arena_max_bytes, ?SMALL_ARENA},
+                                {put_window_bytes, 0}]),
     Config;
 init_per_testcase(frees_wait_for_a_slot, Config) ->
     ok = erlcuda_ref:start_app([{ring_entries, 16}]),
@@ -997,3 +1020,141 @@ await_pin(Bin, Deadline) ->
         {error, busy} when Deadline > 0 -> timer:sleep(20), await_pin(Bin, Deadline - 20);
         Other -> ct:fail({pin, Other})
     end.
+
+%%% Buffers larger than the arena come back (the windowed get).
+
+vec(f32, Bin) -> Bin;
+vec(T, Bin) -> {T, Bin}.
+
+unvec(f32, Bin) when is_binary(Bin) -> Bin;
+unvec(T, {T, Bin}) -> Bin.
+
+%% A put through the window makes a buffer larger than the arena can ever
+%% hold in one region; get brings it back through a window of the arena,
+%% every byte in place, in every width of element, and leaves the arena's
+%% regions as they were; so does a buffer a launch made that large (an
+%% outer product from two small vectors). Each get counts as one job.
+windowed_gets_return_every_byte(_) ->
+    Seed = erlang:unique_integer([positive]),
+    ct:pal("seed ~p", [Seed]),
+    rand:seed(exsss, {Seed, 3, 5}),
+    await_idle(5000),
+    #{arena_used := Used0, gets_windowed := G0} = erlcuda:stats(0),
+    Cases = [{f32, (1 bsl 20) + 7}, {f64, (1 bsl 20) + 7}, {u8, (4 bsl 20) + 7}, {s32, (1 bsl 20) + 7}],
+    lists:foreach(
+      fun({T, Len}) ->
+              Bin = rand:bytes(Len * elem_bytes(T)),
+              ?assert(byte_size(Bin) > ?SMALL_ARENA),
+              {ok, B} = erlcuda:put(vec(T, Bin), [{timeout, 60000}]),
+              #{jobs_ok := Ok0} = erlcuda:stats(0),
+              {ok, Got} = erlcuda:get(B, [{timeout, 60000}]),
+              #{jobs_ok := Ok1} = erlcuda:stats(0),
+              ?assertEqual({T, ok}, {T, same_bytes(Bin, unvec(T, Got))}),
+              ?assertEqual({T, 1}, {T, Ok1 - Ok0}),
+              ok = erlcuda:free(B)
+      end, Cases),
+    %% C = A B, A 1100 x 1 and B 1 x 1000: 4.2 MB of f32 from 8 KB.
+    {M, N} = {1100, 1000},
+    A = [float(I rem 7) || I <- lists:seq(1, M)],
+    Bv = [float(J rem 5) || J <- lists:seq(1, N)],
+    {ok, C} = erlcuda:launch_sync(matmul, [f32s(A), f32s(Bv), M, N, 1], [{output, buffer}]),
+    {ok, CBin} = erlcuda:get(C, [{timeout, 60000}]),
+    ?assertEqual(ok, same_bytes(f32s([X * Y || X <- A, Y <- Bv]), CBin)),
+    ok = erlcuda:free(C),
+    #{gets_windowed := G1, arena_max_bytes := Max} = erlcuda:stats(0),
+    ?assertEqual(?SMALL_ARENA, Max),
+    ?assertEqual(length(Cases) + 1, G1 - G0),
+    await_arena_used(Used0, 5000),
+    await_idle(5000).
+
+%% The caller's timeout bounds the whole get: with gpud stopped, a
+%% windowed get answers {error, timeout} once it has passed, its pieces in
+%% flight cancelled; when gpud goes on they are answered to no one and
+%% their regions come back, and no message reaches the caller. The
+%% buffer then comes back whole.
+windowed_get_times_out_and_gives_back_its_regions(_) ->
+    Bin = rand:bytes(8 bsl 20),
+    await_idle(5000),
+    #{arena_used := Used0} = erlcuda:stats(0),
+    {ok, B} = erlcuda:put({f64, Bin}, [{timeout, 60000}]),
+    await_arena_used(Used0, 5000),
+    #{jobs_cancelled := C0} = erlcuda:stats(0),
+    [#{os_pid := Gpud}] = erlcuda:devices(),
+    os:cmd("kill -STOP " ++ integer_to_list(Gpud)),
+    T0 = erlang:monotonic_time(millisecond),
+    R = erlcuda:get(B, [{timeout, 300}]),
+    Took = erlang:monotonic_time(millisecond) - T0,
+    #{arena_used := Held, in_flight := InFlight} = erlcuda:stats(0),
+    os:cmd("kill -CONT " ++ integer_to_list(Gpud)),
+    ?assertEqual({error, timeout}, R),
+    %% Cancelled, not waited for: the answer comes at the timeout.
+    ?assert(Took >= 300 andalso Took < 1300, {took_ms, Took}),
+    ?assert(InFlight >= 1 andalso Held > Used0, {held, Held, in_flight, InFlight}),
+    await_arena_used(Used0, 5000),
+    await_idle(5000),
+    receive {erlcuda, _, _} = Stray -> ct:fail({stray_answer, Stray}) after 200 -> ok end,
+    #{jobs_cancelled := C1} = erlcuda:stats(0),
+    ?assertEqual(1, C1 - C0),
+    ?assertEqual({ok, {f64, Bin}}, erlcuda:get(B, [{timeout, 60000}])),
+    ok = erlcuda:free(B),
+    await_arena_used(Used0, 5000).
+
+%% Four processes get the same large buffer at once, each through a window
+%% of its own: every answer is the whole buffer.
+windowed_gets_at_once(_) ->
+    Bin = rand:bytes(4 * ((1 bsl 20) + 7)),
+    await_idle(5000),
+    #{arena_used := Used0} = erlcuda:stats(0),
+    {ok, B} = erlcuda:put(Bin, [{timeout, 60000}]),
+    Self = self(),
+    Pids = [spawn_link(fun() -> Self ! {got, self(), erlcuda:get(B, [{timeout, 60000}])} end)
+            || _ <- lists:seq(1, 4)],
+    Got = [receive {got, P, G} -> G after 120000 -> ct:fail(get_stuck) end || P <- Pids],
+    ?assertEqual([ok, ok, ok, ok], [same_bytes(Bin, G) || {ok, G} <- Got]),
+    ok = erlcuda:free(B),
+    await_arena_used(Used0, 5000),
+    await_idle(5000).
+
+%% gpud dies with a windowed get's pieces in flight: the get is answered
+%% {error, {gpud_exit, _}} once (the pieces it had not asked for never
+%% are), no message follows, and the arena's regions come back.
+windowed_get_when_gpud_dies(_) ->
+    Bin = rand:bytes(8 bsl 20),
+    await_idle(5000),
+    #{arena_used := Used0} = erlcuda:stats(0),
+    {ok, B} = erlcuda:put({u8, Bin}, [{timeout, 60000}]),
+    [#{os_pid := Held}] = erlcuda:devices(),
+    os:cmd("kill -STOP " ++ integer_to_list(Held)),
+    Self = self(),
+    Pid = spawn_link(fun() ->
+                             R = erlcuda:get(B, [{timeout, 60000}]),
+                             Stray = receive M -> M after 500 -> none end,
+                             Self ! {got, R, Stray}
+                     end),
+    wait_in_flight(5000),
+    os:cmd("kill -9 " ++ integer_to_list(Held)),
+    receive
+        {got, R, Stray} ->
+            ?assertMatch({error, {gpud_exit, _}}, R),
+            ?assertEqual(none, Stray)
+    after 10000 -> ct:fail({get_unanswered, Pid})
+    end,
+    wait_new_gpud(Held, 200),
+    await_arena_used(Used0, 5000),
+    ?assertEqual({error, {buffer, lost}}, erlcuda:get(B)).
+
+%% Without a window, a put larger than the arena is refused at once, in
+%% the NIF (nothing reaches gpud), with the reason a get of a buffer that
+%% large answers (one a launch made).
+too_large_put_answers_as_get_would(_) ->
+    Bin = rand:bytes(4 bsl 20),
+    #{submitted := S0} = erlcuda:stats(0),
+    Refused = erlcuda:put(Bin),
+    #{submitted := S1} = erlcuda:stats(0),
+    ?assertEqual({error, {badarg, too_large}}, Refused),
+    ?assertEqual(S0, S1),
+    {M, N} = {1100, 1000},
+    {ok, C} = erlcuda:launch_sync(matmul, [f32s(lists:duplicate(M, 1.0)), f32s(lists:duplicate(N, 2.0)),
+                                           M, N, 1], [{output, buffer}]),
+    ?assertEqual(Refused, erlcuda:get(C)),
+    ok = erlcuda:free(C).

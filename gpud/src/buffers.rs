@@ -53,6 +53,14 @@ pub trait BufferMemory {
     fn buf_capacity(&self) -> u64;
 }
 
+/// Does a slice of `part` elements at byte `at` lie inside a buffer of `len`
+/// elements of `ty`, at a whole element? (A hostile `at` near 2^64 must
+/// not wrap past the check.)
+fn within(ty: ElemType, len: u32, at: u64, part: u32) -> bool {
+    at.is_multiple_of(ty.bytes())
+        && (at / ty.bytes()).checked_add(u64::from(part)).is_some_and(|end| end <= u64::from(len))
+}
+
 /// The size class of a buffer of `bytes`: 256, then 2^k and 1.5 * 2^k (at
 /// most half as much again as asked for, a third on average).
 pub fn size_class(bytes: u64) -> u64 {
@@ -129,6 +137,20 @@ impl Buffers {
         }
     }
 
+    /// Where a get reads from: `part` elements at byte `at` of complete
+    /// buffer `id` of `len` elements of `ty`. A whole get is one slice at 0
+    /// with `part == len`; a buffer larger than the VM's arena comes back
+    /// in slices, each into a window of the arena. BAD_BUFFER as
+    /// [`Buffers::lookup`]; BAD_SHAPE: the slice is misaligned or outside
+    /// `len`.
+    pub fn get_slice(&self, id: u64, ty: ElemType, len: u32, at: u64, part: u32) -> Result<Region, Status> {
+        let whole = self.lookup(id, ty, len)?;
+        if !within(ty, len, at, part) {
+            return Err(Status::BadShape);
+        }
+        Ok(Region::buffer(whole.offset() + at, part, ty))
+    }
+
     /// Where one slice of a put goes: `part` elements at byte `at` of buffer
     /// `id`, `len` elements of `ty` in all. The first slice of an id to
     /// arrive creates the buffer (as [`Buffers::create`]: TOO_LARGE, OOM,
@@ -148,8 +170,7 @@ impl Buffers {
         if let Some(&status) = self.failed.get(&id) {
             return Err(status);
         }
-        let first = at / ty.bytes();
-        if !at.is_multiple_of(ty.bytes()) || first + u64::from(part) > u64::from(len) {
+        if !within(ty, len, at, part) {
             return Err(Status::BadShape);
         }
         let addr = match self.live.get_mut(&id) {
@@ -573,6 +594,7 @@ mod tests {
         assert_eq!(put(&mut b, 1, ElemType::F64, 100, 4, 10), Err(Status::BadShape), "misaligned");
         assert_eq!(put(&mut b, 1, ElemType::F64, 100, 8 * 95, 10), Err(Status::BadShape), "past the end");
         assert_eq!(put(&mut b, 1, ElemType::F64, 100, u64::MAX - 7, 10), Err(Status::BadShape), "no overflow");
+        assert_eq!(put(&mut b, 2, ElemType::U8, 100, u64::MAX - 7, 10), Err(Status::BadShape), "no wrap");
         assert_eq!(b.count(), 0, "nothing allocated for refused slices");
         put(&mut b, 1, ElemType::F64, 100, 0, 60).unwrap();
         assert_eq!(put(&mut b, 1, ElemType::F64, 100, 8 * 50, 50), Err(Status::BadShape), "more than is missing");
@@ -581,6 +603,28 @@ mod tests {
         put(&mut b, 1, ElemType::F64, 100, 8 * 60, 40).unwrap();
         assert_eq!(put(&mut b, 0, ElemType::F64, 1, 0, 1), Err(Status::BadBuffer), "id 0");
         assert_eq!(b.used(), size_class(800));
+        b.clear(&mut mem);
+    }
+
+    /// A get reads all of a complete buffer, or a slice of it at a byte
+    /// offset (a buffer larger than the VM's arena comes back so); a slice
+    /// outside the buffer, misaligned, or of a buffer still filling is
+    /// refused.
+    #[test]
+    fn get_slices_read_inside_complete_buffers_only() {
+        let mut mem = HostMemory::default();
+        let mut b = Buffers::new(1 << 20);
+        b.put_slice(&mut mem, 3, ElemType::F64, 100, 0, 60).unwrap();
+        assert_eq!(b.get_slice(3, ElemType::F64, 100, 0, 10), Err(Status::BadBuffer), "still filling");
+        b.put_slice(&mut mem, 3, ElemType::F64, 100, 8 * 60, 40).unwrap();
+        let whole = b.get_slice(3, ElemType::F64, 100, 0, 100).unwrap();
+        assert_eq!(whole, b.lookup(3, ElemType::F64, 100).unwrap());
+        let tail = b.get_slice(3, ElemType::F64, 100, 8 * 90, 10).unwrap();
+        assert_eq!((tail.offset(), tail.len()), (whole.offset() + 8 * 90, 10));
+        assert_eq!(b.get_slice(3, ElemType::F64, 100, 8 * 91, 10), Err(Status::BadShape), "past the end");
+        assert_eq!(b.get_slice(3, ElemType::F64, 100, 4, 10), Err(Status::BadShape), "misaligned");
+        assert_eq!(b.get_slice(3, ElemType::F64, 100, u64::MAX - 7, 10), Err(Status::BadShape), "no overflow");
+        assert_eq!(b.get_slice(3, ElemType::F32, 200, 0, 10), Err(Status::BadBuffer), "another type");
         b.clear(&mut mem);
     }
 

@@ -150,10 +150,10 @@ impl Daemon {
                 if sqe.flags != EC_FLAG_IN0_BUF {
                     return Ok(Ctl::Answer(Status::BadFlags));
                 }
-                if sqe.out_len != sqe.in0_len {
-                    return Ok(Ctl::Answer(Status::BadShape));
-                }
-                let buf = match self.buffers.lookup(sqe.in0, ty, sqe.in0_len) {
+                // out_len elements from byte p.u64[0] of a buffer of
+                // in0_len: all of it, or one piece of a get through the
+                // VM's window.
+                let buf = match self.buffers.get_slice(sqe.in0, ty, sqe.in0_len, sqe.p.u64_at(0), sqe.out_len) {
                     Ok(b) => b,
                     Err(s) => return Ok(Ctl::Answer(s)),
                 };
