@@ -107,6 +107,10 @@ table() ->
       "or `gpu`, its GPU body with every block's threads emulated (barriers, shared memory, 32-lane warp "
       "operations), to check on a machine without a GPU the code the GPU runs; a kernel with a GPU body "
       "only runs it either way ([your own kernels](your-own-kernels.md#a-kernel-written-once))"},
+     {group_launches, {atoms, [default, on, off]}, default,
+      "jobs of a kernel with group bodies whose shared arguments name one device buffer run as one group "
+      "launch ([your own kernels](your-own-kernels.md#inputs-shared-across-jobs)); `default`: on for the cpu "
+      "backend, off for cuda (its group entries have not run on a GPU yet)"},
      {gpud_spin_us, {int, 0, 1000000}, 50,
       "how long gpud spins on the ring before sleeping on its eventfd"},
      {gpud_start_timeout_ms, {int, 1, ?MAX_MS}, 20000,

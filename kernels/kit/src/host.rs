@@ -109,6 +109,50 @@ pub unsafe fn run_gpu(
     0
 }
 
+/// A kernel's group GPU code on the CPU: its group entry's host twin
+/// `entry(jobs, njobs, total_blocks)` run as a launch of the `njobs`
+/// jobs, `ceil(njobs / per_block)` emulated blocks in order, as
+/// [`run_gpu`] runs one job's. The jobs share their launch options (gpud
+/// groups only jobs of one geometry). Returns 0, or 1 with `fault` filled
+/// at the first faulting block.
+///
+/// # Safety
+/// As [`crate::Group::new`].
+pub unsafe fn run_gpu_group(
+    jobs: *const Job,
+    njobs: u32,
+    launch: (u32, u32),
+    per_block: u32,
+    fault: &mut crate::job::Fault,
+    entry: impl Fn(*const Job, u32, u32),
+) -> u32 {
+    use crate::emu::{run_block, Dims, Reason};
+    use crate::job::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, OPT_BLOCK, OPT_SHARED_BYTES};
+    if njobs == 0 || per_block == 0 {
+        return 0;
+    }
+    let first = &*jobs;
+    let threads = if first.given & OPT_BLOCK != 0 { first.block } else { launch.0 };
+    let shared = if first.given & OPT_SHARED_BYTES != 0 { first.shared_bytes.max(launch.1) } else { launch.1 };
+    let n = njobs.div_ceil(per_block);
+    for b in 0..n {
+        let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
+        if let Err(f) = run_block(dims, (b, 0), &|| entry(jobs, njobs, n)) {
+            *fault = crate::job::Fault {
+                reason: match f.reason {
+                    Reason::DivergentBarrier => FAULT_DIVERGENT_BARRIER,
+                    Reason::DivergentWarpOp => FAULT_DIVERGENT_WARP_OP,
+                },
+                thread: f.thread,
+                block: u64::from(b),
+                ..Default::default()
+            };
+            return 1;
+        }
+    }
+    0
+}
+
 /// Terms per chunk of [`sum`]: one GPU virtual block of a reduction at the
 /// default block size (65536, gpud's EC_SUM_CHUNK).
 pub const SUM_CHUNK: usize = crate::sum_order::CHUNK;
