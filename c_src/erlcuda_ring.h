@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 13u
+#define EC_ABI_VERSION 14u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -561,6 +561,11 @@ struct ec_stats {
      * waves on 132 SMs, 5 on 124). */
     uint64_t launches_wide;
     uint64_t launches_beside_lane;
+    /* Group launches (a kernel's group body over jobs sharing an input
+     * buffer, gpud/src/coalesce.rs form_groups) and the jobs they ran:
+     * groups of two or more only, a job alone counts in neither. */
+    uint64_t group_launches;
+    uint64_t group_jobs;
 };
 
 struct ec_header {

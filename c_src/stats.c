@@ -21,6 +21,7 @@
     X(launch_answer_ns, gpud_launch_answer_ns) X(launch_backend_ns, gpud_launch_backend_ns)      \
     X(launch_enqueue_ns, gpud_launch_enqueue_ns)                                                \
     X(launches_wide, gpud_launches_wide) X(launches_beside_lane, gpud_launches_beside_lane)     \
+    X(group_launches, group_launches) X(group_jobs, group_jobs)                                 \
     /* device buffers, as gpud accounts them (memory/1) */                                      \
     X(buf_used, buffers_used) X(buf_peak, buffers_peak) X(buf_limit, buffers_limit)             \
     X(buf_count, buffers) X(buf_cached, buffers_cached) X(buf_device_allocs, buffers_device_allocs)

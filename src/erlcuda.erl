@@ -231,7 +231,9 @@
                          shape := elementwise | reduction | matmul | user,
                          entry := binary(), accumulate := type,
                          blocks => binary(), threads => pos_integer(),
-                         block_rule => any | warps | pow2, shared => non_neg_integer()}.
+                         block_rule => any | warps | pow2, shared => non_neg_integer(),
+                         group => none | #{shared := [atom()], same := [atom()],
+                                           jobs_per_block := pos_integer()}}.
 -type option() :: {device, non_neg_integer() | {node(), non_neg_integer()} | any}
                 | {timeout, timeout()} | {output, buffer | host}
                 | {grid, pos_integer()} | {block, pos_integer()}

@@ -274,7 +274,7 @@ spawn_gpud(#{id := Id, backend := Backend, handle := H} = S) ->
     Spin = erlcuda_settings:get(gpud_spin_us),
     Args = ["--socket", binary_to_list(erlcuda_nif:socket_name(H)),
             "--device", integer_to_list(Id), "--backend", atom_to_list(Backend),
-            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++ lane_args() ++ cpu_runs_args() ++
+            "--spin-us", integer_to_list(Spin)] ++ memory_args() ++ copy_args() ++ lane_args() ++ cpu_runs_args() ++ group_args() ++
         erlcuda_modules:gpud_args(),
     try open_port({spawn_executable, erlcuda_sup:gpud_path()},
                   [{args, Args}, exit_status, use_stdio, stderr_to_stdout, binary,
@@ -325,6 +325,14 @@ cpu_runs_args() ->
     case erlcuda_settings:get(cpu_runs) of
         gpu -> ["--cpu-runs", "gpu"];
         cpu -> []
+    end.
+
+%% Group launches on or off, from the setting group_launches (`default':
+%% gpud's, by backend).
+group_args() ->
+    case erlcuda_settings:get(group_launches) of
+        default -> [];
+        On -> ["--group-launches", atom_to_list(On)]
     end.
 
 %% gpud's limit for device buffers, from the setting device_memory_limit.
@@ -456,6 +464,24 @@ output(_Port, <<"ready ", Name/binary>>, _Meta, #{step := ready} = S) ->
     ready(Name, S);
 output(_Port, <<"error ", _/binary>> = Line, _Meta, #{step := ready} = S) ->
     start_failed({unexpected, Line}, S);
+output(_Port, <<"group ", Fields/binary>> = Line, Meta, #{id := Id} = S) ->
+    %% One group launch answered (gpud/src/daemon/complete.rs): kernel id,
+    %% jobs, wait and pass in ns, shared bytes read once.
+    try [binary_to_integer(F) || F <- binary:split(Fields, <<" ">>, [global])] of
+        [Kernel, Size, WaitNs, PassNs, Shared] ->
+            ToNative = fun(Ns) -> erlang:convert_time_unit(Ns, nanosecond, native) end,
+            erlcuda_telemetry:execute(
+              [erlcuda, gpud, group],
+              #{size => Size, wait => ToNative(WaitNs), pass => ToNative(PassNs), shared_bytes => Shared},
+              #{device => Id, kernel => erlcuda_modules:kernel_name(Kernel)}),
+            S;
+        _ ->
+            erlcuda_gpud_log:log_other(Line, Meta),
+            S
+    catch error:badarg ->
+        erlcuda_gpud_log:log_other(Line, Meta),
+        S
+    end;
 output(_Port, Line, Meta, S) ->
     erlcuda_gpud_log:log_other(Line, Meta),
     S.

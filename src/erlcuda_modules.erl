@@ -24,7 +24,7 @@
 -module(erlcuda_modules).
 -behaviour(gen_server).
 
--export([start_link/0, load/2, unload/1, lookup/2, kernel_infos/0, gpud_args/0,
+-export([start_link/0, load/2, unload/1, lookup/2, kernel_infos/0, kernel_name/1, gpud_args/0,
          parse_manifest/1]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
@@ -92,6 +92,15 @@ kernel_infos() ->
     lists:sort([Info || {{?MODULE, _}, Ks} <- persistent_term:get(), is_map(Ks),
                         {_, Info} <- maps:values(Ks)]).
 
+%% @doc The `{Module, Kernel}' name of loaded user kernel id `Id', or
+%% `Id' itself when none has it (its module unloaded since).
+-spec kernel_name(non_neg_integer()) -> {term(), atom()} | non_neg_integer().
+kernel_name(Id) ->
+    case [Name || #{id := I, name := Name} <- kernel_infos(), I =:= Id] of
+        [Name | _] -> Name;
+        [] -> Id
+    end.
+
 %% @doc The `--module Slot:Dir' arguments for a gpud being started.
 -spec gpud_args() -> [string()].
 gpud_args() ->
@@ -145,7 +154,8 @@ parse_line(Line) ->
               blocks => Get(<<"blocks">>),
               threads => int(Get(<<"threads">>), Name),
               block_rule => block_rule(Get(<<"block_rule">>), Name),
-              shared => int(Get(<<"shared">>), Name)};
+              shared => int(Get(<<"shared">>), Name),
+              group => group(maps:get(<<"group">>, M, none), Name)};
         _ ->
             throw({bad_line, Line})
     end.
@@ -157,6 +167,18 @@ types(Text, Name) ->
          true -> T;
          false -> throw({Name, {bad_type, B}})
      end || B <- binary:split(Text, <<",">>, [global])].
+
+%% `group=SHARED;SAME;JOBS' (kernels/kit/src/manifest.rs), or none. gpud
+%% checks the names against the signature; the names here are the
+%% manifest's own, so the atoms are bounded by the module.
+group(none, _) -> none;
+group(Text, Name) ->
+    Names = fun(<<"-">>) -> []; (L) -> [binary_to_atom(N) || N <- binary:split(L, <<",">>, [global])] end,
+    case binary:split(Text, <<";">>, [global]) of
+        [Shared, Same, Jobs] when Shared =/= <<>> ->
+            #{shared => Names(Shared), same => Names(Same), jobs_per_block => int(Jobs, Name)};
+        _ -> throw({Name, {bad_group, Text}})
+    end.
 
 block_rule(B, _) when B =:= <<"any">>; B =:= <<"warps">>; B =:= <<"pow2">> -> binary_to_atom(B);
 block_rule(B, Name) -> throw({Name, {bad_block_rule, B}}).
@@ -182,7 +204,8 @@ row(Name, Slot, Gen, I, #{name := K, args_text := A, outs_text := O, types := Ty
              outputs => maps:get(outputs, D), types => Types, shape => user,
              entry => atom_to_binary(K), accumulate => type,
              blocks => maps:get(blocks, D), threads => maps:get(threads, D),
-             block_rule => maps:get(block_rule, D), shared => maps:get(shared, D)},
+             block_rule => maps:get(block_rule, D), shared => maps:get(shared, D),
+             group => maps:get(group, D)},
     {K, {Kernel, Info}}.
 
 %% The length inside a `blocks' rule: `elements(L)', `chunks(L)' or `L'.

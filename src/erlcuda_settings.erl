@@ -117,6 +117,10 @@ table() ->
       "`random` draws the seed when erlcuda starts and logs it; a `kernel_fault` error names it, and "
       "`{seeded, Seed}` (or a call's `{thread_order, {seeded, Seed}}`) replays it "
       "([your own kernels](your-own-kernels.md#the-cpu-run-is-a-checker))"},
+     {group_launches, {atoms, [default, on, off]}, default,
+      "jobs of a kernel with group bodies whose shared arguments name one device buffer run as one group "
+      "launch ([your own kernels](your-own-kernels.md#inputs-shared-across-jobs)); `default`: on for the cpu "
+      "backend, off for cuda (its group entries have not run on a GPU yet)"},
      {gpud_spin_us, {int, 0, 1000000}, 50,
       "how long gpud spins on the ring before sleeping on its eventfd"},
      {gpud_start_timeout_ms, {int, 1, ?MAX_MS}, 20000,

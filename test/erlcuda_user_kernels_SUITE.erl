@@ -12,6 +12,8 @@
 all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
      call_forms, topk_rows_cases, cos_topk, cos_topk_cases,
+     grouped_cos_topk, grouped_mixed_buffers_and_binaries, grouped_buffer_freed_during_pass,
+     grouped_gpu_body,
      one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, gpu_bodies_match_cpu_bodies,
      divergent_barrier_fault, divergent_warp_op_fault, out_of_bounds_fault, seeded_fault_names_its_seed,
      missing_barrier_in_a_seeded_order, load_after_a_resident_unload,
@@ -152,6 +154,129 @@ cos_topk_cases(_) ->
     ct:pal("~b calls", [Calls]),
     ?assert(Calls > 50, Calls),
     ok.
+
+%%% Group launches (cos_topk's X is `shared', rows and cols `same_d')
+
+%% Jobs of one drain on one buffer X run as group launches whose answers
+%% are the bits of each job alone, for 2, 17 and 1000 callers at once
+%% (1000 processes calling on one buffer); kernels() shows the group.
+grouped_cos_topk(_) ->
+    [#{group := #{shared := [x], same := [rows, cols], jobs_per_block := 32}}] =
+        [K || K = #{name := {example, cos_topk}} <- erlcuda:kernels()],
+    {Rows, Cols} = {200, 24},
+    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 1)),
+    Qs = group_queries(1000, Cols),
+    [begin
+         Calls = [[X, Q, Rows, Cols, group_k(I)] || {I, Q} <- enum(lists:sublist(Qs, N))],
+         Want = [alone(A) || A <- Calls],
+         S0 = erlcuda:stats(0),
+         Got = in_one_drain(Calls),
+         S1 = erlcuda:stats(0),
+         ?assertEqual(Want, Got),
+         {Launches, Jobs} = group_delta(S0, S1),
+         ct:pal("~b callers: ~b group launches of ~b jobs", [N, Launches, Jobs]),
+         ?assert(Launches >= 1 andalso Jobs =:= N, {N, Launches, Jobs})
+     end || N <- [2, 17, 1000]],
+    ok = erlcuda:free(X).
+
+%% Two buffers in one drain are two groups; a list in the shared place
+%% runs alone (a group of one, not an error); a buffer of the wrong
+%% length is refused before launch, as for a job alone.
+grouped_mixed_buffers_and_binaries(_) ->
+    {Rows, Cols} = {64, 40},
+    Xl = group_matrix(Rows, Cols, 2),
+    {ok, X1} = erlcuda:put(Xl),
+    {ok, X2} = erlcuda:put(group_matrix(Rows, Cols, 3)),
+    Qs = group_queries(20, Cols),
+    Calls = [[case I rem 2 of 0 -> X1; 1 -> X2 end, Q, Rows, Cols, 5] || {I, Q} <- enum(Qs)]
+        ++ [[Xl, hd(Qs), Rows, Cols, 5]],
+    S0 = erlcuda:stats(0),
+    Got = in_one_drain(Calls),
+    S1 = erlcuda:stats(0),
+    ?assertEqual([alone(A) || A <- Calls], Got),
+    ?assertEqual({2, 20}, group_delta(S0, S1)),
+    {ok, Short} = erlcuda:put(group_matrix(Rows - 1, Cols, 2)),
+    ?assertMatch({error, {badarg, _}}, erlcuda:launch_sync({example, cos_topk}, [Short, hd(Qs), Rows, Cols, 5])),
+    [ok = erlcuda:free(B) || B <- [X1, X2, Short]],
+    ok.
+
+%% A buffer freed behind the jobs of a group in the SQ stays alive until
+%% the group's pass has ended: every job answers with its bits.
+grouped_buffer_freed_during_pass(_) ->
+    {Rows, Cols} = {128, 32},
+    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 4)),
+    Qs = group_queries(24, Cols),
+    Want = [alone([X, Q, Rows, Cols, 10]) || Q <- Qs],
+    S0 = erlcuda:stats(0),
+    Got = in_one_drain([[X, Q, Rows, Cols, 10] || Q <- Qs], fun() -> ok = erlcuda:free(X) end),
+    S1 = erlcuda:stats(0),
+    ?assertEqual(Want, Got),
+    ?assertEqual({1, 24}, group_delta(S0, S1)),
+    ?assertMatch({error, _}, erlcuda:launch_sync({example, cos_topk}, [X, hd(Qs), Rows, Cols, 10])),
+    ok.
+
+%% The group GPU body (run on the CPU, each block's threads emulated:
+%% cpu_runs gpu) gives each job the bits of its CPU body alone.
+grouped_gpu_body(_) ->
+    {Rows, Cols} = {70, 40},
+    Xl = group_matrix(Rows, Cols, 5),
+    Qs = group_queries(33, Cols),
+    Want = [alone([Xl, Q, Rows, Cols, group_k(I)]) || {I, Q} <- enum(Qs)],
+    ok = erlcuda_ref:start_app([{cpu_runs, gpu}]),
+    try
+        ok = erlcuda_user_check:load_example(),
+        {ok, X} = erlcuda:put(Xl),
+        Decode = fun({V, {u32, I}}) -> {[F || <<F:32/float-native>> <= V], [N || <<N:32/native>> <= I]} end,
+        S0 = erlcuda:stats(0),
+        Got = in_one_drain([[X, Q, Rows, Cols, group_k(I)] || {I, Q} <- enum(Qs)]),
+        S1 = erlcuda:stats(0),
+        ?assertEqual(Want, [Decode(G) || G <- Got]),
+        ?assertMatch({L, 33} when L >= 1, group_delta(S0, S1))
+    after
+        ok = erlcuda_ref:start_app([{poison_outputs, true}]),
+        ok = erlcuda_user_check:load_example()
+    end.
+
+%% K from 1 to 64 and back, so a group holds jobs of every K.
+group_k(I) -> I rem 64 + 1.
+
+enum(L) -> lists:zip(lists:seq(0, length(L) - 1), L).
+
+group_matrix(Rows, Cols, Seed) ->
+    [float((I * 37 + Seed * 11) rem 101 - 50) / 8 || I <- lists:seq(1, Rows * Cols)].
+
+group_queries(N, Cols) ->
+    [[float((J * 13 + I * 7) rem 29 - 14) / 4 || J <- lists:seq(1, Cols)] || I <- lists:seq(1, N)].
+
+alone(Args) ->
+    {ok, R} = erlcuda:launch_sync({example, cos_topk}, Args),
+    R.
+
+%% group_launches and group_jobs from stats S0 to S1.
+group_delta(#{group_launches := L0, group_jobs := J0}, #{group_launches := L1, group_jobs := J1}) ->
+    {L1 - L0, J1 - J0}.
+
+%% Each call's answer, every call (and then `After') queued while gpud is
+%% stopped, so that one drain takes them all; one process per call.
+in_one_drain(Calls) -> in_one_drain(Calls, fun() -> ok end).
+in_one_drain(Calls, After) ->
+    OsPid = os_pid(),
+    Self = self(),
+    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
+    Pids = try
+               Ps = [spawn_link(fun() ->
+                                        {ok, R} = erlcuda:launch({example, cos_topk}, Args),
+                                        Self ! {queued, self()},
+                                        receive {erlcuda, R, Result} -> Self ! {self(), Result} end
+                                end) || Args <- Calls],
+               [receive {queued, P} -> ok after 30000 -> error({not_queued, P}) end || P <- Ps],
+               After(),
+               Ps
+           after
+               os:cmd("kill -CONT " ++ integer_to_list(OsPid))
+           end,
+    [receive {P, {ok, R}} -> R; {P, Other} -> error({P, Other}) after 60000 -> error({no_answer, P}) end
+     || P <- Pids].
 
 %% example_check:F/1 on the `example' module, which makes more than 200
 %% calls.

@@ -1,7 +1,7 @@
 //! Command line: `gpud --probe [--backend B]` and
 //! `gpud --socket NAME --device N --backend B [--spin-us U] [--module SLOT:DIR]...
 //! [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off]
-//! [--lane-sms N|off] [--cpu-runs cpu|gpu]`.
+//! [--lane-sms N|off] [--cpu-runs cpu|gpu] [--group-launches on|off]`.
 
 use crate::backend::pace::Pacing;
 use crate::backend::{self, BackendKind};
@@ -9,7 +9,7 @@ use crate::buffers::MemoryLimit;
 use crate::error::{Error, Result};
 use crate::modules::CpuRuns;
 
-pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off] [--lane-sms N|off] [--cpu-runs cpu|gpu]\n       gpud --probe [--backend cpu|cuda|auto]";
+pub const USAGE: &str = "usage: gpud --socket NAME --device N --backend cpu|cuda|auto [--spin-us U] [--module SLOT:DIR]... [--memory-limit BYTES | --memory-fraction F] [--copy-piece-bytes B] [--copies-in-flight N] [--mapped-grid N|off] [--lane-sms N|off] [--cpu-runs cpu|gpu] [--group-launches on|off]\n       gpud --probe [--backend cpu|cuda|auto]";
 
 /// Default time spent polling the SQ before sleeping on its eventfd.
 pub const DEFAULT_SPIN_US: u64 = 50;
@@ -32,6 +32,9 @@ pub struct DaemonOpts {
     pub lane_sms: Option<u32>,
     /// Which body the CPU backend runs of a kernel that has both.
     pub cpu_runs: CpuRuns,
+    /// Group launches on or off; None: the backend's default (on for the
+    /// CPU, off for CUDA, whose group entries no GPU has run yet).
+    pub group_launches: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +59,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
     let mut pacing = Pacing::default();
     let mut lane_sms = None;
     let mut cpu_runs = None;
+    let mut group_launches = None;
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         // Accept both `--flag value` and `--flag=value`.
@@ -169,6 +173,14 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
                     _ => return Err(usage(format!("bad --cpu-runs {v:?} (cpu or gpu)"))),
                 });
             }
+            "--group-launches" => {
+                let v = value("--group-launches")?;
+                group_launches = Some(match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(usage(format!("bad --group-launches {v:?} (on or off)"))),
+                });
+            }
             other => return Err(usage(format!("unknown argument {other:?}"))),
         }
     }
@@ -181,6 +193,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
             || memory_limit.is_some()
             || lane_sms.is_some()
             || cpu_runs.is_some()
+            || group_launches.is_some()
         {
             return Err(usage("--probe takes only --backend"));
         }
@@ -196,6 +209,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command> {
         pacing,
         lane_sms: lane_sms.unwrap_or(backend::DEFAULT_LANE_SMS),
         cpu_runs: cpu_runs.unwrap_or_default(),
+        group_launches,
     }))
 }
 
@@ -221,6 +235,7 @@ mod tests {
                 pacing: Pacing::default(),
                 lane_sms: backend::DEFAULT_LANE_SMS,
                 cpu_runs: CpuRuns::Cpu,
+                group_launches: None,
             })
         );
         assert_eq!(
@@ -235,6 +250,7 @@ mod tests {
                 pacing: Pacing::default(),
                 lane_sms: backend::DEFAULT_LANE_SMS,
                 cpu_runs: CpuRuns::Cpu,
+                group_launches: None,
             })
         );
         assert_eq!(
@@ -249,6 +265,7 @@ mod tests {
                 pacing: Pacing::default(),
                 lane_sms: backend::DEFAULT_LANE_SMS,
                 cpu_runs: CpuRuns::Cpu,
+                group_launches: None,
             })
         );
         let runs = |a: &str| match p(&format!("--socket x --device 0 {a}")) {

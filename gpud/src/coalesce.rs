@@ -6,6 +6,7 @@
 
 use crate::descriptor::{Geometry, Job, KernelRef, Region};
 use crate::layout::{ElemType, Kernel, EC_BATCH_HIST_BUCKETS, EC_TYPE_COUNT};
+use crate::modules::GroupSpec;
 
 /// Groups jobs by (kernel, type), keeping submission order inside each
 /// group. The buffers are reused from drain to drain, so steady state
@@ -57,7 +58,7 @@ impl Coalescer {
     pub fn push(&mut self, job: Job) {
         match job.kernel() {
             KernelRef::Builtin(k) => self.by_kernel[group(k, job.ty(), job.is_small())].push(job),
-            KernelRef::User(id) => {
+            KernelRef::User(id) | KernelRef::UserGroup(id) => {
                 let key = UserKey { id, ty: job.ty(), geometry: job.geometry(), small: job.is_small() };
                 match self.user.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, g)) => g.push(job),
@@ -99,6 +100,80 @@ impl Coalescer {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Jobs of a kernel with group bodies beyond which a group launch is
+/// split: a group's answers all wait for its whole pass.
+pub const GROUP_MAX_JOBS: usize = 1024;
+
+/// The work (Σ [`Job::work`] of its members, counted as if each ran
+/// alone) beyond which a group launch is split, so that one group's pass
+/// never holds the loop (CPU) or a stream (CUDA) much longer than a large
+/// launch of one job does. 2^34 elements is 42 queries of a 1M × 384
+/// matrix: on a GPU such a pass is memory-bound up to about 40 queries (a
+/// query's 2 flops per element against 4 bytes read once), so a larger
+/// group would cost more time, not less per query.
+pub const GROUP_MAX_WORK: u64 = 1 << 34;
+
+/// What jobs of a group have in common: each shared slot's device buffer
+/// address, then each same_ parameter. None when a shared slot is not a
+/// device buffer (a binary or list the call passed): that job runs alone.
+///
+/// Within one drain an address names one buffer (id and generation): a
+/// freed buffer's block is held until every launch of the drain it was
+/// freed in has ended (`Buffers::free`), so no other buffer gets that
+/// address while a job of the drain may name it.
+pub fn group_key(job: &Job, spec: &GroupSpec) -> Option<Vec<u64>> {
+    let mut key = Vec::with_capacity(spec.shared.len() + spec.same.len());
+    for &s in &spec.shared {
+        let r = job.slot(usize::from(s));
+        if !r.is_buffer() {
+            return None;
+        }
+        key.push(r.offset());
+    }
+    key.extend(spec.same.iter().map(|&p| job.param(usize::from(p))));
+    Some(key)
+}
+
+/// Splits one launch's worth of jobs of a kernel with group bodies into
+/// the jobs that run alone (no companion, or a shared argument that is no
+/// device buffer) and groups of two or more with equal [`group_key`]s,
+/// each in submission order and within [`GROUP_MAX_JOBS`] and
+/// [`GROUP_MAX_WORK`].
+pub fn form_groups(jobs: &[Job], spec: &GroupSpec) -> (Vec<Job>, Vec<Vec<Job>>) {
+    let mut alone = Vec::new();
+    // Keys in order of first appearance (a drain holds few distinct ones).
+    let mut open: Vec<(Vec<u64>, Vec<Job>, u64)> = Vec::new();
+    let mut groups = Vec::new();
+    for job in jobs {
+        let Some(key) = group_key(job, spec) else {
+            alone.push(job.clone());
+            continue;
+        };
+        let w = job.work();
+        let at = match open.iter().position(|(k, _, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                open.push((key, Vec::new(), 0));
+                open.len() - 1
+            }
+        };
+        let (_, members, work) = &mut open[at];
+        if !members.is_empty() && (members.len() == GROUP_MAX_JOBS || work.saturating_add(w) > GROUP_MAX_WORK) {
+            groups.push(std::mem::take(members));
+            *work = 0;
+        }
+        members.push(job.clone());
+        *work = work.saturating_add(w);
+    }
+    for (_, members, _) in open {
+        groups.push(members);
+    }
+    // A group of one is a job alone (its own body: the same bits).
+    let (ones, groups): (Vec<_>, Vec<_>) = groups.into_iter().partition(|g| g.len() < 2);
+    alone.extend(ones.into_iter().flatten());
+    (alone, groups)
 }
 
 /// The batch-size histogram bucket: `floor(log2(size))`, clamped to the last

@@ -30,7 +30,7 @@ const _: () = assert!(
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 13;
+pub const EC_ABI_VERSION: u32 = 14;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -446,6 +446,8 @@ c_struct! {
         pub launch_enqueue_ns: AtomicU64,
         pub launches_wide: AtomicU64,
         pub launches_beside_lane: AtomicU64,
+        pub group_launches: AtomicU64,
+        pub group_jobs: AtomicU64,
     }
 }
 
@@ -971,6 +973,7 @@ int main(void)
     OF(ec_stats, launch_answer_ns); OF(ec_stats, stalls); OF(ec_stats, stall_ns);
     OF(ec_stats, stall_max_ns); OF(ec_stats, launch_backend_ns); OF(ec_stats, launch_enqueue_ns);
     OF(ec_stats, launches_wide); OF(ec_stats, launches_beside_lane);
+    OF(ec_stats, group_launches); OF(ec_stats, group_jobs);
 
     SZ(ec_header); AL(ec_header);
     OF(ec_header, magic); OF(ec_header, abi_version); OF(ec_header, header_bytes);

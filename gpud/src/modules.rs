@@ -11,7 +11,10 @@
 //! - `host.so`: the same crate built for the host, symbols
 //!   `erlcuda_host_NAME_TY` (`erlcuda_host_NAME`), the CPU backend's code,
 //!   and `erlcuda_hostgpu_NAME_TY` for a kernel with a GPU body only (its
-//!   GPU body run on the CPU, `kitjob::HostGpuFn`).
+//!   GPU body run on the CPU, `kitjob::HostGpuFn`); a kernel with group
+//!   bodies (the manifest's `group=`) has `NAME_TY__group` in the PTX and
+//!   `erlcuda_hostgroup_NAME_TY` / `erlcuda_hostgpugroup_NAME_TY` in the
+//!   host library ([`HostGroupFn`], [`HostGpuGroupFn`]).
 //!
 //! Loading checks everything it can before any of the module's code runs:
 //! the manifest line by line, every declared host symbol, and (on the GPU)
@@ -36,6 +39,24 @@ pub type HostFn = unsafe extern "C" fn(*const KitJob);
 /// A kernel's GPU body run on the CPU (`kitjob::HostGpuFn`): one whole job,
 /// 0 or 1 with a fault.
 pub use crate::kitjob::HostGpuFn;
+/// A kernel's group CPU body: one whole group of `njobs` jobs.
+pub type HostGroupFn = unsafe extern "C" fn(*const KitJob, u32);
+/// A kernel's group GPU body run on the CPU: one whole group, 0 or 1 with
+/// a fault (as [`HostGpuFn`]).
+pub type HostGpuGroupFn = unsafe extern "C" fn(*const KitJob, u32, *mut kitjob::Fault) -> u32;
+
+/// What a kernel's `group=SHARED;SAME;JOBS` declares: jobs whose `shared`
+/// vectors are the same device buffer and whose `same` parameters are
+/// equal may run as one group launch of its group bodies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// The shared vectors' job slots.
+    pub shared: Vec<u8>,
+    /// The same_ scalars' and dimensions' indices in `param`.
+    pub same: Vec<u8>,
+    /// Jobs per virtual block of a group launch on the GPU.
+    pub jobs_per_block: u32,
+}
 
 /// Which element types a kernel's T ranges over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +93,12 @@ pub struct UserKernel {
     pub host_gpu: [Option<HostGpuFn>; EC_TYPE_COUNT as usize],
     /// The CPU backend runs `host_gpu` even where `host` exists.
     pub runs_gpu_body: bool,
+    /// The kernel's group bodies, if it has them.
+    pub group: Option<GroupSpec>,
+    /// `host_group[type id]`, `host_gpu_group[type id]`: the group bodies
+    /// on the host, as `host` and `host_gpu` are the job's.
+    pub host_group: [Option<HostGroupFn>; EC_TYPE_COUNT as usize],
+    pub host_gpu_group: [Option<HostGpuGroupFn>; EC_TYPE_COUNT as usize],
 }
 
 impl UserKernel {
@@ -90,7 +117,26 @@ impl UserKernel {
             host: [None; EC_TYPE_COUNT as usize],
             host_gpu: [None; EC_TYPE_COUNT as usize],
             runs_gpu_body: false,
+            group: d.group,
+            host_group: [None; EC_TYPE_COUNT as usize],
+            host_gpu_group: [None; EC_TYPE_COUNT as usize],
         }
+    }
+
+    /// The group PTX entry of jobs of type `ty`: the entry and `__group`.
+    pub fn group_entry(&self, ty: ElemType) -> String {
+        format!("{}__group", self.entry(ty))
+    }
+
+    /// True when the CPU backend can run a group of jobs of type `ty`: the
+    /// group body of the body it runs for a job alone.
+    pub fn groups_on_cpu(&self, ty: ElemType) -> bool {
+        self.group.is_some()
+            && if self.runs_gpu_body || self.host[ty as usize].is_none() {
+                self.host_gpu_group[ty as usize].is_some()
+            } else {
+                self.host_group[ty as usize].is_some()
+            }
     }
 
     /// True when a job may say `ty` as its T (a kernel with no T: F32).
@@ -136,6 +182,7 @@ pub struct Decl {
     pub threads: u32,
     pub block_rule: BlockRule,
     pub shared: u32,
+    pub group: Option<GroupSpec>,
 }
 
 /// Parses a manifest (see [`kitjob::MANIFEST_MAGIC`]): every line checked,
@@ -167,8 +214,37 @@ pub fn parse_manifest(text: &str) -> Result<Vec<Decl>, String> {
     Ok(decls)
 }
 
-/// The keys of a kernel line, all required.
-const KEYS: [&str; 7] = ["types", "args", "outs", "blocks", "threads", "block_rule", "shared"];
+/// The keys of a kernel line, all required but `group`.
+const KEYS: [&str; 8] = ["types", "args", "outs", "blocks", "threads", "block_rule", "shared", "group"];
+
+/// A line's `group=SHARED;SAME;JOBS` against its signature: SHARED names
+/// v arguments (at least one), SAME s and d arguments (`-` for none),
+/// JOBS is 1 to 32.
+fn parse_group(sig: &Sig, text: &str) -> Result<GroupSpec, String> {
+    use crate::signature::Kind;
+    let mut parts = text.split(';');
+    let (Some(shared), Some(same), Some(jobs), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Err(format!("group={text} (SHARED;SAME;JOBS)"));
+    };
+    let arg = |n: &str| sig.args().iter().find(|a| a.name.as_str() == n).ok_or_else(|| format!("group: {n} names no argument"));
+    let mut g = GroupSpec { shared: Vec::new(), same: Vec::new(), jobs_per_block: 0 };
+    for n in shared.split(',') {
+        let a = arg(n)?;
+        if a.kind != Kind::Vector || g.shared.contains(&a.slot) {
+            return Err(format!("group: shared {n} is no v argument, or named twice"));
+        }
+        g.shared.push(a.slot);
+    }
+    for n in same.split(',').filter(|_| same != "-") {
+        let a = arg(n)?;
+        if !matches!(a.kind, Kind::Scalar | Kind::Dim) || g.same.contains(&a.slot) {
+            return Err(format!("group: same {n} is no s or d argument, or named twice"));
+        }
+        g.same.push(a.slot);
+    }
+    g.jobs_per_block = jobs.parse().ok().filter(|j| (1..=32).contains(j)).ok_or_else(|| format!("group: jobs per block {jobs} (1 to 32)"))?;
+    Ok(g)
+}
 
 fn parse_line(line: &str) -> Result<Decl, String> {
     let mut words = line.split_whitespace();
@@ -196,6 +272,10 @@ fn parse_line(line: &str) -> Result<Decl, String> {
     let get = |k: &str| kv.get(k).copied().ok_or_else(|| format!("kernel {name}: no {k}="));
     let (args, outs) = (get("args")?, get("outs")?);
     let sig = Sig::parse(args, outs).map_err(|e| format!("kernel {name}: args={args} outs={outs}: {e}"))?;
+    let group = kv.get("group").map(|g| parse_group(&sig, g)).transpose().map_err(|e| format!("kernel {name}: {e}"))?;
+    if group.is_some() && !sig.uses_t {
+        return Err(format!("kernel {name}: group bodies need a kernel with T"));
+    }
     let types = match get("types")? {
         "-" if sig.uses_t => return Err(format!("kernel {name}: types=- but its signature uses T")),
         "-" => Types::NoT,
@@ -230,7 +310,7 @@ fn parse_line(line: &str) -> Result<Decl, String> {
     if !block_rule.allows(threads) {
         return Err(format!("kernel {name}: threads={threads} is no block size its block_rule={rule} allows"));
     }
-    Ok(Decl { name, sig, types, blocks, threads, block_rule, shared })
+    Ok(Decl { name, sig, types, blocks, threads, block_rule, shared, group })
 }
 
 /// `host.so`, opened from a private copy so that loading a rebuilt module
@@ -402,6 +482,20 @@ impl Registry {
                 }
                 if k.host[ty as usize].is_none() && k.host_gpu[ty as usize].is_none() {
                     return Err(format!("host.so lacks {sym} and {gpu}, one of which the manifest declares"));
+                }
+                if k.group.is_some() {
+                    let e = k.entry(ty);
+                    let (g, gg) = (format!("erlcuda_hostgroup_{e}"), format!("erlcuda_hostgpugroup_{e}"));
+                    // SAFETY: as above, the kit's group entries.
+                    unsafe {
+                        k.host_group[ty as usize] =
+                            host.symbol(&g).map(|p| std::mem::transmute::<*mut c_void, HostGroupFn>(p));
+                        k.host_gpu_group[ty as usize] =
+                            host.symbol(&gg).map(|p| std::mem::transmute::<*mut c_void, HostGpuGroupFn>(p));
+                    }
+                    if k.host_group[ty as usize].is_none() || k.host_gpu_group[ty as usize].is_none() {
+                        return Err(format!("host.so lacks {g} or {gg}, which the manifest's group= declares"));
+                    }
                 }
             }
             // A module built before the GPU entries existed has none: its

@@ -39,8 +39,18 @@ kernel! {
     /// per-job scratch to merge blocks' lists in); 1024 threads by default
     /// so that the block alone keeps enough loads in flight (eight a
     /// thread) for a job that is alone on the GPU.
+    ///
+    /// X is `shared`, rows and cols `same_d`: jobs on one device buffer X
+    /// run as a group, X read once for the group. The group bodies compute
+    /// every similarity as the job's own bodies do (the same sums in the
+    /// same order), so each job's answer has the same bits in any group.
+    /// On the GPU, a group's virtual block takes 32 jobs, one warp each
+    /// (at 1024 threads), every warp walking all the rows in step, so
+    /// each row is fetched from memory once for the block's 32 queries;
+    /// on the CPU, the rows go by in tiles that stay in cache while every
+    /// query of the group meets them.
     cos_topk, T: Float in [f32, f64],
-    (x: v(T, rows * cols), q: v(T, cols), rows: d, cols: d, k: d(1 ..= rows & 64))
+    (x: shared(T, rows * cols), q: v(T, cols), rows: same_d, cols: same_d, k: d(1 ..= rows & 64))
         -> (values: w(T, k), indices: w(u32, k)),
     blocks = 1, threads = 1024, block_rule = warps, shared = 0,
     gpu(job, blk) {
@@ -48,6 +58,18 @@ kernel! {
     }
     cpu(job) {
         host::cos_topk(x, q, rows, cols, values, indices);
+    }
+    group_gpu(g, job, blk, jobs_per_block = 32) {
+        gpu::cos_topk_group(x, rows, cols, g.len(), |i| {
+            let (_, q, _, _, k, values, indices) = job(i);
+            (q, k, values, indices)
+        });
+    }
+    group_cpu(g, job) {
+        host::cos_topk_group(x, rows, cols, g.len(), |i| {
+            let (_, q, _, _, _, values, indices) = job(i);
+            (q, values, indices)
+        });
     }
 }
 
@@ -67,6 +89,59 @@ mod host {
             aa[l] = x.fma(x, aa[l]);
         }
         (butterfly(d), butterfly(aa))
+    }
+
+    /// a·b alone, then a·a alone: each the same bits as [`lane_sums`]'s
+    /// (each lane's chain of fused multiply-adds is its own).
+    fn lane_dot<T: Float>(a: &[T], b: &[T]) -> T {
+        let mut d = [T::ZERO; 32];
+        for (j, (&x, &y)) in a.iter().zip(b).enumerate() {
+            d[j % 32] = x.fma(y, d[j % 32]);
+        }
+        butterfly(d)
+    }
+
+    /// Rows met per tile of the group body: 64 rows of 384 f32 are 96 KiB,
+    /// which stay in a core's L2 while every query of the group meets them.
+    const TILE: usize = 64;
+
+    /// The whole group: per tile of rows, the rows' squared norms once,
+    /// then each query's similarities to them into its own best K. Each
+    /// similarity is the job's own body's bits, and the K best of a set in
+    /// [`before`]'s order do not depend on the order the set is met in.
+    pub fn cos_topk_group<'a, T: Float + 'a>(
+        x: &[T],
+        rows: u32,
+        cols: u32,
+        n: u32,
+        job: impl Fn(u32) -> (&'a [T], &'a mut [T], &'a mut [u32]),
+    ) {
+        let c = cols as usize;
+        let mut jobs: Vec<_> = (0..n).map(job).collect();
+        let mut tops: Vec<TopK<T, { TOPK_MAX as usize }>> = jobs.iter().map(|j| TopK::new(j.1.len())).collect();
+        let qq: Vec<T> = jobs.iter().map(|j| lane_dot(j.0, j.0)).collect();
+        let mut xx = [T::ZERO; TILE];
+        let mut r0 = 0;
+        while r0 < rows as usize {
+            let r1 = (r0 + TILE).min(rows as usize);
+            for r in r0..r1 {
+                let row = &x[r * c..(r + 1) * c];
+                xx[r - r0] = lane_dot(row, row);
+            }
+            for (i, (q, vals, _)) in jobs.iter().enumerate() {
+                if vals.is_empty() {
+                    continue;
+                }
+                for r in r0..r1 {
+                    let d = lane_dot(&x[r * c..(r + 1) * c], q);
+                    tops[i].push((cosine(d, xx[r - r0], qq[i]), r as u32));
+                }
+            }
+            r0 = r1;
+        }
+        for (top, (_, vals, idxs)) in tops.iter().zip(jobs.iter_mut()) {
+            top.write(vals, idxs);
+        }
     }
 
     /// The GPU's `v + shfl_xor(v, m)` for m = 16, 8, 4, 2, 1: every lane
@@ -162,6 +237,84 @@ mod gpu {
         lo
     }
 
+    /// Puts `it` into a warp's sorted list (below), when it beats the
+    /// list's last slot `last`, `kk` slots kept. Called by the whole warp
+    /// with the same `it` and `last` in every lane.
+    #[inline(always)]
+    fn insert<T: Float>(it: (T, u32), a: &mut (T, u32), b: &mut (T, u32), last: &mut (T, u32), lane: u32, kk: u32) {
+        if !before(it, *last) {
+            return;
+        }
+        let none = (T::LOWEST, NONE);
+        let pos = warp::ballot(before(*a, it)).count_ones() + warp::ballot(before(*b, it)).count_ones();
+        let up_a = warp::shfl_up(*a, 1);
+        let up_b = warp::shfl_up(*b, 1);
+        // Slot 31 moves to slot 32: lane 31's `a` to lane 0's `b`.
+        let a31 = warp::shfl_idx(*a, 31);
+        let from_b = if lane == 0 { a31 } else { up_b };
+        let (sa, sb) = (lane, lane + 32);
+        *a = if sa < pos { *a } else if sa == pos { it } else { up_a };
+        *b = if sb < pos { *b } else if sb == pos { it } else { from_b };
+        if sa >= kk {
+            *a = none;
+        }
+        if sb >= kk {
+            *b = none;
+        }
+        *last = if kk <= 32 { warp::shfl_idx(*a, kk - 1) } else { warp::shfl_idx(*b, kk - 33) };
+    }
+
+    /// A group's virtual block: `n` jobs, job i's (q, k, values, indices)
+    /// from `job(i)`. Warp w takes jobs w, w + W, ..., each over every
+    /// row in order with the list of [`cos_topk`] in its registers; with a
+    /// warp per job (32 jobs at 1024 threads) the warps walk the rows in
+    /// step, so a row comes from memory once and from L1 to the others. A
+    /// warp's list then holds its job's whole answer: slot s in lane s %
+    /// 32, as the single body ranks them.
+    pub unsafe fn cos_topk_group<T: Float>(
+        x: *const T,
+        rows: u32,
+        cols: u32,
+        n: u32,
+        job: impl Fn(u32) -> (*const T, u32, *mut T, *mut u32),
+    ) {
+        let (t, nt) = (thread_idx(), block_dim());
+        let (lane, w, nw) = (t % 32, t / 32, nt / 32);
+        let none = (T::LOWEST, NONE);
+        let mut i = w;
+        while i < n {
+            let (q, k, vals, idxs) = job(i);
+            let kk = k.min(TOPK_MAX);
+            let (mut a, mut b) = (none, none);
+            if kk > 0 {
+                let qq = lane_sums(q, q, cols, lane).0;
+                let mut last = none;
+                let mut r = 0;
+                while r < rows {
+                    let (d, xx) = lane_sums(x.add(r as usize * cols as usize), q, cols, lane);
+                    insert((cosine(d, xx, qq), r), &mut a, &mut b, &mut last, lane, kk);
+                    r += 1;
+                }
+            }
+            if lane < kk {
+                T::store(vals.add(lane as usize), a.0);
+                u32::store(idxs.add(lane as usize), a.1);
+            }
+            if lane + 32 < kk {
+                T::store(vals.add(lane as usize + 32), b.0);
+                u32::store(idxs.add(lane as usize + 32), b.1);
+            }
+            // Slots past the 64th (only past the signature).
+            let mut s = kk + lane;
+            while s < k {
+                T::store(vals.add(s as usize), none.0);
+                u32::store(idxs.add(s as usize), none.1);
+                s += 32;
+            }
+            i += nw;
+        }
+    }
+
     /// The job's answer into `vals`/`idxs`[..k].
     ///
     /// A warp's list is sorted across its lanes: lane l holds slots l and
@@ -183,25 +336,7 @@ mod gpu {
             let mut r = w;
             while r < rows {
                 let (d, xx) = lane_sums(x.add(r as usize * cols as usize), q, cols, lane);
-                let it = (cosine(d, xx, qq), r);
-                if before(it, last) {
-                    let pos = warp::ballot(before(a, it)).count_ones() + warp::ballot(before(b, it)).count_ones();
-                    let up_a = warp::shfl_up(a, 1);
-                    let up_b = warp::shfl_up(b, 1);
-                    // Slot 31 moves to slot 32: lane 31's `a` to lane 0's `b`.
-                    let a31 = warp::shfl_idx(a, 31);
-                    let from_b = if lane == 0 { a31 } else { up_b };
-                    let (sa, sb) = (lane, lane + 32);
-                    a = if sa < pos { a } else if sa == pos { it } else { up_a };
-                    b = if sb < pos { b } else if sb == pos { it } else { from_b };
-                    if sa >= kk {
-                        a = none;
-                    }
-                    if sb >= kk {
-                        b = none;
-                    }
-                    last = if kk <= 32 { warp::shfl_idx(a, kk - 1) } else { warp::shfl_idx(b, kk - 33) };
-                }
+                insert((cosine(d, xx, qq), r), &mut a, &mut b, &mut last, lane, kk);
                 r += nw;
             }
         }

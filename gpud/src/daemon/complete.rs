@@ -74,6 +74,19 @@ impl Daemon {
             s.launch_answer_ns.fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
             s.launch_backend_ns.fetch_add(nanos(f.backend), Ordering::Relaxed);
             s.launch_enqueue_ns.fetch_add(nanos(f.enqueue), Ordering::Relaxed);
+            if let (Some((size, shared)), Some(kernel)) = (f.group, f.kernel) {
+                // The VM's telemetry event per group launch
+                // (erlcuda_device.erl): kernel id, jobs, the wait from its
+                // drain's start to the submit, the pass, shared bytes.
+                let id = match kernel {
+                    crate::descriptor::KernelRef::User(id) | crate::descriptor::KernelRef::UserGroup(id) => id,
+                    crate::descriptor::KernelRef::Builtin(k) => k.id(),
+                };
+                let wait = (f.submitted - f.drained).saturating_sub(f.backend);
+                let pass = started.saturating_duration_since(f.submitted) + f.backend;
+                let (wait, pass) = (nanos(wait), nanos(pass));
+                super::announce(&format!("group {id} {size} {wait} {pass} {shared}"))?;
+            }
         }
         self.done = done;
         self.done.clear();

@@ -61,6 +61,7 @@ impl Daemon {
                     submitted: Instant::now(),
                     backend: Duration::ZERO,
                     enqueue: Duration::ZERO,
+                    group: None,
                 });
                 self.buffers.publish(self.ring.stats());
                 return Ok(true);

@@ -148,6 +148,9 @@ pub fn run(opts: &DaemonOpts) -> Result<()> {
     // job queued for them is drained). One that fails is left out, said
     // here: its jobs are then refused as BAD_KERNEL.
     d.modules.cpu_runs = opts.cpu_runs;
+    if let Some(on) = opts.group_launches {
+        d.group_launches = on;
+    }
     for (slot, dir) in &opts.modules {
         if let Err(e) = d.modules.load(*slot, dir, &mut *d.backend) {
             log!(Error, "gpud[{}]: module in slot {slot} ({}): {e}", opts.device, dir.display());
@@ -204,6 +207,9 @@ struct InFlight {
     /// calls that enqueue the launch (`Backend::last_enqueue`).
     backend: Duration,
     enqueue: Duration,
+    /// A group launch: its jobs, and the bytes of shared input it reads
+    /// once (the `group` line of its telemetry, complete.rs).
+    group: Option<(u32, u64)>,
 }
 
 /// The daemon's state once the handshake is done. Public so that tests and
@@ -236,6 +242,9 @@ pub struct Daemon {
     /// they were last looked at.
     parked: Vec<Sqe>,
     parked_ready: bool,
+    /// Jobs of a kernel with group bodies form group launches
+    /// (`--group-launches`; by default on the CPU backend only).
+    group_launches: bool,
 }
 
 impl Drop for Daemon {
@@ -258,6 +267,7 @@ impl Daemon {
         sock: OwnedFd,
     ) -> Daemon {
         let mut backend = backend;
+        let group_launches = backend.kind() == "cpu";
         let limit = buffers::limit_for(backend.buffer_memory().buf_capacity(), buffers::MemoryLimit::Default);
         Daemon {
             device,
@@ -276,6 +286,7 @@ impl Daemon {
             buffers: Buffers::new(limit),
             parked: Vec::new(),
             parked_ready: false,
+            group_launches,
         }
     }
 

@@ -449,6 +449,7 @@ fn a_small_job_is_not_held_behind_large_launches() {
         submitted: Instant::now(),
         backend: std::time::Duration::ZERO,
         enqueue: std::time::Duration::ZERO,
+                    group: None,
     };
     // The limit open: nothing is held (the loop drains anyway).
     publish(4);

@@ -14,6 +14,9 @@ use crate::layout::{ElemType, Kernel, Shape, Sqe, EC_FLAG_ARGS, EC_MAX_PARAMS, E
 pub enum KernelRef {
     Builtin(Kernel),
     User(u16),
+    /// A group launch of user kernel `id` (its group entry); never a job's
+    /// own kernel, only a launch's.
+    UserGroup(u16),
 }
 
 /// How a job is launched: the block size, the dynamic shared memory and
@@ -139,7 +142,7 @@ impl Job {
     pub fn builtin(&self) -> Option<Kernel> {
         match self.kernel {
             KernelRef::Builtin(k) => Some(k),
-            KernelRef::User(_) => None,
+            KernelRef::User(_) | KernelRef::UserGroup(_) => None,
         }
     }
     pub fn geometry(&self) -> Geometry {

@@ -138,6 +138,17 @@ pub trait KernelOp {
         None
     }
 
+    /// CPU backend: runs all of `jobs` at once, when the op is one launch
+    /// of them together (a group launch), returning the faulted jobs'
+    /// user_data and faults; None (the default) when each job runs on
+    /// its own ([`KernelOp::cpu_checked`]).
+    ///
+    /// # Safety
+    /// As [`KernelOp::cpu`], for every job.
+    unsafe fn cpu_together(&self, _arena: &Arena<'_>, _jobs: &[Job]) -> Option<Vec<(u64, crate::kitjob::Fault)>> {
+        None
+    }
+
     /// CUDA: appends the job table of `jobs` (device pointers in `ptrs`, one
     /// per job) to `table` and says how to launch it; `None` when the batch
     /// is too large for the kernel's u32 counts (the caller splits it).

@@ -13,6 +13,96 @@ use crate::modules::UserKernel;
 
 pub struct UserOp(pub Arc<UserKernel>);
 
+/// `job` as the kit's record of host addresses, its outputs zeroed but
+/// for a `w` output, which the kernel writes in full (every output starts
+/// zeroed, as the signature language promises: a kernel may add into it,
+/// or leave parts of it alone).
+///
+/// # Safety
+/// As [`KernelOp::cpu`]: nothing else touches the job's outputs.
+unsafe fn host_job(k: &UserKernel, arena: &Arena<'_>, job: &Job) -> KitJob {
+    let mut ptrs = DevPtrs::default();
+    let outs = crate::layout::EC_MAX_VECTORS as usize..;
+    for (i, r) in job.inputs().iter().enumerate().chain(outs.zip(job.outputs())) {
+        ptrs.addr[i] = arena.host_ptr(*r) as u64;
+    }
+    let decl = k.sig.outs();
+    for (i, r) in job.outputs().iter().enumerate() {
+        if decl.get(i).is_some_and(|o| o.whole) {
+            continue;
+        }
+        // SAFETY: the job's own output region (arena or host buffer),
+        // r.bytes() long at host_ptr; nothing else touches it while the
+        // job runs (the caller's promise).
+        unsafe { std::ptr::write_bytes(arena.host_ptr(*r), 0, r.bytes() as usize) };
+    }
+    super::kit_job(job, &ptrs)
+}
+
+/// A group launch of a user's kernel: its group body over jobs whose
+/// shared vectors are one device buffer and whose same_ parameters are
+/// equal (the daemon groups them, `daemon/submit.rs`), under the kernel's
+/// group id ([`UserKernel::group_id`]).
+pub struct UserGroupOp(pub Arc<UserKernel>);
+
+impl KernelOp for UserGroupOp {
+    unsafe fn cpu(&self, arena: &Arena<'_>, job: &Job) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { UserOp(self.0.clone()).cpu(arena, job) }
+    }
+
+    unsafe fn cpu_together(&self, arena: &Arena<'_>, jobs: &[Job]) -> Option<Vec<(u64, crate::kitjob::Fault)>> {
+        let Some(first) = jobs.first() else { return Some(Vec::new()) };
+        // SAFETY: the caller's promise, for every job.
+        let kjs: Vec<KitJob> = jobs.iter().map(|j| unsafe { host_job(&self.0, arena, j) }).collect();
+        let (ty, n) = (first.ty() as usize, kjs.len() as u32);
+        // SAFETY (both calls): the module's group code for this kernel and
+        // type, over jobs the daemon grouped (shared buffers and same_
+        // parameters equal), each holding the lengths its signature
+        // states; the rest is the module's trust, as for `UserOp`.
+        if !self.0.runs_gpu_body && self.0.host[ty].is_some() {
+            if let Some(f) = self.0.host_group[ty] {
+                unsafe { f(kjs.as_ptr(), n) };
+                return Some(Vec::new());
+            }
+        }
+        let f = self.0.host_gpu_group[ty].expect("loading admits only group kernels with both group entries");
+        let mut fault = crate::kitjob::Fault::default();
+        // A group's GPU body that stopped short left every member's
+        // outputs incomplete: each is answered with the fault.
+        if unsafe { f(kjs.as_ptr(), n, &mut fault) } != 0 {
+            return Some(jobs.iter().map(|j| (j.user_data(), fault)).collect());
+        }
+        Some(Vec::new())
+    }
+
+    fn device_table(&self, jobs: &[Job], ptrs: &[DevPtrs], table: &mut Vec<u8>) -> Option<DeviceLaunch> {
+        let g = jobs.first()?.geometry();
+        let per_block = self.0.group.as_ref()?.jobs_per_block;
+        let t: Vec<KitJob> = jobs.iter().zip(ptrs).map(|(j, p)| super::kit_job(j, p)).collect();
+        let n = u32::try_from(jobs.len()).ok()?;
+        let total = n.div_ceil(per_block);
+        super::push_pod(table, &t);
+        Some(DeviceLaunch {
+            grid: if g.grid > 0 { g.grid.min(total) } else { total.min(super::KIT_MAX_GRID) },
+            block: g.threads,
+            smem: g.shared_bytes,
+            params: [n, total, 0, 0],
+            nparams: 2,
+        })
+    }
+
+    fn blocks(&self, _job: &Job) -> u64 {
+        // A virtual block takes up to jobs_per_block jobs: one per job
+        // bounds a batch's count from above.
+        1
+    }
+
+    fn accumulates_into_output(&self, job: &Job) -> bool {
+        UserOp(self.0.clone()).accumulates_into_output(job)
+    }
+}
+
 impl KernelOp for UserOp {
     unsafe fn cpu(&self, arena: &Arena<'_>, job: &Job) {
         // SAFETY: the caller's promise, passed on.
@@ -22,25 +112,8 @@ impl KernelOp for UserOp {
     }
 
     unsafe fn cpu_checked(&self, arena: &Arena<'_>, job: &Job) -> Option<crate::kitjob::Fault> {
-        let mut ptrs = DevPtrs::default();
-        let outs = crate::layout::EC_MAX_VECTORS as usize..;
-        for (i, r) in job.inputs().iter().enumerate().chain(outs.zip(job.outputs())) {
-            ptrs.addr[i] = arena.host_ptr(*r) as u64;
-        }
-        // Every output starts zeroed, as the signature language promises
-        // (a kernel may add into it, or leave parts of it alone), but for
-        // a `w` output, which the kernel writes in full.
-        let outs = self.0.sig.outs();
-        for (k, r) in job.outputs().iter().enumerate() {
-            if outs.get(k).is_some_and(|o| o.whole) {
-                continue;
-            }
-            // SAFETY: the job's own output region (arena or host buffer),
-            // r.bytes() long at host_ptr; nothing else touches it while the
-            // job runs (KernelOp::cpu).
-            unsafe { std::ptr::write_bytes(arena.host_ptr(*r), 0, r.bytes() as usize) };
-        }
-        let kj = super::kit_job(job, &ptrs);
+        // SAFETY: the caller's promise, passed on.
+        let kj = unsafe { host_job(&self.0, arena, job) };
         let ty = job.ty() as usize;
         // SAFETY (both calls): the module's host code for this kernel and
         // type; the job's regions hold the lengths its signature states, and

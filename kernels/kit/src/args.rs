@@ -195,3 +195,48 @@ pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, len: u64) -> &'a mut [T] {
     }
     core::slice::from_raw_parts_mut(p, len as usize)
 }
+
+/// The jobs of one group launch, for a `kernel!`'s group bodies (the `g`
+/// they name): jobs of one kernel and type whose `shared` arguments are
+/// the same device buffer and whose `same_d`/`same_s` arguments are equal
+/// (gpud formed the group by exactly that). On the GPU, a virtual block's
+/// share of the group (at most `jobs_per_block` jobs); on the host, the
+/// whole group.
+pub struct Group<'a, T> {
+    jobs: *const Job,
+    n: u32,
+    layout: &'a Layout,
+    _t: PhantomData<T>,
+}
+
+impl<T> Clone for Group<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Group<'_, T> {}
+
+#[allow(clippy::len_without_is_empty)]
+impl<'a, T> Group<'a, T> {
+    /// # Safety
+    /// `jobs[..n]` are jobs as [`Args::new`] takes them (n ≥ 1), valid for
+    /// `'a`, whose outputs overlap no slot of any of them.
+    #[inline(always)]
+    pub unsafe fn new(jobs: *const Job, n: u32, layout: &'a Layout) -> Self {
+        Group { jobs, n, layout, _t: PhantomData }
+    }
+
+    /// Jobs in the group (at least 1).
+    #[inline(always)]
+    pub fn len(&self) -> u32 {
+        self.n
+    }
+
+    /// Job `i` (`i < len()`).
+    #[inline(always)]
+    pub fn job(&self, i: u32) -> Args<'a, T> {
+        assert!(i < self.n);
+        // SAFETY: `new`'s contract, for each of its jobs.
+        unsafe { Args::new(&*self.jobs.add(i as usize), self.layout) }
+    }
+}

@@ -197,3 +197,20 @@ pub unsafe fn each_block(jobs: *const Job, njobs: u32, total_blocks: u32, body: 
         vb += grid_dim();
     }
 }
+
+/// A `kernel!`'s group entry: `body(first, n, block)` for every virtual
+/// block of a group launch, block `b` taking jobs `b * per_block ..` (at
+/// most `per_block` of them, `n`), `total_blocks` being
+/// `ceil(njobs / per_block)`. A barrier after each, as [`each_block`].
+#[inline(always)]
+pub unsafe fn each_group(jobs: *const Job, njobs: u32, total_blocks: u32, per_block: u32, body: impl Fn(*const Job, u32, u64)) {
+    let mut vb = block_idx();
+    while vb < total_blocks {
+        let first = vb * per_block;
+        if first < njobs {
+            body(jobs.add(first as usize), (njobs - first).min(per_block), vb as u64);
+        }
+        sync_threads();
+        vb += grid_dim();
+    }
+}

@@ -89,8 +89,8 @@ pub unsafe fn run_gpu(
     fault: &mut crate::job::Fault,
     entry: impl Fn(*const Job, u32, u32),
 ) -> u32 {
-    use crate::emu::{run_block_checked, tag, Dims, Extent, Extents, Order, Reason};
-    use crate::job::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, FAULT_OUT_OF_BOUNDS, OPT_BLOCK};
+    use crate::emu::{run_block_checked, tag, Dims, Extent, Extents, Order};
+    use crate::job::OPT_BLOCK;
     use crate::job::{OPT_SHARED_BYTES, OPT_THREAD_ORDER};
     use crate::signature::{Kind, Ty};
     let threads = if job.given & OPT_BLOCK != 0 { job.block } else { launch.0 };
@@ -113,12 +113,59 @@ pub unsafe fn run_gpu(
     for b in 0..n {
         let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
         if let Err(f) = run_block_checked(dims, (b, 0), order, Some(&ext), &|| entry(&one, 1, n)) {
-            let (reason, slot, index) = match f.reason {
-                Reason::DivergentBarrier => (FAULT_DIVERGENT_BARRIER, 0, 0),
-                Reason::DivergentWarpOp => (FAULT_DIVERGENT_WARP_OP, 0, 0),
-                Reason::OutOfBounds { slot, index } => (FAULT_OUT_OF_BOUNDS, slot, index as u64),
-            };
-            *fault = crate::job::Fault { reason, thread: f.thread, block: u64::from(b), slot, index, ..Default::default() };
+            *fault = job_fault(&f, b);
+            return 1;
+        }
+    }
+    0
+}
+
+/// An emulated block's fault as the job's answer carries it.
+fn job_fault(f: &crate::emu::Fault, block: u32) -> crate::job::Fault {
+    use crate::emu::Reason;
+    use crate::job::{FAULT_DIVERGENT_BARRIER, FAULT_DIVERGENT_WARP_OP, FAULT_OUT_OF_BOUNDS};
+    let (reason, slot, index) = match f.reason {
+        Reason::DivergentBarrier => (FAULT_DIVERGENT_BARRIER, 0, 0),
+        Reason::DivergentWarpOp => (FAULT_DIVERGENT_WARP_OP, 0, 0),
+        Reason::OutOfBounds { slot, index } => (FAULT_OUT_OF_BOUNDS, slot, index as u64),
+    };
+    crate::job::Fault { reason, thread: f.thread, block: u64::from(block), slot, index, ..Default::default() }
+}
+
+/// A kernel's group GPU code on the CPU: its group entry's host twin
+/// `entry(jobs, njobs, total_blocks)` run as a launch of the `njobs`
+/// jobs, `ceil(njobs / per_block)` emulated blocks in order, as
+/// [`run_gpu`] runs one job's. The jobs share their launch options (gpud
+/// groups only jobs of one geometry). Returns 0, or 1 with `fault` filled
+/// at the first faulting block.
+///
+/// # Safety
+/// As [`crate::Group::new`].
+pub unsafe fn run_gpu_group(
+    jobs: *const Job,
+    njobs: u32,
+    launch: (u32, u32),
+    per_block: u32,
+    fault: &mut crate::job::Fault,
+    entry: impl Fn(*const Job, u32, u32),
+) -> u32 {
+    use crate::emu::{run_block_checked, Dims, Order};
+    use crate::job::{OPT_BLOCK, OPT_SHARED_BYTES, OPT_THREAD_ORDER};
+    if njobs == 0 || per_block == 0 {
+        return 0;
+    }
+    let first = &*jobs;
+    let threads = if first.given & OPT_BLOCK != 0 { first.block } else { launch.0 };
+    let shared = if first.given & OPT_SHARED_BYTES != 0 { first.shared_bytes.max(launch.1) } else { launch.1 };
+    // The first job's order for the whole group. Its accesses are not
+    // checked against extents: the jobs' arguments share slot numbers, so
+    // a tagged address could not say whose it is (a job alone is checked).
+    let order = if first.given & OPT_THREAD_ORDER != 0 { Order::Seeded(u64::from(first.seed)) } else { Order::InOrder };
+    let n = njobs.div_ceil(per_block);
+    for b in 0..n {
+        let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
+        if let Err(f) = run_block_checked(dims, (b, 0), order, None, &|| entry(jobs, njobs, n)) {
+            *fault = job_fault(&f, b);
             return 1;
         }
     }

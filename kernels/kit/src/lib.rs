@@ -105,7 +105,7 @@ pub mod warp;
 pub mod manifest;
 
 mod args;
-pub use args::Args;
+pub use args::{Args, Group};
 
 pub mod device;
 

@@ -262,12 +262,28 @@ macro_rules! __kernel_blocks {
         [$($head:tt)*] [$($b:tt)*]
         , threads = $threads:expr, block_rule = $rule:ident, shared = $shared:expr,
         gpu($gk:ident, $gb:ident) $gbody:block
+        cpu($ck:ident) $cbody:block
+        group_gpu($xg:ident, $xj:ident, $xb:ident, jobs_per_block = $jpb:expr) $xbody:block
+        group_cpu($yg:ident, $yj:ident) $ybody:block
+        $(,)?
+    ) => {
+        $crate::__kernel_expand!(
+            $($head)* ; [$($b)*] ; $threads ; $rule ; $shared ;
+            gpu($gk, $gb) $gbody cpu($ck) $cbody ;
+            group [[$jpb] ($xg, $xj, $xb) $xbody ($yg, $yj) $ybody]
+        );
+    };
+    (
+        [$($head:tt)*] [$($b:tt)*]
+        , threads = $threads:expr, block_rule = $rule:ident, shared = $shared:expr,
+        gpu($gk:ident, $gb:ident) $gbody:block
         $(cpu($ck:ident) $cbody:block)?
         $(,)?
     ) => {
         $crate::__kernel_expand!(
             $($head)* ; [$($b)*] ; $threads ; $rule ; $shared ;
-            gpu($gk, $gb) $gbody $(cpu($ck) $cbody)?
+            gpu($gk, $gb) $gbody $(cpu($ck) $cbody)? ;
+            group []
         );
     };
     ([$($head:tt)*] [$($b:tt)*] $t:tt $($rest:tt)*) => {
@@ -290,6 +306,7 @@ macro_rules! __kernel_expand {
         ($($an:ident : $ak:ident $(( $($as:tt)* ))?),*) -> ($($on:ident : $ok:ident $(( $($os:tt)* ))?),*) ;
         [$($b:tt)*] ; $threads:expr ; $rule:ident ; $shared:expr ;
         gpu($gk:ident, $gb:ident) $gbody:block $(cpu($ck:ident) $cbody:block)?
+        ; group [$($grp:tt)*]
     ) => {
         $(#[$m])*
         const _: () = {
@@ -303,6 +320,7 @@ macro_rules! __kernel_expand {
                 threads: $threads,
                 block_rule: stringify!($rule),
                 shared: $shared,
+                group: $crate::__group_jobs!($($grp)*),
             }) {
                 Ok(k) => k,
                 Err(e) => panic!("{}", e.as_str()),
@@ -335,8 +353,157 @@ macro_rules! __kernel_expand {
             const __LAUNCH: (u32, u32) = ($threads, $shared);
 
             $crate::__kernel_entries!($name, [$($bound)?], [$($ty),*], [$($ck)?]);
+            $crate::__group_fns!(
+                [$($bound)?] [$($ty),*] $name ($($an : $ak $(( $($as)* ))?),*) -> ($($on : $ok $(( $($os)* ))?),*)
+                $($grp)*
+            );
         };
     };
+}
+
+/// `kernel!`'s `group` part: its jobs per block, 0 for none.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __group_jobs {
+    () => {
+        0
+    };
+    ([$jpb:expr] $($rest:tt)*) => {
+        $jpb
+    };
+}
+
+/// A `kernel!`'s group bodies as `__ggpu` (both targets) and `__gcpu`
+/// (host): the shared and same_ arguments bound by name (the group's: its
+/// first job's), every other name bound to `()`, and `JOB` bound to a
+/// closure giving job i's bindings as a tuple in declared order,
+/// arguments then outputs (`()` in the shared and same_ places).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __group_fns {
+    ([$($bound:ident)?] [$($ty:ident),*] $name:ident ($($args:tt)*) -> ($($outs:tt)*)) => {};
+    (
+        [$bound:ident] [$($ty:ident),+] $name:ident ($($an:ident : $ak:ident $(( $($as:tt)* ))?),*) -> ($($on:ident : $ok:ident $(( $($os:tt)* ))?),*)
+        [$jpb:expr] ($xg:ident, $xj:ident, $xb:ident) $xbody:block ($yg:ident, $yj:ident) $ybody:block
+    ) => {
+        #[allow(dead_code)]
+        const __GROUP_JOBS: u32 = $jpb;
+        $crate::__group_entries!($name, [$bound], [$($ty),+]);
+
+        #[inline(always)]
+        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
+        unsafe fn __ggpu<T: $crate::$bound>($xg: $crate::Group<'_, T>, $xb: u64) {
+            #[allow(unused_imports)]
+            use $crate::device::*;
+            #[allow(unused_imports)]
+            use $crate::{Element as _, Float as _, Int as _, Numeric as _};
+            let __first = $xg.job(0);
+            let (mut __vi, mut __pi) = (0usize, 0usize);
+            $( let $an = $crate::__garg!(gpu $ak [$($($as)*)?], __first, __vi, __pi); )*
+            let $xj = |__i: u32| {
+                let __k = $xg.job(__i);
+                let (mut __vi, mut __pi, mut __oi) = (0usize, 0usize, 0usize);
+                ($( $crate::__jarg!(gpu $ak [$($($as)*)?], __k, __vi, __pi), )* $( $crate::__out!(gpu $ok [$($($os)*)?], __k, __oi), )*)
+            };
+            unsafe { $xbody }
+        }
+
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[allow(unused_assignments, unused_mut, unused_variables, unused_unsafe, non_snake_case, clippy::all)]
+        unsafe fn __gcpu<T: $crate::$bound>($yg: $crate::Group<'_, T>) {
+            #[allow(unused_imports)]
+            use $crate::{Element as _, Float as _, Int as _, Numeric as _};
+            let __first = $yg.job(0);
+            let (mut __vi, mut __pi) = (0usize, 0usize);
+            $( let $an = $crate::__garg!(cpu $ak [$($($as)*)?], __first, __vi, __pi); )*
+            let $yj = |__i: u32| {
+                let __k = $yg.job(__i);
+                let (mut __vi, mut __pi, mut __oi) = (0usize, 0usize, 0usize);
+                ($( $crate::__jarg!(cpu $ak [$($($as)*)?], __k, __vi, __pi), )* $( $crate::__out!(cpu $ok [$($($os)*)?], __k, __oi), )*)
+            };
+            unsafe { $ybody }
+        }
+    };
+    ([] [] $($rest:tt)*) => {
+        compile_error!("erlcuda_kernel: group bodies need a kernel with T (T: Bound in [types])");
+    };
+}
+
+/// A group body's binding of an argument by name: a shared or same_ one
+/// as [`__arg!`] binds it, any other `()` (its counter still moves on).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __garg {
+    ($side:ident shared [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {
+        $crate::__arg!($side shared [$($x)*], $k, $vi, $pi)
+    };
+    ($side:ident same_d [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {
+        $crate::__arg!($side same_d [$($x)*], $k, $vi, $pi)
+    };
+    ($side:ident same_s [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {
+        $crate::__arg!($side same_s [$($x)*], $k, $vi, $pi)
+    };
+    ($side:ident $kind:ident [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {{
+        let _ = $crate::__arg!($side $kind [$($x)*], $k, $vi, $pi);
+    }};
+}
+
+/// A group body's per-job binding: the opposite of [`__garg!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __jarg {
+    ($side:ident shared [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {{
+        $vi += 1;
+    }};
+    ($side:ident same_d [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {{
+        $pi += 1;
+    }};
+    ($side:ident same_s [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {{
+        $pi += 1;
+    }};
+    ($side:ident $kind:ident [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {
+        $crate::__arg!($side $kind [$($x)*], $k, $vi, $pi)
+    };
+}
+
+/// The group entries of a `kernel!` with group bodies, per type:
+/// `NAME_TY__group` (the PTX entry, the job-table ABI of every entry:
+/// `ceil(njobs / jobs_per_block)` virtual blocks), and on the host
+/// `erlcuda_hostgroup_NAME_TY(jobs, njobs)` (the CPU body, the whole
+/// group at once) and `erlcuda_hostgpugroup_NAME_TY(jobs, njobs, fault)
+/// -> u32` (the GPU body on the CPU, as [`crate::job::HostGpuFn`]).
+#[doc(hidden)]
+#[macro_export]
+#[allow_internal_unstable(abi_ptx)]
+macro_rules! __group_entries {
+    ($name:ident, [$bound:ident], [$($ty:ident),+]) => {
+        $( const _: () = {
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(export_name = concat!(stringify!($name), "_", stringify!($ty), "__group"))]
+            unsafe extern "ptx-kernel" fn __gentry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_group(jobs, njobs, total_blocks, __GROUP_JOBS, |first, n, block| {
+                    __ggpu::<$crate::__rty!($ty)>($crate::Group::new(first, n, &__LAYOUT), block)
+                })
+            }
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe fn __gentry(jobs: *const $crate::Job, njobs: u32, total_blocks: u32) {
+                $crate::gpu::each_group(jobs, njobs, total_blocks, __GROUP_JOBS, |first, n, block| {
+                    __ggpu::<$crate::__rty!($ty)>($crate::Group::new(first, n, &__LAYOUT), block)
+                })
+            }
+            #[cfg(not(target_arch = "nvptx64"))]
+            #[unsafe(export_name = concat!("erlcuda_hostgroup_", stringify!($name), "_", stringify!($ty)))]
+            unsafe extern "C" fn __host_group(jobs: *const $crate::Job, njobs: u32) {
+                __gcpu::<$crate::__rty!($ty)>($crate::Group::new(jobs, njobs, &__LAYOUT))
+            }
+            #[cfg(not(target_arch = "nvptx64"))]
+            #[unsafe(export_name = concat!("erlcuda_hostgpugroup_", stringify!($name), "_", stringify!($ty)))]
+            unsafe extern "C" fn __host_gpu_group(jobs: *const $crate::Job, njobs: u32, fault: *mut $crate::job::Fault) -> u32 {
+                $crate::host::run_gpu_group(jobs, njobs, __LAUNCH, __GROUP_JOBS, &mut *fault, |j, n, t| __gentry(j, n, t))
+            }
+        }; )+
+    };
+    ($name:ident, [], []) => {};
 }
 
 /// A `kernel!`'s CPU body as `__cpu`, its arguments bound by name; nothing
@@ -380,6 +547,9 @@ macro_rules! __item {
     // other use for.
     (arg $n:ident d [$($range:tt)+]) => {
         $crate::manifest::Item { name: stringify!($n), kind: "d", ty: stringify!($($range)+), len: "" }
+    };
+    (arg $n:ident same_d [$($range:tt)+]) => {
+        $crate::manifest::Item { name: stringify!($n), kind: "same_d", ty: stringify!($($range)+), len: "" }
     };
     ($side:ident $n:ident $k:ident [$($other:tt)*]) => {
         $crate::manifest::Item { name: stringify!($n), kind: "?", ty: "", len: "" }
@@ -457,6 +627,15 @@ macro_rules! __arg {
         $vi += 1;
         x
     }};
+    ($side:ident shared [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {
+        $crate::__arg!($side v [$($x)*], $k, $vi, $pi)
+    };
+    ($side:ident same_d [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {
+        $crate::__arg!($side d [$($x)*], $k, $vi, $pi)
+    };
+    ($side:ident same_s [$($x:tt)*], $k:ident, $vi:ident, $pi:ident) => {
+        $crate::__arg!($side s [$($x)*], $k, $vi, $pi)
+    };
     ($side:ident s [$ty:ident], $k:ident, $vi:ident, $pi:ident) => {{
         let x = $k.param_as::<$crate::__rty!($ty)>($pi);
         $pi += 1;

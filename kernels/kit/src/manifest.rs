@@ -201,7 +201,10 @@ impl core::fmt::Debug for Kernel {
 /// One argument or output of a `kernel!` as written: `x: v(T, rows *
 /// cols)` is `Item { name: "x", kind: "v", ty: "T", len: "rows * cols" }`
 /// (`ty` and `len` empty where the kind takes none); a dimension's range,
-/// `k: d(1..=cols & 64)`, is its `ty`.
+/// `k: d(1..=cols & 64)`, is its `ty`. The group kinds ([`Decl::group`]):
+/// `shared` is a `v` that a group's jobs share, `same_d` and `same_s` a `d`
+/// and an `s` equal across a group; the signature writes them as `v`, `d`
+/// and `s`, the line's `group=` names them.
 #[derive(Clone, Copy, Debug)]
 pub struct Item<'a> {
     pub name: &'a str,
@@ -225,7 +228,14 @@ pub struct Decl<'a> {
     pub threads: u32,
     pub block_rule: &'a str,
     pub shared: u32,
+    /// Jobs per virtual block of a group launch, when the kernel has group
+    /// bodies (`group_gpu`, `group_cpu`); 0 when it has none.
+    pub group: u32,
 }
+
+/// Jobs per virtual block of a group launch, at most: one warp each at
+/// 1024 threads.
+pub const MAX_GROUP_JOBS_PER_BLOCK: u32 = 32;
 
 /// Checks a `kernel!` declaration and writes its line.
 pub const fn kernel(d: &Decl) -> Result<Kernel, Error> {
@@ -265,7 +275,65 @@ pub const fn kernel(d: &Decl) -> Result<Kernel, Error> {
         outs = outs.push(b"-");
     }
     let blocks = Text::EMPTY.push_compact(d.blocks);
-    finish(d.name, d.bound, d.types, &args, &outs, &blocks, d.threads, d.block_rule, d.shared)
+    let group = match group(d) {
+        Ok(g) => g,
+        Err(r) => return err(d.name, r),
+    };
+    match finish(d.name, d.bound, d.types, &args, &outs, &blocks, d.threads, d.block_rule, d.shared) {
+        Ok(mut k) if !group.is_empty() => {
+            // ` group=...` goes before the line's `\n`.
+            let mut l = Text::EMPTY.push(k.line.as_bytes().split_at(k.line.len() - 1).0);
+            l = l.push(b" group=").push(group.as_bytes()).push(b"\n");
+            if l.overflow || group.overflow {
+                return err(d.name, "the manifest line is longer than 4095 bytes");
+            }
+            k.line = l;
+            Ok(k)
+        }
+        other => other,
+    }
+}
+
+/// The line's `group=SHARED;SAME;JOBS`: the shared vectors' names, the
+/// names of the scalars and dimensions equal across a group (`-` for
+/// none), jobs per virtual block of a group launch. Empty for a kernel
+/// with no group bodies.
+const fn group(d: &Decl) -> Result<Text, &'static str> {
+    let (mut shared, mut same) = (Text::EMPTY, Text::EMPTY);
+    let mut i = 0;
+    while i < d.args.len() {
+        let it = &d.args[i];
+        let t = match it.kind.as_bytes() {
+            b"shared" => &mut shared,
+            b"same_d" | b"same_s" => &mut same,
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        if !t.is_empty() {
+            *t = t.push(b",");
+        }
+        *t = t.push_str(it.name);
+        i += 1;
+    }
+    if d.group == 0 {
+        return if shared.is_empty() && same.is_empty() {
+            Ok(Text::EMPTY)
+        } else {
+            Err("a kernel with shared or same_ arguments has group bodies (group_gpu(g, job, block, jobs_per_block = N), group_cpu(g, job))")
+        };
+    }
+    if shared.is_empty() {
+        return Err("a kernel with group bodies has at least one shared argument (NAME: shared(TYPE, LEN))");
+    }
+    if d.group > MAX_GROUP_JOBS_PER_BLOCK {
+        return Err("jobs_per_block is 1 to 32");
+    }
+    if same.is_empty() {
+        same = same.push(b"-");
+    }
+    Ok(shared.push(b";").push(same.as_bytes()).push(b";").push_u32(d.group))
 }
 
 /// `NAME:KIND[:TYPE[:LEN]]` of one item; `None` when its parts do not fit
@@ -280,15 +348,22 @@ const fn item(t: Text, it: &Item, output: bool) -> Option<Text> {
         }
     } else {
         match k {
-            b"v" | b"io" => (true, true),
-            b"s" => (true, false),
+            b"v" | b"io" | b"shared" => (true, true),
+            b"s" | b"same_s" => (true, false),
             // A d's range, when it has one, is written where a type is.
-            b"d" if !it.ty.is_empty() && it.len.is_empty() => {
+            b"d" | b"same_d" if !it.ty.is_empty() && it.len.is_empty() => {
                 return Some(t.push_str(it.name).push(b":d:").push_compact(it.ty));
             }
-            b"d" => (false, false),
+            b"d" | b"same_d" => (false, false),
             _ => return None,
         }
+    };
+    // The group kinds are the signature's v, s and d (group() names them).
+    let k: &[u8] = match k {
+        b"shared" => b"v",
+        b"same_s" => b"s",
+        b"same_d" => b"d",
+        k => k,
     };
     if ty == it.ty.is_empty() || len == it.len.is_empty() {
         return None;

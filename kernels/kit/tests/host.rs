@@ -545,6 +545,7 @@ fn decl() -> Decl<'static> {
         threads: 256,
         block_rule: "warps",
         shared: 264,
+        group: 0,
     }
 }
 
@@ -570,6 +571,7 @@ fn kernel_declarations_are_written_canonically_and_bad_ones_refused() {
         threads: 100,
         block_rule: "any",
         shared: 0,
+        group: 0,
     }) {
         Ok(k) => k,
         Err(_) => panic!(),
@@ -686,4 +688,43 @@ fn fixed_shapes_are_written_canonically_and_bad_ones_refused() {
     assert_eq!(r.unwrap_err().as_str(), "erlcuda_kernel: k: the element types are f32 and f64");
     let r = manifest::legacy("k", Shape::Table, &[], vdd, ("n", &[]), ("one", &[]), 64, 0);
     assert_eq!(r.unwrap_err().as_str(), "erlcuda_kernel: k: list at least one element type: [f32], [f64] or [f32, f64]");
+}
+
+/// A kernel with group bodies: its shared and same_ arguments are the
+/// signature's v and d, named again in `group=`; a group kind without
+/// group bodies, group bodies without a shared argument, and more jobs
+/// per block than warps are refused.
+#[test]
+fn group_declarations_are_written_and_checked() {
+    const GROUPED: &[Item] = &[
+        Item { name: "x", kind: "shared", ty: "T", len: "rows * cols" },
+        Item { name: "q", kind: "v", ty: "T", len: "cols" },
+        Item { name: "rows", kind: "same_d", ty: "", len: "" },
+        Item { name: "cols", kind: "same_d", ty: "1 ..= 64", len: "" },
+    ];
+    let mut d = decl();
+    (d.args, d.group) = (GROUPED, 32);
+    assert_eq!(
+        line_of(&d).unwrap(),
+        "kernel cos_sim types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d:1..=64 outs=sim:o:T:rows \
+         blocks=rows threads=256 block_rule=warps shared=264 group=x;rows,cols;32\n"
+    );
+    let is = |e: String, rule: &str| assert_eq!(e, format!("erlcuda_kernel: cos_sim: {rule}"));
+    d.group = 0;
+    is(
+        line_of(&d).unwrap_err(),
+        "a kernel with shared or same_ arguments has group bodies (group_gpu(g, job, block, jobs_per_block = N), group_cpu(g, job))",
+    );
+    d.group = 33;
+    is(line_of(&d).unwrap_err(), "jobs_per_block is 1 to 32");
+    let mut d = decl();
+    d.group = 1;
+    is(line_of(&d).unwrap_err(), "a kernel with group bodies has at least one shared argument (NAME: shared(TYPE, LEN))");
+    const SAME_ONLY: &[Item] = &[ARGS[0], ARGS[1], Item { name: "rows", kind: "same_d", ty: "", len: "" }, ARGS[3]];
+    let mut d = decl();
+    d.args = SAME_ONLY;
+    is(
+        line_of(&d).unwrap_err(),
+        "a kernel with shared or same_ arguments has group bodies (group_gpu(g, job, block, jobs_per_block = N), group_cpu(g, job))",
+    );
 }

@@ -259,13 +259,14 @@ impl CudaBackend {
                 };
                 (self.funcs[i][ty as usize], stream, self.smem_max[i][ty as usize])
             }
-            KernelRef::User(id) => {
+            KernelRef::User(_) | KernelRef::UserGroup(_) => {
+                let key = user_func_key(kernel);
                 let f = self
                     .user_mods
                     .values()
-                    .find_map(|m| m.funcs.get(&id))
+                    .find_map(|m| m.funcs.get(&key))
                     .map_or(ptr::null_mut(), |fs| fs[ty as usize]);
-                let smem = self.user_smem_max.get(&(id, ty as u8)).copied().unwrap_or(SMEM_DEFAULT_MAX);
+                let smem = self.user_smem_max.get(&(key, ty as u8)).copied().unwrap_or(SMEM_DEFAULT_MAX);
                 let stream = match &self.wide {
                     Some(w) if wide => w.user.raw(),
                     _ => self.user_stream.raw(),
@@ -289,8 +290,8 @@ impl CudaBackend {
     fn set_smem_max(&mut self, kernel: KernelRef, ty: ElemType, bytes: u32) {
         match kernel {
             KernelRef::Builtin(k) => self.smem_max[kidx(k)][ty as usize] = bytes,
-            KernelRef::User(id) => {
-                self.user_smem_max.insert((id, ty as u8), bytes);
+            KernelRef::User(_) | KernelRef::UserGroup(_) => {
+                self.user_smem_max.insert((user_func_key(kernel), ty as u8), bytes);
             }
         }
     }
@@ -596,5 +597,15 @@ mod tests {
         assert_eq!(mm((4096, 64, 4096)), CopyIn);
         assert_eq!(mm((128, 128, 4096)), Mapped, "no tile reuse");
         assert_eq!(mm((32, 32, 32)), Mapped);
+    }
+}
+
+/// A user's launch's key in `UserModule::funcs` (and `user_smem_max`):
+/// the kernel id, or its group entries' key.
+fn user_func_key(kernel: KernelRef) -> u32 {
+    match kernel {
+        KernelRef::UserGroup(id) => super::user_module::group_key(id),
+        KernelRef::User(id) => u32::from(id),
+        KernelRef::Builtin(k) => u32::from(k.id()),
     }
 }

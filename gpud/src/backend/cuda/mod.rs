@@ -155,7 +155,7 @@ pub struct CudaBackend {
     /// change to or from `wide`): an alias of `user_stream` or of the wide
     /// one, which own it.
     user_last: sys::CUstream,
-    user_smem_max: HashMap<(u16, u8), u32>,
+    user_smem_max: HashMap<(u32, u8), u32>,
     segs: Vec<Option<Segment>>,
     /// How long `open`'s steps took (the startup profile).
     open_phases: Vec<(&'static str, Duration)>,

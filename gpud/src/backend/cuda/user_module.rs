@@ -16,10 +16,17 @@ use crate::modules::UserKernel;
 /// A user's module on the device: its PTX module and, per kernel id, the
 /// entry of each declared type.
 pub(super) struct UserModule {
-    pub(super) funcs: HashMap<u16, [sys::CUfunction; EC_TYPE_COUNT as usize]>,
+    /// By kernel id, and the group entries by [`group_key`] of it.
+    pub(super) funcs: HashMap<u32, [sys::CUfunction; EC_TYPE_COUNT as usize]>,
     /// Held for `funcs`; unloaded when the module is dropped (the daemon
     /// waits for every launch of it first).
     pub(super) _module: Module,
+}
+
+/// Where a kernel's group entries are in [`UserModule::funcs`]: above
+/// every u16 id.
+pub(super) fn group_key(id: u16) -> u32 {
+    1 << 16 | u32::from(id)
 }
 
 /// The parameters every helper-crate entry takes: `(jobs: u64, njobs: u32,
@@ -70,7 +77,19 @@ impl CudaBackend {
                     module.function(&c).map_err(|_| format!("no entry {entry}, which the manifest declares"))?;
                 check_params(fs[ty as usize], &entry)?;
             }
-            funcs.insert(k.id, fs);
+            funcs.insert(u32::from(k.id), fs);
+            if k.group.is_some() {
+                // Its group entries, under the group launches' id.
+                let mut gs = [std::ptr::null_mut(); EC_TYPE_COUNT as usize];
+                for ty in ElemType::ALL.into_iter().filter(|t| k.runs_on(*t)) {
+                    let entry = k.group_entry(ty);
+                    let c = CString::new(entry.as_str()).map_err(|_| format!("bad entry name {entry:?}"))?;
+                    gs[ty as usize] =
+                        module.function(&c).map_err(|_| format!("no entry {entry}, which the manifest's group= declares"))?;
+                    check_params(gs[ty as usize], &entry)?;
+                }
+                funcs.insert(group_key(k.id), gs);
+            }
         }
         self.unload_user_module(slot);
         self.user_mods.insert(slot, UserModule { funcs, _module: module });
@@ -79,8 +98,8 @@ impl CudaBackend {
 
     pub(super) fn unload_user_module(&mut self, slot: u16) {
         if let Some(m) = self.user_mods.remove(&slot) {
-            for id in m.funcs.keys() {
-                self.user_smem_max.retain(|(i, _), _| i != id);
+            for &key in m.funcs.keys() {
+                self.user_smem_max.retain(|(i, _), _| *i != key);
             }
             // Dropping `m` unloads the module: nothing of it is in flight
             // (the daemon waits for every launch before it unloads).
