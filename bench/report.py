@@ -195,6 +195,7 @@ GROUPS = [  # (name prefix, section title)
     ("mixed", "Mixed load (small jobs beside large ones)"),
     ("gpud", "gpud"),
     ("pcie", "PCIe (pinned copies, 256 MiB)"),
+    ("soak", "Long runs (`make soak`: growth per hour of each resource, fitted after the warm-up)"),
 ]
 
 
