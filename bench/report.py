@@ -174,6 +174,9 @@ KNOWN = [
     (r"examples\.d2d_copy", ("GB/s",)),
     (r"mixed\.small\.(alone|beside\.[A-Za-z0-9_^]+)\.(p50|p99|max)", ("us",)),
     (r"mixed\.large\.[A-Za-z0-9_^]+\.(alone|beside_small)", ("jobs/s",)),
+    (r"soak\.(arena_used|vm_total|vm_binary|gpud_rss|gpud_rss_anon)\.growth_per_hour", ("MiB/h", "bytes/h")),
+    (r"soak\.(vm_fds|processes|gpud_fds)\.growth_per_hour", ("fds/h", "processes/h", "count/h")),
+    (r"soak\.calls", ("calls/s",)),
 ]
 
 LARGE_RE = re.compile(r"^large\.([a-z_]+)\.([a-z_]+)\.n(\d+)$")
@@ -1400,17 +1403,23 @@ def machine_section(merged, out_dir, md_dir, comparison=None):
         if errs:
             L.append("- **{}: {} error{}** (meta.errors):".format(k, len(errs), "" if len(errs) == 1 else "s"))
             L += ["  - `{}`".format(str(e).replace("`", "'")[:300]) for e in errs]
-    L += ["", "### Targets", ""]
-    if machine_rank(merged) != 0:
+    # A long run's records alone (make soak) have no targets and no
+    # regression table: their verdicts are in their own section.
+    soak_only = all(f["name"].startswith("soak.") for f in merged["figures"])
+    if soak_only:
+        L += [""]
+    if not soak_only:
+        L += ["", "### Targets", ""]
+    if not soak_only and machine_rank(merged) != 0:
         L += ["The targets of `bench/FORMAT.md` are set for an H200; here they are for reference only.", ""]
-    L += [*target_rows(merged), ""]
-
-    L += ["### Regressions", ""]
-    blocks = regression_blocks(comparison or merged.get("comparison"))
-    if blocks is None:
-        blocks = [("No comparison with an earlier record is stored in `{}.json`.".format(name), [])]
-    for line, tab in blocks:
-        L += [line, ""] + (tab + [""] if tab else [])
+    if not soak_only:
+        L += [*target_rows(merged), ""]
+        L += ["### Regressions", ""]
+        blocks = regression_blocks(comparison or merged.get("comparison"))
+        if blocks is None:
+            blocks = [("No comparison with an earlier record is stored in `{}.json`.".format(name), [])]
+        for line, tab in blocks:
+            L += [line, ""] + (tab + [""] if tab else [])
 
     figs = merged["figures"]
     grouped = {}
@@ -1428,6 +1437,12 @@ def machine_section(merged, out_dir, md_dir, comparison=None):
                 L += large_table(ok)
             if odd:
                 L += [""] + generic_table(odd)
+        elif prefix == "soak":
+            def x(key):
+                return lambda f: fmt(f["extra"].get(key)) if isinstance(f["extra"].get(key), (int, float)) \
+                    else str(f["extra"].get(key, ""))
+            L += generic_table(gf, [("start", x("start")), ("end", x("end")), ("bound/h", x("bound")),
+                                    ("verdict", x("verdict"))])
         elif prefix == "throughput":
             cols = [("batch-size histogram (2^i+: batches)", hist_text)]
             if any("avg_batch" in f["extra"] for f in gf):
