@@ -30,7 +30,7 @@
 %% is slow at the big sizes); larger sizes are skipped past twice this.
 -define(SIZE_BUDGET_MS, 4000).
 -define(SECTIONS, [startup, idle_cpu, latency, other_latency, throughput, profile, large, matmul,
-                   buffers, examples, mixed, restart]).
+                   buffers, examples, mixed, shared, restart]).
 %% goals/1's order: the sections whose records carry the goals (report.py's
 %% targets) first, the data and latency goals before the rest.
 -define(GOAL_ORDER, [latency, buffers, examples, mixed, throughput, large, matmul, startup, restart,
@@ -91,6 +91,7 @@ run(Sections, Deadline) ->
              buffers => fun() -> start(), buffers() end,
              examples => fun() -> start(), erlcuda_examples_bench:run() end,
              mixed => fun() -> start(), erlcuda_mixed_bench:run() end,
+             shared => fun() -> start(), erlcuda_shared_bench:run() end,
              restart => fun() -> start(), restart(5) end},
     [section(S, maps:get(S, Funs), Deadline) || S <- Sections],
     application:stop(erlcuda),

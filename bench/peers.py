@@ -90,7 +90,11 @@ LARGE_KERNELS = ["vector_add", "reduce", "dot_product"]
 MATMUL_SIZES = [256, 512, 1024, 2048, 4096, 8192]
 MATMUL_TOL = 1e-4  # max |C - C_ref| / (|A| |B|) for erlcuda's matmul
 SECTIONS = ["pcie", "latency", "large", "matmul_kernel", "matmul_e2e", "device_resident", "examples",
-            "mixed"]
+            "mixed", "shared"]
+# The section `shared' (bench/erlcuda_shared_bench.erl's peer): X rows x 384
+# f32 on the device, K 10, queries in chunks of 1,024.
+SHARED_ROWS, SHARED_COLS, SHARED_K, SHARED_CHUNK = 1048576, 384, 10, 1024
+SHARED_QUERIES = [1000, 10000]
 # Run only when named (--only): too long for the whole benchmark's call.
 OPTIONAL_SECTIONS = ["examples_peers"]
 
@@ -900,6 +904,40 @@ def sec_examples(c):
         free_gpu(c)
 
 
+def sec_shared(c):
+    """Many queries against one matrix on the device, batched by hand:
+    `topk(Qn @ Xn.T, 10)` over X rows x 384 f32 (rows normalised once, as a
+    user keeps them) for N queries in chunks of 1,024, CUDA events around
+    all the chunks; records shared.torch_batched_N (queries/s, pytorch_cuda),
+    the peer of erlcuda's shared.callers_C and shared.burst_N."""
+    need(c, "torch")
+    torch = c.torch
+    tf32_off(c)
+    reps, warm = (3, 1) if c.quick else (10, 2)
+    gen = torch.Generator(device="cuda").manual_seed(48)
+    x = torch.rand(SHARED_ROWS, SHARED_COLS, device="cuda", generator=gen) * 2 - 1
+    xn = torch.nn.functional.normalize(x, dim=1)
+    x = None
+    for n in SHARED_QUERIES:
+        try:
+            q = torch.rand(n, SHARED_COLS, device="cuda", generator=gen) * 2 - 1
+
+            def run():
+                qn = torch.nn.functional.normalize(q, dim=1)
+                for s in range(0, n, SHARED_CHUNK):
+                    torch.topk(qn[s:s + SHARED_CHUNK] @ xn.T, SHARED_K, dim=1)
+            med, lo, hi = summary(torch_events(c, run, reps, warm))
+            add(f"shared.torch_batched_{n}", "pytorch_cuda", n / med, "queries/s", (n / hi, n / lo), reps,
+                {"ms": med * 1e3, "rows": SHARED_ROWS, "cols": SHARED_COLS, "k": SHARED_K,
+                 "chunk": SHARED_CHUNK, "timing": "cuda_events",
+                 "how": "topk(normalize(Q) @ normalize(X).T, 10) in chunks of 1,024 queries"})
+        except Exception as e:
+            error(f"shared.torch_batched_{n}", e)
+        q = None
+        free_gpu(c)
+    xn = None
+
+
 def sec_matmul_kernel(c):
     need(c, "torch")
     np, torch = c.np, c.torch
@@ -1512,6 +1550,7 @@ def main(argv):
              "device_resident": ("tensors on the device (erlcuda's device buffers' peer)", sec_device_resident),
              "examples": ("the example kernels' ops, tensors on the device", sec_examples),
              "mixed": ("mixed load: small ops beside large ones, stream priorities", sec_mixed),
+             "shared": ("many queries against one matrix, batched by hand", sec_shared),
              "examples_peers": ("the example kernels' ops under torch.compile and in CuPy",
                                 sec_examples_peers)}
     secs = {}

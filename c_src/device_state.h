@@ -380,7 +380,7 @@ struct kernel_info {
 /* A user's launch options, which differ from call to call of one kernel:
  * EC_OPT_* in `given`, the others 0 where not given. */
 struct launch_opts {
-    uint32_t given, grid, block, shared_bytes, seed;
+    uint32_t given, grid, block, shared_bytes, seed, max_wait_us;
 };
 
 /* A user's kernel's shape, past the table's: its job travels as an

@@ -75,7 +75,7 @@
 #include <stdint.h>
 
 #define EC_MAGIC UINT64_C(0x474e495241445543) /* "CUDARING" little-endian */
-#define EC_ABI_VERSION 14u
+#define EC_ABI_VERSION 15u
 #define EC_CACHELINE 64u
 #define EC_HEADER_BYTES 4096u
 /* Arena regions start on this boundary: whole cache lines for the CPU and
@@ -410,6 +410,11 @@ struct ec_sqe {
  *              seed: the order a GPU body run on the CPU (the kit's
  *              emulator) runs each block's threads in between barriers,
  *              drawn from it; a GPU ignores it.
+ *   max_wait_us  how long gpud may hold the job of a kernel with group
+ *              bodies, its shared inputs on device buffers, for companions
+ *              on the same buffers (a group launch), in microseconds from
+ *              the drain that took it; the VM keeps it below the call's
+ *              timeout. Other kernels' jobs ignore it.
  * gpud checks every length against the signature and T, every region
  * (inputs may overlap each other; an output overlaps nothing), and the
  * options, before anything runs. */
@@ -417,6 +422,7 @@ struct ec_sqe {
 #define EC_OPT_BLOCK 2u        /* threads per block: 1 .. 1024 */
 #define EC_OPT_SHARED_BYTES 4u /* dynamic shared memory: 0 .. 48 KiB */
 #define EC_OPT_THREAD_ORDER 8u /* seed: any u32 */
+#define EC_OPT_MAX_WAIT 16u    /* max_wait_us: any u32 */
 struct ec_job_args {
     uint64_t addr[EC_MAX_SLOTS];
     uint32_t len[EC_MAX_SLOTS];
@@ -428,7 +434,8 @@ struct ec_job_args {
     uint32_t shared_bytes;
     uint32_t given;
     uint32_t seed;
-    uint32_t reserved[4];
+    uint32_t max_wait_us;
+    uint32_t reserved[3];
 };
 #define EC_JOB_ARGS_BYTES 256u
 _Static_assert(sizeof(struct ec_job_args) == EC_JOB_ARGS_BYTES, "ec_job_args is 256 bytes");

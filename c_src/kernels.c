@@ -186,13 +186,13 @@ int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
     const ERL_NIF_TERM *e, *opt;
     int arity, oarity;
     void *res;
-    unsigned given, grid, block, shared, seed;
+    unsigned given, grid, block, shared, seed, wait;
     if (!enif_get_tuple(env, t, &arity, &e) || arity != 2 ||
         !enif_get_resource(env, e[0], KERNEL_RT, &res) || !enif_get_tuple(env, e[1], &oarity, &opt) ||
-        oarity != 5 || !enif_get_uint(env, opt[0], &given) || !enif_get_uint(env, opt[1], &grid) ||
+        oarity != 6 || !enif_get_uint(env, opt[0], &given) || !enif_get_uint(env, opt[1], &grid) ||
         !enif_get_uint(env, opt[2], &block) || !enif_get_uint(env, opt[3], &shared) ||
-        !enif_get_uint(env, opt[4], &seed) ||
-        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER)) != 0)
+        !enif_get_uint(env, opt[4], &seed) || !enif_get_uint(env, opt[5], &wait) ||
+        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER | EC_OPT_MAX_WAIT)) != 0)
         return 0;
     *ki = res;
     o->given = given;
@@ -200,6 +200,7 @@ int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
     o->block = given & EC_OPT_BLOCK ? block : 0;
     o->shared_bytes = given & EC_OPT_SHARED_BYTES ? shared : 0;
     o->seed = given & EC_OPT_THREAD_ORDER ? seed : 0;
+    o->max_wait_us = given & EC_OPT_MAX_WAIT ? wait : 0;
     return 1;
 }
 

@@ -58,7 +58,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
     /* `buffer`: the outputs stay on the device, new buffers. */
     int out_buf = enif_is_identical(argv[3], ATOM_buffer);
     struct job_spec s;
-    struct launch_opts opts = {0, 0, 0, 0, 0};
+    struct launch_opts opts = {0, 0, 0, 0, 0, 0};
     memset(&s, 0, sizeof s);
     s.ki = builtin_kernel(env, argv[1]);
     if (!s.ki && flags == 0 && user_kernel(env, argv[1], &s.ki, &opts))
@@ -238,6 +238,7 @@ static int submit_job_body(ErlNifEnv *env, struct device *d, const ERL_NIF_TERM 
         ja->block = opts.block;
         ja->shared_bytes = opts.shared_bytes;
         ja->seed = opts.seed;
+        ja->max_wait_us = opts.max_wait_us;
         sqe.in0 = region_addr(&j->in);
         sqe.in0_len = EC_JOB_ARGS_BYTES;
     } else {

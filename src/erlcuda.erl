@@ -238,7 +238,8 @@
                 | {timeout, timeout()} | {output, buffer | host}
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}
-                | {thread_order, in_order | {seeded, 0..16#ffffffff}}.
+                | {thread_order, in_order | {seeded, 0..16#ffffffff}}
+                | {max_wait_us, 0..16#ffffffff}.
 %% What a `{badarg, What}' names (<a href="#Errors">Errors</a>).
 -type badarg() :: args | {arg, pos_integer()} | {type, pos_integer()} | too_large | opts
                 | {opt, term()} | {buffer, node_local} | buffer | {name, term()}
@@ -317,7 +318,11 @@ launch(Kernel, Args) ->
 %% `{shared_bytes, S}', `{thread_order, in_order | {seeded, Seed}}' (the
 %% order a GPU body run on the CPU runs each block's threads in between
 %% barriers: a seeded order shows a missing barrier; default the setting
-%% `cpu_thread_order'); a job for another node returns once that node has
+%% `cpu_thread_order'), `{max_wait_us, W}' (a kernel with group bodies,
+%% its shared inputs on device buffers: gpud may hold the job up to W
+%% microseconds for companions on the same buffers, one group launch;
+%% default 0, no wait; kept to half of `{timeout, Ms}', default 5000;
+%% other kernels ignore it); a job for another node returns once that node has
 %% accepted or refused it. Reasons: the module doc's <a
 %% href="#Errors">Errors</a>.
 %% The submit is the span `[erlcuda, launch, _]' where telemetry is there
@@ -906,27 +911,29 @@ launch_opts(Launch, BlockRule) ->
                end,
     lists:foldl(
       fun(_, {error, _} = E) -> E;
-         ({grid, G}, {ok, {Gv, _, B, S, Sd}}) when is_integer(G), G >= 1, G =< 16#7fffffff ->
-              {ok, {Gv bor 1, G, B, S, Sd}};
-         ({block, B} = O, {ok, {Gv, G, _, S, Sd}}) when is_integer(B), B >= 1, B =< 1024 ->
+         ({grid, G}, {ok, {Gv, _, B, S, Sd, W}}) when is_integer(G), G >= 1, G =< 16#7fffffff ->
+              {ok, {Gv bor 1, G, B, S, Sd, W}};
+         ({block, B} = O, {ok, {Gv, G, _, S, Sd, W}}) when is_integer(B), B >= 1, B =< 1024 ->
               case BadBlock(B) of
                   true -> {error, {badarg, {opt, O}}};
-                  false -> {ok, {Gv bor 2, G, B, S, Sd}}
+                  false -> {ok, {Gv bor 2, G, B, S, Sd, W}}
               end;
-         ({shared_bytes, S}, {ok, {Gv, G, B, _, Sd}}) when is_integer(S), S >= 0, S =< 49152 ->
-              {ok, {Gv bor 4, G, B, S, Sd}};
-         ({thread_order, in_order}, {ok, {Gv, G, B, S, _}}) ->
-              {ok, {Gv band bnot 8, G, B, S, 0}};
-         ({thread_order, {seeded, Sd}}, {ok, {Gv, G, B, S, _}})
+         ({shared_bytes, S}, {ok, {Gv, G, B, _, Sd, W}}) when is_integer(S), S >= 0, S =< 49152 ->
+              {ok, {Gv bor 4, G, B, S, Sd, W}};
+         ({thread_order, in_order}, {ok, {Gv, G, B, S, _, W}}) ->
+              {ok, {Gv band bnot 8, G, B, S, 0, W}};
+         ({thread_order, {seeded, Sd}}, {ok, {Gv, G, B, S, _, W}})
            when is_integer(Sd), Sd >= 0, Sd =< 16#ffffffff ->
-              {ok, {Gv bor 8, G, B, S, Sd}};
+              {ok, {Gv bor 8, G, B, S, Sd, W}};
+         ({max_wait_us, W}, {ok, {Gv, G, B, S, Sd, _}}) when is_integer(W), W >= 0, W =< 16#ffffffff ->
+              {ok, {Gv bor 16, G, B, S, Sd, W}};
          (O, _) -> {error, {badarg, {opt, O}}}
       end, {ok, thread_order(erlcuda_settings:get(cpu_thread_order))}, Launch).
 
 %% The launch options' start: none given but the setting's thread order.
-thread_order({seeded, Seed}) -> {8, 0, 0, 0, Seed};
+thread_order({seeded, Seed}) -> {8, 0, 0, 0, Seed, 0};
 %% in_order (and `random' before the settings load: no user's kernel runs then).
-thread_order(_) -> {0, 0, 0, 0, 0}.
+thread_order(_) -> {0, 0, 0, 0, 0, 0}.
 
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.
@@ -1011,13 +1018,21 @@ options(Opts) when is_list(Opts) ->
     end;
 options(_) -> {error, {badarg, opts}}.
 
+%% gpud knows no deadline of a job, only its wait: a wait for companions
+%% is kept to half the call's timeout (`{timeout, Ms}', default 5000, also
+%% for launch/3), so that the job still runs, and is answered, within it.
+wait_within({max_wait_us, W}, Timeout) when is_integer(Timeout) ->
+    {max_wait_us, min(W, Timeout * 500)};
+wait_within(O, _) -> O.
+
 is_proper([_ | T]) -> is_proper(T);
 is_proper([]) -> true;
 is_proper(_) -> false.
 
-%% Launch options (grid, block, shared_bytes, thread_order) are collected for the kernel
-%% to judge: only users' kernels take them.
-options([], Device, Timeout, Launch) -> {ok, Device, Timeout, lists:reverse(Launch), host};
+%% Launch options (grid, block, shared_bytes, thread_order, max_wait_us) are
+%% collected for the kernel to judge: only users' kernels take them.
+options([], Device, Timeout, Launch) ->
+    {ok, Device, Timeout, [wait_within(O, Timeout) || O <- lists:reverse(Launch)], host};
 options([{device, N} | T], _, Timeout, L) when is_integer(N), N >= 0 -> options(T, N, Timeout, L);
 options([{device, {Node, N} = D} | T], _, Timeout, L) when is_atom(Node), is_integer(N), N >= 0 ->
     options(T, D, Timeout, L);
@@ -1031,5 +1046,10 @@ options([{K, _} = O | T], Device, Timeout, L)
 options([{timeout, Ms} | T], Device, _, L)
   when is_integer(Ms), Ms >= 0, Ms =< 16#ffffffff; Ms =:= infinity ->
     options(T, Device, Ms, L);
+%% gpud holds the job for companions at most W microseconds (a u32 on the
+%% ring): wait_within/2 keeps that below the call's timeout.
+options([{max_wait_us, W} = O | T], Device, Timeout, L)
+  when is_integer(W), W >= 0, W =< 16#ffffffff ->
+    options(T, Device, Timeout, [O | L]);
 options([Other | _], _, _, _) -> {error, {badarg, {opt, Other}}};
 options(_, _, _, _) -> {error, {badarg, opts}}.

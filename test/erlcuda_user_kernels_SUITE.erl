@@ -13,7 +13,8 @@ all() ->
     [kernels_listed, clamp, softmax, row_sums, sumsq, bad_calls, launch_options, bytes_and_ranges,
      call_forms, topk_rows_cases, cos_topk, cos_topk_cases,
      grouped_cos_topk, grouped_mixed_buffers_and_binaries, grouped_buffer_freed_during_pass,
-     grouped_gpu_body,
+     grouped_gpu_body, grouped_refusals, grouped_wait_gathers_callers, grouped_wait_within_timeout,
+     grouped_wait_alone, grouped_wait_lets_others_run,
      one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, gpu_bodies_match_cpu_bodies,
      divergent_barrier_fault, divergent_warp_op_fault, out_of_bounds_fault, seeded_fault_names_its_seed,
      missing_barrier_in_a_seeded_order, load_after_a_resident_unload,
@@ -237,6 +238,107 @@ grouped_gpu_body(_) ->
         ok = erlcuda_user_check:load_example()
     end.
 
+%% A shared argument is judged as any vector before launch: a term that
+%% is no vector, a list or buffer of the wrong length or a buffer of
+%% another type are refused with badarg; a list in the shared place is
+%% a job alone (no group, and no error), however many come together.
+grouped_refusals(_) ->
+    {Rows, Cols} = {32, 16},
+    Xl = group_matrix(Rows, Cols, 6),
+    [Q | _] = Qs = group_queries(6, Cols),
+    {ok, F64} = erlcuda:put({f64, << <<V:64/float-native>> || V <- Xl >>}),
+    {ok, Short} = erlcuda:put(lists:sublist(Xl, Rows * Cols - 1)),
+    S0 = erlcuda:stats(0),
+    [?assertMatch({error, {badarg, _}}, erlcuda:launch_sync({example, cos_topk}, [Bad, Q, Rows, Cols, 3]), Bad)
+     || Bad <- [foo, [a, b], {f32, <<1, 2, 3>>}, lists:sublist(Xl, Rows * Cols - 1), Short,
+                {u32, <<0:(32 * Rows * Cols)>>}]],
+    %% An f64 X makes T f64: an f32 query is then of the wrong type.
+    ?assertMatch({error, {badarg, _}},
+                 erlcuda:launch_sync({example, cos_topk}, [F64, {f32, << <<V:32/float-native>> || V <- Q >>}, Rows, Cols, 3])),
+    #{submitted := Sub0} = S0,
+    #{submitted := Sub1} = S1 = erlcuda:stats(0),
+    ?assertEqual(Sub0, Sub1),
+    Calls = [[Xl, Qi, Rows, Cols, 3] || Qi <- Qs],
+    ?assertEqual([alone(A) || A <- Calls], in_one_drain(Calls)),
+    ?assertEqual({0, 0}, group_delta(S1, erlcuda:stats(0))),
+    [ok = erlcuda:free(B) || B <- [F64, Short]],
+    ok.
+
+%% {max_wait_us, W}: callers a few milliseconds apart, each launch_sync
+%% in a process of its own, form one group when each may wait 200 ms;
+%% without the option each is drained (and run) alone. The bad values
+%% are refused.
+grouped_wait_gathers_callers(_) ->
+    {Rows, Cols} = {64, 32},
+    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 7)),
+    Calls = [[X, Q, Rows, Cols, 4] || Q <- group_queries(8, Cols)],
+    Want = [alone(A) || A <- Calls],
+    [?assertEqual({error, {badarg, {opt, O}}}, erlcuda:launch_sync({example, cos_topk}, hd(Calls), [O]))
+     || O <- [{max_wait_us, -1}, {max_wait_us, 1 bsl 32}, {max_wait_us, 1.0}, {max_wait_us, soon}]],
+    S0 = erlcuda:stats(0),
+    ?assertEqual(Want, spaced(Calls, [{max_wait_us, 200000}, {timeout, 20000}])),
+    S1 = erlcuda:stats(0),
+    ?assertEqual({1, 8}, group_delta(S0, S1)),
+    ?assertEqual(Want, spaced(Calls, [])),
+    {_, Jobs} = group_delta(S1, erlcuda:stats(0)),
+    ?assert(Jobs < 8, Jobs),
+    ok = erlcuda:free(X).
+
+%% A wait longer than the call's timeout is cut to half of it: the job
+%% is held 50 ms, no longer, and answers with its result (not timeout).
+grouped_wait_within_timeout(_) ->
+    {Rows, Cols} = {64, 32},
+    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 8)),
+    Args = [X, hd(group_queries(1, Cols)), Rows, Cols, 4],
+    Want = alone(Args),
+    {Us, Got} = timer:tc(erlcuda, launch_sync, [{example, cos_topk}, Args, [{timeout, 100}, {max_wait_us, 5000000}]]),
+    ct:pal("held and answered in ~b us", [Us]),
+    ?assertEqual({ok, Want}, Got),
+    ?assert(Us >= 50000, Us),
+    ok = erlcuda:free(X).
+
+%% A job with no companion is held W and then runs: answered after W,
+%% not much later (generous bound: a loaded machine).
+grouped_wait_alone(_) ->
+    {Rows, Cols} = {64, 32},
+    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 9)),
+    Args = [X, hd(group_queries(1, Cols)), Rows, Cols, 4],
+    Want = alone(Args),
+    S0 = erlcuda:stats(0),
+    {Us, Got} = timer:tc(erlcuda, launch_sync, [{example, cos_topk}, Args, [{max_wait_us, 100000}]]),
+    ct:pal("W 100 ms: answered in ~b us", [Us]),
+    ?assertEqual({ok, Want}, Got),
+    ?assert(Us >= 100000 andalso Us < 1000000, Us),
+    ?assertEqual({0, 0}, group_delta(S0, erlcuda:stats(0))),
+    ok = erlcuda:free(X).
+
+%% While a job is held, other work is drained and answered: jobs of
+%% another kernel and cos_topk with a list X answer first.
+grouped_wait_lets_others_run(_) ->
+    {Rows, Cols} = {64, 32},
+    Xl = group_matrix(Rows, Cols, 10),
+    {ok, X} = erlcuda:put(Xl),
+    Q = hd(group_queries(1, Cols)),
+    {ok, Held} = erlcuda:launch({example, cos_topk}, [X, Q, Rows, Cols, 4], [{max_wait_us, 2000000}]),
+    [{ok, _} = erlcuda:launch_sync({example, cos_topk}, [Xl, Q, Rows, Cols, 4]) || _ <- lists:seq(1, 5)],
+    [{ok, _} = erlcuda:launch_sync({example, clamp}, [[3.0, -1.0], 0.0, 1.0]) || _ <- lists:seq(1, 5)],
+    %% Still held: its answer has not come.
+    receive {erlcuda, Held, _} -> error(answered_early) after 0 -> ok end,
+    ?assertEqual({ok, alone([X, Q, Rows, Cols, 4])},
+                 receive {erlcuda, Held, R} -> R after 10000 -> error(no_answer) end),
+    ok = erlcuda:free(X).
+
+%% Each call's answer, the calls launched from processes of their own
+%% 3 ms apart (each a launch_sync with Opts).
+spaced(Calls, Opts) ->
+    Self = self(),
+    Pids = [begin
+                timer:sleep(3),
+                spawn_link(fun() -> Self ! {self(), erlcuda:launch_sync({example, cos_topk}, A, Opts)} end)
+            end || A <- Calls],
+    [receive {P, {ok, R}} -> R; {P, Other} -> error({P, Other}) after 30000 -> error({no_answer, P}) end
+     || P <- Pids].
+
 %% K from 1 to 64 and back, so a group holds jobs of every K.
 group_k(I) -> I rem 64 + 1.
 
@@ -382,7 +484,7 @@ kernel_terms(_) ->
     Dir = erlcuda_user_check:dir(example),
     H = erlcuda_device:handle(0),
     Args = [[3.0], 0.0, 1.0],
-    NoOpts = {0, 0, 0, 0, 0},
+    NoOpts = {0, 0, 0, 0, 0, 0},
     ok = erlcuda:load_module(example3, Dir),
     {Old, any} = erlcuda_modules:lookup(example3, clamp),
     ?assertEqual({ok, [1.0]}, submit(H, {Old, NoOpts}, Args)),
@@ -390,7 +492,7 @@ kernel_terms(_) ->
     #{modules := #{example3 := #{slot := Slot, gen := Gen}}} = sys:get_state(erlcuda_modules),
     Row = {Id, Slot, Gen, <<"x:v:T:n,lo:s:T,hi:s:T">>, <<"out:o:T:n">>, <<"n">>, 3, NoOpts},
     #{submitted := Submitted} = erlcuda:stats(0),
-    Forged = [Row, {make_ref(), NoOpts}, {H, NoOpts}, Old, {Old, {16, 0, 0, 0, 0}}, {Old, {0, 0, 0, 0}},
+    Forged = [Row, {make_ref(), NoOpts}, {H, NoOpts}, Old, {Old, {32, 0, 0, 0, 0, 0}}, {Old, {0, 0, 0, 0, 0}},
               {Old, NoOpts, x}],
     [?assertEqual({error, {unknown_kernel, F}}, erlcuda_nif:submit(H, F, Args, 0)) || F <- Forged],
     ?assertEqual({error, {unknown_kernel, {Old, NoOpts}}}, erlcuda_nif:submit(H, {Old, NoOpts}, Args, fault)),

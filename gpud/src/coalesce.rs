@@ -457,6 +457,213 @@ mod tests {
         assert_eq!(c.len(), 5);
     }
 
+    /// The manifest of a module with `cos_topk`'s declaration (x shared,
+    /// rows and cols same_) and a kernel without group bodies.
+    const GROUP_MANIFEST: &str = "erlcuda-module 2\n\
+        kernel topk types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d,k:d:1..=rows&64 \
+          outs=values:w:T:k,indices:w:u32:k blocks=1 threads=1024 block_rule=warps shared=0 group=x;rows,cols;32\n\
+        kernel plain types=f32 args=x:v:T:n outs=y:o:T:n blocks=elements(n) threads=256 block_rule=any shared=0\n";
+
+    /// The module of [`GROUP_MANIFEST`] in slot 0.
+    fn group_registry() -> crate::modules::Registry {
+        use crate::modules::{kernel_id, parse_manifest, Registry, UserKernel};
+        let mut r = Registry::default();
+        let kernels = parse_manifest(GROUP_MANIFEST).unwrap().into_iter().enumerate();
+        r.install(0, kernels.map(|(i, d)| std::sync::Arc::new(UserKernel::new(kernel_id(0, i), d))).collect());
+        r
+    }
+
+    /// Validates record `a` as a job of kernel `i` of [`GROUP_MANIFEST`]:
+    /// every buffer id is a live buffer (at `id << 12`) of whatever type
+    /// and length the slot asks for.
+    fn group_module_job(r: &crate::modules::Registry, i: usize, user_data: u64, a: crate::layout::JobArgs) -> Job {
+        use crate::descriptor::{validate_bufs, ArgsMemory, BufferTable};
+        use crate::layout::{JobArgs, Status, EC_FLAG_ARGS, EC_JOB_ARGS_BYTES};
+        struct Record(JobArgs);
+        impl ArgsMemory for Record {
+            fn copy_args(&self, _: Region) -> JobArgs {
+                self.0
+            }
+        }
+        struct AnyBuffer;
+        impl BufferTable for AnyBuffer {
+            fn lookup(&self, id: u64, ty: ElemType, len: u32) -> Result<Region, Status> {
+                Ok(Region::buffer(id << 12, len, ty))
+            }
+            fn create(&mut self, _: u64, _: ElemType, _: u32) -> Result<Region, Status> {
+                Err(Status::BadBuffer)
+            }
+            fn discard(&mut self, _: u64) {}
+        }
+        let sqe = Sqe {
+            user_data,
+            kernel: crate::modules::kernel_id(0, i),
+            ty: ElemType::F32.id(),
+            flags: EC_FLAG_ARGS,
+            in0: 0xff000,
+            in0_len: EC_JOB_ARGS_BYTES,
+            ..Sqe::default()
+        };
+        validate_bufs(&sqe, ARENA, r, &mut AnyBuffer, &Record(a)).unwrap()
+    }
+
+    /// Where a shared `x` comes from: a device buffer (by id) or the arena
+    /// (a binary the call passed).
+    #[derive(Clone, Copy)]
+    enum X {
+        Buf(u64),
+        Host,
+    }
+
+    /// A `topk` job on f32: x `rows × cols`, q `cols` and K 1, its
+    /// outputs at an address of its own (`user_data`'s).
+    fn topk_job(r: &crate::modules::Registry, user_data: u64, x: X, rows: u32, cols: u32) -> Job {
+        let mut a = crate::layout::JobArgs::default();
+        let xlen = rows * cols;
+        let (xaddr, buffers) = match x {
+            X::Buf(id) => (id, 1),
+            X::Host => (0, 0),
+        };
+        let q = 0x40000;
+        let out = 0x80000 + user_data * 0x10;
+        for (slot, addr, len) in [(0, xaddr, xlen), (1, q, cols), (8, out, 1), (9, out + 8, 1)] {
+            (a.addr[slot], a.len[slot]) = (addr, len);
+        }
+        a.buffers = buffers;
+        a.param[..3].copy_from_slice(&[u64::from(rows), u64::from(cols), 1]);
+        group_module_job(r, 0, user_data, a)
+    }
+
+    fn spec(r: &crate::modules::Registry) -> GroupSpec {
+        r.kernel(crate::modules::kernel_id(0, 0)).unwrap().group.clone().unwrap()
+    }
+
+    fn ids(jobs: &[Job]) -> Vec<u64> {
+        jobs.iter().map(Job::user_data).collect()
+    }
+
+    #[test]
+    fn same_buffer_and_equal_same_args_group() {
+        let r = group_registry();
+        let jobs: Vec<Job> = (1..=5).map(|u| topk_job(&r, u, X::Buf(7), 64, 16)).collect();
+        let key = group_key(&jobs[0], &spec(&r)).unwrap();
+        assert!(jobs.iter().all(|j| group_key(j, &spec(&r)).as_ref() == Some(&key)));
+        let (alone, groups) = form_groups(&jobs, &spec(&r));
+        assert!(alone.is_empty());
+        assert_eq!(groups.iter().map(|g| ids(g)).collect::<Vec<_>>(), vec![vec![1, 2, 3, 4, 5]]);
+    }
+
+    /// Interleaved jobs on two buffers: a group per buffer, each in
+    /// submission order; a buffer named once runs alone.
+    #[test]
+    fn different_buffers_make_separate_groups() {
+        let r = group_registry();
+        let jobs: Vec<Job> = [(1, 7), (2, 8), (3, 7), (4, 8), (5, 9), (6, 7)]
+            .into_iter()
+            .map(|(u, b)| topk_job(&r, u, X::Buf(b), 64, 16))
+            .collect();
+        assert_ne!(group_key(&jobs[0], &spec(&r)), group_key(&jobs[1], &spec(&r)));
+        let (alone, groups) = form_groups(&jobs, &spec(&r));
+        assert_eq!(ids(&alone), vec![5]);
+        assert_eq!(groups.iter().map(|g| ids(g)).collect::<Vec<_>>(), vec![vec![1, 3, 6], vec![2, 4]]);
+    }
+
+    /// The same buffer read with other same_ dimensions is another group:
+    /// the group body reads one geometry of it.
+    #[test]
+    fn unequal_same_scalars_split() {
+        let r = group_registry();
+        let jobs = [
+            topk_job(&r, 1, X::Buf(7), 64, 16),
+            topk_job(&r, 2, X::Buf(7), 16, 64),
+            topk_job(&r, 3, X::Buf(7), 64, 16),
+            topk_job(&r, 4, X::Buf(7), 16, 64),
+            topk_job(&r, 5, X::Buf(7), 32, 32),
+        ];
+        let (alone, groups) = form_groups(&jobs, &spec(&r));
+        assert_eq!(ids(&alone), vec![5]);
+        assert_eq!(groups.iter().map(|g| ids(g)).collect::<Vec<_>>(), vec![vec![1, 3], vec![2, 4]]);
+    }
+
+    /// A binary in the shared position has no group key: it runs alone,
+    /// even beside jobs on a buffer and beside another binary.
+    #[test]
+    fn host_binary_in_shared_position_runs_alone() {
+        let r = group_registry();
+        let jobs = [
+            topk_job(&r, 1, X::Host, 64, 16),
+            topk_job(&r, 2, X::Buf(7), 64, 16),
+            topk_job(&r, 3, X::Host, 64, 16),
+            topk_job(&r, 4, X::Buf(7), 64, 16),
+        ];
+        assert_eq!(group_key(&jobs[0], &spec(&r)), None);
+        let (alone, groups) = form_groups(&jobs, &spec(&r));
+        assert_eq!(ids(&alone), vec![1, 3]);
+        assert_eq!(groups.iter().map(|g| ids(g)).collect::<Vec<_>>(), vec![vec![2, 4]]);
+        // Alone, a binary is never grouped.
+        let (alone, groups) = form_groups(&[jobs[0].clone()], &spec(&r));
+        assert_eq!((ids(&alone), groups.len()), (vec![1], 0));
+    }
+
+    /// GROUP_MAX_JOBS: 1,025 jobs on one buffer are a group of 1,024 and
+    /// a job alone (a group of one runs its own body).
+    #[test]
+    fn job_count_bound_splits() {
+        let r = group_registry();
+        let jobs: Vec<Job> = (1..=GROUP_MAX_JOBS as u64 + 3).map(|u| topk_job(&r, u, X::Buf(7), 64, 16)).collect();
+        let (alone, groups) = form_groups(&jobs, &spec(&r));
+        assert_eq!(groups.iter().map(Vec::len).collect::<Vec<_>>(), vec![GROUP_MAX_JOBS, 3]);
+        assert!(alone.is_empty());
+        assert_eq!(ids(&groups[0]), (1..=GROUP_MAX_JOBS as u64).collect::<Vec<_>>());
+        let (alone, groups) = form_groups(&jobs[..GROUP_MAX_JOBS + 1], &spec(&r));
+        assert_eq!((groups.len(), groups[0].len(), ids(&alone)), (1, GROUP_MAX_JOBS, vec![GROUP_MAX_JOBS as u64 + 1]));
+    }
+
+    /// GROUP_MAX_WORK: jobs of 2^31 elements of x (plus q and outputs)
+    /// fit seven to a group; 16 such jobs are groups of 7, 7 and 2.
+    #[test]
+    fn work_bound_splits() {
+        let r = group_registry();
+        let (rows, cols) = (1 << 16, 1 << 15);
+        let jobs: Vec<Job> = (1..=16).map(|u| topk_job(&r, u, X::Buf(7), rows, cols)).collect();
+        assert!(jobs[0].work() > 1 << 31 && jobs[0].work() * 7 <= GROUP_MAX_WORK);
+        let (alone, groups) = form_groups(&jobs, &spec(&r));
+        assert!(alone.is_empty());
+        assert_eq!(groups.iter().map(Vec::len).collect::<Vec<_>>(), vec![7, 7, 2]);
+        assert!(groups.iter().all(|g| g.iter().map(Job::work).sum::<u64>() <= GROUP_MAX_WORK));
+        assert_eq!(groups.concat().iter().map(Job::user_data).collect::<Vec<_>>(), (1..=16).collect::<Vec<_>>());
+    }
+
+    /// Jobs of another user's kernel (no group bodies) and built-ins
+    /// coalesce as before, apart from the grouped kernel's jobs, which
+    /// are all that form_groups sees.
+    #[test]
+    fn other_kernels_untouched() {
+        let r = group_registry();
+        let plain = |u: u64| {
+            let mut a = crate::layout::JobArgs::default();
+            for (slot, addr) in [(0, 7), (8, 0x80000 + u * 0x100)] {
+                (a.addr[slot], a.len[slot]) = (addr, 4);
+            }
+            a.buffers = 1;
+            group_module_job(&r, 1, u, a)
+        };
+        let mut c = Coalescer::new();
+        c.push(topk_job(&r, 1, X::Buf(7), 64, 16));
+        c.push(plain(2));
+        c.push(job(Kernel::VectorAdd, 0, 16, 0x500, 4));
+        c.push(topk_job(&r, 3, X::Buf(7), 64, 16));
+        c.push(plain(4));
+        let (topk, other) = (crate::modules::kernel_id(0, 0), crate::modules::kernel_id(0, 1));
+        let g: Vec<(u16, Vec<u64>)> = c.user_groups().map(|(k, jobs)| (k.id, ids(jobs))).collect();
+        assert_eq!(g, vec![(topk, vec![1, 3]), (other, vec![2, 4])]);
+        assert!(r.kernel(other).unwrap().group.is_none());
+        assert_eq!(c.groups().map(|(k, _, jobs)| (k, jobs.len())).collect::<Vec<_>>(), vec![(Kernel::VectorAdd, 1)]);
+        let topk_jobs = c.user_groups().find(|(k, _)| k.id == topk).unwrap().1;
+        let (alone, groups) = form_groups(topk_jobs, &spec(&r));
+        assert_eq!((alone.len(), groups.iter().map(|g| ids(g)).collect::<Vec<_>>()), (0, vec![vec![1, 3]]));
+    }
+
     #[test]
     fn io_buffers_are_written_regions() {
         // Two jobs updating one buffer in place must not run together; on

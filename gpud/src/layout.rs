@@ -30,7 +30,7 @@ const _: () = assert!(
 
 /// "CUDARING" read as a little-endian u64.
 pub const EC_MAGIC: u64 = 0x474e_4952_4144_5543;
-pub const EC_ABI_VERSION: u32 = 14;
+pub const EC_ABI_VERSION: u32 = 15;
 pub const EC_CACHELINE: u32 = 64;
 pub const EC_HEADER_BYTES: u32 = 4096;
 pub const EC_ARENA_ALIGN: u32 = 256;
@@ -66,6 +66,7 @@ pub const EC_OPT_GRID: u32 = 1;
 pub const EC_OPT_BLOCK: u32 = 2;
 pub const EC_OPT_SHARED_BYTES: u32 = 4;
 pub const EC_OPT_THREAD_ORDER: u32 = 8;
+pub const EC_OPT_MAX_WAIT: u32 = 16;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
@@ -822,7 +823,10 @@ c_struct! {
         pub given: u32,
         /// `EC_OPT_THREAD_ORDER`: the seed of a GPU body's thread order on the CPU.
         pub seed: u32,
-        pub reserved: [u32; 4],
+        /// `EC_OPT_MAX_WAIT`: how long a job of a kernel with group bodies
+        /// may wait for companions on its shared buffers, in microseconds.
+        pub max_wait_us: u32,
+        pub reserved: [u32; 3],
     }
 }
 
@@ -946,8 +950,8 @@ int main(void)
     OF(ec_job_args, addr); OF(ec_job_args, len); OF(ec_job_args, param);
     OF(ec_job_args, block_start); OF(ec_job_args, buffers); OF(ec_job_args, grid);
     OF(ec_job_args, block); OF(ec_job_args, shared_bytes); OF(ec_job_args, given);
-    OF(ec_job_args, seed); OF(ec_job_args, reserved);
-    C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES); C(EC_OPT_THREAD_ORDER);
+    OF(ec_job_args, seed); OF(ec_job_args, max_wait_us); OF(ec_job_args, reserved);
+    C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES); C(EC_OPT_THREAD_ORDER); C(EC_OPT_MAX_WAIT);
     C(EC_FAULT_SLOT_SHARED);
     C(EC_JOB_ARGS_BYTES); C(EC_MAX_OUTPUTS); C(EC_MAX_SLOTS); C(EC_MAX_PARAMS); C(EC_MAX_NAME);
     C(EC_MAX_BOUNDS);
@@ -1135,6 +1139,7 @@ int main(void)
         put("const.EC_OPT_BLOCK", EC_OPT_BLOCK.to_string());
         put("const.EC_OPT_SHARED_BYTES", EC_OPT_SHARED_BYTES.to_string());
         put("const.EC_OPT_THREAD_ORDER", EC_OPT_THREAD_ORDER.to_string());
+        put("const.EC_OPT_MAX_WAIT", EC_OPT_MAX_WAIT.to_string());
         put("const.EC_FAULT_SLOT_SHARED", EC_FAULT_SLOT_SHARED.to_string());
         put("const.EC_USER_KERNEL_BASE", EC_USER_KERNEL_BASE.to_string());
         put("const.EC_MODULE_KERNELS", EC_MODULE_KERNELS.to_string());
@@ -1460,7 +1465,8 @@ int main(void)
             ("shared_bytes", offset_of!(Job, shared_bytes), 4),
             ("given", offset_of!(Job, given), 4),
             ("seed", offset_of!(Job, seed), 4),
-            ("reserved", offset_of!(Job, reserved), 16),
+            ("max_wait_us", offset_of!(Job, max_wait_us), 4),
+            ("reserved", offset_of!(Job, reserved), 12),
         ];
         assert_eq!(&kit[..], JobArgs::FIELDS);
         // The option bits the kit's host entries read in `given`.

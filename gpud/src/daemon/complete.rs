@@ -139,6 +139,11 @@ impl Daemon {
             log!(Warning, "gpud[{}]: a user's kernel was in flight: leaving the answers to the VM", self.device);
             return;
         }
+        // Jobs held for companions never ran: answered as the launches.
+        let waiting: Vec<u64> = self.held.drain(..).map(|(j, _)| j.user_data()).collect();
+        if !waiting.is_empty() && !self.answer(&waiting, Status::DeviceError, CqeTimes::NONE) {
+            return;
+        }
         for f in &held {
             log!(
                 Warning,
@@ -161,6 +166,20 @@ impl Daemon {
     /// targets, which drive the daemon drain by drain. Ok(false) when the
     /// VM went away.
     pub fn finish(&mut self) -> Result<bool> {
+        if !self.held.is_empty() {
+            // Jobs held for companions run now, as they are.
+            let mut coalescer = std::mem::take(&mut self.coalescer);
+            coalescer.clear();
+            for (job, _) in self.held.drain(..) {
+                coalescer.push(job);
+            }
+            let submitted = self.submit_all(&coalescer);
+            coalescer.clear();
+            self.coalescer = coalescer;
+            if !submitted? {
+                return Ok(false);
+            }
+        }
         loop {
             if !self.parked.is_empty() {
                 self.adopt_segments(true)?;

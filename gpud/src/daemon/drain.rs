@@ -35,7 +35,8 @@ impl Daemon {
             );
         }
         if self.sqes.is_empty() {
-            return Ok(true);
+            // Woken for held jobs whose wait ended: they run now.
+            return if self.held.is_empty() { Ok(true) } else { self.handle_entries(&[]) };
         }
         record_batch(self.ring.stats(), self.sqes.len() as u64);
         let sqes = std::mem::take(&mut self.sqes);
@@ -71,8 +72,24 @@ impl Daemon {
     fn handle_entries(&mut self, sqes: &[Sqe]) -> Result<bool> {
         // A control descriptor first runs every job before it to the end.
         self.coalescer.clear();
+        // Held jobs came before this drain's: they lead it.
+        let mut hold_until = Vec::with_capacity(self.held.len());
+        for (job, until) in self.held.drain(..) {
+            hold_until.push((job.user_data(), until));
+            self.coalescer.push(job);
+        }
+        self.may_hold = true;
         let mut looked_for_segments = false;
         for sqe in sqes {
+            if matches!(
+                sqe.kernel,
+                EC_CONTROL_LOAD_MODULE | EC_CONTROL_UNLOAD_MODULE | EC_CONTROL_PUT | EC_CONTROL_GET | EC_CONTROL_FREE
+            ) {
+                // A held job must not outlive the drain of a free of its
+                // buffer (whose block is kept only for that drain's
+                // launches) or a module change: this drain holds nothing.
+                self.may_hold = false;
+            }
             if matches!(sqe.kernel, EC_CONTROL_LOAD_MODULE | EC_CONTROL_UNLOAD_MODULE) {
                 if !self.control(sqe)? {
                     return Ok(false);
@@ -147,7 +164,7 @@ impl Daemon {
 
         // One launch per kernel and element type.
         let coalescer = std::mem::take(&mut self.coalescer);
-        let result = self.submit_all(&coalescer);
+        let result = self.submit_all_holding(&coalescer, &hold_until);
         self.coalescer = coalescer;
         self.release_buffers();
         result
@@ -189,6 +206,7 @@ impl Daemon {
     /// flight to the end, so that every freed block is reusable. Ok(false)
     /// when the VM went away.
     pub(super) fn make_room(&mut self) -> Result<bool> {
+        self.may_hold = false;
         let coalescer = std::mem::take(&mut self.coalescer);
         let submitted = self.submit_all(&coalescer);
         self.coalescer = coalescer;

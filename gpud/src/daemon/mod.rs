@@ -41,6 +41,7 @@ use crate::backend::{self, Backend, Ticket};
 use crate::buffers::{self, Buffers};
 use crate::cli::DaemonOpts;
 use crate::coalesce::Coalescer;
+use crate::descriptor::Job;
 use crate::descriptor::KernelRef;
 use crate::error::{Error, Result};
 use crate::handshake;
@@ -245,6 +246,13 @@ pub struct Daemon {
     /// Jobs of a kernel with group bodies form group launches
     /// (`--group-launches`; by default on the CPU backend only).
     group_launches: bool,
+    /// Jobs held for companions (`{max_wait_us, W}`, see `submit`), each
+    /// with the instant its wait ends; pushed back into the coalescer at
+    /// the start of every drain.
+    held: Vec<(Job, Instant)>,
+    /// False while a drain must launch everything it has: it holds a
+    /// control descriptor (a free, a module change) or makes room.
+    may_hold: bool,
 }
 
 impl Drop for Daemon {
@@ -287,6 +295,8 @@ impl Daemon {
             parked: Vec::new(),
             parked_ready: false,
             group_launches,
+            held: Vec::new(),
+            may_hold: true,
         }
     }
 

@@ -27,7 +27,21 @@ struct Planned<'c> {
 }
 
 impl Daemon {
+    /// Submits a drain's launches, holding none (see
+    /// [`Daemon::submit_all_holding`]).
     pub(super) fn submit_all(&mut self, coalescer: &Coalescer) -> Result<bool> {
+        self.may_hold = false;
+        self.submit_all_holding(coalescer, &[])
+    }
+
+    /// Submits a drain's launches. Where the drain may hold
+    /// (`may_hold`), a group (or a job alone on a device buffer) of a
+    /// kernel with group bodies whose members all still have wait left
+    /// (`{max_wait_us, W}`; `hold_until`: the ends of the waits of jobs
+    /// held before, the others' end W after this drain began) and that is
+    /// below the cost bound is held instead, for companions of later
+    /// drains. Held jobs are set aside, so other work runs meanwhile.
+    pub(super) fn submit_all_holding(&mut self, coalescer: &Coalescer, hold_until: &[(u64, Instant)]) -> Result<bool> {
         let drained = self.drain_started;
         let drain = self.next_drain;
         self.next_drain += 1;
@@ -41,14 +55,20 @@ impl Daemon {
         let mut grouped = Vec::new();
         for (key, jobs) in coalescer.user_groups() {
             // Validated in this drain, and no control descriptor since.
-            let Some(k) = self.modules.kernel(key.id) else { continue };
-            let spec = k.group.as_ref().filter(|_| self.groups_for(k, key.ty));
+            let Some(k) = self.modules.kernel(key.id).cloned() else { continue };
+            let spec = k.group.as_ref().filter(|_| self.groups_for(&k, key.ty));
             let Some(spec) = spec else {
                 let op: Box<dyn KernelOp + Sync> = Box::new(UserOp(k.clone()));
                 plan.push(Planned { kernel: KernelRef::User(key.id), ty: key.ty, jobs: Cow::Borrowed(jobs), op: Some(op), group: None });
                 continue;
             };
             let (alone, groups) = coalesce::form_groups(jobs, spec);
+            let now = Instant::now();
+            let alone: Vec<Job> = alone
+                .into_iter()
+                .filter(|j| !(coalesce::group_key(j, spec).is_some() && self.hold(std::slice::from_ref(j), hold_until, now)))
+                .collect();
+            let groups: Vec<Vec<Job>> = groups.into_iter().filter(|g| !self.hold(g, hold_until, now)).collect();
             if !alone.is_empty() {
                 let op: Box<dyn KernelOp + Sync> = Box::new(UserOp(k.clone()));
                 plan.push(Planned { kernel: KernelRef::User(key.id), ty: key.ty, jobs: Cow::Owned(alone), op: Some(op), group: None });
@@ -145,6 +165,40 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// Holds `jobs` (one group, or a job alone on a device buffer) when
+    /// this drain may hold, each still has wait left and more companions
+    /// would fit under the cost bound; true when it did.
+    fn hold(&mut self, jobs: &[Job], hold_until: &[(u64, Instant)], now: Instant) -> bool {
+        if !self.may_hold {
+            return false;
+        }
+        let until = |j: &Job| {
+            let ud = j.user_data();
+            hold_until.iter().find(|(u, _)| *u == ud).map_or(self.drain_started + j.max_wait(), |&(_, t)| t)
+        };
+        let work: u64 = jobs.iter().map(Job::work).sum();
+        let widest = jobs.iter().map(Job::work).max().unwrap_or(0);
+        let full = jobs.len() >= coalesce::GROUP_MAX_JOBS || work.saturating_add(widest) > coalesce::GROUP_MAX_WORK;
+        let ends: Vec<Instant> = jobs.iter().map(until).collect();
+        if full || ends.iter().any(|&t| t <= now) {
+            return false;
+        }
+        self.held.extend(jobs.iter().cloned().zip(ends));
+        true
+    }
+
+    /// True when a held job's wait has ended.
+    pub(super) fn held_due(&self) -> bool {
+        let now = Instant::now();
+        self.held.iter().any(|(_, t)| *t <= now)
+    }
+
+    /// How long until the first held job's wait ends (None: none held).
+    pub(super) fn hold_left(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.held.iter().map(|(_, t)| t.saturating_duration_since(now)).min()
+    }
+
     /// True when jobs of `k` on `ty` form group launches: grouping is on
     /// (`--group-launches`), and on the CPU backend the body it runs for
     /// one job has a group twin.

@@ -71,7 +71,7 @@ impl Daemon {
                 }
                 continue;
             }
-            if (can_drain && self.ring.sq_nonempty()) || self.small_job_held() {
+            if (can_drain && (self.ring.sq_nonempty() || self.held_due())) || self.small_job_held() {
                 let t = Instant::now();
                 let more = self.process_drain()?;
                 self.count_work(t);
@@ -90,7 +90,8 @@ impl Daemon {
             // Idle: nothing in flight, nothing in the SQ.
             if !self.spin_for_work() && self.ring.arm_sq_wakeup() {
                 self.ring.stats().sleeps.fetch_add(1, Ordering::Relaxed);
-                let w = self.wait(None);
+                // Held jobs wake gpud when their wait ends.
+                let w = self.wait(self.hold_left());
                 self.ring.disarm_sq_wakeup();
                 if w? == Wake::Quit {
                     return Ok(());
@@ -192,7 +193,7 @@ impl Daemon {
                 return Ok(Wake::Quit);
             }
             if self.poll_backend()?
-                || (can_drain && (self.ring.sq_nonempty() || self.segments.has_registered()))
+                || (can_drain && (self.ring.sq_nonempty() || self.segments.has_registered() || self.held_due()))
                 || (!can_drain && self.small_job_held())
             {
                 return Ok(Wake::Look);

@@ -31,7 +31,7 @@ use super::region::{Region, Sizes};
 use crate::kitjob::{self, Job as KitJob};
 use crate::layout::{
     ElemType, JobArgs, Status, EC_MAX_PARAMS, EC_MAX_SLOTS, EC_MAX_VECTORS, EC_OPT_BLOCK, EC_OPT_GRID,
-    EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
+    EC_OPT_MAX_WAIT, EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
 };
 use crate::modules::UserKernel;
 use crate::sigplan::{Check, Param, Plan};
@@ -40,7 +40,7 @@ use crate::signature::{Ty, MAX_FREE};
 const MV: usize = EC_MAX_VECTORS as usize;
 const SLOTS: usize = EC_MAX_SLOTS as usize;
 // The thread order's seed is any u32: only a GPU body run on the CPU reads it.
-const OPTS: u32 = EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER;
+const OPTS: u32 = EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER | EC_OPT_MAX_WAIT;
 
 /// What validation asks about device buffers: the region of a live one,
 /// and a new one for a job's output. [`NoBuffers`] knows none (every
@@ -105,6 +105,8 @@ pub(super) trait Form {
     fn buffers(&self) -> u32;
     /// `grid`, `block`, `shared_bytes`, `given`, `seed`.
     fn options(&self) -> [u32; 5];
+    /// `max_wait_us` (0 unless EC_OPT_MAX_WAIT is given).
+    fn max_wait_us(&self) -> u32;
     /// `block_start` and `reserved` are 0.
     fn rest_is_zero(&self) -> bool;
 }
@@ -131,8 +133,12 @@ impl Form for JobArgs {
         [self.grid, self.block, self.shared_bytes, self.given, self.seed]
     }
     #[inline(always)]
+    fn max_wait_us(&self) -> u32 {
+        self.max_wait_us
+    }
+    #[inline(always)]
     fn rest_is_zero(&self) -> bool {
-        self.block_start == 0 && self.reserved == [0; 4]
+        self.block_start == 0 && self.reserved == [0; 3]
     }
 }
 
@@ -201,6 +207,7 @@ pub(super) fn check<F: Form>(
         geometry,
         blocks,
         opts: a.options(),
+        max_wait_us: a.max_wait_us(),
         regions: [Region::EMPTY; 3],
         param: [0; 4],
         wide: None,
@@ -221,8 +228,9 @@ fn zeros<F: Form>(a: &F, plan: &Plan, takes_options: bool) -> Result<(), Status>
             && unset(EC_OPT_BLOCK, block)
             && unset(EC_OPT_SHARED_BYTES, shared_bytes)
             && unset(EC_OPT_THREAD_ORDER, seed)
+            && unset(EC_OPT_MAX_WAIT, a.max_wait_us())
     } else {
-        given | grid | block | shared_bytes | seed == 0
+        given | grid | block | shared_bytes | seed | a.max_wait_us() == 0
     };
     let mut stray = 0u64;
     for i in 0..SLOTS {

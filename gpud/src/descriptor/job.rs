@@ -103,6 +103,9 @@ pub struct Job {
     /// A user's job: its launch options as the wire gave them (grid,
     /// block, shared_bytes, given, seed), which its record shows the kernel.
     pub(super) opts: [u32; 5],
+    /// A user's job: how long it may wait for companions (`{max_wait_us,
+    /// W}`), 0 for none.
+    pub(super) max_wait_us: u32,
     /// Inline (`wide` is None): slots 0, 1 and `EC_MAX_VECTORS`, unused
     /// ones [`Region::EMPTY`]; the parameters.
     pub(super) regions: [Region; 3],
@@ -235,6 +238,11 @@ impl Job {
     /// A user's job: `(grid, block, shared_bytes, given, seed)` as the wire gave them.
     pub fn launch_opts(&self) -> [u32; 5] {
         self.opts
+    }
+    /// How long gpud may hold the job for a group launch (see
+    /// `daemon::submit`), 0: not at all.
+    pub fn max_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(u64::from(self.max_wait_us))
     }
     /// True when the job asks the backend to fault the device on purpose.
     /// Always false without the `fault-injection` feature.

@@ -251,6 +251,10 @@ impl check::Form for BuiltinForm<'_> {
         [0; 5]
     }
     #[inline(always)]
+    fn max_wait_us(&self) -> u32 {
+        0
+    }
+    #[inline(always)]
     fn rest_is_zero(&self) -> bool {
         true
     }

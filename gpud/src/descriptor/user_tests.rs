@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use super::*;
 use crate::layout::{
-    EC_ADDR_SEGMENT_SHIFT, EC_FLAG_IN0_BUF, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
+    EC_ADDR_SEGMENT_SHIFT, EC_FLAG_IN0_BUF, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_MAX_WAIT, EC_OPT_SHARED_BYTES,
+    EC_OPT_THREAD_ORDER,
 };
 use crate::modules::{kernel_id, parse_manifest, Types, UserKernel};
 
@@ -266,7 +267,7 @@ fn unused_fields_are_zero() {
     assert_eq!(mixed(|a| a.buffers |= 1 << 12), Err(Status::BadFlags));
     assert_eq!(mixed(|a| a.param[6] = 1), Err(Status::BadFlags));
     assert_eq!(mixed(|a| a.block_start = 1), Err(Status::BadFlags));
-    assert_eq!(mixed(|a| a.reserved[3] = 1), Err(Status::BadFlags));
+    assert_eq!(mixed(|a| a.reserved[2] = 1), Err(Status::BadFlags));
 }
 
 #[test]
@@ -402,7 +403,14 @@ fn launch_options_by_the_kernels_rules() {
     // An option without its bit, an unknown bit.
     assert_eq!(opts(0, 10, 0, 0), Err(Status::BadFlags));
     assert_eq!(opts(EC_OPT_GRID, 10, 64, 0), Err(Status::BadFlags));
-    assert_eq!(opts(16, 0, 0, 0), Err(Status::BadFlags));
+    assert_eq!(opts(32, 0, 0, 0), Err(Status::BadFlags));
+    // The wait for companions: any u32 with its bit, kept on the job;
+    // none without it.
+    let wait = |given: u32, w: u32| mixed(|a| (a.given, a.max_wait_us) = (given, w)).map(|j| j.max_wait());
+    assert_eq!(wait(EC_OPT_MAX_WAIT, u32::MAX), Ok(std::time::Duration::from_micros(u64::from(u32::MAX))));
+    assert_eq!(wait(EC_OPT_MAX_WAIT, 0), Ok(std::time::Duration::ZERO));
+    assert_eq!(wait(0, 0), Ok(std::time::Duration::ZERO));
+    assert_eq!(wait(0, 5), Err(Status::BadFlags));
     // The thread order's seed: any u32 with its bit, passed on as given;
     // none without it.
     let seeded = |given: u32, seed: u32| mixed(|a| (a.given, a.seed) = (given, seed)).map(|j| j.launch_opts());

@@ -69,7 +69,10 @@ pub struct Job {
     /// With [`OPT_THREAD_ORDER`] in `given`: the seed of the order a GPU
     /// body run on the CPU runs each block's threads in ([`crate::emu`]).
     pub seed: u32,
-    pub reserved: [u32; 4],
+    /// With `OPT_MAX_WAIT`: how long gpud could hold the job for a group
+    /// launch (gpud's business; a kernel has no use for it).
+    pub max_wait_us: u32,
+    pub reserved: [u32; 3],
 }
 
 const _: () = assert!(core::mem::size_of::<Job>() == 256);
@@ -87,7 +90,8 @@ impl Default for Job {
             shared_bytes: 0,
             given: 0,
             seed: 0,
-            reserved: [0; 4],
+            max_wait_us: 0,
+            reserved: [0; 3],
         }
     }
 }
