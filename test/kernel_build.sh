@@ -53,7 +53,7 @@ kernel argmax_rows types=u8,s32,u32,s64,f32,f64 args=x:v:T:rows*cols,rows:d,cols
 kernel axpbypcz types=s32,u32,s64,f32,f64 args=a:s:T,x:v:T:n,b:s:T,y:v:T:n,c:s:T,z:v:T:n outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel clamp types=f32,f64 args=x:v:T:n,lo:s:T,hi:s:T outs=out:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel cos_sim types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d outs=sim:w:T:rows blocks=rows threads=128 block_rule=warps shared=0
-kernel cos_topk types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d,k:d:1..=rows&64 outs=values:w:T:k,indices:w:u32:k blocks=1 threads=1024 block_rule=warps shared=0
+kernel cos_topk types=f32,f64 args=x:v:T:rows*cols,q:v:T:cols,rows:d,cols:d,k:d:1..=rows&64 outs=values:w:T:k,indices:w:u32:k blocks=1 threads=1024 block_rule=warps shared=0 group=x;rows,cols;32
 kernel gather types=u8,s32,u32,s64,f32,f64 args=table:v:T:n,index:v:s32:m outs=out:w:T:m blocks=elements(m) threads=256 block_rule=any shared=0
 kernel gelu types=f32,f64 args=x:v:T:n outs=y:w:T:n blocks=elements(n) threads=256 block_rule=any shared=0
 kernel histogram types=- args=p:v:u8:n outs=counts:o:u32:256 blocks=chunks(n) threads=256 block_rule=any shared=0
@@ -75,8 +75,20 @@ entries=($(awk '$1 == "kernel" { for (i = 3; i <= NF; i++) if ($i ~ /^types=/) {
     n = split(substr($i, 7), t, ","); for (j = 1; j <= n; j++) print $2 "_" t[j] } }' "$tmp/want"))
 [[ "${#entries[@]}" == 56 ]] || fail "examples/kernels: ${#entries[@]} entries declared, want 56"
 check_entries "$example" "${entries[@]}"
-[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 56 ]] || fail "examples/kernels: not exactly 56 PTX entries"
-ok "examples/kernels: manifest, 56 PTX entries, 56 host entries"
+# A kernel with group bodies has a group entry per type beside them
+# (NAME_TYPE__group in the PTX, erlcuda_hostgroup_ and erlcuda_hostgpugroup_
+# NAME_TYPE in host.so): cos_topk's two.
+groups=($(awk '$1 == "kernel" && / group=/ { for (i = 3; i <= NF; i++) if ($i ~ /^types=/) {
+    n = split(substr($i, 7), t, ","); for (j = 1; j <= n; j++) print $2 "_" t[j] } }' "$tmp/want"))
+[[ "${#groups[@]}" == 2 ]] || fail "examples/kernels: ${#groups[@]} group entries declared, want 2"
+for g in "${groups[@]}"; do
+  grep -q "^\.visible \.entry ${g}__group(" "$example/module.ptx" || fail "$example/module.ptx lacks ${g}__group"
+  for h in erlcuda_hostgroup_ erlcuda_hostgpugroup_; do
+    "$nm" -D --defined-only "$example/host.so" | awk '{ print $NF }' | grep -qx "$h$g" || fail "$example/host.so lacks $h$g"
+  done
+done
+[[ "$(grep -c '^\.visible \.entry ' "$example/module.ptx")" == 58 ]] || fail "examples/kernels: not exactly 56 + 2 group PTX entries"
+ok "examples/kernels: manifest, 56 + 2 group PTX entries, 56 + 4 group host entries"
 
 touch -d '2000-01-01' "$example"/*
 "$build" "$root/examples/kernels" "$example" >/dev/null
