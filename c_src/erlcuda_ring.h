@@ -417,6 +417,12 @@ struct ec_sqe {
 #define EC_OPT_BLOCK 2u        /* threads per block: 1 .. 1024 */
 #define EC_OPT_SHARED_BYTES 4u /* dynamic shared memory: 0 .. 48 KiB */
 #define EC_OPT_THREAD_ORDER 8u /* seed: any u32 */
+/* The body the CPU backend runs for this job, over gpud's --cpu-runs
+ * default (at most one of the two; no field: the bit is the value; a
+ * kernel with a GPU body only runs it whatever the job says; a GPU
+ * ignores both). */
+#define EC_OPT_CPU_RUNS_GPU 16u
+#define EC_OPT_CPU_RUNS_CPU 32u
 struct ec_job_args {
     uint64_t addr[EC_MAX_SLOTS];
     uint32_t len[EC_MAX_SLOTS];

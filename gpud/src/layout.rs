@@ -66,6 +66,10 @@ pub const EC_OPT_GRID: u32 = 1;
 pub const EC_OPT_BLOCK: u32 = 2;
 pub const EC_OPT_SHARED_BYTES: u32 = 4;
 pub const EC_OPT_THREAD_ORDER: u32 = 8;
+/// The body the CPU backend runs for this job over `--cpu-runs` (at most
+/// one of the two; the bit is the value, no field carries one).
+pub const EC_OPT_CPU_RUNS_GPU: u32 = 16;
+pub const EC_OPT_CPU_RUNS_CPU: u32 = 32;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
@@ -818,7 +822,8 @@ c_struct! {
         pub grid: u32,
         pub block: u32,
         pub shared_bytes: u32,
-        /// `EC_OPT_*` bits: which of grid, block, shared_bytes, seed are given.
+        /// `EC_OPT_*` bits: which of grid, block, shared_bytes, seed are given,
+        /// and the body the CPU backend runs.
         pub given: u32,
         /// `EC_OPT_THREAD_ORDER`: the seed of a GPU body's thread order on the CPU.
         pub seed: u32,
@@ -948,6 +953,7 @@ int main(void)
     OF(ec_job_args, block); OF(ec_job_args, shared_bytes); OF(ec_job_args, given);
     OF(ec_job_args, seed); OF(ec_job_args, reserved);
     C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES); C(EC_OPT_THREAD_ORDER);
+    C(EC_OPT_CPU_RUNS_GPU); C(EC_OPT_CPU_RUNS_CPU);
     C(EC_FAULT_SLOT_SHARED);
     C(EC_JOB_ARGS_BYTES); C(EC_MAX_OUTPUTS); C(EC_MAX_SLOTS); C(EC_MAX_PARAMS); C(EC_MAX_NAME);
     C(EC_MAX_BOUNDS);
@@ -1135,6 +1141,8 @@ int main(void)
         put("const.EC_OPT_BLOCK", EC_OPT_BLOCK.to_string());
         put("const.EC_OPT_SHARED_BYTES", EC_OPT_SHARED_BYTES.to_string());
         put("const.EC_OPT_THREAD_ORDER", EC_OPT_THREAD_ORDER.to_string());
+        put("const.EC_OPT_CPU_RUNS_GPU", EC_OPT_CPU_RUNS_GPU.to_string());
+        put("const.EC_OPT_CPU_RUNS_CPU", EC_OPT_CPU_RUNS_CPU.to_string());
         put("const.EC_FAULT_SLOT_SHARED", EC_FAULT_SLOT_SHARED.to_string());
         put("const.EC_USER_KERNEL_BASE", EC_USER_KERNEL_BASE.to_string());
         put("const.EC_MODULE_KERNELS", EC_MODULE_KERNELS.to_string());

@@ -48,7 +48,13 @@ impl Daemon {
                 plan.push(Planned { kernel: KernelRef::User(key.id), ty: key.ty, jobs: Cow::Borrowed(jobs), op: Some(op), group: None });
                 continue;
             };
-            let (alone, groups) = coalesce::form_groups(jobs, spec);
+            // On the CPU backend a job naming the body the group's is not
+            // (`EC_OPT_CPU_RUNS_*`) runs alone, through its own.
+            let on_cpu = self.backend.kind() == "cpu";
+            let (own, jobs): (Vec<Job>, Vec<Job>) =
+                jobs.iter().cloned().partition(|j| on_cpu && !k.runs_default_body(key.ty as usize, j.launch_opts()[3]));
+            let (mut alone, groups) = coalesce::form_groups(&jobs, spec);
+            alone.extend(own);
             if !alone.is_empty() {
                 let op: Box<dyn KernelOp + Sync> = Box::new(UserOp(k.clone()));
                 plan.push(Planned { kernel: KernelRef::User(key.id), ty: key.ty, jobs: Cow::Owned(alone), op: Some(op), group: None });
