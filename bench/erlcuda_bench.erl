@@ -30,11 +30,11 @@
 %% is slow at the big sizes); larger sizes are skipped past twice this.
 -define(SIZE_BUDGET_MS, 4000).
 -define(SECTIONS, [startup, idle_cpu, latency, other_latency, throughput, profile, large, matmul,
-                   buffers, examples, mixed, shared, restart]).
+                   buffers, examples, bodies, mixed, shared, restart]).
 %% goals/1's order: the sections whose records carry the goals (report.py's
 %% targets) first, the data and latency goals before the rest.
 -define(GOAL_ORDER, [latency, buffers, examples, mixed, throughput, large, matmul, startup, restart,
-                     idle_cpu, other_latency, profile]).
+                     idle_cpu, other_latency, profile, shared, bodies]).
 -define(MIN_SECTION_S, 5).
 
 main() ->
@@ -42,11 +42,14 @@ main() ->
 
 %% Only the sections named in Which (all: every one), in their usual order,
 %% with the same JSON at the end: startup, idle_cpu, latency, other_latency,
-%% throughput, profile, large, matmul, buffers, examples, mixed, restart.
+%% throughput, profile, large, matmul, buffers, examples, bodies, mixed,
+%% restart.
 %% For a short run where the device time does not allow the whole
 %% benchmark. `examples' (bench/erlcuda_examples_bench.erl) times the
 %% example kernels of examples/kernels; where their module is not found it
-%% is skipped, and meta.skipped of the JSON says why. `mixed'
+%% is skipped, and meta.skipped of the JSON says why. `bodies'
+%% (bench/erlcuda_bodies_bench.erl), on the cpu backend only, times each
+%% example kernel's GPU body run on the CPU against its cpu body. `mixed'
 %% (bench/erlcuda_mixed_bench.erl) times small jobs alone and beside each
 %% kind of large job, and the large jobs' throughput alone and beside them.
 main(Which) ->
@@ -90,6 +93,7 @@ run(Sections, Deadline) ->
              matmul => fun() -> start(), matmul() end,
              buffers => fun() -> start(), buffers() end,
              examples => fun() -> start(), erlcuda_examples_bench:run() end,
+             bodies => fun() -> start(), erlcuda_bodies_bench:run() end,
              mixed => fun() -> start(), erlcuda_mixed_bench:run() end,
              shared => fun() -> start(), erlcuda_shared_bench:run() end,
              restart => fun() -> start(), restart(5) end},

@@ -423,6 +423,12 @@ struct ec_sqe {
 #define EC_OPT_SHARED_BYTES 4u /* dynamic shared memory: 0 .. 48 KiB */
 #define EC_OPT_THREAD_ORDER 8u /* seed: any u32 */
 #define EC_OPT_MAX_WAIT 16u    /* max_wait_us: any u32 */
+/* The body the CPU backend runs for this job, over gpud's --cpu-runs
+ * default (at most one of the two; no field: the bit is the value; a
+ * kernel with a GPU body only runs it whatever the job says; a GPU
+ * ignores both). */
+#define EC_OPT_CPU_RUNS_GPU 32u
+#define EC_OPT_CPU_RUNS_CPU 64u
 struct ec_job_args {
     uint64_t addr[EC_MAX_SLOTS];
     uint32_t len[EC_MAX_SLOTS];

@@ -192,7 +192,9 @@ int user_kernel(ErlNifEnv *env, ERL_NIF_TERM t, const struct kernel_info **ki,
         oarity != 6 || !enif_get_uint(env, opt[0], &given) || !enif_get_uint(env, opt[1], &grid) ||
         !enif_get_uint(env, opt[2], &block) || !enif_get_uint(env, opt[3], &shared) ||
         !enif_get_uint(env, opt[4], &seed) || !enif_get_uint(env, opt[5], &wait) ||
-        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER | EC_OPT_MAX_WAIT)) != 0)
+        (given & ~(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER | EC_OPT_MAX_WAIT |
+                   EC_OPT_CPU_RUNS_GPU | EC_OPT_CPU_RUNS_CPU)) != 0 ||
+        (given & (EC_OPT_CPU_RUNS_GPU | EC_OPT_CPU_RUNS_CPU)) == (EC_OPT_CPU_RUNS_GPU | EC_OPT_CPU_RUNS_CPU))
         return 0;
     *ki = res;
     o->given = given;

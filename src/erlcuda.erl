@@ -73,12 +73,12 @@
 %%     buffer}' job that gpud finds larger than its limit.</dd>
 %% <dt>`{badarg, opts}'</dt><dd>Opts is not a proper list, or `put/2' got
 %%     an option it does not take (`output', `grid', `block',
-%%     `shared_bytes', `thread_order'), or `get/2' one other than `timeout'.</dd>
+%%     `shared_bytes', `thread_order', `cpu_runs'), or `get/2' one other than `timeout'.</dd>
 %% <dt>`{badarg, {opt, O}}'</dt><dd>Option O is unknown or out of range
 %%     (`{timeout, Ms}' above 2^32-1; `{block, B}' not a multiple of 32 for
 %%     a kernel whose `block_rule' is `warps', or not a power of two from
 %%     32 for `pow2'), or
-%%     is a launch option (`grid', `block', `shared_bytes', `thread_order')
+%%     is a launch option (`grid', `block', `shared_bytes', `thread_order', `cpu_runs')
 %%     given for a
 %%     built-in kernel.</dd>
 %% <dt>`{badarg, {buffer, node_local}}'</dt><dd>A job naming a device
@@ -239,7 +239,8 @@
                 | {grid, pos_integer()} | {block, pos_integer()}
                 | {shared_bytes, non_neg_integer()}
                 | {thread_order, in_order | {seeded, 0..16#ffffffff}}
-                | {max_wait_us, 0..16#ffffffff}.
+                | {max_wait_us, 0..16#ffffffff}
+                | {cpu_runs, cpu | gpu}.
 %% What a `{badarg, What}' names (<a href="#Errors">Errors</a>).
 -type badarg() :: args | {arg, pos_integer()} | {type, pos_integer()} | too_large | opts
                 | {opt, term()} | {buffer, node_local} | buffer | {name, term()}
@@ -322,7 +323,9 @@ launch(Kernel, Args) ->
 %% its shared inputs on device buffers: gpud may hold the job up to W
 %% microseconds for companions on the same buffers, one group launch;
 %% default 0, no wait; kept to half of `{timeout, Ms}', default 5000;
-%% other kernels ignore it); a job for another node returns once that node has
+%% other kernels ignore it), `{cpu_runs, cpu | gpu}' (the body the CPU
+%% backend runs for this job where the kernel has both; default the
+%% setting `cpu_runs'; a GPU ignores it); a job for another node returns once that node has
 %% accepted or refused it. Reasons: the module doc's <a
 %% href="#Errors">Errors</a>.
 %% The submit is the span `[erlcuda, launch, _]' where telemetry is there
@@ -901,7 +904,9 @@ submit_user(_H, Kernel, _Args, _Launch, _FR, _Tries) ->
 %% a power of two from 32 threads (pow2), block-wide helpers whole warps
 %% (warps). The thread order of a GPU body run on the CPU: the call's
 %% `{thread_order, _}', else the setting cpu_thread_order (whose `random'
-%% erlcuda_settings drew a seed for, logged, when it loaded).
+%% erlcuda_settings drew a seed for, logged, when it loaded). The body the
+%% CPU backend runs: the call's `{cpu_runs, _}' (the last one given), else
+%% gpud's, which the setting cpu_runs started it with.
 launch_opts(Launch, BlockRule) ->
     BadBlock = fun(B) -> case BlockRule of
                              pow2 -> B < 32 orelse B band (B - 1) =/= 0;
@@ -927,6 +932,10 @@ launch_opts(Launch, BlockRule) ->
               {ok, {Gv bor 8, G, B, S, Sd, W}};
          ({max_wait_us, W}, {ok, {Gv, G, B, S, Sd, _}}) when is_integer(W), W >= 0, W =< 16#ffffffff ->
               {ok, {Gv bor 16, G, B, S, Sd, W}};
+         ({cpu_runs, gpu}, {ok, {Gv, G, B, S, Sd, W}}) ->
+              {ok, {(Gv band bnot 96) bor 32, G, B, S, Sd, W}};
+         ({cpu_runs, cpu}, {ok, {Gv, G, B, S, Sd, W}}) ->
+              {ok, {(Gv band bnot 96) bor 64, G, B, S, Sd, W}};
          (O, _) -> {error, {badarg, {opt, O}}}
       end, {ok, thread_order(erlcuda_settings:get(cpu_thread_order))}, Launch).
 
@@ -1029,8 +1038,9 @@ is_proper([_ | T]) -> is_proper(T);
 is_proper([]) -> true;
 is_proper(_) -> false.
 
-%% Launch options (grid, block, shared_bytes, thread_order, max_wait_us) are
-%% collected for the kernel to judge: only users' kernels take them.
+%% Launch options (grid, block, shared_bytes, thread_order, max_wait_us,
+%% cpu_runs) are collected for the kernel to judge: only users' kernels
+%% take them.
 options([], Device, Timeout, Launch) ->
     {ok, Device, Timeout, [wait_within(O, Timeout) || O <- lists:reverse(Launch)], host};
 options([{device, N} | T], _, Timeout, L) when is_integer(N), N >= 0 -> options(T, N, Timeout, L);
@@ -1038,7 +1048,7 @@ options([{device, {Node, N} = D} | T], _, Timeout, L) when is_atom(Node), is_int
     options(T, D, Timeout, L);
 options([{device, any} | T], _, Timeout, L) -> options(T, any, Timeout, L);
 options([{K, _} = O | T], Device, Timeout, L)
-  when K =:= grid; K =:= block; K =:= shared_bytes; K =:= thread_order ->
+  when K =:= grid; K =:= block; K =:= shared_bytes; K =:= thread_order; K =:= cpu_runs ->
     options(T, Device, Timeout, [O | L]);
 %% A receive timeout is at most 16#ffffffff ms (erlang's timeout()): a larger
 %% integer would make `receive ... after' raise timeout_value in await/3,

@@ -16,7 +16,7 @@ all() ->
      grouped_gpu_body, grouped_refusals, grouped_wait_gathers_callers, grouped_wait_within_timeout,
      grouped_wait_alone, grouped_wait_lets_others_run,
      one_body_tree_row_sums, one_body_segment_scan, one_body_transpose, gpu_bodies_match_cpu_bodies,
-     divergent_barrier_fault, divergent_warp_op_fault, out_of_bounds_fault, seeded_fault_names_its_seed,
+     divergent_barrier_fault, divergent_warp_op_fault, out_of_bounds_fault, seeded_fault_names_its_seed, cpu_runs_per_call,
      missing_barrier_in_a_seeded_order, load_after_a_resident_unload,
      coalesced,
      coalesced_1000_callers,
@@ -708,6 +708,29 @@ seeded_fault_names_its_seed(_) ->
     ?assertEqual({error, {badarg, {opt, {thread_order, in_order}}}},
                  erlcuda:launch_sync(vector_add, [[1.0], [1.0]], [{thread_order, in_order}])),
     ok = erlcuda:unload_module(faulty),
+    ok.
+
+%% A call's `{cpu_runs, gpu}' runs that job's GPU body on the CPU over the
+%% setting's `cpu' (test/kernels_faulty's oob: its GPU body's store far
+%% past its output is the checker's out_of_bounds; its CPU body, never run
+%% here, would end gpud), `{cpu_runs, cpu}' its CPU body (sumsq: the same
+%% job's bits as the setting's default, the CPU body); a kernel with a GPU
+%% body only takes either and runs it; a built-in kernel refuses it.
+cpu_runs_per_call(_) ->
+    ok = erlcuda:load_module(faulty, erlcuda_user_check:dir(faulty)),
+    ?assertMatch({error, {kernel_fault, #{kernel := {faulty, oob}, reason := out_of_bounds}}},
+                 erlcuda:launch_sync({faulty, oob}, [[1.0, 2.0]], [{cpu_runs, cpu}, {cpu_runs, gpu}])),
+    [?assertEqual({ok, [2.0, 4.0]}, erlcuda:launch_sync({faulty, divergent_barrier}, [[1.0, 2.0]], [{cpu_runs, O}]))
+     || O <- [cpu, gpu]],
+    ok = erlcuda:unload_module(faulty),
+    X = [rand:uniform() || _ <- lists:seq(1, 5001)],
+    ?assertEqual(erlcuda:launch_sync({example, sumsq}, [X]),
+                 erlcuda:launch_sync({example, sumsq}, [X], [{cpu_runs, cpu}])),
+    {ok, _} = erlcuda:launch_sync({example, sumsq}, [X], [{cpu_runs, gpu}]),
+    [?assertEqual({error, {badarg, {opt, O}}}, erlcuda:launch_sync({example, sumsq}, [X], [O]))
+     || O <- [{cpu_runs, both}, {cpu_runs, "gpu"}, cpu_runs]],
+    ?assertEqual({error, {badarg, {opt, {cpu_runs, gpu}}}},
+                 erlcuda:launch_sync(vector_add, [[1.0], [1.0]], [{cpu_runs, gpu}])),
     ok.
 
 %% test/kernels_faulty's missing_barrier leaves out the barrier between

@@ -67,6 +67,10 @@ pub const EC_OPT_BLOCK: u32 = 2;
 pub const EC_OPT_SHARED_BYTES: u32 = 4;
 pub const EC_OPT_THREAD_ORDER: u32 = 8;
 pub const EC_OPT_MAX_WAIT: u32 = 16;
+/// The body the CPU backend runs for this job over `--cpu-runs` (at most
+/// one of the two; the bit is the value, no field carries one).
+pub const EC_OPT_CPU_RUNS_GPU: u32 = 32;
+pub const EC_OPT_CPU_RUNS_CPU: u32 = 64;
 pub const EC_ADDR_SEGMENT_SHIFT: u32 = 48;
 pub const EC_ADDR_OFFSET_MASK: u64 = (1u64 << EC_ADDR_SEGMENT_SHIFT) - 1;
 pub const EC_BATCH_HIST_BUCKETS: usize = 16;
@@ -819,7 +823,8 @@ c_struct! {
         pub grid: u32,
         pub block: u32,
         pub shared_bytes: u32,
-        /// `EC_OPT_*` bits: which of grid, block, shared_bytes, seed are given.
+        /// `EC_OPT_*` bits: which of grid, block, shared_bytes, seed are given,
+        /// and the body the CPU backend runs.
         pub given: u32,
         /// `EC_OPT_THREAD_ORDER`: the seed of a GPU body's thread order on the CPU.
         pub seed: u32,
@@ -952,6 +957,7 @@ int main(void)
     OF(ec_job_args, block); OF(ec_job_args, shared_bytes); OF(ec_job_args, given);
     OF(ec_job_args, seed); OF(ec_job_args, max_wait_us); OF(ec_job_args, reserved);
     C(EC_FLAG_ARGS); C(EC_OPT_GRID); C(EC_OPT_BLOCK); C(EC_OPT_SHARED_BYTES); C(EC_OPT_THREAD_ORDER); C(EC_OPT_MAX_WAIT);
+    C(EC_OPT_CPU_RUNS_GPU); C(EC_OPT_CPU_RUNS_CPU);
     C(EC_FAULT_SLOT_SHARED);
     C(EC_JOB_ARGS_BYTES); C(EC_MAX_OUTPUTS); C(EC_MAX_SLOTS); C(EC_MAX_PARAMS); C(EC_MAX_NAME);
     C(EC_MAX_BOUNDS);
@@ -1140,6 +1146,8 @@ int main(void)
         put("const.EC_OPT_SHARED_BYTES", EC_OPT_SHARED_BYTES.to_string());
         put("const.EC_OPT_THREAD_ORDER", EC_OPT_THREAD_ORDER.to_string());
         put("const.EC_OPT_MAX_WAIT", EC_OPT_MAX_WAIT.to_string());
+        put("const.EC_OPT_CPU_RUNS_GPU", EC_OPT_CPU_RUNS_GPU.to_string());
+        put("const.EC_OPT_CPU_RUNS_CPU", EC_OPT_CPU_RUNS_CPU.to_string());
         put("const.EC_FAULT_SLOT_SHARED", EC_FAULT_SLOT_SHARED.to_string());
         put("const.EC_USER_KERNEL_BASE", EC_USER_KERNEL_BASE.to_string());
         put("const.EC_MODULE_KERNELS", EC_MODULE_KERNELS.to_string());

@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::kitjob::{self, BlockRule, Blocks, Job as KitJob};
-use crate::layout::{ElemType, EC_MODULE_KERNELS, EC_MODULE_SLOTS, EC_TYPE_COUNT, EC_USER_KERNEL_BASE};
+use crate::layout::{
+    ElemType, EC_MODULE_KERNELS, EC_MODULE_SLOTS, EC_OPT_CPU_RUNS_CPU, EC_OPT_CPU_RUNS_GPU, EC_TYPE_COUNT, EC_USER_KERNEL_BASE,
+};
 use crate::sigplan::Plan;
 use crate::signature::{Sig, Ty};
 
@@ -91,7 +93,8 @@ pub struct UserKernel {
     /// exports it (`erlcuda_hostgpu_NAME_TY`); the code of a kernel with no
     /// CPU body.
     pub host_gpu: [Option<HostGpuFn>; EC_TYPE_COUNT as usize],
-    /// The CPU backend runs `host_gpu` even where `host` exists.
+    /// The CPU backend runs `host_gpu` even where `host` exists, for a job
+    /// that names no body ([`UserKernel::runs_gpu_body_for`]).
     pub runs_gpu_body: bool,
     /// The kernel's group bodies, if it has them.
     pub group: Option<GroupSpec>,
@@ -126,6 +129,23 @@ impl UserKernel {
     /// The group PTX entry of jobs of type `ty`: the entry and `__group`.
     pub fn group_entry(&self, ty: ElemType) -> String {
         format!("{}__group", self.entry(ty))
+    }
+
+    /// True when the CPU backend runs the GPU body for a job of type `ty`
+    /// with launch options `given`: the body the job names
+    /// (`EC_OPT_CPU_RUNS_*`), else `--cpu-runs`; always where the kernel
+    /// has no CPU body for `ty`.
+    pub fn runs_gpu_body_for(&self, ty: usize, given: u32) -> bool {
+        self.host[ty].is_none()
+            || given & EC_OPT_CPU_RUNS_GPU != 0
+            || (given & EC_OPT_CPU_RUNS_CPU == 0 && self.runs_gpu_body)
+    }
+
+    /// True when a job of type `ty` with launch options `given` runs the
+    /// body the kernel's group launches on the CPU run: a job naming the
+    /// other body runs alone.
+    pub fn runs_default_body(&self, ty: usize, given: u32) -> bool {
+        self.runs_gpu_body_for(ty, given) == self.runs_gpu_body_for(ty, 0)
     }
 
     /// True when the CPU backend can run a group of jobs of type `ty`: the
@@ -553,6 +573,25 @@ mod tests {
         assert_eq!(d[2].types, Types::Set(1 << ElemType::F64 as u32 | 1 << ElemType::S32 as u32));
         assert!(d[2].sig.outs()[0].scalar);
         assert_eq!((d[3].types, d[3].threads), (Types::NoT, 128));
+    }
+
+    /// The body a job runs on the CPU: the one it names, else `--cpu-runs`;
+    /// the GPU body always where there is no CPU body.
+    #[test]
+    fn a_job_names_its_body() {
+        unsafe extern "C" fn cpu(_: *const KitJob) {}
+        let mut k = UserKernel::new(0, parse_manifest(GOOD).unwrap().remove(0));
+        let (ty, gpu, cpu_) = (ElemType::F32 as usize, EC_OPT_CPU_RUNS_GPU, EC_OPT_CPU_RUNS_CPU);
+        assert!(k.runs_gpu_body_for(ty, 0) && k.runs_gpu_body_for(ty, cpu_), "no CPU body");
+        k.host[ty] = Some(cpu);
+        for default in [false, true] {
+            k.runs_gpu_body = default;
+            assert_eq!(k.runs_gpu_body_for(ty, 0), default);
+            assert!(k.runs_gpu_body_for(ty, gpu | crate::layout::EC_OPT_BLOCK));
+            assert!(!k.runs_gpu_body_for(ty, cpu_));
+            assert_eq!(k.runs_default_body(ty, gpu), default);
+            assert_eq!(k.runs_default_body(ty, cpu_), !default);
+        }
     }
 
     #[test]

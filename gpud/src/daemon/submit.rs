@@ -62,12 +62,18 @@ impl Daemon {
                 plan.push(Planned { kernel: KernelRef::User(key.id), ty: key.ty, jobs: Cow::Borrowed(jobs), op: Some(op), group: None });
                 continue;
             };
-            let (alone, groups) = coalesce::form_groups(jobs, spec);
+            // On the CPU backend a job naming the body the group's is not
+            // (`EC_OPT_CPU_RUNS_*`) runs alone, through its own.
+            let on_cpu = self.backend.kind() == "cpu";
+            let (own, jobs): (Vec<Job>, Vec<Job>) =
+                jobs.iter().cloned().partition(|j| on_cpu && !k.runs_default_body(key.ty as usize, j.launch_opts()[3]));
+            let (alone, groups) = coalesce::form_groups(&jobs, spec);
             let now = Instant::now();
-            let alone: Vec<Job> = alone
+            let mut alone: Vec<Job> = alone
                 .into_iter()
                 .filter(|j| !(coalesce::group_key(j, spec).is_some() && self.hold(std::slice::from_ref(j), hold_until, now)))
                 .collect();
+            alone.extend(own);
             let groups: Vec<Vec<Job>> = groups.into_iter().filter(|g| !self.hold(g, hold_until, now)).collect();
             if !alone.is_empty() {
                 let op: Box<dyn KernelOp + Sync> = Box::new(UserOp(k.clone()));

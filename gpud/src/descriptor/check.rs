@@ -31,7 +31,7 @@ use super::region::{Region, Sizes};
 use crate::kitjob::{self, Job as KitJob};
 use crate::layout::{
     ElemType, JobArgs, Status, EC_MAX_PARAMS, EC_MAX_SLOTS, EC_MAX_VECTORS, EC_OPT_BLOCK, EC_OPT_GRID,
-    EC_OPT_MAX_WAIT, EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
+    EC_OPT_CPU_RUNS_CPU, EC_OPT_CPU_RUNS_GPU, EC_OPT_MAX_WAIT, EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
 };
 use crate::modules::UserKernel;
 use crate::sigplan::{Check, Param, Plan};
@@ -40,7 +40,9 @@ use crate::signature::{Ty, MAX_FREE};
 const MV: usize = EC_MAX_VECTORS as usize;
 const SLOTS: usize = EC_MAX_SLOTS as usize;
 // The thread order's seed is any u32: only a GPU body run on the CPU reads it.
-const OPTS: u32 = EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER | EC_OPT_MAX_WAIT;
+const OPTS: u32 = EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER | EC_OPT_MAX_WAIT | CPU_RUNS;
+/// The body a job names: one or none.
+const CPU_RUNS: u32 = EC_OPT_CPU_RUNS_GPU | EC_OPT_CPU_RUNS_CPU;
 
 /// What validation asks about device buffers: the region of a live one,
 /// and a new one for a job's output. [`NoBuffers`] knows none (every
@@ -224,6 +226,7 @@ fn zeros<F: Form>(a: &F, plan: &Plan, takes_options: bool) -> Result<(), Status>
     let unset = |bit: u32, v: u32| given & bit != 0 || v == 0;
     let options_ok = if takes_options {
         given & !OPTS == 0
+            && given & CPU_RUNS != CPU_RUNS
             && unset(EC_OPT_GRID, grid)
             && unset(EC_OPT_BLOCK, block)
             && unset(EC_OPT_SHARED_BYTES, shared_bytes)

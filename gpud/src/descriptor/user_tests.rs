@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use super::*;
 use crate::layout::{
-    EC_ADDR_SEGMENT_SHIFT, EC_FLAG_IN0_BUF, EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_MAX_WAIT, EC_OPT_SHARED_BYTES,
+    EC_ADDR_SEGMENT_SHIFT, EC_FLAG_IN0_BUF, EC_OPT_BLOCK, EC_OPT_CPU_RUNS_CPU, EC_OPT_CPU_RUNS_GPU, EC_OPT_GRID,
+    EC_OPT_MAX_WAIT, EC_OPT_SHARED_BYTES,
     EC_OPT_THREAD_ORDER,
 };
 use crate::modules::{kernel_id, parse_manifest, Types, UserKernel};
@@ -403,7 +404,7 @@ fn launch_options_by_the_kernels_rules() {
     // An option without its bit, an unknown bit.
     assert_eq!(opts(0, 10, 0, 0), Err(Status::BadFlags));
     assert_eq!(opts(EC_OPT_GRID, 10, 64, 0), Err(Status::BadFlags));
-    assert_eq!(opts(32, 0, 0, 0), Err(Status::BadFlags));
+    assert_eq!(opts(128, 0, 0, 0), Err(Status::BadFlags));
     // The wait for companions: any u32 with its bit, kept on the job;
     // none without it.
     let wait = |given: u32, w: u32| mixed(|a| (a.given, a.max_wait_us) = (given, w)).map(|j| j.max_wait());
@@ -411,6 +412,12 @@ fn launch_options_by_the_kernels_rules() {
     assert_eq!(wait(EC_OPT_MAX_WAIT, 0), Ok(std::time::Duration::ZERO));
     assert_eq!(wait(0, 0), Ok(std::time::Duration::ZERO));
     assert_eq!(wait(0, 5), Err(Status::BadFlags));
+    // The body a job names on the CPU backend: one, passed on as given;
+    // both at once is no body.
+    for b in [EC_OPT_CPU_RUNS_GPU, EC_OPT_CPU_RUNS_CPU] {
+        assert_eq!(opts(b, 0, 0, 0).map(|r| r.1), Ok([0, 0, 0, b, 0]));
+    }
+    assert_eq!(opts(EC_OPT_CPU_RUNS_GPU | EC_OPT_CPU_RUNS_CPU, 0, 0, 0), Err(Status::BadFlags));
     // The thread order's seed: any u32 with its bit, passed on as given;
     // none without it.
     let seeded = |given: u32, seed: u32| mixed(|a| (a.given, a.seed) = (given, seed)).map(|j| j.launch_opts());

@@ -60,7 +60,9 @@ impl KernelOp for UserGroupOp {
         // type, over jobs the daemon grouped (shared buffers and same_
         // parameters equal), each holding the lengths its signature
         // states; the rest is the module's trust, as for `UserOp`.
-        if !self.0.runs_gpu_body && self.0.host[ty].is_some() {
+        // Every member runs the kernel's default body (the daemon leaves a
+        // job naming the other alone): the first's is the group's.
+        if !self.0.runs_gpu_body_for(ty, first.launch_opts()[3]) {
             if let Some(f) = self.0.host_group[ty] {
                 unsafe { f(kjs.as_ptr(), n) };
                 return Some(Vec::new());
@@ -120,11 +122,11 @@ impl KernelOp for UserOp {
         // the caller keeps them unaliased (KernelOp::cpu). What the code does
         // beyond that is the module's trust (SECURITY.md): a fault there ends
         // gpud, never the VM.
-        if let Some(f) = self.0.host[ty].filter(|_| !self.0.runs_gpu_body) {
+        if let Some(f) = self.0.host[ty].filter(|_| !self.0.runs_gpu_body_for(ty, job.launch_opts()[3])) {
             unsafe { f(&kj) };
             return None;
         }
-        // No CPU body, or `cpu_runs` is gpu: the GPU code, each block's
+        // No CPU body, or `cpu_runs` (the job's, else gpud's) is gpu: the GPU code, each block's
         // threads emulated.
         let f = self.0.host_gpu[ty].expect("loading admits only kernels with host code for every type");
         let mut fault = crate::kitjob::Fault::default();
