@@ -316,7 +316,7 @@ impl Users {
         assert_eq!(job.params(), a.param);
         let (threads, shared_bytes, grid) = acc.geometry;
         assert_eq!(job.geometry(), Geometry { threads, shared_bytes, grid });
-        assert_eq!(job.launch_opts(), [a.grid, a.block, a.shared_bytes, a.given]);
+        assert_eq!(job.launch_opts(), [a.grid, a.block, a.shared_bytes, a.given, a.seed]);
         assert_eq!(job.blocks(), acc.blocks);
         assert_eq!(job.dims(), (0, 0, 0));
         assert_eq!(job.work(), (0..12).filter(|&i| used(i)).map(|i| u64::from(a.len[i])).sum::<u64>());

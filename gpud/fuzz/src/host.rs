@@ -28,7 +28,7 @@ pub struct Ran {
     pub len: [u32; SLOTS],
     pub param: [u64; MAX_PARAMS],
     pub at: [Option<u64>; SLOTS],
-    pub opts: [u32; 4],
+    pub opts: [u32; 5],
 }
 
 static RAN: Mutex<Vec<Ran>> = Mutex::new(Vec::new());
@@ -95,6 +95,6 @@ extern "C" fn host_job(job: *const KitJob, kernel: u32, ty: u32) {
             s.fill(0xa5);
         }
     }
-    let ran = Ran { kernel: kernel as usize, ty, len: j.len, param: j.param, at, opts: [j.grid, j.block, j.shared_bytes, j.given] };
+    let ran = Ran { kernel: kernel as usize, ty, len: j.len, param: j.param, at, opts: [j.grid, j.block, j.shared_bytes, j.given, j.seed] };
     RAN.lock().unwrap().push(ran);
 }

@@ -11,8 +11,12 @@ use std::sync::{Arc, OnceLock};
 use gpud::descriptor::{BufferTable, Region, SegmentSizes, Sizes};
 use gpud::layout::{
     ElemType, JobArgs, Sqe, Status, EC_ADDR_OFFSET_MASK, EC_ADDR_SEGMENT_SHIFT, EC_FLAG_ARGS, EC_JOB_ARGS_BYTES, EC_MAX_SEGMENTS,
-    EC_OPT_BLOCK, EC_OPT_GRID, EC_OPT_SHARED_BYTES, EC_USER_KERNEL_BASE,
+    EC_OPT_BLOCK, EC_OPT_CPU_RUNS_CPU, EC_OPT_CPU_RUNS_GPU, EC_OPT_GRID, EC_OPT_MAX_WAIT, EC_OPT_SHARED_BYTES,
+    EC_OPT_THREAD_ORDER, EC_USER_KERNEL_BASE,
 };
+
+/// The two bits that name the body a job runs on the CPU: one or none.
+const CPU_RUNS: u32 = EC_OPT_CPU_RUNS_GPU | EC_OPT_CPU_RUNS_CPU;
 use gpud::modules::{kernel_id, parse_manifest, UserKernel};
 
 use crate::module::{Arg, BlocksKind, Bound, Factor, Kernel, Len, Out, Rule, Ty, MAX_OUTPUTS, MAX_PARAMS, MAX_VECTORS, TYPE_BYTES, U8};
@@ -464,7 +468,7 @@ fn corrupt(c: &mut Cursor<'_>, k: &Kernel, s: &mut Sqe, a: &mut JobArgs, place: 
         8 => a.addr[i] = u64::from(c.u16()),
         // gpud's fields and reserved ones set.
         9 => match c.u8() % 3 {
-            0 => a.reserved[usize::from(b >> 4) % 5] = 1 + u32::from(c.u8()),
+            0 => a.reserved[usize::from(b >> 4) % a.reserved.len()] = 1 + u32::from(c.u8()),
             1 => a.block_start = 1 + u64::from(c.u8()),
             _ => a.addr[any] |= 1,
         },
@@ -609,11 +613,14 @@ pub fn reference(
         || a.param[np..].iter().any(|&p| p != 0)
         || (0..32).any(|i| bit(i) && !used(i))
         || a.block_start != 0
-        || a.reserved != [0; 5]
-        || a.given & !(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES) != 0
+        || a.reserved.iter().any(|&r| r != 0)
+        || a.given & !(EC_OPT_GRID | EC_OPT_BLOCK | EC_OPT_SHARED_BYTES | EC_OPT_THREAD_ORDER | EC_OPT_MAX_WAIT | CPU_RUNS) != 0
+        || a.given & CPU_RUNS == CPU_RUNS
         || !opt_ok(EC_OPT_GRID, a.grid)
         || !opt_ok(EC_OPT_BLOCK, a.block)
         || !opt_ok(EC_OPT_SHARED_BYTES, a.shared_bytes)
+        || !opt_ok(EC_OPT_THREAD_ORDER, a.seed)
+        || !opt_ok(EC_OPT_MAX_WAIT, a.max_wait_us)
     {
         return Err(Status::BadFlags);
     }
