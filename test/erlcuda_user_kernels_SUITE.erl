@@ -492,7 +492,7 @@ kernel_terms(_) ->
     #{modules := #{example3 := #{slot := Slot, gen := Gen}}} = sys:get_state(erlcuda_modules),
     Row = {Id, Slot, Gen, <<"x:v:T:n,lo:s:T,hi:s:T">>, <<"out:o:T:n">>, <<"n">>, 3, NoOpts},
     #{submitted := Submitted} = erlcuda:stats(0),
-    Forged = [Row, {make_ref(), NoOpts}, {H, NoOpts}, Old, {Old, {32, 0, 0, 0, 0, 0}}, {Old, {0, 0, 0, 0, 0}},
+    Forged = [Row, {make_ref(), NoOpts}, {H, NoOpts}, Old, {Old, {128, 0, 0, 0, 0, 0}}, {Old, {0, 0, 0, 0, 0}},
               {Old, NoOpts, x}],
     [?assertEqual({error, {unknown_kernel, F}}, erlcuda_nif:submit(H, F, Args, 0)) || F <- Forged],
     ?assertEqual({error, {unknown_kernel, {Old, NoOpts}}}, erlcuda_nif:submit(H, {Old, NoOpts}, Args, fault)),
