@@ -134,11 +134,13 @@ impl UserKernel {
     /// True when the CPU backend runs the GPU body for a job of type `ty`
     /// with launch options `given`: the body the job names
     /// (`EC_OPT_CPU_RUNS_*`), else `--cpu-runs`; always where the kernel
-    /// has no CPU body for `ty`.
+    /// has no CPU body for `ty`; never where its host code has no GPU body
+    /// for `ty` (a module whose host.so lacks the entry: the job's
+    /// `{cpu_runs, gpu}` cannot be honoured, and its CPU body runs).
     pub fn runs_gpu_body_for(&self, ty: usize, given: u32) -> bool {
         self.host[ty].is_none()
-            || given & EC_OPT_CPU_RUNS_GPU != 0
-            || (given & EC_OPT_CPU_RUNS_CPU == 0 && self.runs_gpu_body)
+            || (self.host_gpu[ty].is_some()
+                && (given & EC_OPT_CPU_RUNS_GPU != 0 || (given & EC_OPT_CPU_RUNS_CPU == 0 && self.runs_gpu_body)))
     }
 
     /// True when a job of type `ty` with launch options `given` runs the
@@ -580,10 +582,17 @@ mod tests {
     #[test]
     fn a_job_names_its_body() {
         unsafe extern "C" fn cpu(_: *const KitJob) {}
+        unsafe extern "C" fn gpu_twin(_: *const KitJob, _: *mut crate::kitjob::Fault) -> u32 {
+            0
+        }
         let mut k = UserKernel::new(0, parse_manifest(GOOD).unwrap().remove(0));
         let (ty, gpu, cpu_) = (ElemType::F32 as usize, EC_OPT_CPU_RUNS_GPU, EC_OPT_CPU_RUNS_CPU);
         assert!(k.runs_gpu_body_for(ty, 0) && k.runs_gpu_body_for(ty, cpu_), "no CPU body");
         k.host[ty] = Some(cpu);
+        // A host.so without the GPU body's host twin: the job's gpu cannot
+        // be honoured (the fuzzer's crash: an expect on the missing twin).
+        assert!(!k.runs_gpu_body_for(ty, gpu), "no GPU body on the CPU");
+        k.host_gpu[ty] = Some(gpu_twin);
         for default in [false, true] {
             k.runs_gpu_body = default;
             assert_eq!(k.runs_gpu_body_for(ty, 0), default);
