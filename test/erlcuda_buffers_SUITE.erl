@@ -970,22 +970,29 @@ stalls_are_counted(_) ->
     ?assert(maps:get(answer_stall_max_ns, S3) >= 1000000),
     [ok = erlcuda:free(X) || X <- [Bb, Yb]].
 
-%% A small job behind a 2^23-element vector_add run inside gpud's submit
-%% (the CPU backend): it starts 5 ms after the large one, which takes tens
-%% of milliseconds. Should gpud not have drained the large one by then
-%% (both in one drain), the small one may go first: tried again. So is a
-%% small job that was slow with no wait in the queue or in gpud: on a
-%% loaded machine it can lose its time elsewhere (the VM descheduled, say),
-%% which says nothing of the large one.
+%% A small job behind 2^23-element vector_adds run inside gpud's submit
+%% (the CPU backend). Each large one takes a millisecond or more (asserted
+%% above) and the small one is published right behind them, with no sleep:
+%% a sleep of fixed length outlasts the large jobs on a fast host, and the
+%% small one then waits for nothing. Two large ones ahead, so that the
+%% small one waits for one of them at least even when gpud drains it with
+%% the other. Should gpud drain all three at once and run the small one
+%% first, it waited for nothing: tried again. So is a small job that was
+%% slow with no wait in the queue or in gpud: on a loaded machine it can
+%% lose its time elsewhere (the VM descheduled, say), which says nothing of
+%% the large ones.
 slow_small_job(_, 0) ->
     ct:fail(no_small_job_waited);
 slow_small_job(B, Tries) ->
     S0 = erlcuda:stats(0),
-    {ok, Ref} = erlcuda:launch(vector_add, [B, B], [{output, buffer}, {timeout, 60000}]),
-    timer:sleep(5),
+    Refs = [begin
+                {ok, Ref} = erlcuda:launch(vector_add, [B, B], [{output, buffer}, {timeout, 60000}]),
+                Ref
+            end
+            || _ <- [1, 2]],
     {ok, [4.0, 6.0]} = erlcuda:launch_sync(vector_add, [[1.0, 2.0], [3.0, 4.0]]),
-    Y = receive {erlcuda, Ref, {ok, Buf}} -> Buf after 60000 -> ct:fail(no_answer) end,
-    ok = erlcuda:free(Y),
+    [ok = erlcuda:free(receive {erlcuda, Ref, {ok, Buf}} -> Buf after 60000 -> ct:fail(no_answer) end)
+     || Ref <- Refs],
     S1 = erlcuda:stats(0),
     D = fun(K) -> maps:get(K, S1) - maps:get(K, S0) end,
     Waits = D(job_stalls_queue) + D(job_stalls_gpud),
