@@ -117,48 +117,56 @@ pub fn global_y() -> u32 {
 
 /// `%tid.x` of the GPU thread being run ([`crate::emu`]).
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn thread_idx() -> u32 {
     crate::emu::thread_idx().0
 }
 
 /// `%ctaid.x`: the virtual block's index within its job on the host.
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn block_idx() -> u32 {
     crate::emu::block_idx().0
 }
 
 /// `%ntid.x`.
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn block_dim() -> u32 {
     crate::emu::dims().block.0
 }
 
 /// `%nctaid.x`: the job's virtual blocks on the host.
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn grid_dim() -> u32 {
     crate::emu::dims().grid.0
 }
 
 /// `%tid.y`.
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn thread_idx_y() -> u32 {
     crate::emu::thread_idx().1
 }
 
 /// `%ctaid.y`.
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn block_idx_y() -> u32 {
     crate::emu::block_idx().1
 }
 
 /// `%ntid.y`.
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn block_dim_y() -> u32 {
     crate::emu::dims().block.1
 }
 
 /// `%nctaid.y`.
 #[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
 pub fn grid_dim_y() -> u32 {
     crate::emu::dims().grid.1
 }

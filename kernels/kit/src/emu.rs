@@ -2,11 +2,14 @@
 //!
 //! A kernel's GPU code (its PTX entry's host twin, which
 //! [`crate::host::run_gpu`] runs once per virtual block of the job) runs on
-//! the host over the same virtual blocks and threads as on the GPU. Each GPU thread of a block is a `corosensei`
-//! coroutine with a stack of its own (as khal runs a shader with shared
-//! memory); the block's threads are stepped round-robin on the calling OS
-//! thread, each until it stops at a barrier, at a warp operation or at the
-//! end of the body. Then:
+//! the host over the same virtual blocks and threads as on the GPU. The
+//! block's threads are stepped round-robin on the calling OS thread, each
+//! until it stops at a barrier, at a warp operation or at the end of the
+//! body. A thread that stops is a `corosensei` coroutine with a stack of
+//! its own (as khal runs a shader with shared memory); until the first one
+//! stops, the threads are plain calls, one after the other, on a single
+//! coroutine (the runner, [`run_block_checked`]), so that a block without
+//! barriers or warp operations costs no coroutine per thread. Then:
 //! * a warp whose every lane waits at the same warp operation (same kind,
 //!   same place in the source) gets its results, computed from all its
 //!   lanes' values at once, and its lanes run on;
@@ -178,18 +181,36 @@ enum Wait {
     Fault(Reason),
 }
 
-/// The block being run: what the device functions consult.
+/// The block being run: what the device functions consult. One per OS
+/// thread, kept between blocks and jobs ([`SCRATCH`]): a block's set-up
+/// resizes and refills it rather than allocating.
 struct Block {
     dims: Dims,
     idx: (u32, u32),
     /// The thread now running (linear index).
     cur: u32,
+    /// Its `(thread_idx x, thread_idx y)`.
+    tid: (u32, u32),
     wait: Vec<Wait>,
     /// A warp operation's result for each thread.
     result: Vec<u64>,
     yielder: Vec<*const Yielder<(), ()>>,
-    /// The shared region, 16-byte aligned.
+    /// The threads' order in the first round (linear indices).
+    turn: Vec<usize>,
+    /// Set once the first round's thread runner has stopped at a wait:
+    /// the threads after it get coroutines of their own, and the runner
+    /// ends with the thread it was running.
+    switched: bool,
+    /// The shared region's storage, 16-byte aligned: at least `shared_len`
+    /// bytes.
     shared: Vec<u128>,
+    /// The block's shared window in bytes (dynamic and static).
+    shared_len: usize,
+    /// Bytes from shared address 0 that this block may have written: the
+    /// dynamic ones, the static arrays placed, every checked access's end.
+    /// The next block poisons them again; past them the storage still holds
+    /// the poison it was filled with.
+    dirty: usize,
     /// Static arrays placed so far: (key, shared address).
     statics: Vec<(usize, u32)>,
     next_static: u32,
@@ -202,10 +223,17 @@ std::thread_local! {
     /// Coroutine stacks kept between blocks and jobs (a stack is mapped
     /// once per thread of the largest block this OS thread ran).
     static STACKS: Cell<Vec<DefaultStack>> = const { Cell::new(Vec::new()) };
+    /// The block state kept between blocks and jobs (None while a block
+    /// runs).
+    static SCRATCH: Cell<Option<Box<Block>>> = const { Cell::new(None) };
 }
 
-/// The block being run, from a device function.
+/// The block being run, from a device function. Inlined with the device
+/// functions into the body, so that the thread-local's address is looked
+/// up once per body rather than per call (in the dynamically loaded module
+/// each lookup is a call of `__tls_get_addr`).
 #[track_caller]
+#[inline(always)]
 fn block() -> &'static mut Block {
     let p = CURRENT.with(Cell::get);
     assert!(!p.is_null(), "erlcuda_kernel: a device function called outside a GPU body run on the CPU");
@@ -220,17 +248,19 @@ pub fn active() -> bool {
 }
 
 /// `(thread_idx x, thread_idx y)` of the running thread.
+#[inline(always)]
 pub fn thread_idx() -> (u32, u32) {
-    let b = block();
-    (b.cur % b.dims.block.0, b.cur / b.dims.block.0)
+    block().tid
 }
 
 /// `(block_idx x, block_idx y)`.
+#[inline(always)]
 pub fn block_idx() -> (u32, u32) {
     block().idx
 }
 
 /// The launch's shape.
+#[inline(always)]
 pub fn dims() -> Dims {
     block().dims
 }
@@ -280,18 +310,40 @@ pub fn checked(p: u64, bytes: usize) -> u64 {
     checked_tagged(p, bytes as u64)
 }
 
-#[inline(never)]
+/// The check itself, inlined where the access is (a hit costs a few
+/// compares; profiled, a call per access was a third of a plain kernel's
+/// time on the CPU).
+#[inline(always)]
 fn checked_tagged(p: u64, bytes: u64) -> u64 {
+    let slot = (p >> TAG_SHIFT) as usize - 1;
+    let addr = p & ADDR_MASK;
+    let b = CURRENT.with(Cell::get);
+    if !b.is_null() && slot < crate::signature::MAX_SLOTS {
+        // SAFETY: run_block_checked keeps the block, and run_gpu the
+        // extents, alive while CURRENT points to the block.
+        let ext = unsafe { (*b).extents };
+        if !ext.is_null() {
+            let e = unsafe { &(*ext)[slot] };
+            let off = addr.wrapping_sub(e.base);
+            if off <= e.bytes && e.bytes - off >= bytes && e.base != 0 {
+                return addr;
+            }
+        }
+    }
+    out_of_bounds(p, bytes)
+}
+
+/// An access [`checked_tagged`] refused: the running thread faults
+/// (outside a GPU body run, [`block`] panics).
+#[cold]
+#[inline(never)]
+fn out_of_bounds(p: u64, bytes: u64) -> ! {
     let slot = (p >> TAG_SHIFT) as usize - 1;
     let addr = p & ADDR_MASK;
     let b = block();
     // SAFETY: run_gpu keeps the extents alive for the whole run.
     let e = (!b.extents.is_null() && slot < crate::signature::MAX_SLOTS).then(|| unsafe { (*b.extents)[slot] });
     let e = e.unwrap_or_default();
-    let off = addr.wrapping_sub(e.base);
-    if off <= e.bytes && e.bytes - off >= bytes && e.base != 0 {
-        return addr;
-    }
     let elem = if e.elem == 0 { bytes.max(1) } else { e.elem } as i64;
     let index = (addr as i64).wrapping_sub(e.base as i64).div_euclid(elem);
     fault(Reason::OutOfBounds { slot: slot as u32, index })
@@ -311,16 +363,18 @@ pub fn global_mut<T>(p: *mut T) -> *mut T {
 
 /// The shared region's base and length in bytes.
 fn region(b: &mut Block) -> (*mut u8, usize) {
-    (b.shared.as_mut_ptr().cast(), b.shared.len() * 16)
+    (b.shared.as_mut_ptr().cast(), b.shared_len)
 }
 
 /// Shared address `a` as a pointer to `bytes` bytes of the region; outside
 /// it the thread faults (on a GPU the shared window ends there).
 #[track_caller]
 pub fn shared_ptr(a: u32, bytes: usize) -> *mut u8 {
-    let (p, len) = region(block());
-    if !(a as usize).checked_add(bytes).is_some_and(|e| e <= len) {
-        fault(Reason::OutOfBounds { slot: SHARED_SLOT, index: i64::from(a) });
+    let b = block();
+    let (p, len) = region(b);
+    match (a as usize).checked_add(bytes) {
+        Some(e) if e <= len => b.dirty = b.dirty.max(e),
+        _ => fault(Reason::OutOfBounds { slot: SHARED_SLOT, index: i64::from(a) }),
     }
     p.wrapping_add(a as usize)
 }
@@ -341,6 +395,7 @@ pub fn static_shared(key: usize, bytes: usize) -> u32 {
         "erlcuda_kernel: static shared arrays over {STATIC_SHARED_BYTES} bytes"
     );
     b.next_static = end.next_multiple_of(16) as u32;
+    b.dirty = b.dirty.max(end);
     b.statics.push((key, a));
     a
 }
@@ -391,6 +446,15 @@ pub unsafe fn run_block(dims: Dims, idx: (u32, u32), body: &dyn Fn()) -> Result<
 /// [`run_block`], the threads in `order`, and the tagged addresses the
 /// body accesses checked against `extents` ([`tag`]).
 ///
+/// The first round runs on one coroutine, the runner: each thread in turn
+/// is a plain call of `body` on its stack, until one waits (at a barrier, a
+/// warp operation, a fault). That is what stepping every thread in turn
+/// until it waits does, without a coroutine and its set-up per thread: a
+/// block without barriers or warp operations runs on the runner alone.
+/// Once a thread waits, the runner is that thread's coroutine (it ends with
+/// its body), the threads after it in the round get coroutines of their
+/// own, and the round goes on from there.
+///
 /// # Safety
 /// As [`run_block`]; `extents` lie inside memory valid for the whole run.
 pub unsafe fn run_block_checked(
@@ -401,41 +465,86 @@ pub unsafe fn run_block_checked(
     body: &dyn Fn(),
 ) -> Result<(), Fault> {
     let n = (dims.block.0 * dims.block.1) as usize;
-    assert!(n >= 1 && n <= 1024, "erlcuda_kernel: a block of {n} threads");
-    let shared_len = (dims.shared_bytes + STATIC_SHARED_BYTES) as usize;
-    let mut shared = std::vec![0u128; shared_len.div_ceil(16)];
-    // SAFETY: plain bytes of the vector's own allocation.
-    unsafe { core::ptr::write_bytes(shared.as_mut_ptr().cast::<u8>(), SHARED_POISON, shared.len() * 16) };
-    let mut b = Box::new(Block {
-        dims,
-        idx,
-        cur: 0,
-        wait: std::vec![Wait::Run; n],
-        result: std::vec![0; n],
-        yielder: std::vec![core::ptr::null(); n],
-        shared,
-        statics: Vec::new(),
-        next_static: dims.shared_bytes.next_multiple_of(16),
-        extents: extents.map_or(core::ptr::null(), |e| e as *const Extents),
+    assert!((1..=1024).contains(&n), "erlcuda_kernel: a block of {n} threads");
+    // A block run from inside a GPU body (an emulator test) sets up a state
+    // of its own.
+    let mut b = SCRATCH.with(Cell::take).unwrap_or_else(|| {
+        Box::new(Block {
+            dims,
+            idx,
+            cur: 0,
+            tid: (0, 0),
+            wait: Vec::new(),
+            result: Vec::new(),
+            yielder: Vec::new(),
+            turn: Vec::new(),
+            switched: false,
+            shared: Vec::new(),
+            shared_len: 0,
+            dirty: 0,
+            statics: Vec::new(),
+            next_static: 0,
+            extents: core::ptr::null(),
+        })
     });
+    b.reset(dims, idx, n, extents);
+    let mut rng = seeded(order, idx);
+    if let Some(r) = rng.as_mut() {
+        shuffle(&mut b.turn, r);
+    }
     let bp: *mut Block = &mut *b;
     let prev = CURRENT.with(|c| c.replace(bp));
     let mut stacks = STACKS.with(Cell::take);
-    let mut threads: Vec<Coroutine<(), (), (), DefaultStack>> = (0..n)
-        .map(|i| {
-            let stack = stacks.pop().unwrap_or_else(|| DefaultStack::new(STACK_BYTES).expect("a coroutine stack"));
-            // SAFETY: `body` and the block outlive every coroutine: each is
-            // finished or reset below before this function returns.
-            unsafe {
-                Coroutine::with_stack_unchecked(stack, move |y: &Yielder<(), ()>, ()| {
-                    (&mut (*bp).yielder)[i] = y;
-                    body();
-                })
+    // Each thread's coroutine, once the runner has stopped at a wait (None:
+    // run by the runner, or the runner itself for the thread it stopped in).
+    let mut threads: Vec<Option<Coroutine<(), (), (), DefaultStack>>> = Vec::new();
+    let stack = stacks.pop().unwrap_or_else(|| DefaultStack::new(STACK_BYTES).expect("a coroutine stack"));
+    // SAFETY: `body` and the block outlive the runner: it is finished or
+    // reset below before this function returns.
+    let mut runner = unsafe {
+        Coroutine::with_stack_unchecked(stack, move |y: &Yielder<(), ()>, ()| {
+            let b = &mut *bp;
+            for k in 0..n {
+                let i = b.turn[k];
+                b.set_cur(i);
+                b.yielder[i] = y;
+                body();
+                b.wait[i] = Wait::Done;
+                if b.switched {
+                    return;
+                }
             }
         })
-        .collect();
-    let r = schedule(bp, &mut threads, order);
-    for mut t in threads {
+    };
+    let r = match runner.resume(()) {
+        CoroutineResult::Return(()) => {
+            stacks.push(runner.into_stack());
+            Ok(())
+        }
+        CoroutineResult::Yield(()) => {
+            let i = b.cur as usize;
+            let k = b.turn.iter().position(|&t| t == i).expect("the waiting thread is in the round");
+            threads.resize_with(n, || None);
+            threads[i] = Some(runner);
+            if let Wait::Fault(reason) = b.wait[i] {
+                Err(Fault { reason, block: idx, thread: i as u32 })
+            } else {
+                b.switched = true;
+                for &t in &b.turn[k + 1..] {
+                    let stack = stacks.pop().unwrap_or_else(|| DefaultStack::new(STACK_BYTES).expect("a coroutine stack"));
+                    // SAFETY: as the runner's.
+                    threads[t] = Some(unsafe {
+                        Coroutine::with_stack_unchecked(stack, move |y: &Yielder<(), ()>, ()| {
+                            (&mut (*bp).yielder)[t] = y;
+                            body();
+                        })
+                    });
+                }
+                schedule(bp, &mut threads, rng, k + 1)
+            }
+        }
+    };
+    for mut t in threads.into_iter().flatten() {
         if !t.done() {
             // A faulted block's threads stay suspended: dropped without
             // unwinding (their frames' destructors do not run; a GPU body
@@ -447,8 +556,73 @@ pub unsafe fn run_block_checked(
     }
     STACKS.with(|s| s.set(stacks));
     CURRENT.with(|c| c.set(prev));
-    drop(b);
+    b.extents = core::ptr::null();
+    SCRATCH.with(|s| s.set(Some(b)));
     r
+}
+
+impl Block {
+    /// Thread `i` (linear index) runs now.
+    #[inline(always)]
+    fn set_cur(&mut self, i: usize) {
+        self.cur = i as u32;
+        self.tid = (i as u32 % self.dims.block.0, i as u32 / self.dims.block.0);
+    }
+
+    /// Ready for block `idx` of a launch `dims` of `n` threads: every thread
+    /// to run, the first round in index order, the shared window poisoned.
+    fn reset(&mut self, dims: Dims, idx: (u32, u32), n: usize, extents: Option<&Extents>) {
+        self.dims = dims;
+        self.idx = idx;
+        self.set_cur(0);
+        self.wait.clear();
+        self.wait.resize(n, Wait::Run);
+        self.result.clear();
+        self.result.resize(n, 0);
+        self.yielder.clear();
+        self.yielder.resize(n, core::ptr::null());
+        self.turn.clear();
+        self.turn.extend(0..n);
+        self.switched = false;
+        self.statics.clear();
+        self.next_static = dims.shared_bytes.next_multiple_of(16);
+        self.extents = extents.map_or(core::ptr::null(), |e| e as *const Extents);
+        let words = ((dims.shared_bytes + STATIC_SHARED_BYTES) as usize).div_ceil(16);
+        self.shared_len = words * 16;
+        let poison = u128::from_ne_bytes([SHARED_POISON; 16]);
+        if self.shared.len() < words {
+            self.shared.clear();
+            self.shared.resize(words, poison);
+        } else {
+            let dirty = self.dirty.div_ceil(16).min(self.shared.len());
+            self.shared[..dirty].fill(poison);
+        }
+        // Written through the dynamic region's pointer ([`crate::device::shared`]),
+        // unchecked: poisoned again after this block whatever it does.
+        self.dirty = dims.shared_bytes as usize;
+    }
+}
+
+/// The seeded order's generator for block `idx` (None: in index order).
+fn seeded(order: Order, idx: (u32, u32)) -> Option<u64> {
+    match order {
+        Order::InOrder => None,
+        // Each block its own stream of the seed: blocks differ, and a
+        // block's order does not depend on which blocks ran before it.
+        Order::Seeded(s) => {
+            let mut r = s ^ (u64::from(idx.0) | u64::from(idx.1) << 32).wrapping_mul(0xd605_bbb5_8c8a_bbb5);
+            splitmix(&mut r);
+            Some(r)
+        }
+    }
+}
+
+/// Fisher-Yates over every thread (those not runnable are skipped when
+/// their turn comes).
+fn shuffle(turn: &mut [usize], r: &mut u64) {
+    for i in (1..turn.len()).rev() {
+        turn.swap(i, (splitmix(r) % (i as u64 + 1)) as usize);
+    }
 }
 
 /// splitmix64: the seeded order's generator (small, and the same numbers
@@ -461,78 +635,94 @@ fn splitmix(s: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Steps the block's threads until all finish or the block faults.
-fn schedule(bp: *mut Block, threads: &mut [Coroutine<(), (), (), DefaultStack>], order: Order) -> Result<(), Fault> {
+/// Steps the block's threads until all finish or the block faults, the
+/// first round from position `from` of the block's `turn` (the runner ran
+/// those before it), each later round in a new order where `rng` draws one.
+fn schedule(
+    bp: *mut Block,
+    threads: &mut [Option<Coroutine<(), (), (), DefaultStack>>],
+    mut rng: Option<u64>,
+    from: usize,
+) -> Result<(), Fault> {
     let n = threads.len();
     // SAFETY: between resumes no coroutine runs, so the scheduler alone
     // uses the block.
     let b = || unsafe { &mut *bp };
-    let mut turn: Vec<usize> = (0..n).collect();
-    // Each block its own stream of the seed: blocks differ, and a block's
-    // order does not depend on which blocks ran before it.
-    let mut rng = match order {
-        Order::InOrder => None,
-        Order::Seeded(s) => {
-            let mut r = s ^ (u64::from(b().idx.0) | u64::from(b().idx.1) << 32).wrapping_mul(0xd605_bbb5_8c8a_bbb5);
-            splitmix(&mut r);
-            Some(r)
-        }
-    };
+    let mut turn = core::mem::take(&mut b().turn);
+    let mut from = from;
     loop {
-        if let Some(r) = rng.as_mut() {
-            // Fisher-Yates over every thread; those not runnable are skipped.
-            for i in (1..n).rev() {
-                turn.swap(i, (splitmix(r) % (i as u64 + 1)) as usize);
-            }
-        }
-        for &i in &turn {
+        for &i in &turn[from..] {
             if matches!(b().wait[i], Wait::Run) {
-                b().cur = i as u32;
-                if let CoroutineResult::Return(()) = threads[i].resume(()) {
+                b().set_cur(i);
+                let t = threads[i].as_mut().expect("a thread to run has its coroutine");
+                if let CoroutineResult::Return(()) = t.resume(()) {
                     b().wait[i] = Wait::Done;
                 }
                 if let Wait::Fault(reason) = b().wait[i] {
+                    b().turn = turn;
                     return Err(Fault { reason, block: b().idx, thread: i as u32 });
                 }
             }
         }
-        // Nobody runs now: every thread waits, or is done.
-        let wait = &mut b().wait;
-        if wait.iter().all(|w| matches!(w, Wait::Done)) {
-            return Ok(());
-        }
-        let mut moved = false;
-        for w in 0..n.div_ceil(32) {
-            let ls = lanes(w, n);
-            let first = match wait[ls.start] {
-                Wait::Warp { op, site, .. } => (op, site),
-                _ => continue,
-            };
-            let same = ls.clone().all(|l| matches!(wait[l], Wait::Warp { op, site, .. } if (op, site) == first));
-            if same {
-                let res: Vec<u64> = ls.clone().map(|l| warp_result(first.0, &ls, wait, l)).collect();
-                for (l, r) in ls.clone().zip(res) {
-                    b().result[l] = r;
-                    b().wait[l] = Wait::Run;
-                }
-                moved = true;
+        from = 0;
+        match step(b(), n) {
+            Step::Again => {}
+            Step::End(r) => {
+                b().turn = turn;
+                return r;
             }
         }
-        if moved {
-            continue;
+        if let Some(r) = rng.as_mut() {
+            shuffle(&mut turn, r);
         }
-        let wait = &mut b().wait;
-        // A warp op any lane still waits at can never complete.
-        if let Some(t) = wait.iter().position(|w| matches!(w, Wait::Warp { .. })) {
-            return Err(Fault { reason: Reason::DivergentWarpOp, block: b().idx, thread: t as u32 });
-        }
-        let site = match wait.iter().find_map(|w| if let Wait::Barrier(s) = w { Some(*s) } else { None }) {
-            Some(s) => s,
-            None => return Ok(()),
-        };
-        if let Some(t) = wait.iter().position(|w| !matches!(w, Wait::Barrier(s) if *s == site)) {
-            return Err(Fault { reason: Reason::DivergentBarrier, block: b().idx, thread: t as u32 });
-        }
-        wait.fill(Wait::Run);
     }
+}
+
+enum Step {
+    /// Threads run again.
+    Again,
+    /// The block is over: finished, or faulted.
+    End(Result<(), Fault>),
+}
+
+/// Once no thread runs (every one waits, or is done): the warps whose
+/// lanes all wait at one warp operation get its results; where none does,
+/// the block passes the barrier all its threads wait at, or it is over.
+fn step(b: &mut Block, n: usize) -> Step {
+    let fault = |reason, t: usize| Step::End(Err(Fault { reason, block: b.idx, thread: t as u32 }));
+    if b.wait.iter().all(|w| matches!(w, Wait::Done)) {
+        return Step::End(Ok(()));
+    }
+    let mut moved = false;
+    for w in 0..n.div_ceil(32) {
+        let ls = lanes(w, n);
+        let first = match b.wait[ls.start] {
+            Wait::Warp { op, site, .. } => (op, site),
+            _ => continue,
+        };
+        let same = ls.clone().all(|l| matches!(b.wait[l], Wait::Warp { op, site, .. } if (op, site) == first));
+        if same {
+            for l in ls.clone() {
+                b.result[l] = warp_result(first.0, &ls, &b.wait, l);
+            }
+            b.wait[ls].fill(Wait::Run);
+            moved = true;
+        }
+    }
+    if moved {
+        return Step::Again;
+    }
+    // A warp op any lane still waits at can never complete.
+    if let Some(t) = b.wait.iter().position(|w| matches!(w, Wait::Warp { .. })) {
+        return fault(Reason::DivergentWarpOp, t);
+    }
+    let site = match b.wait.iter().find_map(|w| if let Wait::Barrier(s) = w { Some(*s) } else { None }) {
+        Some(s) => s,
+        None => return Step::End(Ok(())),
+    };
+    if let Some(t) = b.wait.iter().position(|w| !matches!(w, Wait::Barrier(s) if *s == site)) {
+        return fault(Reason::DivergentBarrier, t);
+    }
+    b.wait.fill(Wait::Run);
+    Step::Again
 }

@@ -186,15 +186,42 @@ pub unsafe fn partial<T: Float, const NV: usize>(
 
 /// `kernel!` and `table!`: `body(job, block)` for every virtual block,
 /// `block` counted within its job. A barrier after each, so a body may use
-/// shared memory freely without racing the next virtual block's body.
+/// shared memory freely without racing the next virtual block's body
+/// (`next_block`).
 #[inline(always)]
 pub unsafe fn each_block(jobs: *const Job, njobs: u32, total_blocks: u32, body: impl Fn(&Job, u64)) {
     let mut vb = block_idx();
     while vb < total_blocks {
         let job = job_at(jobs, njobs, vb as u64);
         body(job, vb as u64 - job.block_start);
+        vb = next_block(vb, total_blocks);
+    }
+}
+
+/// The next virtual block of this thread after `vb`'s, behind the barrier
+/// that ends `vb`'s body. The GPU waits after the last one too (its PTX is
+/// as it was). On the host (the emulator) the last one's is left out: no
+/// shared memory use follows it (another virtual block follows in every
+/// thread of the block or in none: `vb` and `gridDim.x` are the block's),
+/// and without it a body that has no barrier of its own runs without a
+/// coroutine per thread (crate::emu, the runner). A thread whose body
+/// waits at a barrier the others do not reach is a divergent barrier
+/// either way: they return instead of waiting here.
+#[inline(always)]
+fn next_block(vb: u32, total_blocks: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let _ = total_blocks;
         sync_threads();
-        vb += grid_dim();
+        vb + grid_dim()
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        let next = vb + grid_dim();
+        if next < total_blocks {
+            sync_threads();
+        }
+        next
     }
 }
 
@@ -210,7 +237,6 @@ pub unsafe fn each_group(jobs: *const Job, njobs: u32, total_blocks: u32, per_bl
         if first < njobs {
             body(jobs.add(first as usize), (njobs - first).min(per_block), vb as u64);
         }
-        sync_threads();
-        vb += grid_dim();
+        vb = next_block(vb, total_blocks);
     }
 }
