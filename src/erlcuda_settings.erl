@@ -110,7 +110,7 @@ table() ->
       "which body the cpu backend runs of a user's kernel that has both a CPU body and a GPU body: `cpu`, "
       "or `gpu`, its GPU body with every block's threads emulated (barriers, shared memory, 32-lane warp "
       "operations), to check on a machine without a GPU the code the GPU runs; a kernel with a GPU body "
-      "only runs it either way; a call's `{cpu_runs, cpu | gpu}` overrides it for that job ([your own kernels](your-own-kernels.md#a-kernel-written-once))"},
+      "only runs it either way; a call's `{cpu_runs, cpu | gpu}` overrides it for that job ([your own kernels](your-own-kernels.md#written-once))"},
      {cpu_thread_order, {any_of, [{atoms, [in_order, random]}, seeded]}, in_order,
       "the order in which a GPU body run on the cpu backend runs each block's threads between barriers: "
       "`in_order` (by index), or one drawn from a seed, so that a missing barrier shows as a wrong result; "
