@@ -37,7 +37,9 @@
     X(erlcuda_list_result) X(value)                                                             \
     /* kernels/0's keys and values */                                                          \
     X(name) X(id) X(types) X(outputs) X(entry) X(vector) X(scalar) X(dim) X(inout) X(type)      \
-    X(accumulate) X(kind) X(length) X(range) X(T)
+    X(accumulate) X(kind) X(length) X(range) X(T)                                               \
+    /* option_bits/0's keys: the launch options behind EC_OPT_* */                              \
+    X(grid) X(shared_bytes) X(thread_order) X(max_wait_us) X(cpu_runs_gpu) X(cpu_runs_cpu)
 
 #define EC_NIF_ATOM_DECLARE(name) extern ERL_NIF_TERM ATOM_##name;
 EC_NIF_ATOMS(EC_NIF_ATOM_DECLARE)

@@ -390,6 +390,25 @@ static ERL_NIF_TERM nif_kernels(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
     return kernels_term(env);
 }
 
+/* option_bits() -> #{Option => Bit}: the launch options' bits in a
+ * descriptor's `given` (erlcuda_ring.h's EC_OPT_*), which erlcuda's
+ * launch_opts sets: the header stays their one definition. */
+static ERL_NIF_TERM nif_option_bits(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    (void)argv;
+    ERL_NIF_TERM keys[] = {ATOM_grid,        ATOM_block,        ATOM_shared_bytes, ATOM_thread_order,
+                           ATOM_max_wait_us, ATOM_cpu_runs_gpu, ATOM_cpu_runs_cpu};
+    unsigned bits[] = {EC_OPT_GRID,     EC_OPT_BLOCK,        EC_OPT_SHARED_BYTES, EC_OPT_THREAD_ORDER,
+                       EC_OPT_MAX_WAIT, EC_OPT_CPU_RUNS_GPU, EC_OPT_CPU_RUNS_CPU};
+    ERL_NIF_TERM vals[sizeof bits / sizeof bits[0]], map;
+    for (size_t i = 0; i < sizeof bits / sizeof bits[0]; i++)
+        vals[i] = enif_make_uint(env, bits[i]);
+    if (!enif_make_map_from_arrays(env, keys, vals, sizeof bits / sizeof bits[0], &map))
+        return enif_make_badarg(env);
+    return map;
+}
+
 /* signature(Args, Outs): a user's signature as the NIF reads it (kernels.c). */
 static ERL_NIF_TERM nif_signature(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
@@ -480,6 +499,7 @@ static ErlNifFunc nif_funcs[] = {
     {"list_build", 2, nif_list_build, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"list_send", 2, nif_list_send, 0},
     {"kernels", 0, nif_kernels, 0},
+    {"option_bits", 0, nif_option_bits, 0},
     {"signature", 2, nif_signature, 0},
     {"user_kernel", 1, nif_user_kernel, 0},
     {"module_op", 4, nif_module_op, 0},

@@ -908,6 +908,9 @@ submit_user(_H, Kernel, _Args, _Launch, _FR, _Tries) ->
 %% CPU backend runs: the call's `{cpu_runs, _}' (the last one given), else
 %% gpud's, which the setting cpu_runs started it with.
 launch_opts(Launch, BlockRule) ->
+    #{grid := GridB, block := BlockB, shared_bytes := SharedB, thread_order := OrderB,
+      max_wait_us := WaitB, cpu_runs_gpu := GpuB, cpu_runs_cpu := CpuB} = Bits = option_bits(),
+    Runs = GpuB bor CpuB,
     BadBlock = fun(B) -> case BlockRule of
                              pow2 -> B < 32 orelse B band (B - 1) =/= 0;
                              warps -> B rem 32 =/= 0;
@@ -917,32 +920,44 @@ launch_opts(Launch, BlockRule) ->
     lists:foldl(
       fun(_, {error, _} = E) -> E;
          ({grid, G}, {ok, {Gv, _, B, S, Sd, W}}) when is_integer(G), G >= 1, G =< 16#7fffffff ->
-              {ok, {Gv bor 1, G, B, S, Sd, W}};
+              {ok, {Gv bor GridB, G, B, S, Sd, W}};
          ({block, B} = O, {ok, {Gv, G, _, S, Sd, W}}) when is_integer(B), B >= 1, B =< 1024 ->
               case BadBlock(B) of
                   true -> {error, {badarg, {opt, O}}};
-                  false -> {ok, {Gv bor 2, G, B, S, Sd, W}}
+                  false -> {ok, {Gv bor BlockB, G, B, S, Sd, W}}
               end;
          ({shared_bytes, S}, {ok, {Gv, G, B, _, Sd, W}}) when is_integer(S), S >= 0, S =< 49152 ->
-              {ok, {Gv bor 4, G, B, S, Sd, W}};
+              {ok, {Gv bor SharedB, G, B, S, Sd, W}};
          ({thread_order, in_order}, {ok, {Gv, G, B, S, _, W}}) ->
-              {ok, {Gv band bnot 8, G, B, S, 0, W}};
+              {ok, {Gv band bnot OrderB, G, B, S, 0, W}};
          ({thread_order, {seeded, Sd}}, {ok, {Gv, G, B, S, _, W}})
            when is_integer(Sd), Sd >= 0, Sd =< 16#ffffffff ->
-              {ok, {Gv bor 8, G, B, S, Sd, W}};
+              {ok, {Gv bor OrderB, G, B, S, Sd, W}};
          ({max_wait_us, W}, {ok, {Gv, G, B, S, Sd, _}}) when is_integer(W), W >= 0, W =< 16#ffffffff ->
-              {ok, {Gv bor 16, G, B, S, Sd, W}};
+              {ok, {Gv bor WaitB, G, B, S, Sd, W}};
          ({cpu_runs, gpu}, {ok, {Gv, G, B, S, Sd, W}}) ->
-              {ok, {(Gv band bnot 96) bor 32, G, B, S, Sd, W}};
+              {ok, {(Gv band bnot Runs) bor GpuB, G, B, S, Sd, W}};
          ({cpu_runs, cpu}, {ok, {Gv, G, B, S, Sd, W}}) ->
-              {ok, {(Gv band bnot 96) bor 64, G, B, S, Sd, W}};
+              {ok, {(Gv band bnot Runs) bor CpuB, G, B, S, Sd, W}};
          (O, _) -> {error, {badarg, {opt, O}}}
-      end, {ok, thread_order(erlcuda_settings:get(cpu_thread_order))}, Launch).
+      end, {ok, thread_order(erlcuda_settings:get(cpu_thread_order), Bits)}, Launch).
 
 %% The launch options' start: none given but the setting's thread order.
-thread_order({seeded, Seed}) -> {8, 0, 0, 0, Seed, 0};
+thread_order({seeded, Seed}, #{thread_order := OrderB}) -> {OrderB, 0, 0, 0, Seed, 0};
 %% in_order (and `random' before the settings load: no user's kernel runs then).
-thread_order(_) -> {0, 0, 0, 0, 0, 0}.
+thread_order(_, _) -> {0, 0, 0, 0, 0, 0}.
+
+%% The bits of the launch options in a descriptor, read once from the NIF
+%% (the ring header defines them).
+option_bits() ->
+    case persistent_term:get({?MODULE, option_bits}, undefined) of
+        undefined ->
+            Bits = erlcuda_nif:option_bits(),
+            persistent_term:put({?MODULE, option_bits}, Bits),
+            Bits;
+        Bits ->
+            Bits
+    end.
 
 handle(N) when is_integer(N), N >= 0 -> erlcuda_device:handle(N);
 handle(_) -> undefined.

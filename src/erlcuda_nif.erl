@@ -4,7 +4,7 @@
 -module(erlcuda_nif).
 
 -export([open/2, socket_name/1, accept/3, reset/2, close/1, cancel/2, module_op/4, module_gen/2,
-         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_build/2, list_send/2, kernels/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, get_piece/2, get_done/2,
+         submit/4, submit/5, stats/1, in_flight/1, await_spin/2, list_build/2, list_send/2, kernels/0, option_bits/0, signature/2, user_kernel/1, put/2, put/3, pin/2, get/1, get/2, get_piece/2, get_done/2,
          free/1, buffer_info/1]).
 
 -on_load(init/0).
@@ -139,6 +139,12 @@ module_gen(_Slot, _Gen) -> ?NOT_LOADED.
 %% @doc The kernel table of `c_src/erlcuda_ring.h': `{Name, Id, VectorInputs}'.
 -spec kernels() -> [map()].
 kernels() -> ?NOT_LOADED.
+
+%% The launch options' bits in a descriptor (erlcuda_ring.h's EC_OPT_*):
+%% `#{grid, block, shared_bytes, thread_order, max_wait_us, cpu_runs_gpu,
+%% cpu_runs_cpu => Bit}'.
+-spec option_bits() -> #{atom() => pos_integer()}.
+option_bits() -> ?NOT_LOADED.
 
 %% A signature (erlcuda_ring.h, "Signatures") as the NIF reads it: its
 %% arguments and outputs as kernels/0 describes them, and whether it uses T.
