@@ -9,27 +9,12 @@ use erlcuda_kernel::job::{Fault, Job, FAULT_OUT_OF_BOUNDS, FAULT_SLOT_SHARED, OP
 use erlcuda_kernel::signature::MAX_VECTORS;
 use erlcuda_kernel::kernel;
 
-kernel! {
-    /// y = 2x; thread 5 of block 0 reads x[at], thread 7 writes y[to] (its
-    /// own value) when `to` is not -1.
-    poke, T: Float in [f32],
-    (x: v(T, n), at: s(s64), to: s(s64)) -> (y: w(T, n)),
-    blocks = elements(n), threads = 64, block_rule = warps, shared = 0,
-    gpu(job, b) {
-        let n = job.len(0) as usize;
-        let base = (b as usize * block_dim() as usize + thread_idx() as usize) * 4;
-        for i in base..n.min(base + 4) {
-            let v = T::load_nc(x.add(i));
-            T::store(y.add(i), v + v);
-        }
-        if b == 0 && thread_idx() == 5 {
-            let _ = T::load(x.wrapping_offset(at as isize));
-        }
-        if b == 0 && thread_idx() == 7 && to != -1 {
-            T::store(y.wrapping_offset(to as isize), T::ZERO);
-        }
-    }
-}
+// `out_of_bounds` (y = 2x; thread 5 of block 0 reads x[at], thread 7
+// writes y[to] unless `to` is -1) and `missing_barrier` (y[e] = x[e - 1]
+// within groups of 64 through shared memory, the barrier between writes
+// and reads left out), as the Erlang suites run them.
+#[path = "../../../test/kernels_faulty/src/checked.rs"]
+mod faulty;
 
 kernel! {
     /// Thread t writes tile[t + 64 k] and reads tile[at].
@@ -46,38 +31,8 @@ kernel! {
     }
 }
 
-kernel! {
-    /// y[e] = x[e - 1] within each group of 64 (the group's first keeps its
-    /// own), through shared memory, WITHOUT the barrier between the writes
-    /// and the reads: thread t reads what thread t - 1 wrote. In index
-    /// order thread t - 1 has always run first, so the bug hides; in any
-    /// other order it reads poison (NaN).
-    missing_barrier, T: Float in [f32],
-    (x: v(T, n)) -> (y: w(T, n)),
-    blocks = elements(n), threads = 64, block_rule = warps, shared = 0,
-    gpu(job, b) {
-        let n = job.len(0) as usize;
-        let tile = erlcuda_kernel::shared_array!(tile: [T; 256], room = f64);
-        let t = thread_idx() as usize;
-        let base = b as usize * 256;
-        for k in 0..4 {
-            if base + t + 64 * k < n {
-                tile.set(t + 64 * k, T::load(x.add(base + t + 64 * k)));
-            }
-        }
-        // sync_threads() belongs here.
-        for k in 0..4 {
-            let e = base + t + 64 * k;
-            if e < n {
-                let from = if t == 0 { t + 64 * k } else { t - 1 + 64 * k };
-                T::store(y.add(e), tile.get(from));
-            }
-        }
-    }
-}
-
 extern "C" {
-    fn erlcuda_hostgpu_poke_f32(job: *const Job, fault: *mut Fault) -> u32;
+    fn erlcuda_hostgpu_out_of_bounds_f32(job: *const Job, fault: *mut Fault) -> u32;
     fn erlcuda_hostgpu_shared_poke(job: *const Job, fault: *mut Fault) -> u32;
     fn erlcuda_hostgpu_missing_barrier_f32(job: *const Job, fault: *mut Fault) -> u32;
 }
@@ -93,7 +48,7 @@ fn run(entry: unsafe extern "C" fn(*const Job, *mut Fault) -> u32, job: &Job) ->
     }
 }
 
-/// A job of `poke`: x and y are halves of one buffer (y starts right after
+/// A job of `out_of_bounds`: x and y are halves of one buffer (y starts right after
 /// x's last element), so a read just past x is a read of y's memory.
 fn poke(buf: &mut [f32], n: usize, at: i64, to: i64) -> Result<(), Fault> {
     let mut j = Job::default();
@@ -102,7 +57,7 @@ fn poke(buf: &mut [f32], n: usize, at: i64, to: i64) -> Result<(), Fault> {
     (j.addr[OUT], j.len[OUT]) = (unsafe { p.add(n) } as u64, n as u32);
     j.param[0] = at as u64;
     j.param[1] = to as u64;
-    run(erlcuda_hostgpu_poke_f32, &j)
+    run(erlcuda_hostgpu_out_of_bounds_f32, &j)
 }
 
 fn oob(slot: usize, index: i64, thread: u32) -> Fault {
@@ -149,7 +104,7 @@ fn an_empty_argument_has_no_element_to_read() {
     (j.addr[0], j.len[0]) = (buf.as_mut_ptr() as u64, 0);
     (j.addr[OUT], j.len[OUT]) = (buf.as_mut_ptr() as u64, 0);
     // No blocks at all for n = 0: nothing runs, nothing faults.
-    assert_eq!(run(erlcuda_hostgpu_poke_f32, &j), Ok(()));
+    assert_eq!(run(erlcuda_hostgpu_out_of_bounds_f32, &j), Ok(()));
 }
 
 #[test]
@@ -220,7 +175,7 @@ fn a_seeded_order_finds_a_missing_barrier_in_99_of_100_seeds() {
 
 #[test]
 fn a_seeded_order_keeps_a_correct_kernel_correct() {
-    // poke has no shared state between threads: any order, the same y.
+    // out_of_bounds has no shared state between threads: any order, the same y.
     let n = 1000;
     let mut want = vec![1.0f32; 2 * n];
     poke(&mut want, n, 0, -1).unwrap();
@@ -232,7 +187,7 @@ fn a_seeded_order_keeps_a_correct_kernel_correct() {
         (j.addr[OUT], j.len[OUT]) = (y.as_mut_ptr() as u64, n as u32);
         j.param[1] = -1i64 as u64;
         (j.given, j.seed) = (OPT_THREAD_ORDER, s);
-        run(erlcuda_hostgpu_poke_f32, &j).unwrap();
+        run(erlcuda_hostgpu_out_of_bounds_f32, &j).unwrap();
         assert_eq!(&y[..], &want[n..], "seed {s}");
     }
 }
