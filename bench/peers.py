@@ -909,7 +909,8 @@ def sec_shared(c):
     `topk(Qn @ Xn.T, 10)` over X rows x 384 f32 (rows normalised once, as a
     user keeps them) for N queries in chunks of 1,024, CUDA events around
     all the chunks; records shared.torch_batched_N (queries/s, pytorch_cuda),
-    the peer of erlcuda's shared.callers_C and shared.burst_N."""
+    the peer of erlcuda's shared.callers_C, and shared.burst_N.p99 (us, the
+    batch's whole time), the peer of erlcuda's burst of N."""
     need(c, "torch")
     torch = c.torch
     tf32_off(c)
@@ -931,6 +932,11 @@ def sec_shared(c):
                 {"ms": med * 1e3, "rows": SHARED_ROWS, "cols": SHARED_COLS, "k": SHARED_K,
                  "chunk": SHARED_CHUNK, "timing": "cuda_events",
                  "how": "topk(normalize(Q) @ normalize(X).T, 10) in chunks of 1,024 queries"})
+            # Every query of the batch is answered when the batch is: the
+            # time of the whole is each one's latency (the peer of
+            # erlcuda's burst of N, its p99 and max).
+            add(f"shared.burst_{n}.p99", "pytorch_cuda", med * 1e6, "us", (lo * 1e6, hi * 1e6), reps,
+                {"queries": n, "timing": "cuda_events", "how": "the batched queries' whole time"})
         except Exception as e:
             error(f"shared.torch_batched_{n}", e)
         q = None

@@ -54,6 +54,8 @@ GOALS = {
                "and their small jobs against the built-in vector_add in the same loop",
     "isolation": "small jobs beside large ones (the mixed load): their tail latency, and the large jobs' "
                  "throughput kept",
+    "shared": "many callers querying one matrix on the device (the example cos_topk, group launches) against "
+              "PyTorch's queries batched by hand",
 }
 Target = collections.namedtuple("Target", "name op limit desc goal of record field")
 
@@ -107,6 +109,16 @@ TARGETS = [
     T("buffers.chain.pinned_add_saxpy_dot.2^26", "<=", 1.2, "chain add, saxpy, dot on 2^26 from a put of a "
       "pinned binary vs PyTorch from pinned", "buffers", of="pytorch_cuda",
       record="device.chain_add_saxpy_dot.n67108864.from_pinned"),
+    # Section shared (bench/erlcuda_shared_bench.erl, peers.py's sec_shared).
+    T("shared.callers_10000", ">=", 1.0, "cos_topk queries/s with 10,000 callers vs PyTorch's batched by hand",
+      "shared", of="pytorch_cuda", record="shared.torch_batched_10000"),
+    T("shared.burst_10000.p99", "<=", 1.25, "cos_topk burst of 10,000: p99 vs PyTorch's time for the 10,000",
+      "shared", of="pytorch_cuda"),
+    T("shared.burst_10000.max", "<=", 1.25, "cos_topk burst of 10,000: max vs its p99", "shared", of=OWN,
+      record="shared.burst_10000.p99"),
+    T("shared.callers_16", ">=", 12.8, "cos_topk queries/s with 16 callers vs one caller's (0.8 x 16)", "shared",
+      of=OWN, record="shared.callers_1"),
+    T("shared.lone", "<=", 1.1, "one caller: cos_topk p50 vs cos_sim then topk_rows, interleaved", "shared"),
 ]
 
 # The example kernels of examples/kernels (DESIGN.md, "The example kernels"),
@@ -177,6 +189,10 @@ KNOWN = [
     (r"soak\.(arena_used|vm_total|vm_binary|gpud_rss|gpud_rss_anon)\.growth_per_hour", ("MiB/h", "bytes/h")),
     (r"soak\.(vm_fds|processes|gpud_fds)\.growth_per_hour", ("fds/h", "processes/h", "count/h")),
     (r"soak\.calls", ("calls/s",)),
+    (r"shared\.(callers|torch_batched)_\d+", ("queries/s",)),
+    (r"shared\.burst_\d+\.(p50|p99|max)", ("us",)),
+    (r"shared\.lone", ("x",)),
+    (r"bodies\.[a-z0-9_]+\.gpu_over_cpu", ("x",)),
 ]
 
 LARGE_RE = re.compile(r"^large\.([a-z_]+)\.([a-z_]+)\.n(\d+)$")
@@ -198,6 +214,8 @@ GROUPS = [  # (name prefix, section title)
     ("mixed", "Mixed load (small jobs beside large ones)"),
     ("gpud", "gpud"),
     ("pcie", "PCIe (pinned copies, 256 MiB)"),
+    ("shared", "Many callers, one matrix (`cos_topk`, group launches on and off, PyTorch batched by hand)"),
+    ("bodies", "GPU bodies on the CPU (the emulator) against their `cpu` bodies"),
     ("soak", "Long runs (`make soak`: growth per hour of each resource, fitted after the warm-up)"),
 ]
 
