@@ -9,9 +9,9 @@
 %%
 %% The kernels of test/kernels_faulty are left out: each is faulty on
 %% purpose and has its own case in erlcuda_user_kernels_SUITE. The kernels
-%% with a GPU body only (onebody.rs) run it on every call anyway, and
-%% erlcuda_user_kernels_SUITE's one_body_* cases check them against
-%% references.
+%% with a GPU body only run it on every call anyway: histogram's and
+%% argmax_rows' results are checked here against references, onebody.rs's
+%% in erlcuda_user_kernels_SUITE's one_body_* cases.
 -module(erlcuda_bodies_SUITE).
 
 -include_lib("stdlib/include/assert.hrl").
@@ -73,10 +73,12 @@ gpu_bodies_against_references(_) ->
         ok = erlcuda_user_check:load_example()
     end.
 
-%% {Kernel, exact | {close, Inner, Mag}, fun(T) -> [Args]}: the calls of
-%% each kernel for type T. `{close, Inner, Mag}': a result may differ by
-%% (Inner + 16) roundings of T times Mag(Args, Value) (Inner terms added
-%% per result, Mag the sum of their magnitudes).
+%% {Kernel, exact | {close, Inner, Mag} | {ref, Ref}, fun(T) -> [Args]}:
+%% the calls of each kernel for type T. `{close, Inner, Mag}': a result
+%% may differ by (Inner + 16) roundings of T times Mag(Args, Value) (Inner
+%% terms added per result, Mag the sum of their magnitudes). `{ref, Ref}':
+%% a kernel written once (no `cpu' body: both settings run its GPU body),
+%% its result equal to Ref(T, Args).
 cases() ->
     [{clamp, exact, fun(T) -> [[vec(T, N), -0.5, 0.75] || N <- lengths(T)] end},
      {gelu, exact, fun(T) -> [[vec(T, N)] || N <- lengths(T)] end},
@@ -85,8 +87,9 @@ cases() ->
       fun(T) -> [[vec(T, N), {s32, << <<(rand:uniform(N) - 1):32/native>> || _ <- lists:seq(1, N)>>}]
                  || N <- lengths(T), N > 0] end},
      {u8_to_unit, exact, fun(T) -> [[crypto:strong_rand_bytes(N)] || N <- lengths(T)] end},
-     {histogram, exact, fun(T) -> [[crypto:strong_rand_bytes(N)] || N <- lengths(T)] end},
-     {argmax_rows, exact, fun(T) -> [[vec(T, R * C), R, C] || {R, C} <- shapes(T), C > 0] end},
+     {histogram, {ref, fun histogram/2}, fun(T) -> [[crypto:strong_rand_bytes(N)] || N <- lengths(T)] end},
+     {argmax_rows, {ref, fun argmax_rows/2},
+      fun(T) -> [[vec(T, R * C), R, C] || {R, C} <- shapes(T), C > 0] end},
      {topk_rows, exact,
       %% Every K path (1, a few, the most) on the small shapes; on the
       %% largest one K, which keeps the case within its time.
@@ -104,7 +107,11 @@ cases() ->
       fun(T) -> [[vec(T, R * C), vec(T, C), R, C] || {R, C} <- shapes(T)] end},
      {scatter_add, exact, fun(T) -> [scatter_args(T, N) || N <- lengths(T)] end}].
 
-%% One job through both bodies.
+%% One job through both bodies (a kernel written once: through its GPU
+%% body, against the reference).
+agree(K, T, Args, {ref, Ref}) ->
+    ?assertEqual({K, T, {ok, Ref(T, Args)}}, {K, T, run(K, Args, gpu)}),
+    {K, T};
 agree(K, T, Args, How) ->
     Cpu = run(K, Args, cpu),
     Gpu = run(K, Args, gpu),
@@ -131,6 +138,32 @@ run(scatter_add, [Acc, Idx, Vals], Body) ->
     end;
 run(K, Args, Body) ->
     erlcuda:launch_sync({example, K}, Args, [{cpu_runs, Body}, {timeout, 60000}]).
+
+%% The references of the kernels written once: the 256 bins' counts; each
+%% row's first maximum (the inputs hold no NaN).
+histogram(_, [P]) ->
+    Counts = lists:foldl(fun(B, C) -> setelement(B + 1, C, element(B + 1, C) + 1) end,
+                         erlang:make_tuple(256, 0), binary_to_list(P)),
+    {u32, << <<N:32/native>> || N <- tuple_to_list(Counts)>>}.
+
+argmax_rows(T, [{T, X}, _Rows, Cols]) ->
+    Rows = split(numbers(T, X), Cols),
+    {u32, << <<(first_max(Row)):32/native>> || Row <- Rows>>}.
+
+split([], _) -> [];
+split(L, C) -> {Row, Rest} = lists:split(C, L), [Row | split(Rest, C)].
+
+first_max([V | Vs]) -> first_max(Vs, 1, V, 0).
+first_max([], _, _, Best) -> Best;
+first_max([V | Vs], I, M, _) when V > M -> first_max(Vs, I + 1, V, I);
+first_max([_ | Vs], I, M, Best) -> first_max(Vs, I + 1, M, Best).
+
+numbers(f32, B) -> [V || <<V:32/float-native>> <= B];
+numbers(f64, B) -> [V || <<V:64/float-native>> <= B];
+numbers(u8, B) -> binary_to_list(B);
+numbers(s32, B) -> [V || <<V:32/signed-native>> <= B];
+numbers(u32, B) -> [V || <<V:32/native>> <= B];
+numbers(s64, B) -> [V || <<V:64/signed-native>> <= B].
 
 %% Small integer-valued floats: every order of adding them gives the same
 %% bits, so the two bodies' scatters agree exactly.

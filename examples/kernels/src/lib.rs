@@ -11,7 +11,9 @@
 //! * [`maps`]: `gather`, `axpbypcz`, `gelu`, `u8_to_unit`;
 //! * [`scatter`]: `histogram`, `scatter_add`;
 //! * [`onebody`]: `tree_row_sums`, `segment_scan`, `transpose`, written
-//!   once: a GPU body only, which the CPU backend runs itself.
+//!   once: a GPU body only, which the CPU backend runs itself (as it runs
+//!   `histogram`'s and `argmax_rows`', whose `cpu` bodies were not faster
+//!   by the goal's factor).
 
 // The GPU build has no std; the host build (the CPU backend's library)
 // keeps it.

@@ -66,8 +66,10 @@ kernel! {
 kernel! {
     /// index[r] = the index of the first maximum of row r: Args
     /// [X, Rows, Cols], cols ≥ 1 (a call with cols = 0 is refused: no row
-    /// has a maximum; the bodies, called past the signature, give 2^32 − 1,
+    /// has a maximum; the body, called past the signature, gives 2^32 − 1,
     /// "no element"). NaN never wins (a row of NaN only gives 0, its first).
+    /// Written once: the CPU backend runs this GPU body (17× what a `cpu`
+    /// body took, within the 30× of a kernel with barriers: bench/EXPERIMENTS.md).
     /// One warp per row, one reduction of (value, index) pairs in the
     /// order of order.rs. A warp, not `cos_sim`'s 128 threads: at
     /// 16384×1024 f32 on an H100 gpud's run took 0.038 ms with 32 threads,
@@ -81,17 +83,6 @@ kernel! {
         let best = gpu::first_in_row(x.add(row as usize * cols as usize), cols);
         if thread_idx() == 0 {
             u32::store(index.add(row as usize), best.1);
-        }
-    }
-    cpu(job) {
-        let c = cols as usize;
-        if c == 0 {
-            index.fill(NONE);
-            return;
-        }
-        let op = First::<T>::new();
-        for (o, xr) in index.iter_mut().zip(x.chunks_exact(c)) {
-            *o = xr.iter().enumerate().fold(op.identity(), |b, (j, &v)| op.combine(b, (v, j as u32))).1;
         }
     }
 }
