@@ -313,6 +313,32 @@ pub fn checked(p: u64, bytes: usize) -> u64 {
     checked_tagged(p, bytes as u64)
 }
 
+/// The address to access for `bytes` bytes at `p` where they all lie in
+/// `p`'s slot (or `p` has no tag); None where they do not, and nothing
+/// faults: the caller then accesses them one by one, so that the fault
+/// names the first element outside (the kit's 4-element loads and stores:
+/// one check for the four).
+#[inline(always)]
+pub fn checked_span(p: u64, bytes: usize) -> Option<u64> {
+    if p >> TAG_SHIFT == 0 {
+        return Some(p);
+    }
+    let slot = (p >> TAG_SHIFT) as usize - 1;
+    let addr = p & ADDR_MASK;
+    let b = CURRENT.with(Cell::get);
+    if b.is_null() || slot >= crate::signature::MAX_SLOTS {
+        return None;
+    }
+    // SAFETY: as checked_tagged's.
+    let ext = unsafe { (*b).extents };
+    if ext.is_null() {
+        return None;
+    }
+    let e = unsafe { &(*ext)[slot] };
+    let off = addr.wrapping_sub(e.base);
+    (off <= e.bytes && e.bytes - off >= bytes as u64 && e.base != 0).then_some(addr)
+}
+
 /// The check itself, inlined where the access is (a hit costs a few
 /// compares; profiled, a call per access was a third of a plain kernel's
 /// time on the CPU).

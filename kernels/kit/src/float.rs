@@ -189,7 +189,14 @@ pub trait Float: Numeric + Neg<Output = Self> {
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     unsafe fn ldg4(p: *const Self) -> [Self; 4] {
-        core::array::from_fn(|i| Self::load(p.add(i)))
+        // One check for the four where they all lie in the argument.
+        match crate::emu::checked_span(p as u64, 4 * core::mem::size_of::<Self>()) {
+            Some(a) => {
+                let q = a as *const Self;
+                [q.read(), q.add(1).read(), q.add(2).read(), q.add(3).read()]
+            }
+            None => core::array::from_fn(|i| Self::load(p.add(i))),
+        }
     }
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
@@ -199,8 +206,13 @@ pub trait Float: Numeric + Neg<Output = Self> {
     #[cfg(not(target_arch = "nvptx64"))]
     #[inline(always)]
     unsafe fn stg4(p: *mut Self, v: [Self; 4]) {
-        for (i, x) in v.into_iter().enumerate() {
-            Self::store(p.add(i), x)
+        match crate::emu::checked_span(p as u64, 4 * core::mem::size_of::<Self>()) {
+            Some(a) => (a as *mut [Self; 4]).write_unaligned(v),
+            None => {
+                for (i, x) in v.into_iter().enumerate() {
+                    Self::store(p.add(i), x)
+                }
+            }
         }
     }
     /// Atomic `*p += v` (a compare-and-swap loop on the bits).
