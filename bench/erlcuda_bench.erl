@@ -18,6 +18,9 @@
 %% Records and the JSON, for erlcuda_examples_bench and erlcuda_mixed_bench
 %% (the sections `examples' and `mixed'); start/0 for their restarts.
 -export([record/7, json/1, placement/2]).
+%% A section run on its own, with the JSON it writes (erlcuda_examples_bench
+%% and erlcuda_shared_bench's main/0).
+-export([standalone/3]).
 
 -define(WARMUP, 2000).
 -define(BLOCK, 1000).
@@ -1175,6 +1178,30 @@ big_bin(N) ->
     Block = bin(vec(1 bsl 20)),
     Whole = binary:copy(Block, N div (1 bsl 20)),
     <<Whole/binary, (bin(vec(N rem (1 bsl 20))))/binary>>.
+
+%% Section Run on its own: erlcuda started on ERLCUDA_BACKEND (default
+%% auto), Run() recording as the sections do, then the records and the
+%% run's meta (Producer, the file that made them) written as JSON to
+%% ERLCUDA_BENCH_JSON, default DefaultOut.
+standalone(Producer, DefaultOut, Run) ->
+    logger:set_primary_config(level, error),
+    Backend = case os:getenv("ERLCUDA_BACKEND") of false -> auto; B -> list_to_atom(B) end,
+    application:load(erlcuda),
+    application:set_env(erlcuda, backend, Backend),
+    [erlang:put(K, []) || K <- [records, skipped, errors]],
+    start(),
+    [#{backend := Be, name := Name}] = erlcuda:devices(),
+    Date = calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}]),
+    Run(),
+    application:stop(erlcuda),
+    {ok, Host} = inet:gethostname(),
+    Meta = #{producer => list_to_binary(Producer), date => list_to_binary(Date),
+             host => list_to_binary(Host), backend => Be, device => Name,
+             cores => erlang:system_info(logical_processors),
+             skipped => erlang:get(skipped), errors => erlang:get(errors)},
+    Out = case os:getenv("ERLCUDA_BENCH_JSON") of false -> DefaultOut; F -> F end,
+    ok = file:write_file(Out, json(#{meta => Meta, records => lists:reverse(erlang:get(records))})),
+    io:format("~nwrote ~s (~p records)~n", [Out, length(erlang:get(records))]).
 
 %% A minimal JSON encoder for the records (maps, lists, atoms, numbers,
 %% binaries); OTP 25 has none.

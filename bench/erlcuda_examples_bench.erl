@@ -61,26 +61,7 @@ kernels() ->
 
 %% Standalone: starts erlcuda, runs the section, writes the JSON.
 main() ->
-    logger:set_primary_config(level, error),
-    Backend = case os:getenv("ERLCUDA_BACKEND") of false -> auto; B -> list_to_atom(B) end,
-    application:load(erlcuda),
-    application:set_env(erlcuda, backend, Backend),
-    erlang:put(records, []),
-    erlang:put(skipped, []),
-    erlang:put(errors, []),
-    erlcuda_bench:start(),
-    [#{backend := Be, name := Name}] = erlcuda:devices(),
-    Date = calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}]),
-    run(),
-    application:stop(erlcuda),
-    {ok, Host} = inet:gethostname(),
-    Meta = #{producer => <<"bench/erlcuda_examples_bench.erl">>, date => list_to_binary(Date),
-             host => list_to_binary(Host), backend => Be, device => Name,
-             skipped => erlang:get(skipped), errors => erlang:get(errors)},
-    Out = case os:getenv("ERLCUDA_BENCH_JSON") of false -> "examples.json"; F -> F end,
-    ok = file:write_file(Out, erlcuda_bench:json(#{meta => Meta,
-                                                   records => lists:reverse(erlang:get(records))})),
-    io:format("~nwrote ~s (~p records)~n", [Out, length(erlang:get(records))]).
+    erlcuda_bench:standalone("bench/erlcuda_examples_bench.erl", "examples.json", fun run/0).
 
 %% Launches of kernels Ks for a profiler (`run.sh ncu': Nsight Compute
 %% over gpud): each at DESIGN's size from device buffers to a buffer and

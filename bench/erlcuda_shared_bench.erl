@@ -23,24 +23,7 @@
 %% Standalone: starts erlcuda, runs the section, writes the JSON
 %% (ERLCUDA_BENCH_JSON, default shared.json).
 main() ->
-    logger:set_primary_config(level, error),
-    Backend = case os:getenv("ERLCUDA_BACKEND") of false -> auto; B -> list_to_atom(B) end,
-    application:load(erlcuda),
-    application:set_env(erlcuda, backend, Backend),
-    [erlang:put(K, []) || K <- [records, skipped, errors]],
-    erlcuda_bench:start(),
-    [#{backend := Be, name := Name}] = erlcuda:devices(),
-    Date = calendar:system_time_to_rfc3339(erlang:system_time(second), [{offset, "Z"}]),
-    run(),
-    application:stop(erlcuda),
-    {ok, Host} = inet:gethostname(),
-    Meta = #{producer => <<"bench/erlcuda_shared_bench.erl">>, date => list_to_binary(Date),
-             host => list_to_binary(Host), backend => Be, device => Name,
-             cores => erlang:system_info(logical_processors),
-             skipped => erlang:get(skipped), errors => erlang:get(errors)},
-    Out = case os:getenv("ERLCUDA_BENCH_JSON") of false -> "shared.json"; F -> F end,
-    ok = file:write_file(Out, erlcuda_bench:json(#{meta => Meta, records => lists:reverse(erlang:get(records))})),
-    io:format("~nwrote ~s (~p records)~n", [Out, length(erlang:get(records))]).
+    erlcuda_bench:standalone("bench/erlcuda_shared_bench.erl", "shared.json", fun run/0).
 
 %% The section, in erlcuda_bench's process (records via
 %% erlcuda_bench:record/7); erlcuda started. Group launches on first (the

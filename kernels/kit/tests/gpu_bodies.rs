@@ -16,7 +16,7 @@ use erlcuda_kernel::job::{Fault, Job};
 mod jobs;
 
 mod common;
-use common::Rng;
+use common::{job, o, v, Rng};
 
 type Host = unsafe extern "C" fn(*const Job);
 type HostGpu = unsafe extern "C" fn(*const Job, *mut Fault) -> u32;
@@ -60,28 +60,6 @@ fn rng() -> Rng {
     });
     eprintln!("gpu_bodies: KIT_SEED={seed}");
     Rng(seed)
-}
-
-/// A job as gpud builds it: the v and io arguments in slots 0.., the
-/// outputs from slot MAX_VECTORS, the s and d arguments in `param`.
-fn job(vecs: &[(u64, u32)], outs: &[(u64, u32)], params: &[u64]) -> Job {
-    let mut j = Job::default();
-    for (i, &(a, l)) in vecs.iter().enumerate() {
-        (j.addr[i], j.len[i]) = (a, l);
-    }
-    for (i, &(a, l)) in outs.iter().enumerate() {
-        (j.addr[Job::out_slot(i)], j.len[Job::out_slot(i)]) = (a, l);
-    }
-    j.param[..params.len()].copy_from_slice(params);
-    j
-}
-
-fn v<T>(s: &[T]) -> (u64, u32) {
-    (s.as_ptr() as u64, s.len() as u32)
-}
-
-fn o<T>(s: &mut [T]) -> (u64, u32) {
-    (s.as_mut_ptr() as u64, s.len() as u32)
 }
 
 /// Both bodies of one kernel on the job `make` builds over the outputs it

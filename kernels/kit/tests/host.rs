@@ -127,43 +127,8 @@ extern "C" {
     static __stop_erlcuda_manifest: u8;
 }
 
-// ------------------------------------------------------------- helpers
-
-/// A slot: a vector's address and length.
-fn v<T>(s: &[T]) -> (u64, u32) {
-    (s.as_ptr() as u64, s.len() as u32)
-}
-
-fn o<T>(s: &mut [T]) -> (u64, u32) {
-    (s.as_mut_ptr() as u64, s.len() as u32)
-}
-
-/// A float scalar's parameter.
-fn fp(x: f64) -> u64 {
-    x.to_bits()
-}
-
-/// An integer scalar's parameter (two's complement).
-fn ip(x: i64) -> u64 {
-    x as u64
-}
-
-/// A job as gpud builds it: the v and io arguments in slots 0.., the
-/// outputs from slot MAX_VECTORS, the s and d arguments in `param`.
-fn job(vecs: &[(u64, u32)], outs: &[(u64, u32)], params: &[u64]) -> Job {
-    let mut j = Job::default();
-    for (i, &(a, l)) in vecs.iter().enumerate() {
-        (j.addr[i], j.len[i]) = (a, l);
-    }
-    for (i, &(a, l)) in outs.iter().enumerate() {
-        (j.addr[Job::out_slot(i)], j.len[Job::out_slot(i)]) = (a, l);
-    }
-    j.param[..params.len()].copy_from_slice(params);
-    j
-}
-
 mod common;
-use common::Rng;
+use common::{fp, ip, job, o, v, Rng};
 
 // ---------------------------------------------------------- job record
 

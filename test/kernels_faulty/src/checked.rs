@@ -3,6 +3,21 @@
 //! each, for the Erlang suites (through this crate) and the kit's own.
 
 use erlcuda_kernel::kernel;
+// (both targets: the CPU backend runs these GPU bodies)
+use erlcuda_kernel::device::{block_dim, thread_idx};
+use erlcuda_kernel::Float;
+
+/// y = 2x over thread `thread_idx` of virtual block `b`'s share of an
+/// `elements(n)` job: 4 consecutive elements a thread (the rule's count).
+/// The faulty kernels' common work, before or after their fault.
+#[inline(always)]
+pub(crate) unsafe fn double_block<T: Float>(x: *const T, y: *mut T, n: usize, b: u64) {
+    let base = (b as usize * block_dim() as usize + thread_idx() as usize) * 4;
+    for i in base..n.min(base + 4) {
+        let v = T::load_nc(x.add(i));
+        T::store(y.add(i), v + v);
+    }
+}
 
 kernel! {
     /// y = 2x; thread 5 of block 0 reads x[at] and thread 7 writes y[to]
@@ -12,12 +27,7 @@ kernel! {
     (x: v(T, n), at: s(s64), to: s(s64)) -> (y: w(T, n)),
     blocks = elements(n), threads = 64, block_rule = warps, shared = 0,
     gpu(job, b) {
-        let n = job.len(0) as usize;
-        let base = (b as usize * block_dim() as usize + thread_idx() as usize) * 4;
-        for i in base..n.min(base + 4) {
-            let v = T::load_nc(x.add(i));
-            T::store(y.add(i), v + v);
-        }
+        double_block(x, y, job.len(0) as usize, b);
         // wrapping_offset: the address may be meant to be outside.
         if b == 0 && thread_idx() == 5 {
             let _ = T::load(x.wrapping_offset(at as isize));

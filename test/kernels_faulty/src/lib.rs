@@ -45,8 +45,8 @@ table! {
 // GPU the faulting jobs would hang or be undefined: CPU-only fixtures.
 use erlcuda_kernel::kernel;
 
-// out_of_bounds and missing_barrier: the kit's own tests run them too
-// (kernels/kit/tests/checked.rs).
+// out_of_bounds and missing_barrier (the kit's own tests run them too:
+// kernels/kit/tests/checked.rs), and the work the faulty kernels share.
 mod checked;
 
 kernel! {
@@ -57,12 +57,7 @@ kernel! {
     blocks = elements(n), threads = 64, block_rule = warps, shared = 0,
     gpu(job, b) {
         let n = job.len(0) as usize;
-        // Each thread 4 consecutive elements (the `elements` rule's count).
-        let base = (b as usize * block_dim() as usize + thread_idx() as usize) * 4;
-        for i in base..n.min(base + 4) {
-            let v = T::load_nc(x.add(i));
-            T::store(y.add(i), v + v);
-        }
+        checked::double_block(x, y, n, b);
         if n > 0 && T::load_nc(x) < T::ZERO {
             if thread_idx() >= 16 {
                 return;
@@ -83,11 +78,6 @@ kernel! {
         if n > 0 && T::load_nc(x) < T::ZERO && erlcuda_kernel::warp::lane() < 16 {
             let _ = erlcuda_kernel::warp::shfl_xor(T::ZERO, 1);
         }
-        // Each thread 4 consecutive elements (the `elements` rule's count).
-        let base = (b as usize * block_dim() as usize + thread_idx() as usize) * 4;
-        for i in base..n.min(base + 4) {
-            let v = T::load_nc(x.add(i));
-            T::store(y.add(i), v + v);
-        }
+        checked::double_block(x, y, n, b);
     }
 }

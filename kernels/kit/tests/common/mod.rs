@@ -1,4 +1,8 @@
 //! What the kit's host tests share.
+// Each test binary uses some of it.
+#![allow(dead_code)]
+
+use erlcuda_kernel::job::Job;
 
 /// xorshift64*: deterministic test data without dependencies.
 pub struct Rng(pub u64);
@@ -17,8 +21,41 @@ impl Rng {
     }
 
     /// Uniform in [lo, hi).
-    #[allow(dead_code)] // not every test file draws ranges
     pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * self.unit()
     }
+}
+
+/// A slot: a vector's address and length.
+pub fn v<T>(s: &[T]) -> (u64, u32) {
+    (s.as_ptr() as u64, s.len() as u32)
+}
+
+/// An output's (or io argument's) slot.
+pub fn o<T>(s: &mut [T]) -> (u64, u32) {
+    (s.as_mut_ptr() as u64, s.len() as u32)
+}
+
+/// A float scalar's parameter.
+pub fn fp(x: f64) -> u64 {
+    x.to_bits()
+}
+
+/// An integer scalar's parameter (two's complement).
+pub fn ip(x: i64) -> u64 {
+    x as u64
+}
+
+/// A job as gpud builds it: the v and io arguments in slots 0.., the
+/// outputs from slot MAX_VECTORS, the s and d arguments in `param`.
+pub fn job(vecs: &[(u64, u32)], outs: &[(u64, u32)], params: &[u64]) -> Job {
+    let mut j = Job::default();
+    for (i, &(a, l)) in vecs.iter().enumerate() {
+        (j.addr[i], j.len[i]) = (a, l);
+    }
+    for (i, &(a, l)) in outs.iter().enumerate() {
+        (j.addr[Job::out_slot(i)], j.len[Job::out_slot(i)]) = (a, l);
+    }
+    j.param[..params.len()].copy_from_slice(params);
+    j
 }
