@@ -307,17 +307,19 @@ pub fn fault(r: Reason) -> ! {
 /// checked to lie inside the slot's extent (else the thread faults).
 #[inline(always)]
 pub fn checked(p: u64, bytes: usize) -> u64 {
-    if p >> TAG_SHIFT == 0 {
-        return p;
+    match checked_span(p, bytes) {
+        Some(a) => a,
+        None => out_of_bounds(p, bytes as u64),
     }
-    checked_tagged(p, bytes as u64)
 }
 
 /// The address to access for `bytes` bytes at `p` where they all lie in
 /// `p`'s slot (or `p` has no tag); None where they do not, and nothing
-/// faults: the caller then accesses them one by one, so that the fault
-/// names the first element outside (the kit's 4-element loads and stores:
-/// one check for the four).
+/// faults: [`checked`] then faults, the kit's 4-element loads and stores
+/// (one check for the four) go element by element, so that the fault names
+/// the first element outside. Inlined where the access is: a hit costs a
+/// few compares (profiled, a call per access was a third of a plain
+/// kernel's time on the CPU).
 #[inline(always)]
 pub fn checked_span(p: u64, bytes: usize) -> Option<u64> {
     if p >> TAG_SHIFT == 0 {
@@ -329,7 +331,8 @@ pub fn checked_span(p: u64, bytes: usize) -> Option<u64> {
     if b.is_null() || slot >= crate::signature::MAX_SLOTS {
         return None;
     }
-    // SAFETY: as checked_tagged's.
+    // SAFETY: run_block_checked keeps the block, and run_gpu the extents,
+    // alive while CURRENT points to the block.
     let ext = unsafe { (*b).extents };
     if ext.is_null() {
         return None;
@@ -339,30 +342,7 @@ pub fn checked_span(p: u64, bytes: usize) -> Option<u64> {
     (off <= e.bytes && e.bytes - off >= bytes as u64 && e.base != 0).then_some(addr)
 }
 
-/// The check itself, inlined where the access is (a hit costs a few
-/// compares; profiled, a call per access was a third of a plain kernel's
-/// time on the CPU).
-#[inline(always)]
-fn checked_tagged(p: u64, bytes: u64) -> u64 {
-    let slot = (p >> TAG_SHIFT) as usize - 1;
-    let addr = p & ADDR_MASK;
-    let b = CURRENT.with(Cell::get);
-    if !b.is_null() && slot < crate::signature::MAX_SLOTS {
-        // SAFETY: run_block_checked keeps the block, and run_gpu the
-        // extents, alive while CURRENT points to the block.
-        let ext = unsafe { (*b).extents };
-        if !ext.is_null() {
-            let e = unsafe { &(*ext)[slot] };
-            let off = addr.wrapping_sub(e.base);
-            if off <= e.bytes && e.bytes - off >= bytes && e.base != 0 {
-                return addr;
-            }
-        }
-    }
-    out_of_bounds(p, bytes)
-}
-
-/// An access [`checked_tagged`] refused: the running thread faults
+/// An access [`checked`] refused: the running thread faults
 /// (outside a GPU body run, [`block`] panics).
 #[cold]
 #[inline(never)]
