@@ -907,9 +907,12 @@ submit_user(_H, Kernel, _Args, _Launch, _FR, _Tries) ->
 %% erlcuda_settings drew a seed for, logged, when it loaded). The body the
 %% CPU backend runs: the call's `{cpu_runs, _}' (the last one given), else
 %% gpud's, which the setting cpu_runs started it with.
+launch_opts([], _BlockRule) ->
+    %% The common call: no option, nothing to look up.
+    {ok, thread_order(erlcuda_settings:get(cpu_thread_order))};
 launch_opts(Launch, BlockRule) ->
     #{grid := GridB, block := BlockB, shared_bytes := SharedB, thread_order := OrderB,
-      max_wait_us := WaitB, cpu_runs_gpu := GpuB, cpu_runs_cpu := CpuB} = Bits = option_bits(),
+      max_wait_us := WaitB, cpu_runs_gpu := GpuB, cpu_runs_cpu := CpuB} = option_bits(),
     Runs = GpuB bor CpuB,
     BadBlock = fun(B) -> case BlockRule of
                              pow2 -> B < 32 orelse B band (B - 1) =/= 0;
@@ -940,12 +943,12 @@ launch_opts(Launch, BlockRule) ->
          ({cpu_runs, cpu}, {ok, {Gv, G, B, S, Sd, W}}) ->
               {ok, {(Gv band bnot Runs) bor CpuB, G, B, S, Sd, W}};
          (O, _) -> {error, {badarg, {opt, O}}}
-      end, {ok, thread_order(erlcuda_settings:get(cpu_thread_order), Bits)}, Launch).
+      end, {ok, thread_order(erlcuda_settings:get(cpu_thread_order))}, Launch).
 
 %% The launch options' start: none given but the setting's thread order.
-thread_order({seeded, Seed}, #{thread_order := OrderB}) -> {OrderB, 0, 0, 0, Seed, 0};
+thread_order({seeded, Seed}) -> {maps:get(thread_order, option_bits()), 0, 0, 0, Seed, 0};
 %% in_order (and `random' before the settings load: no user's kernel runs then).
-thread_order(_, _) -> {0, 0, 0, 0, 0, 0}.
+thread_order(_) -> {0, 0, 0, 0, 0, 0}.
 
 %% The bits of the launch options in a descriptor, read once from the NIF
 %% (the ring header defines them).
