@@ -531,15 +531,18 @@ pub unsafe fn run_block_checked(
             Ok(())
         }
         CoroutineResult::Yield(()) => {
-            let i = b.cur as usize;
-            let k = b.turn.iter().position(|&t| t == i).expect("the waiting thread is in the round");
+            // Through `bp` while coroutines may still use it (not the box).
+            // SAFETY: between resumes no coroutine runs.
+            let blk = unsafe { &mut *bp };
+            let i = blk.cur as usize;
+            let k = blk.turn.iter().position(|&t| t == i).expect("the waiting thread is in the round");
             threads.resize_with(n, || None);
             threads[i] = Some(runner);
-            if let Wait::Fault(reason) = b.wait[i] {
+            if let Wait::Fault(reason) = blk.wait[i] {
                 Err(Fault { reason, block: idx, thread: i as u32 })
             } else {
-                b.switched = true;
-                for &t in &b.turn[k + 1..] {
+                blk.switched = true;
+                for &t in &blk.turn[k + 1..] {
                     let stack = stacks.pop().unwrap_or_else(|| DefaultStack::new(STACK_BYTES).expect("a coroutine stack"));
                     // SAFETY: as the runner's.
                     threads[t] = Some(unsafe {
