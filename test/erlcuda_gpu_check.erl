@@ -7,6 +7,8 @@
 
 -define(LARGE, (1 bsl 26)).
 
+-define(SAME_BITS, "one body: GPU bodies, the GPU's bits = the CPU run's").
+
 main() -> main([]).
 
 %% Options: {gpud_fault, Path} (a gpud built with fault injection);
@@ -24,6 +26,7 @@ main(Opts) ->
     %% puts, which at the default (all but a tenth of 141 GiB) took minutes.
     Env = [{backend, Backend}, {poison_outputs, true}, {arena_bytes, 1 bsl 30},
            {arena_max_bytes, 16 bsl 30}, {device_memory_limit, 8 bsl 30}],
+    CpuRun = cpu_run_of_gpu_bodies(),
     ok = erlcuda_ref:start_app(Env),
     [#{backend := B, name := Name, ready_us := Ready, startup := Startup}] = erlcuda:devices(),
     io:format("erlcuda GPU check: backend ~p, ~ts, gpud ready in ~.1f ms (~ts)~n~n",
@@ -39,6 +42,7 @@ main(Opts) ->
                  check("kill -9 of gpud mid-load", fun kill_mid_load/0),
                  [figures() || erlang:get(only) =:= all],
                  user_checks(),
+                 [check(?SAME_BITS, fun() -> same_bits(CpuRun) end) || CpuRun =/= none],
                  check("device buffers: put/get every type, launch between buffers, pinned, 2^26",
                        fun buffers/0),
                  check("device buffers: oom is an answer, frees come back", fun buffers_oom/0),
@@ -47,6 +51,7 @@ main(Opts) ->
                  check("arena grows into registered segments, then busy", fun() -> growth(Env) end),
                  check("latency lane and paced copies: results bit-identical",
                        fun() -> lane_and_pacing(Env) end),
+                 group_checks(Env),
                  [check("fault: GPU context poisoned on purpose", fun() -> fault(P, Env) end)
                   || {gpud_fault, P} <- Opts]]),
     Failed = [R || {fail, _, _} = R <- Results],
@@ -55,14 +60,17 @@ main(Opts) ->
     halt(case Failed of [] -> 0; _ -> 1 end).
 
 check(Label, Fun) ->
+    case selected(Label) of
+        true -> run_check(Label, Fun);
+        false -> []
+    end.
+
+selected(Label) ->
     case erlang:get(only) of
         Only when is_list(Only) ->
             L = lists:flatten(Label),
-            case lists:any(fun(P) -> lists:prefix(P, L) end, Only) of
-                true -> run_check(Label, Fun);
-                false -> []
-            end;
-        _ -> run_check(Label, Fun)
+            lists:any(fun(P) -> lists:prefix(P, L) end, Only);
+        _ -> true
     end.
 
 run_check(Label, Fun) ->
@@ -680,3 +688,79 @@ one_in_flight(A) ->
     (erlang:monotonic_time(nanosecond) - T0) / 1000.
 
 pct(S, P) -> lists:nth(max(1, min(length(S), round(P * length(S)))), S).
+
+%%% One body (issue 47): the GPU bodies run on the CPU give the GPU's bits
+
+%% erlcuda_body_jobs' jobs (every example kernel, every type, sizes 0, 1,
+%% 1023, 2^20+7) through their GPU bodies on the CPU backend
+%% (`cpu_runs = gpu', the kit's emulator), before the GPU's application
+%% starts: {Seed, Jobs, Answers, Ms}, or none where the example module is
+%% not at hand or the check is not asked for.
+cpu_run_of_gpu_bodies() ->
+    case os:getenv("ERLCUDA_USER_MODULES") =/= false andalso selected(?SAME_BITS) of
+        false -> none;
+        true ->
+            Seed = erlang:unique_integer([positive]) bxor erlang:system_time(),
+            rand:seed(exsss, Seed),
+            ok = erlcuda_ref:start_app([{backend, cpu}, {cpu_runs, gpu}, {poison_outputs, true}]),
+            ok = erlcuda_user_check:load_example(),
+            Jobs = erlcuda_body_jobs:jobs(),
+            T0 = erlang:monotonic_time(millisecond),
+            Answers = erlcuda_body_jobs:answers(Jobs),
+            Ms = erlang:monotonic_time(millisecond) - T0,
+            erlcuda_ref:stop_app(),
+            {Seed, Jobs, Answers, Ms}
+    end.
+
+%% The same jobs on the GPU: every answer of an order-fixed kernel (maps,
+%% gathers, selections, integer sums, the kernels written once, tree sums
+%% in the kit's order) with the CPU run's bits; a float sum that differs
+%% must stay within its bound (erlcuda_body_jobs:within/5), and is counted.
+same_bits({Seed, Jobs, Want, CpuMs}) ->
+    ok = erlcuda_user_check:load_example(),
+    {Same, Close, Differ} = erlcuda_body_jobs:bits(Jobs, Want),
+    Kernels = lists:usort([K || {K, _, _, _} <- Jobs]),
+    CloseBy = [{K, T, length([x || {K1, T1, _} <- Close, {K1, T1} =:= {K, T}]),
+                lists:max([U || {K1, T1, U} <- Close, {K1, T1} =:= {K, T}])}
+               || {K, T} <- lists:usort([{K, T} || {K, T, _} <- Close])],
+    Info = io_lib:format("seed ~p: ~b jobs of ~b kernels, ~b with the same bits, ~b float sums within "
+                         "their bound ~w (kernel, type, jobs, largest difference in roundings); "
+                         "the CPU run took ~.1f s",
+                         [Seed, length(Jobs), length(Kernels), length(Same), length(Close), CloseBy,
+                          CpuMs / 1000]),
+    case Differ of
+        [] -> {ok, Info};
+        _ -> {lists:flatten(Info), differ, [{K, T, Shape} || {K, T, Shape, _, _} <- Differ]}
+    end.
+
+%%% Group launches (issue 48): erlcuda_group_cases, which the CPU tests
+%%% run too, with group_launches on (off by default on cuda)
+
+group_checks(Env) ->
+    case os:getenv("ERLCUDA_USER_MODULES") of
+        false -> [];
+        _ ->
+            C = erlcuda_group_cases,
+            [check("group launches: " ++ Label, fun() -> grouped(Env, F) end)
+             || {Label, F} <- [{"cos_topk, groups of 2, 17, 1000 = each job alone", fun() -> C:cos_topk([2, 17, 1000]) end},
+                               {"two buffers and a list in one drain", fun C:mixed_buffers_and_binaries/0},
+                               {"a buffer freed during the pass", fun C:buffer_freed_during_pass/0},
+                               {"bad calls refused before the GPU", fun C:refusals/0},
+                               {"max_wait_us: gathers, bounded, alone, others run",
+                                fun() ->
+                                        ok = C:wait_gathers_callers(),
+                                        ok = C:wait_within_timeout(),
+                                        ok = C:wait_alone(),
+                                        C:wait_lets_others_run()
+                                end}]]
+    end.
+
+%% F with the application restarted once with group_launches on.
+grouped(Env, F) ->
+    case application:get_env(erlcuda, group_launches) of
+        {ok, on} -> ok;
+        _ ->
+            ok = erlcuda_ref:start_app(Env ++ [{group_launches, on}]),
+            ok = erlcuda_user_check:load_example()
+    end,
+    F().

@@ -156,229 +156,39 @@ cos_topk_cases(_) ->
     ?assert(Calls > 50, Calls),
     ok.
 
-%%% Group launches (cos_topk's X is `shared', rows and cols `same_d')
+%%% Group launches (erlcuda_group_cases, which the GPU check runs too)
 
-%% Jobs of one drain on one buffer X run as group launches whose answers
-%% are the bits of each job alone, for 2, 17 and 1000 callers at once
-%% (1000 processes calling on one buffer); kernels() shows the group.
-grouped_cos_topk(_) ->
-    [#{group := #{shared := [x], same := [rows, cols], jobs_per_block := 32}}] =
-        [K || K = #{name := {example, cos_topk}} <- erlcuda:kernels()],
-    {Rows, Cols} = {200, 24},
-    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 1)),
-    Qs = group_queries(1000, Cols),
-    [begin
-         Calls = [[X, Q, Rows, Cols, group_k(I)] || {I, Q} <- enum(lists:sublist(Qs, N))],
-         Want = [alone(A) || A <- Calls],
-         S0 = erlcuda:stats(0),
-         Got = in_one_drain(Calls),
-         S1 = erlcuda:stats(0),
-         ?assertEqual(Want, Got),
-         {Launches, Jobs} = group_delta(S0, S1),
-         ct:pal("~b callers: ~b group launches of ~b jobs", [N, Launches, Jobs]),
-         ?assert(Launches >= 1 andalso Jobs =:= N, {N, Launches, Jobs})
-     end || N <- [2, 17, 1000]],
-    ok = erlcuda:free(X).
-
-%% Two buffers in one drain are two groups; a list in the shared place
-%% runs alone (a group of one, not an error); a buffer of the wrong
-%% length is refused before launch, as for a job alone.
-grouped_mixed_buffers_and_binaries(_) ->
-    {Rows, Cols} = {64, 40},
-    Xl = group_matrix(Rows, Cols, 2),
-    {ok, X1} = erlcuda:put(Xl),
-    {ok, X2} = erlcuda:put(group_matrix(Rows, Cols, 3)),
-    Qs = group_queries(20, Cols),
-    Calls = [[case I rem 2 of 0 -> X1; 1 -> X2 end, Q, Rows, Cols, 5] || {I, Q} <- enum(Qs)]
-        ++ [[Xl, hd(Qs), Rows, Cols, 5]],
-    S0 = erlcuda:stats(0),
-    Got = in_one_drain(Calls),
-    S1 = erlcuda:stats(0),
-    ?assertEqual([alone(A) || A <- Calls], Got),
-    ?assertEqual({2, 20}, group_delta(S0, S1)),
-    {ok, Short} = erlcuda:put(group_matrix(Rows - 1, Cols, 2)),
-    ?assertMatch({error, {badarg, _}}, erlcuda:launch_sync({example, cos_topk}, [Short, hd(Qs), Rows, Cols, 5])),
-    [ok = erlcuda:free(B) || B <- [X1, X2, Short]],
-    ok.
-
-%% A buffer freed behind the jobs of a group in the SQ stays alive until
-%% the group's pass has ended: every job answers with its bits.
-grouped_buffer_freed_during_pass(_) ->
-    {Rows, Cols} = {128, 32},
-    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 4)),
-    Qs = group_queries(24, Cols),
-    Want = [alone([X, Q, Rows, Cols, 10]) || Q <- Qs],
-    S0 = erlcuda:stats(0),
-    Got = in_one_drain([[X, Q, Rows, Cols, 10] || Q <- Qs], fun() -> ok = erlcuda:free(X) end),
-    S1 = erlcuda:stats(0),
-    ?assertEqual(Want, Got),
-    ?assertEqual({1, 24}, group_delta(S0, S1)),
-    ?assertMatch({error, _}, erlcuda:launch_sync({example, cos_topk}, [X, hd(Qs), Rows, Cols, 10])),
-    ok.
+grouped_cos_topk(_) -> erlcuda_group_cases:cos_topk([2, 17, 1000]).
+grouped_mixed_buffers_and_binaries(_) -> erlcuda_group_cases:mixed_buffers_and_binaries().
+grouped_buffer_freed_during_pass(_) -> erlcuda_group_cases:buffer_freed_during_pass().
+grouped_refusals(_) -> erlcuda_group_cases:refusals().
+grouped_wait_gathers_callers(_) -> erlcuda_group_cases:wait_gathers_callers().
+grouped_wait_within_timeout(_) -> erlcuda_group_cases:wait_within_timeout().
+grouped_wait_alone(_) -> erlcuda_group_cases:wait_alone().
+grouped_wait_lets_others_run(_) -> erlcuda_group_cases:wait_lets_others_run().
 
 %% The group GPU body (run on the CPU, each block's threads emulated:
 %% cpu_runs gpu) gives each job the bits of its CPU body alone.
 grouped_gpu_body(_) ->
+    C = erlcuda_group_cases,
     {Rows, Cols} = {70, 40},
-    Xl = group_matrix(Rows, Cols, 5),
-    Qs = group_queries(33, Cols),
-    Want = [alone([Xl, Q, Rows, Cols, group_k(I)]) || {I, Q} <- enum(Qs)],
+    Xl = C:group_matrix(Rows, Cols, 5),
+    Qs = C:group_queries(33, Cols),
+    Want = [C:alone([Xl, Q, Rows, Cols, C:group_k(I)]) || {I, Q} <- C:enum(Qs)],
     ok = erlcuda_ref:start_app([{cpu_runs, gpu}]),
     try
         ok = erlcuda_user_check:load_example(),
         {ok, X} = erlcuda:put(Xl),
         Decode = fun({V, {u32, I}}) -> {[F || <<F:32/float-native>> <= V], [N || <<N:32/native>> <= I]} end,
         S0 = erlcuda:stats(0),
-        Got = in_one_drain([[X, Q, Rows, Cols, group_k(I)] || {I, Q} <- enum(Qs)]),
+        Got = C:in_one_drain([[X, Q, Rows, Cols, C:group_k(I)] || {I, Q} <- C:enum(Qs)]),
         S1 = erlcuda:stats(0),
         ?assertEqual(Want, [Decode(G) || G <- Got]),
-        ?assertMatch({L, 33} when L >= 1, group_delta(S0, S1))
+        ?assertMatch({L, 33} when L >= 1, C:group_delta(S0, S1))
     after
         ok = erlcuda_ref:start_app([{poison_outputs, true}]),
         ok = erlcuda_user_check:load_example()
     end.
-
-%% A shared argument is judged as any vector before launch: a term that
-%% is no vector, a list or buffer of the wrong length or a buffer of
-%% another type are refused with badarg; a list in the shared place is
-%% a job alone (no group, and no error), however many come together.
-grouped_refusals(_) ->
-    {Rows, Cols} = {32, 16},
-    Xl = group_matrix(Rows, Cols, 6),
-    [Q | _] = Qs = group_queries(6, Cols),
-    {ok, F64} = erlcuda:put({f64, << <<V:64/float-native>> || V <- Xl >>}),
-    {ok, Short} = erlcuda:put(lists:sublist(Xl, Rows * Cols - 1)),
-    S0 = erlcuda:stats(0),
-    [?assertMatch({error, {badarg, _}}, erlcuda:launch_sync({example, cos_topk}, [Bad, Q, Rows, Cols, 3]), Bad)
-     || Bad <- [foo, [a, b], {f32, <<1, 2, 3>>}, lists:sublist(Xl, Rows * Cols - 1), Short,
-                {u32, <<0:(32 * Rows * Cols)>>}]],
-    %% An f64 X makes T f64: an f32 query is then of the wrong type.
-    ?assertMatch({error, {badarg, _}},
-                 erlcuda:launch_sync({example, cos_topk}, [F64, {f32, << <<V:32/float-native>> || V <- Q >>}, Rows, Cols, 3])),
-    #{submitted := Sub0} = S0,
-    #{submitted := Sub1} = S1 = erlcuda:stats(0),
-    ?assertEqual(Sub0, Sub1),
-    Calls = [[Xl, Qi, Rows, Cols, 3] || Qi <- Qs],
-    ?assertEqual([alone(A) || A <- Calls], in_one_drain(Calls)),
-    ?assertEqual({0, 0}, group_delta(S1, erlcuda:stats(0))),
-    [ok = erlcuda:free(B) || B <- [F64, Short]],
-    ok.
-
-%% {max_wait_us, W}: callers a few milliseconds apart, each launch_sync
-%% in a process of its own, form one group when each may wait 200 ms;
-%% without the option each is drained (and run) alone. The bad values
-%% are refused.
-grouped_wait_gathers_callers(_) ->
-    {Rows, Cols} = {64, 32},
-    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 7)),
-    Calls = [[X, Q, Rows, Cols, 4] || Q <- group_queries(8, Cols)],
-    Want = [alone(A) || A <- Calls],
-    [?assertEqual({error, {badarg, {opt, O}}}, erlcuda:launch_sync({example, cos_topk}, hd(Calls), [O]))
-     || O <- [{max_wait_us, -1}, {max_wait_us, 1 bsl 32}, {max_wait_us, 1.0}, {max_wait_us, soon}]],
-    S0 = erlcuda:stats(0),
-    ?assertEqual(Want, spaced(Calls, [{max_wait_us, 200000}, {timeout, 20000}])),
-    S1 = erlcuda:stats(0),
-    ?assertEqual({1, 8}, group_delta(S0, S1)),
-    ?assertEqual(Want, spaced(Calls, [])),
-    {_, Jobs} = group_delta(S1, erlcuda:stats(0)),
-    ?assert(Jobs < 8, Jobs),
-    ok = erlcuda:free(X).
-
-%% A wait longer than the call's timeout is cut to half of it: the job
-%% is held 50 ms, no longer, and answers with its result (not timeout).
-grouped_wait_within_timeout(_) ->
-    {Rows, Cols} = {64, 32},
-    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 8)),
-    Args = [X, hd(group_queries(1, Cols)), Rows, Cols, 4],
-    Want = alone(Args),
-    {Us, Got} = timer:tc(erlcuda, launch_sync, [{example, cos_topk}, Args, [{timeout, 100}, {max_wait_us, 5000000}]]),
-    ct:pal("held and answered in ~b us", [Us]),
-    ?assertEqual({ok, Want}, Got),
-    ?assert(Us >= 50000, Us),
-    ok = erlcuda:free(X).
-
-%% A job with no companion is held W and then runs: answered after W,
-%% not much later (generous bound: a loaded machine).
-grouped_wait_alone(_) ->
-    {Rows, Cols} = {64, 32},
-    {ok, X} = erlcuda:put(group_matrix(Rows, Cols, 9)),
-    Args = [X, hd(group_queries(1, Cols)), Rows, Cols, 4],
-    Want = alone(Args),
-    S0 = erlcuda:stats(0),
-    {Us, Got} = timer:tc(erlcuda, launch_sync, [{example, cos_topk}, Args, [{max_wait_us, 100000}]]),
-    ct:pal("W 100 ms: answered in ~b us", [Us]),
-    ?assertEqual({ok, Want}, Got),
-    ?assert(Us >= 100000 andalso Us < 1000000, Us),
-    ?assertEqual({0, 0}, group_delta(S0, erlcuda:stats(0))),
-    ok = erlcuda:free(X).
-
-%% While a job is held, other work is drained and answered: jobs of
-%% another kernel and cos_topk with a list X answer first.
-grouped_wait_lets_others_run(_) ->
-    {Rows, Cols} = {64, 32},
-    Xl = group_matrix(Rows, Cols, 10),
-    {ok, X} = erlcuda:put(Xl),
-    Q = hd(group_queries(1, Cols)),
-    {ok, Held} = erlcuda:launch({example, cos_topk}, [X, Q, Rows, Cols, 4], [{max_wait_us, 2000000}]),
-    [{ok, _} = erlcuda:launch_sync({example, cos_topk}, [Xl, Q, Rows, Cols, 4]) || _ <- lists:seq(1, 5)],
-    [{ok, _} = erlcuda:launch_sync({example, clamp}, [[3.0, -1.0], 0.0, 1.0]) || _ <- lists:seq(1, 5)],
-    %% Still held: its answer has not come.
-    receive {erlcuda, Held, _} -> error(answered_early) after 0 -> ok end,
-    ?assertEqual({ok, alone([X, Q, Rows, Cols, 4])},
-                 receive {erlcuda, Held, R} -> R after 10000 -> error(no_answer) end),
-    ok = erlcuda:free(X).
-
-%% Each call's answer, the calls launched from processes of their own
-%% 3 ms apart (each a launch_sync with Opts).
-spaced(Calls, Opts) ->
-    Self = self(),
-    Pids = [begin
-                timer:sleep(3),
-                spawn_link(fun() -> Self ! {self(), erlcuda:launch_sync({example, cos_topk}, A, Opts)} end)
-            end || A <- Calls],
-    [receive {P, {ok, R}} -> R; {P, Other} -> error({P, Other}) after 30000 -> error({no_answer, P}) end
-     || P <- Pids].
-
-%% K from 1 to 64 and back, so a group holds jobs of every K.
-group_k(I) -> I rem 64 + 1.
-
-enum(L) -> lists:zip(lists:seq(0, length(L) - 1), L).
-
-group_matrix(Rows, Cols, Seed) ->
-    [float((I * 37 + Seed * 11) rem 101 - 50) / 8 || I <- lists:seq(1, Rows * Cols)].
-
-group_queries(N, Cols) ->
-    [[float((J * 13 + I * 7) rem 29 - 14) / 4 || J <- lists:seq(1, Cols)] || I <- lists:seq(1, N)].
-
-alone(Args) ->
-    {ok, R} = erlcuda:launch_sync({example, cos_topk}, Args),
-    R.
-
-%% group_launches and group_jobs from stats S0 to S1.
-group_delta(#{group_launches := L0, group_jobs := J0}, #{group_launches := L1, group_jobs := J1}) ->
-    {L1 - L0, J1 - J0}.
-
-%% Each call's answer, every call (and then `After') queued while gpud is
-%% stopped, so that one drain takes them all; one process per call.
-in_one_drain(Calls) -> in_one_drain(Calls, fun() -> ok end).
-in_one_drain(Calls, After) ->
-    OsPid = os_pid(),
-    Self = self(),
-    os:cmd("kill -STOP " ++ integer_to_list(OsPid)),
-    Pids = try
-               Ps = [spawn_link(fun() ->
-                                        {ok, R} = erlcuda:launch({example, cos_topk}, Args),
-                                        Self ! {queued, self()},
-                                        receive {erlcuda, R, Result} -> Self ! {self(), Result} end
-                                end) || Args <- Calls],
-               [receive {queued, P} -> ok after 30000 -> error({not_queued, P}) end || P <- Ps],
-               After(),
-               Ps
-           after
-               os:cmd("kill -CONT " ++ integer_to_list(OsPid))
-           end,
-    [receive {P, {ok, R}} -> R; {P, Other} -> error({P, Other}) after 60000 -> error({no_answer, P}) end
-     || P <- Pids].
 
 %% example_check:F/1 on the `example' module, which makes more than 200
 %% calls.

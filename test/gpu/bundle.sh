@@ -38,7 +38,7 @@ for line in sys.stdin:
 # The benchmarks' tools (built with the test binaries above).
 cp target/release/gpud-bench "$out/gpud-bench"
 cp _build/default/lib/erlcuda/ebin/* "$out/lib/erlcuda/ebin/"
-erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl \
+erlc -o "$out/test" -pa "$out/lib/erlcuda/ebin" test/erlcuda_ref.erl test/erlcuda_gpu_check.erl test/erlcuda_body_jobs.erl test/erlcuda_group_cases.erl \
     test/erlcuda_user_check.erl examples/kernels/example_check.erl
 # Users' kernel modules, prebuilt (the GPU machine has no Rust).
 make user-modules
