@@ -123,6 +123,11 @@ pub trait Numeric:
     fn maximum(self, other: Self) -> Self;
     /// The smaller; for floats IEEE minNum.
     fn minimum(self, other: Self) -> Self;
+    /// `self + other`, an integer sum wrapping on every target and build:
+    /// the GPU's add wraps, a debug host build's `+` panics on overflow, so
+    /// the kit's sums (`reduce::Sum`) use this to give the GPU's answer in
+    /// a debug test too. Floats: `+`.
+    fn wrapping_add(self, other: Self) -> Self;
 }
 
 /// An integer element.
@@ -230,6 +235,10 @@ macro_rules! int_element {
             fn minimum(self, o: $t) -> $t {
                 if o < self { o } else { self }
             }
+            #[inline(always)]
+            fn wrapping_add(self, o: $t) -> $t {
+                <$t>::wrapping_add(self, o)
+            }
         }
         impl Int for $t {
             const SIGNED: bool = $signed;
@@ -291,6 +300,10 @@ macro_rules! float_element {
             #[inline(always)]
             fn minimum(self, o: $t) -> $t {
                 $t::min(self, o)
+            }
+            #[inline(always)]
+            fn wrapping_add(self, o: $t) -> $t {
+                self + o
             }
         }
     };

@@ -84,7 +84,7 @@ impl<T: Numeric> ReduceOp for Sum<T> {
     }
     #[inline(always)]
     fn combine(&self, a: T, b: T) -> T {
-        a + b
+        a.wrapping_add(b)
     }
 }
 

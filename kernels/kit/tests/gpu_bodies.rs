@@ -54,12 +54,7 @@ const SHAPES: [(usize, usize); 6] = [(0, 5), (1, 1), (1, 1023), (1023, 1), (3, 1
 
 /// The run's generator, its seed printed (KIT_SEED repeats a run).
 fn rng() -> Rng {
-    let seed = std::env::var("KIT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-        t.as_nanos() as u64 | 1
-    });
-    eprintln!("gpu_bodies: KIT_SEED={seed}");
-    Rng(seed)
+    common::seeded("gpu_bodies")
 }
 
 /// Both bodies of one kernel on the job `make` builds over the outputs it

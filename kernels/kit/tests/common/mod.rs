@@ -26,6 +26,16 @@ impl Rng {
     }
 }
 
+/// A test binary's generator, its seed printed (`KIT_SEED=N` repeats a run).
+pub fn seeded(name: &str) -> Rng {
+    let seed = std::env::var("KIT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        t.as_nanos() as u64 | 1
+    });
+    eprintln!("{name}: KIT_SEED={seed}");
+    Rng(seed)
+}
+
 /// A slot: a vector's address and length.
 pub fn v<T>(s: &[T]) -> (u64, u32) {
     (s.as_ptr() as u64, s.len() as u32)
