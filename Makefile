@@ -8,7 +8,7 @@ EBIN := _build/default/lib/erlcuda/ebin
 .PHONY: all setup native nif gpud gpud-bench gpud-fault compile demo test check-ptx test-rust test-erlang \
         user-modules example-module example test-docs test-as-dependency test-elixir \
         check test-c test-asan test-valgrind test-fuzz test-bench test-kernel-build kernel-module bench bench-cluster soak \
-        gpu-bundle clean
+        gpu-bundle gpu-bundle-baseline clean
 
 all: compile
 
@@ -243,6 +243,12 @@ bench-cluster: setup $(BENCH_EBIN)
 # The whole-stack GPU check, for a machine with only a driver (guides/on-a-gpu-machine.md).
 gpu-bundle: setup
 	bash test/gpu/bundle.sh
+
+# The bundle of commit REV beside it, in .gpu-bundle/baseline (after
+# gpu-bundle, which starts .gpu-bundle afresh), for run.sh ab there: both
+# builds measured on one host.
+gpu-bundle-baseline:
+	bash test/gpu/baseline.sh $(REV)
 
 clean:
 	$(MAKE) -C c_src clean

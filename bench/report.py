@@ -1578,6 +1578,57 @@ def print_regressions(cmp):
         print("\n".join([line] + tab))
 
 
+def ab_compare(d):
+    """run.sh ab's rounds, DIR/{baseline,this}-R.json: erlcuda_bench's record
+    files of the same sections from two builds, alternated on one host. Per
+    record of erlcuda's own systems in both: each build's median over its
+    rounds and range, this build's slowdown over the baseline's; the lines
+    to print (records more than REGRESSION worse first) and the rows."""
+    runs = {"baseline": [], "this": []}
+    for f in sorted(os.listdir(d)):
+        m = re.fullmatch(r"(baseline|this)-(\d+)\.json", f)
+        if m:
+            _, recs = load(os.path.join(d, f))
+            runs[m.group(1)].append(records_of({"figures": merge(recs)}))
+    keys = set().union(*runs["baseline"]) & set().union(*runs["this"]) if runs["baseline"] and runs["this"] else set()
+    rows = []
+    for key in keys:
+        if key[1] not in OWN_SYSTEMS:
+            continue
+        b = [r[key][0] for r in runs["baseline"] if key in r]
+        t = [r[key][0] for r in runs["this"] if key in r]
+        unit = next(r[key][1] for r in runs["this"] if key in r)
+        f = slow_factor(unit, median(b), median(t))
+        if f is None:
+            continue
+        rows.append({"name": key[0], "system": key[1], "unit": unit, "baseline": median(b), "value": median(t),
+                     "baseline_range": [min(b), max(b)], "range": [min(t), max(t)],
+                     "worse_by": worse_fraction(unit, f),
+                     "ranges_overlap": min(t) <= max(b) and min(b) <= max(t)})
+    rows.sort(key=lambda r: (-r["worse_by"], natural_key(r["name"]), system_key(r["system"])))
+    worse = [r for r in rows if r["worse_by"] > REGRESSION]
+    head = ["record", "system", "unit", "baseline (range)", "this (range)", "this / baseline", "worse by",
+            "ranges overlap"]
+
+    def row(r):
+        u = r["unit"]
+        return ["`{}`".format(r["name"]), r["system"], u or "",
+                "{} ({}..{})".format(fmt(r["baseline"], u), fmt(r["baseline_range"][0], u), fmt(r["baseline_range"][1], u)),
+                "{} ({}..{})".format(fmt(r["value"], u), fmt(r["range"][0], u), fmt(r["range"][1], u)),
+                fmt(r["value"] / r["baseline"]) + "×",
+                worse_text(r["worse_by"]) if r["worse_by"] > 0.0005 else "better" if r["worse_by"] < -0.0005 else "same",
+                "yes" if r["ranges_overlap"] else "no"]
+    lines = ["A/B on one host: {} rounds of the baseline, {} of this build, alternated; {} of erlcuda's records "
+             "in both.".format(len(runs["baseline"]), len(runs["this"]), len(rows))]
+    if worse:
+        lines += ["{} more than {} worse at the median (ranges overlap: within the rounds' spread):".format(
+            len(worse), pct(REGRESSION))] + table(head, [row(r) for r in worse])
+    else:
+        lines.append("None more than {} worse at the median.".format(pct(REGRESSION)))
+    lines += ["Every record:"] + table(head, [row(r) for r in rows])
+    return lines, rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--machine", help="machine name; output is OUT_DIR/NAME.json")
@@ -1594,7 +1645,17 @@ def main(argv=None):
     ap.add_argument("--regenerate", action="store_true",
                     help="no new run: rewrite the Markdown from OUT_DIR/*.json; with --machine and --baseline, "
                          "compare OUT_DIR/NAME.json with the baseline")
+    ap.add_argument("--ab", metavar="DIR",
+                    help="no report: compare run.sh ab's rounds in DIR (baseline-R.json, this-R.json), "
+                         "the table on stdout and DIR/ab.json")
     a = ap.parse_args(argv)
+
+    if a.ab:
+        lines, rows = ab_compare(a.ab)
+        print("\n".join(lines))
+        with open(os.path.join(a.ab, "ab.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        return 0
 
     if a.machine is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", a.machine):
         ap.error("--machine: use letters, digits, '.', '_' and '-' only")

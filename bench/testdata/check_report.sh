@@ -551,6 +551,14 @@ grep -qxF '| `latency.vector_add_1000.p50` | erlcuda | us | 12.8 | 15.4 | 1.20×
 [ "$sum6" = "$(cksum <"$T/r6/reg-h200.json")" ] || fail "--regenerate --baseline changed the merged JSON"
 echo "regressions: the table (20% worse listed, 10% worse not), the no-regression line, --regenerate"
 
+# report.py on $T/$2-erlang.json and $T/$2-peers.json against the case 6 baseline, into
+# $T/r$1 and $T/out$1.txt ($3: the case, for a failure).
+against_base() {
+    python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/$2-erlang.json" --peers "$T/$2-peers.json" \
+        --out-dir "$T/r$1" --md "$T/R$1.md" --baseline "$T/base-merged.json" >"$T/out$1.txt" 2>&1 \
+        || { cat "$T/out$1.txt"; fail "report.py on $3"; }
+}
+
 # 9. a slower host: every peer 1.7x as slow, and erlcuda's records too (host drift, not listed),
 # but for one record with peers of its own 1.7 x 1.2 as slow (its ratio to them 20% worse) and
 # one with none 1.7 x 1.3 (30% beyond the peers' median drift): those two are listed.
@@ -567,9 +575,7 @@ for d in (e, p):
 json.dump(e, open(t + "/slow-erlang.json", "w"))
 json.dump(p, open(t + "/slow-peers.json", "w"))
 EOF
-python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/slow-erlang.json" --peers "$T/slow-peers.json" \
-    --out-dir "$T/r9" --md "$T/R9.md" --baseline "$T/base-merged.json" >"$T/out9.txt" 2>&1 \
-    || { cat "$T/out9.txt"; fail "report.py on the slower host"; }
+against_base 9 slow "the slower host"
 python3 - "$T/r9/reg-h200.json" <<'EOF' || fail "the slower host's comparison"
 import json, sys
 c = json.load(open(sys.argv[1]))["comparison"]
@@ -606,9 +612,7 @@ for r in p["records"]:
 json.dump(e, open(t + "/cpu-erlang.json", "w"))
 json.dump(p, open(t + "/cpu-peers.json", "w"))
 EOF
-python3 "$BENCH/report.py" --machine reg-h200 --erlang "$T/cpu-erlang.json" --peers "$T/cpu-peers.json" \
-    --out-dir "$T/r10" --md "$T/R10.md" --baseline "$T/base-merged.json" >"$T/out10.txt" 2>&1 \
-    || { cat "$T/out10.txt"; fail "report.py on the host with a slower CPU"; }
+against_base 10 cpu "the host with a slower CPU"
 python3 - "$T/r10/reg-h200.json" <<'EOF' || fail "the slower CPU's comparison"
 import json, sys
 c = json.load(open(sys.argv[1]))["comparison"]
@@ -621,6 +625,38 @@ EOF
 grep -qF "their small jobs' round trips (\`latency.*\`) 1.40× at the median of 12;" "$T/out10.txt" \
     || fail "the slower CPU's drift line"
 echo "regressions beyond a slower CPU: the small jobs' drift taken out of the host-bound records only"
+
+# 11. run.sh ab's comparison (report.py --ab): two rounds of each build; this build's
+# latency p50 1.3x the baseline's in both rounds (listed, ranges apart), its throughput at 100
+# callers 1.1x as low (within 15%: not listed), everything else the same.
+mkdir -p "$T/ab"
+python3 - "$HERE/erlang.json" "$T/ab" <<'EOF'
+import json, sys
+e, d = json.load(open(sys.argv[1])), sys.argv[2]
+for v in ("baseline", "this"):
+    for r in (1, 2):
+        doc = json.loads(json.dumps(e))
+        for rec in doc["records"]:
+            k = 1.0 + 0.01 * r          # the rounds' own spread
+            if v == "this" and rec["name"] == "latency.vector_add_1000.p50" and rec["system"] == "erlcuda":
+                k *= 1.3
+            if v == "this" and rec["name"] == "throughput.callers_100" and rec["system"] == "erlcuda":
+                k /= 1.1
+            rec["value"] *= k
+        json.dump(doc, open("{}/{}-{}.json".format(d, v, r), "w"))
+EOF
+python3 "$BENCH/report.py" --ab "$T/ab" >"$T/ab.txt" 2>&1 || { cat "$T/ab.txt"; fail "report.py --ab"; }
+grep -q "^A/B on one host: 2 rounds of the baseline, 2 of this build, alternated;" "$T/ab.txt" || fail "the A/B's first line"
+grep -q "^1 more than 15% worse at the median" "$T/ab.txt" || { cat "$T/ab.txt"; fail "the A/B's verdict"; }
+grep -q '^| `latency.vector_add_1000.p50` | erlcuda | us | .* | 1.30× | 30.0% | no |$' "$T/ab.txt" \
+    || { cat "$T/ab.txt"; fail "the A/B's listed record"; }
+python3 - "$T/ab/ab.json" <<'EOF' || fail "the A/B's JSON"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+w = {r["name"]: round(r["worse_by"], 6) for r in rows if r["system"] == "erlcuda" and r["worse_by"] > 0.001}
+assert w == {"latency.vector_add_1000.p50": 0.3, "throughput.callers_100": round(1 - 1 / 1.1, 6)}, w
+EOF
+echo "A/B of two builds (report.py --ab): the record 30% worse listed, 10% worse not"
 
 after=$(snapshot)
 [ "$before" = "$after" ] || fail "bench/results or bench/RESULTS.md changed"

@@ -36,6 +36,11 @@
 #                    node does not settle back; records in $OUT/soak.json
 #   run.sh demo      `make demo' there: the built-in kernels, then the
 #                    search over the bundled docs with the users' kernels
+#   run.sh ab SECTIONS [ROUNDS]
+#                    erlcuda_bench's SECTIONS of this bundle against the
+#                    baseline bundle's (.gpu-bundle/baseline: make
+#                    gpu-bundle-baseline REV=...), alternated ROUNDS times:
+#                    code or host, for a record the regression table lists
 #   run.sh eval EXPR one Erlang expression with the bundle's code loaded,
 #                    e.g. 'erlcuda_bench:busy_spin()'; ERL_FLAGS applies
 #   run.sh kernels   the built-in kernels' PTX alone, through CuPy
@@ -259,6 +264,33 @@ EOF
         ncu --import "$out/ncu.ncu-rep" --page details --print-units base > "$out/ncu.txt"
         echo "ncu: $(grep -c '^  [a-z_0-9]*.*(' "$out/ncu.txt" || true) kernel launches in $out/ncu.txt" ;;
     eval) ERLCUDA_GPUD_BENCH="$here/gpud-bench" ERLCUDA_USER_MODULES="$here/user_modules" erl "logger:set_primary_config(level, error), $2, halt()" ;;
+    ab)
+        # Code or host: erlcuda_bench's sections $2 (comma-separated, e.g.
+        # latency,other_latency,profile) of this bundle against the same of
+        # the baseline bundle beside it (.gpu-bundle/baseline, built by
+        # `make gpu-bundle-baseline REV=...` from the commit of the committed
+        # record), alternated $3 rounds (default 3) on this host. Prints each
+        # record's median and range per build, the slowdown, the records
+        # more than 15% worse first (report.py --ab); every round's JSON and
+        # log in $OUT/ab.tar.gz.
+        base="$here/baseline"
+        [ -x "$base/run.sh" ] || { echo "run.sh ab: no baseline bundle in $base (make gpu-bundle-baseline REV=...)" >&2; exit 2; }
+        [ -e "$base/erlang-base.deb" ] || cp "$here/erlang-base.deb" "$base/"
+        out="${OUT:-.}"
+        mkdir -p "$tmp/ab"
+        echo "run.sh ab: this bundle against the baseline at $(cat "$base/REVISION" 2>/dev/null || echo '(unknown)'), sections ${2:?run.sh ab SECTIONS [ROUNDS]}"
+        for r in $(seq 1 "${3:-3}"); do
+            for v in baseline this; do
+                d="$here"
+                [ "$v" = baseline ] && d="$base"
+                t=$(date +%s)
+                ERLCUDA_BENCH_JSON="$tmp/ab/$v-$r.json" bash "$d/run.sh" eval "erlcuda_bench:main([$2])" \
+                    >"$tmp/ab/$v-$r.log" 2>&1 || echo "run.sh ab: $v, round $r failed: $(tail -n 3 "$tmp/ab/$v-$r.log")"
+                echo "run.sh ab: $v, round $r: $(( $(date +%s) - t )) s"
+            done
+        done
+        python3 "$here/bench/report.py" --ab "$tmp/ab" | tee "$out/ab.txt"
+        tar -C "$tmp" -czf "$out/ab.tar.gz" ab ;;
     kernels)
         # The kernels' PTX alone, through CuPy: both modules, every entry of
         # both types against f64 references; matmul_f64 against DGEMM.
@@ -276,5 +308,5 @@ EOF
         # The kit's device primitives and math (kernels/kit/gpu_tests),
         # through CuPy against NumPy: random inputs, a fresh seed each run.
         PYTHONUNBUFFERED=1 python3 "$here/kit/gpu_tests/run.py" "$here/kit/gpu_tests/kit_gpu_tests.ptx" ;;
-    *) echo "usage: $0 [check|cargo|erlang|all|kernels|kit|bench|part ERL PEERS|mixed|lanes|demo|soak [MINUTES]|eval EXPR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [check|cargo|erlang|all|kernels|kit|bench|part ERL PEERS|mixed|lanes|demo|soak [MINUTES]|eval EXPR|ab SECTIONS [ROUNDS]]" >&2; exit 2 ;;
 esac
