@@ -714,8 +714,9 @@ cpu_run_of_gpu_bodies() ->
 
 %% The same jobs on the GPU: every answer of an order-fixed kernel (maps,
 %% gathers, selections, integer sums, the kernels written once, tree sums
-%% in the kit's order) with the CPU run's bits; a float sum that differs
-%% must stay within its bound (erlcuda_body_jobs:within/5), and is counted.
+%% in the kit's order) with the CPU run's bits; a float sum, or a float map
+%% the GPU build fuses into multiply-adds (erlcuda_body_jobs:gpu_how/3),
+%% that differs must stay within its bound, and is counted.
 same_bits({Seed, Jobs, Want, CpuMs}) ->
     ok = erlcuda_user_check:load_example(),
     {Same, Close, Differ} = erlcuda_body_jobs:bits(Jobs, Want),
@@ -723,7 +724,7 @@ same_bits({Seed, Jobs, Want, CpuMs}) ->
     CloseBy = [{K, T, length([x || {K1, T1, _} <- Close, {K1, T1} =:= {K, T}]),
                 lists:max([U || {K1, T1, U} <- Close, {K1, T1} =:= {K, T}])}
                || {K, T} <- lists:usort([{K, T} || {K, T, _} <- Close])],
-    Info = io_lib:format("seed ~p: ~b jobs of ~b kernels, ~b with the same bits, ~b float sums within "
+    Info = io_lib:format("seed ~p: ~b jobs of ~b kernels, ~b with the same bits, ~b float sums or fused multiply-adds within "
                          "their bound ~w (kernel, type, jobs, largest difference in roundings); "
                          "the CPU run took ~.1f s",
                          [Seed, length(Jobs), length(Kernels), length(Same), length(Close), CloseBy,
