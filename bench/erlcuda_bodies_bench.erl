@@ -36,7 +36,29 @@ kernels() ->
      {log_softmax_rows, barriers}, {cos_sim, barriers}, {topk_rows, barriers}].
 
 run() ->
-    io:format("the example kernels' GPU bodies on the CPU against their cpu bodies~n"),
+    io:format("the example kernels' GPU bodies on the CPU against their cpu bodies, one thread each~n"),
+    %% The goal is on one thread (a cpu body runs a job on one): the kit
+    %% runs a job's blocks on a pool of the machine's cores unless
+    %% ERLCUDA_EMU_THREADS says otherwise, read by gpud when a module's
+    %% blocks first run, so gpud starts again with it at 1, and after the
+    %% section again as it was.
+    Prev = os:getenv("ERLCUDA_EMU_THREADS"),
+    os:putenv("ERLCUDA_EMU_THREADS", "1"),
+    restart(),
+    try measure()
+    after
+        case Prev of
+            false -> os:unsetenv("ERLCUDA_EMU_THREADS");
+            _ -> os:putenv("ERLCUDA_EMU_THREADS", Prev)
+        end,
+        restart()
+    end.
+
+restart() ->
+    _ = application:stop(erlcuda),
+    erlcuda_bench:start().
+
+measure() ->
     case erlcuda:devices() of
         [#{backend := cpu} | _] ->
             case erlcuda_examples_bench:module_dir() of

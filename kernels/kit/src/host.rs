@@ -8,6 +8,10 @@ use crate::manifest::Layout;
 use crate::Float;
 use core::array::from_fn;
 
+// The blocks' pool (each_block); the crate is no_std for the GPU.
+extern crate std;
+use std::{format, vec::Vec};
+
 /// The first output's slot.
 const OUT0: usize = Job::out_slot(0);
 
@@ -66,7 +70,8 @@ pub unsafe fn run<T>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>))
 
 /// A kernel's GPU code on the CPU: its PTX entry's host twin `entry(jobs,
 /// njobs, total_blocks)` run as a launch of this one job, one emulated
-/// block per virtual block ([`crate::emu`]), in order: block `b` has
+/// block per virtual block ([`crate::emu`]), the blocks on the kit's
+/// threads as a GPU's run side by side ([`each_block`]): block `b` has
 /// `block_idx` b of `grid_dim` n, so the entry's grid-stride loop takes
 /// exactly virtual block b. `launch` is the kernel's `(threads, shared)`,
 /// which the job's launch options (`{block, B}`, `{shared_bytes, S}`)
@@ -75,8 +80,9 @@ pub unsafe fn run<T>(job: &Job, layout: &Layout, body: impl FnOnce(Args<'_, T>))
 /// that its accesses through the kit are checked against each argument's
 /// extent (its length in elements of its declared type); with
 /// [`OPT_THREAD_ORDER`](crate::job::OPT_THREAD_ORDER), its threads run in
-/// the order the job's seed draws. Returns 0, or 1 with `fault` filled at
-/// the first faulting block (the blocks after it do not run).
+/// the order the job's seed draws, and its blocks one after another on
+/// the calling thread (so that the seed replays the whole run). Returns 0,
+/// or 1 with `fault` filled at the lowest faulting block.
 ///
 /// # Safety
 /// As [`Args::new`].
@@ -87,7 +93,7 @@ pub unsafe fn run_gpu(
     launch: (u32, u32),
     t_bytes: u64,
     fault: &mut crate::job::Fault,
-    entry: impl Fn(*const Job, u32, u32),
+    entry: impl Fn(*const Job, u32, u32) + Sync,
 ) -> u32 {
     use crate::emu::{run_block_checked, tag, Dims, Extent, Extents, Order};
     use crate::job::OPT_BLOCK;
@@ -110,14 +116,65 @@ pub unsafe fn run_gpu(
         ext[slot] = Extent { base: job.addr[slot], bytes: u64::from(job.len[slot]) * e, elem: e };
         one.addr[slot] = tag(job.addr[slot], slot);
     }
-    for b in 0..n {
-        let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
-        if let Err(f) = run_block_checked(dims, (b, 0), order, Some(&ext), &|| entry(&one, 1, n)) {
+    let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
+    let one = &one;
+    let run = |b: u32| run_block_checked(dims, (b, 0), order, Some(&ext), &|| entry(one, 1, n));
+    match each_block(n, order == Order::InOrder, run) {
+        Some((b, f)) => {
             *fault = job_fault(&f, b);
-            return 1;
+            1
+        }
+        None => 0,
+    }
+}
+
+/// Threads of the kit's pool: `ERLCUDA_EMU_THREADS` where set (1: every
+/// block on the calling thread), else the machine's cores.
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::env::var("ERLCUDA_EMU_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&t| t >= 1)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        (n > 1).then(|| rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("erlcuda-emu-{i}")).build().ok())?
+    })
+    .as_ref()
+}
+
+/// Blocks `0..n`, each by `run(b)`: side by side on the kit's pool where
+/// `parallel` and there is more than one block and one thread (atomics and
+/// races between blocks then meet as on a GPU; the emulator's state is
+/// each OS thread's own), else in order here. Returns the lowest block
+/// that faulted and its fault, the same whatever the interleaving: a block
+/// above a fault already found is skipped, one below it always runs.
+pub(crate) fn each_block(
+    n: u32,
+    parallel: bool,
+    run: impl Fn(u32) -> Result<(), crate::emu::Fault> + Sync,
+) -> Option<(u32, crate::emu::Fault)> {
+    use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    use rayon::prelude::*;
+    match pool().filter(|_| parallel && n > 1) {
+        None => (0..n).find_map(|b| run(b).err().map(|f| (b, f))),
+        Some(p) => {
+            let first = AtomicU32::new(u32::MAX);
+            let faults = std::sync::Mutex::new(Vec::new());
+            p.install(|| {
+                (0..n).into_par_iter().for_each(|b| {
+                    if b > first.load(Relaxed) {
+                        return;
+                    }
+                    if let Err(f) = run(b) {
+                        first.fetch_min(b, Relaxed);
+                        faults.lock().unwrap_or_else(|e| e.into_inner()).push((b, f));
+                    }
+                })
+            });
+            faults.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().min_by_key(|&(b, _)| b)
         }
     }
-    0
 }
 
 /// An emulated block's fault as the job's answer carries it.
@@ -134,10 +191,10 @@ fn job_fault(f: &crate::emu::Fault, block: u32) -> crate::job::Fault {
 
 /// A kernel's group GPU code on the CPU: its group entry's host twin
 /// `entry(jobs, njobs, total_blocks)` run as a launch of the `njobs`
-/// jobs, `ceil(njobs / per_block)` emulated blocks in order, as
+/// jobs, `ceil(njobs / per_block)` emulated blocks, side by side as
 /// [`run_gpu`] runs one job's. The jobs share their launch options (gpud
 /// groups only jobs of one geometry). Returns 0, or 1 with `fault` filled
-/// at the first faulting block.
+/// at the lowest faulting block.
 ///
 /// # Safety
 /// As [`crate::Group::new`].
@@ -147,7 +204,7 @@ pub unsafe fn run_gpu_group(
     launch: (u32, u32),
     per_block: u32,
     fault: &mut crate::job::Fault,
-    entry: impl Fn(*const Job, u32, u32),
+    entry: impl Fn(*const Job, u32, u32) + Sync,
 ) -> u32 {
     use crate::emu::{run_block_checked, Dims, Order};
     use crate::job::{OPT_BLOCK, OPT_SHARED_BYTES, OPT_THREAD_ORDER};
@@ -162,14 +219,18 @@ pub unsafe fn run_gpu_group(
     // a tagged address could not say whose it is (a job alone is checked).
     let order = if first.given & OPT_THREAD_ORDER != 0 { Order::Seeded(u64::from(first.seed)) } else { Order::InOrder };
     let n = njobs.div_ceil(per_block);
-    for b in 0..n {
-        let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
-        if let Err(f) = run_block_checked(dims, (b, 0), order, None, &|| entry(jobs, njobs, n)) {
+    let dims = Dims { block: (threads, 1), grid: (n, 1), shared_bytes: shared };
+    // The table's address, to be shared by the pool's threads: the caller
+    // keeps the jobs alive and unaliased for the whole call.
+    let table = jobs as usize;
+    let run = |b: u32| run_block_checked(dims, (b, 0), order, None, &|| entry(table as *const Job, njobs, n));
+    match each_block(n, order == Order::InOrder, run) {
+        Some((b, f)) => {
             *fault = job_fault(&f, b);
-            return 1;
+            1
         }
+        None => 0,
     }
-    0
 }
 
 /// Terms per chunk of [`sum`]: one GPU virtual block of a reduction at the
@@ -196,4 +257,62 @@ pub fn sum<T: Float>(len: usize, term: impl Fn(usize) -> T) -> T {
 /// One chunk, in the order `sum_order.rs` defines (gpud's sums share it).
 fn chunk_sum<T: Float>(lo: usize, hi: usize, term: &impl Fn(usize) -> T) -> T {
     crate::sum_order::chunk_sum(T::ZERO, lo, hi, term)
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::each_block;
+    use crate::emu::{Fault, Reason};
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    use std::sync::Mutex;
+    use std::vec::Vec;
+
+    fn fault(b: u32) -> Fault {
+        Fault { reason: Reason::DivergentBarrier, block: (b, 0), thread: 0 }
+    }
+
+    #[test]
+    fn every_block_runs_once_on_the_pools_threads() {
+        let runs: Vec<AtomicU32> = (0..256).map(|_| AtomicU32::new(0)).collect();
+        let threads = Mutex::new(HashSet::new());
+        let r = each_block(256, true, |b| {
+            runs[b as usize].fetch_add(1, Relaxed);
+            threads.lock().unwrap().insert(std::thread::current().id());
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            Ok(())
+        });
+        assert!(r.is_none());
+        assert!(runs.iter().all(|c| c.load(Relaxed) == 1));
+        // Side by side wherever the machine has more than one core.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let used = threads.into_inner().unwrap().len();
+        assert!(used > 1 || cores == 1 || std::env::var("ERLCUDA_EMU_THREADS").as_deref() == Ok("1"), "{used} threads");
+    }
+
+    #[test]
+    fn the_lowest_faulting_block_is_the_answer_and_every_block_below_it_runs() {
+        for parallel in [true, false] {
+            let ran: Vec<AtomicU32> = (0..500).map(|_| AtomicU32::new(0)).collect();
+            let r = each_block(500, parallel, |b| {
+                ran[b as usize].fetch_add(1, Relaxed);
+                if [37, 120, 499].contains(&b) { Err(fault(b)) } else { Ok(()) }
+            });
+            assert_eq!(r, Some((37, fault(37))), "parallel {parallel}");
+            assert!(ran[..=37].iter().all(|c| c.load(Relaxed) == 1), "parallel {parallel}");
+        }
+    }
+
+    #[test]
+    fn in_order_on_the_calling_thread_when_not_parallel() {
+        let order = Mutex::new(Vec::new());
+        let me = std::thread::current().id();
+        each_block(64, false, |b| {
+            assert_eq!(std::thread::current().id(), me);
+            order.lock().unwrap().push(b);
+            Ok(())
+        });
+        assert_eq!(order.into_inner().unwrap(), (0..64).collect::<Vec<_>>());
+    }
 }
