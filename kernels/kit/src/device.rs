@@ -299,6 +299,10 @@ pub unsafe fn sts4_f32(a: u32, v: [f32; 4]) {
 /// Sum over the warp by shuffles down (depth 5); valid in lane 0.
 #[inline(always)]
 pub fn warp_sum<T: Float>(mut v: T) -> T {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = crate::warp::collective(v, |xs| down_all(xs, |a, b| a + b)) {
+        return r;
+    }
     let mut d = 16;
     while d > 0 {
         v += T::shfl_down(v, d);
@@ -310,6 +314,10 @@ pub fn warp_sum<T: Float>(mut v: T) -> T {
 /// Maximum over the warp (IEEE maxNum); valid in lane 0.
 #[inline(always)]
 pub fn warp_max<T: Float>(mut v: T) -> T {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = crate::warp::collective(v, |xs| down_all(xs, |a, b| a.max(b))) {
+        return r;
+    }
     let mut d = 16;
     while d > 0 {
         v = v.max(T::shfl_down(v, d));
@@ -321,6 +329,10 @@ pub fn warp_max<T: Float>(mut v: T) -> T {
 /// Sum over the warp by a butterfly (depth 5); the same value in every lane.
 #[inline(always)]
 pub fn warp_sum_all<T: Float>(mut v: T) -> T {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = crate::warp::collective(v, |xs| xor_all(xs, |a, b| a + b)) {
+        return r;
+    }
     let mut m = 16;
     while m > 0 {
         v += T::shfl_xor(v, m);
@@ -332,9 +344,42 @@ pub fn warp_sum_all<T: Float>(mut v: T) -> T {
 /// Maximum over the warp; the same value in every lane.
 #[inline(always)]
 pub fn warp_max_all<T: Float>(mut v: T) -> T {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = crate::warp::collective(v, |xs| xor_all(xs, |a, b| a.max(b))) {
+        return r;
+    }
     let mut m = 16;
     while m > 0 {
         v = v.max(T::shfl_xor(v, m));
+        m >>= 1;
+    }
+    v
+}
+
+/// [`warp_sum`]'s and [`warp_max`]'s steps for every lane at once on the
+/// CPU: `v = f(v, shfl_down(v, d))` for d = 16 .. 1, a lane past the warp's
+/// end reading its own value, as the shuffle gives it.
+#[cfg(not(target_arch = "nvptx64"))]
+fn down_all<T: Copy>(xs: &[T; 32], f: impl Fn(T, T) -> T) -> [T; 32] {
+    let mut v = *xs;
+    let mut d = 16;
+    while d > 0 {
+        let y = v;
+        v = core::array::from_fn(|l| f(y[l], if l + d < 32 { y[l + d] } else { y[l] }));
+        d >>= 1;
+    }
+    v
+}
+
+/// [`warp_sum_all`]'s and [`warp_max_all`]'s butterfly for every lane at
+/// once on the CPU: `v = f(v, shfl_xor(v, m))` for m = 16 .. 1.
+#[cfg(not(target_arch = "nvptx64"))]
+fn xor_all<T: Copy>(xs: &[T; 32], f: impl Fn(T, T) -> T) -> [T; 32] {
+    let mut v = *xs;
+    let mut m = 16;
+    while m > 0 {
+        let y = v;
+        v = core::array::from_fn(|l| f(y[l], y[l ^ m]));
         m >>= 1;
     }
     v

@@ -216,6 +216,15 @@ struct Block {
     next_static: u32,
     /// The job's slots, for its tagged addresses (null: none given).
     extents: *const Extents,
+    /// Warp collectives ([`warp_collective`]): each thread's count of them
+    /// so far, its item and its result (16 bytes each, a slot per parity of
+    /// that count: a lane may start the next one before its warp's last
+    /// lane has read the one before), and per warp the count whose results
+    /// are computed, per parity.
+    coll_gen: Vec<u32>,
+    coll_in: Vec<[u128; 2]>,
+    coll_out: Vec<[u128; 2]>,
+    coll_done: Vec<[u32; 2]>,
 }
 
 std::thread_local! {
@@ -292,6 +301,58 @@ pub fn warp_op(op: WarpOp, val: u64, arg: u32, site: Site) -> u64 {
     suspend(Wait::Warp { op, site, val, arg });
     let b = block();
     b.result[b.cur as usize]
+}
+
+std::thread_local! {
+    /// Whether the kit's warp reductions and scans use [`warp_collective`]
+    /// (one wait) or their shuffles (one wait each) on this OS thread.
+    static COLLECTIVES: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Turns the warp collectives off (or on again) on this OS thread: a test
+/// compares their results with the shuffles'.
+#[doc(hidden)]
+pub fn set_collectives(on: bool) {
+    COLLECTIVES.with(|c| c.set(on));
+}
+
+/// Whether the running thread's warp has all 32 lanes (a block's last warp
+/// may be short) and the collectives are on.
+#[inline(always)]
+pub fn full_warp() -> bool {
+    let b = block();
+    (b.cur / 32 + 1) * 32 <= b.dims.block.0 * b.dims.block.1 && COLLECTIVES.with(Cell::get)
+}
+
+/// A warp-wide step of the kit's (a warp reduction or scan) in one wait
+/// instead of one per shuffle: every lane gives its `item`, waits until
+/// every lane of its warp is here (as at a warp operation at `site`: a lane
+/// elsewhere is a divergent warp operation), and gets its lane's part of
+/// `all(items in lane order)`, which the first lane to go on computes once
+/// for the warp. `all` must compute what the shuffles would, lane by lane.
+/// A full warp only ([`full_warp`]); an item of at most 16 bytes.
+#[inline(always)]
+pub fn warp_collective<I: Copy>(item: I, site: Site, all: impl FnOnce(&[I; 32]) -> [I; 32]) -> I {
+    assert!(core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16, "erlcuda_kernel: a warp collective's item over 16 bytes");
+    let b = block();
+    let t = b.cur as usize;
+    let g = b.coll_gen[t];
+    b.coll_gen[t] = g.wrapping_add(1);
+    let p = (g & 1) as usize;
+    // SAFETY (every access below): a 16-byte, 16-aligned slot holds an I.
+    unsafe { core::ptr::from_mut(&mut b.coll_in[t][p]).cast::<I>().write(item) };
+    warp_op(WarpOp::All, 1, 0, site);
+    let b = block();
+    let w = t / 32;
+    if b.coll_done[w][p] != g {
+        let base = w * 32;
+        let items: [I; 32] = core::array::from_fn(|l| unsafe { core::ptr::from_ref(&b.coll_in[base + l][p]).cast::<I>().read() });
+        for (l, r) in all(&items).into_iter().enumerate() {
+            unsafe { core::ptr::from_mut(&mut b.coll_out[base + l][p]).cast::<I>().write(r) };
+        }
+        b.coll_done[w][p] = g;
+    }
+    unsafe { core::ptr::from_ref(&b.coll_out[t][p]).cast::<I>().read() }
 }
 
 /// Stops the running thread, and so its block, with fault `r`: it is never
@@ -494,6 +555,10 @@ pub unsafe fn run_block_checked(
             statics: Vec::new(),
             next_static: 0,
             extents: core::ptr::null(),
+            coll_gen: Vec::new(),
+            coll_in: Vec::new(),
+            coll_out: Vec::new(),
+            coll_done: Vec::new(),
         })
     });
     b.reset(dims, idx, n, extents);
@@ -599,6 +664,12 @@ impl Block {
         self.statics.clear();
         self.next_static = dims.shared_bytes.next_multiple_of(16);
         self.extents = extents.map_or(core::ptr::null(), |e| e as *const Extents);
+        self.coll_gen.clear();
+        self.coll_gen.resize(n, 0);
+        self.coll_in.resize(n, [0; 2]);
+        self.coll_out.resize(n, [0; 2]);
+        self.coll_done.clear();
+        self.coll_done.resize(n.div_ceil(32), [u32::MAX; 2]);
         let words = ((dims.shared_bytes + STATIC_SHARED_BYTES) as usize).div_ceil(16);
         self.shared_len = words * 16;
         let poison = u128::from_ne_bytes([SHARED_POISON; 16]);

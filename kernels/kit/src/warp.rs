@@ -172,6 +172,10 @@ pub fn reduce<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
     R::Item: Lanes,
 {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = collective(v, |xs| butterfly_all(op, xs)) {
+        return r;
+    }
     let l = lane();
     // Each item enters through the identity, as in a fold from it: an
     // all-NaN maximum is then -inf whatever the block size (maxNum of two
@@ -193,6 +197,10 @@ pub fn inclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
     R::Item: Lanes,
 {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = collective(v, |xs| hillis_steele_all(op, xs)) {
+        return r;
+    }
     let l = lane();
     // Through the identity, as in `reduce`.
     let mut x = op.combine(op.identity(), v);
@@ -213,6 +221,13 @@ pub fn exclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
     R::Item: Lanes,
 {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = collective(v, |xs| {
+        let inc = hillis_steele_all(op, xs);
+        core::array::from_fn(|l| if l == 0 { op.identity() } else { inc[l - 1] })
+    }) {
+        return r;
+    }
     let x = shfl_up(inclusive_scan(op, v), 1);
     if lane() == 0 {
         op.identity()
@@ -222,6 +237,47 @@ where
 }
 
 // ---------------------------------------- the host: a GPU body on the CPU
+
+/// A warp reduction or scan on the CPU in one wait of the warp's lanes
+/// rather than one per shuffle ([`crate::emu::warp_collective`]: a lane's
+/// switch to the next is what a GPU body run on the CPU spends its time on
+/// at warp operations), `all` computing every lane's result as the shuffles
+/// do; None (the shuffles then) in a short warp or for an item over 16
+/// bytes. The wait's place is the caller's line.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+#[inline(always)]
+pub(crate) fn collective<I: Copy>(v: I, all: impl FnOnce(&[I; 32]) -> [I; 32]) -> Option<I> {
+    let fits = core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16;
+    (fits && crate::emu::full_warp()).then(|| crate::emu::warp_collective(v, core::panic::Location::caller(), all))
+}
+
+/// [`reduce`]'s butterfly for every lane at once: the same operations on
+/// the same operands, stage by stage.
+#[cfg(not(target_arch = "nvptx64"))]
+fn butterfly_all<R: ReduceOp>(op: R, xs: &[R::Item; 32]) -> [R::Item; 32] {
+    let mut x: [R::Item; 32] = core::array::from_fn(|l| op.combine(op.identity(), xs[l]));
+    let mut m = 1;
+    while m < SIZE as usize {
+        let y = x;
+        x = core::array::from_fn(|l| if l & m == 0 { op.combine(y[l], y[l ^ m]) } else { op.combine(y[l ^ m], y[l]) });
+        m <<= 1;
+    }
+    x
+}
+
+/// [`inclusive_scan`]'s Hillis–Steele steps for every lane at once.
+#[cfg(not(target_arch = "nvptx64"))]
+fn hillis_steele_all<R: ReduceOp>(op: R, xs: &[R::Item; 32]) -> [R::Item; 32] {
+    let mut x: [R::Item; 32] = core::array::from_fn(|l| op.combine(op.identity(), xs[l]));
+    let mut d = 1;
+    while d < SIZE as usize {
+        let y = x;
+        x = core::array::from_fn(|l| if l >= d { op.combine(y[l - d], y[l]) } else { y[l] });
+        d <<= 1;
+    }
+    x
+}
 
 /// Where a warp operation is called from: lanes meet at one only when
 /// they call it from the same place ([`crate::emu`]).

@@ -312,3 +312,45 @@ fn a_warp_op_some_lanes_skip_is_a_fault() {
 fn device_functions_outside_a_gpu_body_panic() {
     assert!(std::panic::catch_unwind(thread_idx).is_err());
 }
+
+/// The kit's warp reductions and scans on the CPU in one wait of the
+/// warp (`emu::warp_collective`) give every lane the bits their shuffles
+/// give, one wait per shuffle: sums (-0.0, NaN, infinities among random
+/// values), maxima, arg-maxima (pairs), inclusive and exclusive scans, and
+/// the device module's shuffle-down and butterfly sums and maxima.
+#[test]
+fn warp_collectives_give_the_shuffles_bits() {
+    use erlcuda_kernel::device::{warp_max, warp_max_all, warp_sum, warp_sum_all};
+    use erlcuda_kernel::emu::set_collectives;
+    use erlcuda_kernel::reduce::{ArgMax, Max};
+    let (mut r, seed) = Rng::new();
+    for round in 0..20 {
+        let xs: Vec<f32> = (0..64)
+            .map(|i| match r.next() % 16 {
+                0 => f32::NAN,
+                1 => -0.0,
+                2 if round % 2 == 0 => f32::INFINITY,
+                _ => r.f32() * (1 << (i % 20)) as f32,
+            })
+            .collect();
+        let ys: Vec<f64> = xs.iter().map(|&x| x as f64 * 1.25).collect();
+        let run = |on: bool| {
+            set_collectives(on);
+            let out = each(dims(64, 1, 0), (0, 0), || {
+                let t = thread_idx() as usize;
+                let (x, y) = (xs[t], ys[t]);
+                let s = warp::reduce(Sum::<f32>::new(), x);
+                let m = warp::reduce(Max::<f64>::new(), y);
+                let (am, ai) = warp::reduce(ArgMax::<f32>::new(), (x, t as u32));
+                let inc = warp::inclusive_scan(Sum::<f64>::new(), y);
+                let exc = warp::exclusive_scan(Max::<f32>::new(), x);
+                let d = (warp_sum(x), warp_max(y), warp_sum_all(y), warp_max_all(x));
+                [s.to_bits() as u64, m.to_bits(), am.to_bits() as u64, ai as u64, inc.to_bits(), exc.to_bits() as u64,
+                 d.0.to_bits() as u64, d.1.to_bits(), d.2.to_bits(), d.3.to_bits() as u64]
+            });
+            set_collectives(true);
+            out.unwrap()
+        };
+        assert_eq!(run(true), run(false), "seed {seed}, round {round}");
+    }
+}
