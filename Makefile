@@ -157,12 +157,15 @@ kernel-module:
 	@test -n "$(CRATE)" -a -n "$(OUT)" || { echo "usage: make kernel-module CRATE=crate_dir OUT=out_dir" >&2; exit 2; }
 	bash priv/erlcuda-build $(CRATE) $(OUT)
 
-# The kit's host tests, then priv/erlcuda-build on examples/kernels and
-# test/kernels_faulty, and its refusals (test/kernel_build.sh), then the
-# kit's GPU tests built to PTX and assembled for sm_90 (run.py runs them
-# where there is a GPU: guides/on-a-gpu-machine.md).
+# The kit's host tests and the example kernels' (examples/kernels/src/tests.rs,
+# release as gpud loads them: integers wrap), then priv/erlcuda-build on
+# examples/kernels and test/kernels_faulty, and its refusals
+# (test/kernel_build.sh), then the kit's GPU tests built to PTX and
+# assembled for sm_90 (run.py runs them where there is a GPU:
+# guides/on-a-gpu-machine.md).
 test-kernel-build:
 	cd kernels/kit && $(CARGO) +nightly test -q
+	cd examples/kernels && $(CARGO) +nightly test -q --release
 	ERLCUDA_BUILD_TARGET_DIR=$(TEST_KERNELS_TARGET) bash test/kernel_build.sh
 	ERLCUDA_KIT_GPU_TARGET_DIR=$(TEST_KERNELS_TARGET) bash kernels/kit/gpu_tests/build.sh _build/kit_gpu_tests
 

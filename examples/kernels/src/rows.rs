@@ -47,20 +47,6 @@ kernel! {
             T::store(sim.add(row as usize), cosine(d, xx, qq));
         }
     }
-    cpu(job) {
-        let c = cols as usize;
-        if c == 0 {
-            // Every norm is 0. `sim` is w: written here, never zeroed first.
-            sim.fill(T::ZERO);
-            return;
-        }
-        let qq = erlcuda_kernel::sum(c, |j| q[j] * q[j]);
-        for (s, xr) in sim.iter_mut().zip(x.chunks_exact(c)) {
-            let d = erlcuda_kernel::sum(c, |j| xr[j] * q[j]);
-            let xx = erlcuda_kernel::sum(c, |j| xr[j] * xr[j]);
-            *s = cosine(d, xx, qq);
-        }
-    }
 }
 
 kernel! {
@@ -135,19 +121,6 @@ kernel! {
     gpu(job, row) {
         let at = row as usize * cols as usize;
         gpu::log_softmax_row(x.add(at), y.add(at), cols);
-    }
-    cpu(job) {
-        let c = cols as usize;
-        if c == 0 {
-            return;
-        }
-        for (xr, yr) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
-            let m = xr.iter().fold(T::NEG_INFINITY, |m, &v| m.max(v));
-            let lse = erlcuda_kernel::sum(c, |j| exp_le0(xr[j] - m)).log();
-            for (o, &v) in yr.iter_mut().zip(xr) {
-                *o = (v - m) - lse;
-            }
-        }
     }
 }
 

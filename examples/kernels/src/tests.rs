@@ -1,19 +1,21 @@
 //! Host tests: the CPU entries (`erlcuda_host_*`, as gpud calls them, on a
-//! hand-made job) against plain references, and math.rs against f64.
+//! hand-made job; for a kernel written once its GPU body run on the CPU,
+//! `erlcuda_hostgpu_*`) against plain references, and math.rs against f64.
 //! `cargo +nightly test --release` in examples/kernels (integer kernels
 //! wrap, as in the release build gpud loads).
 
 use crate::math::{exp_le0_f32, gelu_f32, gelu_f64, unit_u8};
 use crate::order::NONE;
+use erlcuda_kernel::job::Fault;
 use erlcuda_kernel::{Float, Job};
 
 extern "C" {
-    fn erlcuda_host_cos_sim_f32(job: *const Job);
-    fn erlcuda_host_cos_sim_f64(job: *const Job);
-    fn erlcuda_host_argmax_rows_f32(job: *const Job);
-    fn erlcuda_host_argmax_rows_s32(job: *const Job);
-    fn erlcuda_host_argmax_rows_u8(job: *const Job);
-    fn erlcuda_host_histogram(job: *const Job);
+    fn erlcuda_hostgpu_cos_sim_f32(job: *const Job, fault: *mut Fault) -> u32;
+    fn erlcuda_hostgpu_cos_sim_f64(job: *const Job, fault: *mut Fault) -> u32;
+    fn erlcuda_hostgpu_argmax_rows_f32(job: *const Job, fault: *mut Fault) -> u32;
+    fn erlcuda_hostgpu_argmax_rows_s32(job: *const Job, fault: *mut Fault) -> u32;
+    fn erlcuda_hostgpu_argmax_rows_u8(job: *const Job, fault: *mut Fault) -> u32;
+    fn erlcuda_hostgpu_histogram(job: *const Job, fault: *mut Fault) -> u32;
     fn erlcuda_host_topk_rows_f32(job: *const Job);
     fn erlcuda_host_topk_rows_s64(job: *const Job);
     fn erlcuda_host_cos_topk_f32(job: *const Job);
@@ -24,7 +26,7 @@ extern "C" {
     fn erlcuda_host_axpbypcz_s32(job: *const Job);
     fn erlcuda_host_gelu_f32(job: *const Job);
     fn erlcuda_host_gelu_f64(job: *const Job);
-    fn erlcuda_host_log_softmax_rows_f32(job: *const Job);
+    fn erlcuda_hostgpu_log_softmax_rows_f32(job: *const Job, fault: *mut Fault) -> u32;
     fn erlcuda_host_u8_to_unit(job: *const Job);
     fn erlcuda_host_scatter_add_f32(job: *const Job);
     fn erlcuda_host_scatter_add_u32(job: *const Job);
@@ -62,6 +64,12 @@ impl J {
     }
     fn run(&self, entry: unsafe extern "C" fn(*const Job)) {
         unsafe { entry(&self.job) }
+    }
+    /// A kernel written once: its GPU body on the CPU, every block's
+    /// threads emulated; a fault fails the test.
+    fn run_gpu(&self, entry: unsafe extern "C" fn(*const Job, *mut Fault) -> u32) {
+        let mut fault = Fault::default();
+        assert_eq!(unsafe { entry(&self.job, &mut fault) }, 0, "the GPU body faulted: {fault:?}");
     }
 }
 
@@ -101,7 +109,7 @@ fn cos_sim_matches_f64_and_zero_norms_give_0() {
     x[cols..2 * cols].fill(0.0);
     let q: Vec<f32> = (0..cols).map(|_| r.real() as f32).collect();
     let mut sim = vec![9.0f32; rows];
-    J::new().vec(0, &x).vec(1, &q).param(0, rows as u64).param(1, cols as u64).out(0, &mut sim).run(erlcuda_host_cos_sim_f32);
+    J::new().vec(0, &x).vec(1, &q).param(0, rows as u64).param(1, cols as u64).out(0, &mut sim).run_gpu(erlcuda_hostgpu_cos_sim_f32);
     for (i, s) in sim.iter().enumerate() {
         let xr = &x[i * cols..(i + 1) * cols];
         let d: f64 = xr.iter().zip(&q).map(|(&a, &b)| a as f64 * b as f64).sum();
@@ -114,7 +122,7 @@ fn cos_sim_matches_f64_and_zero_norms_give_0() {
     // A zero query: every result 0; f64 too.
     let x64: Vec<f64> = (0..6).map(|_| r.real()).collect();
     let mut sim64 = vec![9.0f64; 2];
-    J::new().vec(0, &x64).vec(1, &[0.0f64; 3]).param(0, 2).param(1, 3).out(0, &mut sim64).run(erlcuda_host_cos_sim_f64);
+    J::new().vec(0, &x64).vec(1, &[0.0f64; 3]).param(0, 2).param(1, 3).out(0, &mut sim64).run_gpu(erlcuda_hostgpu_cos_sim_f64);
     assert_eq!(sim64, [0.0, 0.0]);
 }
 
@@ -147,7 +155,7 @@ fn argmax_rows_first_maximum_nan_never_wins() {
     let (rows, cols) = (12, 37);
     let x = tie_rows(&mut r, rows, cols);
     let mut idx = vec![7u32; rows];
-    J::new().vec(0, &x).param(0, rows as u64).param(1, cols as u64).out(0, &mut idx).run(erlcuda_host_argmax_rows_f32);
+    J::new().vec(0, &x).param(0, rows as u64).param(1, cols as u64).out(0, &mut idx).run_gpu(erlcuda_hostgpu_argmax_rows_f32);
     for (i, &got) in idx.iter().enumerate() {
         assert_eq!(got, ranked(&x[i * cols..(i + 1) * cols])[0].1, "row {i}");
     }
@@ -155,19 +163,19 @@ fn argmax_rows_first_maximum_nan_never_wins() {
     // -inf rows and integers.
     let x = [f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0, f32::NAN];
     let mut idx = [9u32; 2];
-    J::new().vec(0, &x).param(0, 2).param(1, 2).out(0, &mut idx).run(erlcuda_host_argmax_rows_f32);
+    J::new().vec(0, &x).param(0, 2).param(1, 2).out(0, &mut idx).run_gpu(erlcuda_hostgpu_argmax_rows_f32);
     assert_eq!(idx, [0, 0]);
     let xi = [-5i32, 3, 3, i32::MIN, i32::MIN, i32::MIN];
     let mut idx = [9u32; 2];
-    J::new().vec(0, &xi).param(0, 2).param(1, 3).out(0, &mut idx).run(erlcuda_host_argmax_rows_s32);
+    J::new().vec(0, &xi).param(0, 2).param(1, 3).out(0, &mut idx).run_gpu(erlcuda_hostgpu_argmax_rows_s32);
     assert_eq!(idx, [1, 0]);
     let xb = [0u8, 255, 255, 7];
     let mut idx = [9u32; 1];
-    J::new().vec(0, &xb).param(0, 1).param(1, 4).out(0, &mut idx).run(erlcuda_host_argmax_rows_u8);
+    J::new().vec(0, &xb).param(0, 1).param(1, 4).out(0, &mut idx).run_gpu(erlcuda_hostgpu_argmax_rows_u8);
     assert_eq!(idx, [1]);
     // cols = 0: no element.
     let mut idx = [9u32; 3];
-    J::new().vec(0, &[0u8; 0]).param(0, 3).param(1, 0).out(0, &mut idx).run(erlcuda_host_argmax_rows_u8);
+    J::new().vec(0, &[0u8; 0]).param(0, 3).param(1, 0).out(0, &mut idx).run_gpu(erlcuda_hostgpu_argmax_rows_u8);
     assert_eq!(idx, [NONE; 3]);
 }
 
@@ -176,7 +184,7 @@ fn histogram_counts_every_byte() {
     let mut r = Rng(3);
     let p: Vec<u8> = (0..100_003).map(|_| r.next() as u8).collect();
     let mut counts = vec![0u32; 256];
-    J::new().vec(0, &p).out(0, &mut counts).run(erlcuda_host_histogram);
+    J::new().vec(0, &p).out(0, &mut counts).run_gpu(erlcuda_hostgpu_histogram);
     let mut want = vec![0u32; 256];
     for &b in &p {
         want[b as usize] += 1;
@@ -450,7 +458,7 @@ fn log_softmax_rows_matches_f64_and_nan_spreads_over_its_row() {
     let mut x: Vec<f32> = (0..rows * cols).map(|_| (r.real() * 8.0) as f32).collect();
     x[2 * cols + 5] = f32::NAN;
     let mut y = vec![0.0f32; rows * cols];
-    J::new().vec(0, &x).param(0, cols as u64).out(0, &mut y).run(erlcuda_host_log_softmax_rows_f32);
+    J::new().vec(0, &x).param(0, cols as u64).out(0, &mut y).run_gpu(erlcuda_hostgpu_log_softmax_rows_f32);
     for i in 0..2 {
         let xr = &x[i * cols..(i + 1) * cols];
         let m = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
