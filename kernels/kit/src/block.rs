@@ -15,6 +15,9 @@
 //! slice in thread order: [`reduce_of`] combines them
 //! ([`crate::reduce::fold`]), the scans fill an output slice.
 
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
 use crate::reduce::ReduceOp;
 use crate::{
     device::{block_dim, sync_threads, thread_idx},
@@ -61,6 +64,17 @@ pub fn reduce<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
     R::Item: Lanes,
 {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = at_once(op, v, |parts_of, out| {
+        // Lane 0's butterfly per warp, then the slots' butterfly in every warp.
+        let (x, _) = parts_of(&|lanes| warp::butterfly_all(op, lanes)[0]);
+        let r = warp::butterfly_all(op, &x);
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = r[t % 32];
+        }
+    }) {
+        return r;
+    }
     across_warps(op, warp::reduce(op, v), 0, false)
 }
 
@@ -70,6 +84,16 @@ pub fn inclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
     R::Item: Lanes,
 {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = at_once(op, v, |parts_of, out| {
+        let (x, incs) = parts_of(&|lanes| warp::hillis_steele_all(op, lanes)[31]);
+        let before = exclusive_of_slots(op, &x);
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = op.combine(before[t / 32], incs[t / 32][t % 32]);
+        }
+    }) {
+        return r;
+    }
     let inc = warp::inclusive_scan(op, v);
     let before = across_warps(op, inc, 31, true);
     op.combine(before, inc)
@@ -82,6 +106,17 @@ pub fn exclusive_scan<R: ReduceOp>(op: R, v: R::Item) -> R::Item
 where
     R::Item: Lanes,
 {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = at_once(op, v, |parts_of, out| {
+        let (x, incs) = parts_of(&|lanes| warp::hillis_steele_all(op, lanes)[31]);
+        let before = exclusive_of_slots(op, &x);
+        for (t, o) in out.iter_mut().enumerate() {
+            let (w, l) = (t / 32, t % 32);
+            *o = if l == 0 { before[w] } else { op.combine(before[w], incs[w][l - 1]) };
+        }
+    }) {
+        return r;
+    }
     let inc = warp::inclusive_scan(op, v);
     let before = across_warps(op, inc, 31, true);
     let exc = warp::shfl_up(inc, 1);
@@ -90,6 +125,55 @@ where
     } else {
         op.combine(before, exc)
     }
+}
+
+// ------------------------------------------- the host: one wait a block
+
+/// The per-warp parts and the slots the across-warps step reads, on the
+/// CPU: `parts_of(part)` gives the slots' items (`part` of each warp's
+/// lanes in slot `w`, the identity past the last warp; also written to
+/// the scratch slots as [`across_warps`] writes them) and each warp's
+/// inclusive scan of its lanes.
+#[cfg(not(target_arch = "nvptx64"))]
+type PartsOf<'a, I> = &'a dyn Fn(&dyn Fn(&[I; 32]) -> I) -> ([I; 32], std::vec::Vec<[I; 32]>);
+
+/// A block reduction or scan on the CPU in one wait of the block
+/// ([`crate::emu::block_collective`]) instead of its barriers and
+/// shuffles, `all(parts_of, results)` computing every thread's result as
+/// they do. None (the barriers and shuffles then) unless the block is
+/// whole warps and the item at most 16 bytes.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+fn at_once<R: ReduceOp>(op: R, v: R::Item, all: impl FnOnce(PartsOf<'_, R::Item>, &mut [R::Item])) -> Option<R::Item>
+where
+    R::Item: Lanes,
+{
+    let fits = core::mem::size_of::<R::Item>() <= 16 && core::mem::align_of::<R::Item>() <= 16;
+    if !(fits && crate::emu::whole_warps()) {
+        return None;
+    }
+    Some(crate::emu::block_collective(v, core::panic::Location::caller(), |items, out| {
+        let parts_of = |part: &dyn Fn(&[R::Item; 32]) -> R::Item| {
+            let mut x = [op.identity(); 32];
+            let mut incs = std::vec::Vec::new();
+            for (w, lanes) in items.chunks_exact(32).enumerate() {
+                let lanes: &[R::Item; 32] = lanes.try_into().expect("32 lanes");
+                x[w] = part(lanes);
+                unsafe { slot::<R::Item>(w as u32).write(x[w]) };
+                incs.push(warp::hillis_steele_all(op, lanes));
+            }
+            (x, incs)
+        };
+        all(&parts_of, out)
+    }))
+}
+
+/// Slot `w`'s items before it combined, as every warp's exclusive scan of
+/// the slots gives them (lane 0 the identity).
+#[cfg(not(target_arch = "nvptx64"))]
+fn exclusive_of_slots<R: ReduceOp>(op: R, x: &[R::Item; 32]) -> [R::Item; 32] {
+    let inc = warp::hillis_steele_all(op, x);
+    core::array::from_fn(|l| if l == 0 { op.identity() } else { inc[l - 1] })
 }
 
 // ------------------------------------------------------ the host meaning

@@ -415,6 +415,10 @@ pub fn block_sum_first<T: Float>(v: T, smem: u32, nwarps: u32) -> T {
 /// be called again at once.
 #[inline(always)]
 pub fn block_sum<T: Float>(v: T) -> T {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = block_all_at_once(v, T::ZERO, |a, b| a + b) {
+        return r;
+    }
     block_all(warp_sum(v), T::ZERO, warp_sum)
 }
 
@@ -422,7 +426,37 @@ pub fn block_sum<T: Float>(v: T) -> T {
 /// as [`block_sum`].
 #[inline(always)]
 pub fn block_max<T: Float>(v: T) -> T {
+    #[cfg(not(target_arch = "nvptx64"))]
+    if let Some(r) = block_all_at_once(v, T::NEG_INFINITY, |a, b| a.max(b)) {
+        return r;
+    }
     block_all(warp_max(v), T::NEG_INFINITY, warp_max)
+}
+
+/// [`block_all`] of the warps' `f` steps (shuffles down) on the CPU in one
+/// wait of the block ([`crate::emu::block_collective`]), with the same
+/// operations in the same order and the same shared memory written: each
+/// warp's lane 0 into slot `w`, the block's into slot 32. None (the
+/// barriers and shuffles then) unless the block is whole warps.
+#[cfg(not(target_arch = "nvptx64"))]
+#[track_caller]
+fn block_all_at_once<T: Float>(v: T, identity: T, f: impl Fn(T, T) -> T + Copy) -> Option<T> {
+    if !crate::emu::whole_warps() {
+        return None;
+    }
+    Some(crate::emu::block_collective(v, core::panic::Location::caller(), |items, out| {
+        let smem = smem_base();
+        let nwarps = items.len() / 32;
+        let mut x = [identity; 32];
+        for (w, lanes) in items.chunks_exact(32).enumerate() {
+            x[w] = down_all(lanes.try_into().expect("32 lanes"), f)[0];
+            unsafe { T::sts(smem + T::BYTES * w as u32, x[w]) };
+        }
+        debug_assert!(nwarps <= 32);
+        let r = down_all(&x, f)[0];
+        unsafe { T::sts(smem + T::BYTES * 32, r) };
+        out.fill(r);
+    }))
 }
 
 /// The block-wide reduction behind [`block_sum`]/[`block_max`]: `v` is the

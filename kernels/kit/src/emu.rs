@@ -225,6 +225,13 @@ struct Block {
     coll_in: Vec<[u128; 2]>,
     coll_out: Vec<[u128; 2]>,
     coll_done: Vec<[u32; 2]>,
+    /// Block collectives ([`block_collective`]), as the warps' above: each
+    /// thread's count, item and result per parity, and the count whose
+    /// results are computed.
+    bcoll_gen: Vec<u32>,
+    bcoll_in: Vec<[u128; 2]>,
+    bcoll_out: Vec<[u128; 2]>,
+    bcoll_done: [u32; 2],
 }
 
 std::thread_local! {
@@ -353,6 +360,51 @@ pub fn warp_collective<I: Copy>(item: I, site: Site, all: impl FnOnce(&[I; 32]) 
         b.coll_done[w][p] = g;
     }
     unsafe { core::ptr::from_ref(&b.coll_out[t][p]).cast::<I>().read() }
+}
+
+/// Whether the running block is whole warps of at most 1,024 threads (one
+/// dimension) and the collectives are on: a block collective's condition.
+#[inline(always)]
+pub fn whole_warps() -> bool {
+    let d = block().dims.block;
+    d.1 == 1 && d.0 % 32 == 0 && d.0 <= 1024 && COLLECTIVES.with(Cell::get)
+}
+
+/// A block-wide step of the kit's (a block reduction or scan) in one wait
+/// of the block's threads instead of a wait per barrier and per shuffle:
+/// every thread gives its `item` and waits at a barrier at `site` (a thread
+/// elsewhere is a divergent barrier, as at the step's own barriers), and
+/// gets its part of what `all(items in thread order, results)` writes,
+/// which the first thread to go on computes once for the block (and with
+/// it whatever the step leaves in shared memory). A block of whole warps
+/// only ([`whole_warps`]); an item of at most 16 bytes.
+#[inline(always)]
+pub fn block_collective<I: Copy>(item: I, site: Site, all: impl FnOnce(&[I], &mut [I])) -> I {
+    assert!(core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16, "erlcuda_kernel: a block collective's item over 16 bytes");
+    let b = block();
+    let t = b.cur as usize;
+    let g = b.bcoll_gen[t];
+    b.bcoll_gen[t] = g.wrapping_add(1);
+    let p = (g & 1) as usize;
+    // SAFETY (every access below): a 16-byte, 16-aligned slot holds an I.
+    unsafe { core::ptr::from_mut(&mut b.bcoll_in[t][p]).cast::<I>().write(item) };
+    barrier(site);
+    let b = block();
+    if b.bcoll_done[p] != g {
+        let n = b.bcoll_in.len();
+        let items: Vec<I> = (0..n).map(|i| unsafe { core::ptr::from_ref(&b.bcoll_in[i][p]).cast::<I>().read() }).collect();
+        let mut out = items.clone();
+        all(&items, &mut out);
+        // `all` may have used device functions (shared memory): the block
+        // again, for its own slots.
+        let b = block();
+        for (i, r) in out.into_iter().enumerate() {
+            unsafe { core::ptr::from_mut(&mut b.bcoll_out[i][p]).cast::<I>().write(r) };
+        }
+        b.bcoll_done[p] = g;
+    }
+    let b = block();
+    unsafe { core::ptr::from_ref(&b.bcoll_out[t][p]).cast::<I>().read() }
 }
 
 /// Stops the running thread, and so its block, with fault `r`: it is never
@@ -559,6 +611,10 @@ pub unsafe fn run_block_checked(
             coll_in: Vec::new(),
             coll_out: Vec::new(),
             coll_done: Vec::new(),
+            bcoll_gen: Vec::new(),
+            bcoll_in: Vec::new(),
+            bcoll_out: Vec::new(),
+            bcoll_done: [u32::MAX; 2],
         })
     });
     b.reset(dims, idx, n, extents);
@@ -670,6 +726,11 @@ impl Block {
         self.coll_out.resize(n, [0; 2]);
         self.coll_done.clear();
         self.coll_done.resize(n.div_ceil(32), [u32::MAX; 2]);
+        self.bcoll_gen.clear();
+        self.bcoll_gen.resize(n, 0);
+        self.bcoll_in.resize(n, [0; 2]);
+        self.bcoll_out.resize(n, [0; 2]);
+        self.bcoll_done = [u32::MAX; 2];
         let words = ((dims.shared_bytes + STATIC_SHARED_BYTES) as usize).div_ceil(16);
         self.shared_len = words * 16;
         let poison = u128::from_ne_bytes([SHARED_POISON; 16]);

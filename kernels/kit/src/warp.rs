@@ -255,7 +255,7 @@ pub(crate) fn collective<I: Copy>(v: I, all: impl FnOnce(&[I; 32]) -> [I; 32]) -
 /// [`reduce`]'s butterfly for every lane at once: the same operations on
 /// the same operands, stage by stage.
 #[cfg(not(target_arch = "nvptx64"))]
-fn butterfly_all<R: ReduceOp>(op: R, xs: &[R::Item; 32]) -> [R::Item; 32] {
+pub(crate) fn butterfly_all<R: ReduceOp>(op: R, xs: &[R::Item; 32]) -> [R::Item; 32] {
     let mut x: [R::Item; 32] = core::array::from_fn(|l| op.combine(op.identity(), xs[l]));
     let mut m = 1;
     while m < SIZE as usize {
@@ -268,7 +268,7 @@ fn butterfly_all<R: ReduceOp>(op: R, xs: &[R::Item; 32]) -> [R::Item; 32] {
 
 /// [`inclusive_scan`]'s Hillis–Steele steps for every lane at once.
 #[cfg(not(target_arch = "nvptx64"))]
-fn hillis_steele_all<R: ReduceOp>(op: R, xs: &[R::Item; 32]) -> [R::Item; 32] {
+pub(crate) fn hillis_steele_all<R: ReduceOp>(op: R, xs: &[R::Item; 32]) -> [R::Item; 32] {
     let mut x: [R::Item; 32] = core::array::from_fn(|l| op.combine(op.identity(), xs[l]));
     let mut d = 1;
     while d < SIZE as usize {

@@ -354,3 +354,48 @@ fn warp_collectives_give_the_shuffles_bits() {
         assert_eq!(run(true), run(false), "seed {seed}, round {round}");
     }
 }
+
+/// The block reductions and scans (`block::reduce`, `inclusive_scan`,
+/// `exclusive_scan`, `device::block_sum`, `block_max`) on the CPU in one
+/// wait of the block (`emu::block_collective`) give every thread the bits
+/// their barriers and shuffles give, and leave the same shared memory
+/// (the scratch slots and the dynamic region's first bytes, read back
+/// after a barrier): blocks of 32 to 1,024 threads.
+#[test]
+fn block_collectives_give_the_barriers_bits() {
+    use erlcuda_kernel::device::{block_max, block_sum, shared};
+    use erlcuda_kernel::emu::set_collectives;
+    use erlcuda_kernel::reduce::{ArgMax, Max};
+    let (mut r, seed) = Rng::new();
+    for threads in [32u32, 96, 256, 1024] {
+        let xs: Vec<f32> = (0..threads)
+            .map(|i| match r.next() % 16 {
+                0 => f32::NAN,
+                1 => -0.0,
+                2 => f32::NEG_INFINITY,
+                _ => r.f32() * (1 << (i % 20)) as f32,
+            })
+            .collect();
+        let run = |on: bool| {
+            set_collectives(on);
+            let out = each(dims(threads, 1, 33 * 8), (0, 0), || {
+                let t = thread_idx() as usize;
+                let x = xs[t];
+                let y = x as f64 * 0.75;
+                let s = block::reduce(Sum::<f64>::new(), y);
+                let (am, ai) = block::reduce(ArgMax::<f32>::new(), (x, t as u32));
+                let inc = block::inclusive_scan(Sum::<f32>::new(), x);
+                let exc = block::exclusive_scan(Max::<f64>::new(), y);
+                let bs = block_sum(x);
+                let bm = block_max(y);
+                sync_threads();
+                let sh = unsafe { *shared::<u64>(8 * (t as u32 % 33)) };
+                [s.to_bits(), am.to_bits() as u64, ai as u64, inc.to_bits() as u64, exc.to_bits(), bs.to_bits() as u64,
+                 bm.to_bits(), sh]
+            });
+            set_collectives(true);
+            out.unwrap()
+        };
+        assert_eq!(run(true), run(false), "seed {seed}, {threads} threads");
+    }
+}
