@@ -356,33 +356,31 @@ pub fn warp_max_all<T: Float>(mut v: T) -> T {
     v
 }
 
-/// [`warp_sum`]'s and [`warp_max`]'s steps for every lane at once on the
-/// CPU: `v = f(v, shfl_down(v, d))` for d = 16 .. 1, a lane past the warp's
-/// end reading its own value, as the shuffle gives it.
+/// The steps `v = f(v, v of lane partner(l, s))` for s = 16, 8, .. 1, for
+/// every lane at once on the CPU, as the shuffles give them.
 #[cfg(not(target_arch = "nvptx64"))]
-fn down_all<T: Copy>(xs: &[T; 32], f: impl Fn(T, T) -> T) -> [T; 32] {
+fn steps_all<T: Copy>(xs: &[T; 32], f: impl Fn(T, T) -> T, partner: impl Fn(usize, usize) -> usize) -> [T; 32] {
     let mut v = *xs;
-    let mut d = 16;
-    while d > 0 {
+    let mut s = 16;
+    while s > 0 {
         let y = v;
-        v = core::array::from_fn(|l| f(y[l], if l + d < 32 { y[l + d] } else { y[l] }));
-        d >>= 1;
+        v = core::array::from_fn(|l| f(y[l], y[partner(l, s)]));
+        s >>= 1;
     }
     v
 }
 
-/// [`warp_sum_all`]'s and [`warp_max_all`]'s butterfly for every lane at
-/// once on the CPU: `v = f(v, shfl_xor(v, m))` for m = 16 .. 1.
+/// [`warp_sum`]'s and [`warp_max`]'s shuffles down for every lane: a lane
+/// past the warp's end reads its own value.
+#[cfg(not(target_arch = "nvptx64"))]
+fn down_all<T: Copy>(xs: &[T; 32], f: impl Fn(T, T) -> T) -> [T; 32] {
+    steps_all(xs, f, |l, d| if l + d < 32 { l + d } else { l })
+}
+
+/// [`warp_sum_all`]'s and [`warp_max_all`]'s butterfly for every lane.
 #[cfg(not(target_arch = "nvptx64"))]
 fn xor_all<T: Copy>(xs: &[T; 32], f: impl Fn(T, T) -> T) -> [T; 32] {
-    let mut v = *xs;
-    let mut m = 16;
-    while m > 0 {
-        let y = v;
-        v = core::array::from_fn(|l| f(y[l], y[l ^ m]));
-        m >>= 1;
-    }
-    v
+    steps_all(xs, f, |l, m| l ^ m)
 }
 
 // ----------------------------------------------------------- block level

@@ -340,26 +340,48 @@ pub fn full_warp() -> bool {
 /// A full warp only ([`full_warp`]); an item of at most 16 bytes.
 #[inline(always)]
 pub fn warp_collective<I: Copy>(item: I, site: Site, all: impl FnOnce(&[I; 32]) -> [I; 32]) -> I {
-    assert!(core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16, "erlcuda_kernel: a warp collective's item over 16 bytes");
     let b = block();
     let t = b.cur as usize;
-    let g = b.coll_gen[t];
-    b.coll_gen[t] = g.wrapping_add(1);
-    let p = (g & 1) as usize;
-    // SAFETY (every access below): a 16-byte, 16-aligned slot holds an I.
-    unsafe { core::ptr::from_mut(&mut b.coll_in[t][p]).cast::<I>().write(item) };
+    let (g, p) = give(&mut b.coll_gen[t], &mut b.coll_in[t], item);
     warp_op(WarpOp::All, 1, 0, site);
     let b = block();
     let w = t / 32;
     if b.coll_done[w][p] != g {
         let base = w * 32;
-        let items: [I; 32] = core::array::from_fn(|l| unsafe { core::ptr::from_ref(&b.coll_in[base + l][p]).cast::<I>().read() });
+        let items: [I; 32] = core::array::from_fn(|l| slot_get(&b.coll_in[base + l][p]));
         for (l, r) in all(&items).into_iter().enumerate() {
-            unsafe { core::ptr::from_mut(&mut b.coll_out[base + l][p]).cast::<I>().write(r) };
+            slot_put(&mut b.coll_out[base + l][p], r);
         }
         b.coll_done[w][p] = g;
     }
-    unsafe { core::ptr::from_ref(&b.coll_out[t][p]).cast::<I>().read() }
+    slot_get(&b.coll_out[t][p])
+}
+
+/// A thread's item for its next collective: its count of them (`gen`)
+/// moves on, the item goes in the slot of the count's parity. Returns the
+/// count and the parity.
+#[inline(always)]
+fn give<I: Copy>(gen: &mut u32, slots: &mut [u128; 2], item: I) -> (u32, usize) {
+    let g = *gen;
+    *gen = g.wrapping_add(1);
+    let p = (g & 1) as usize;
+    slot_put(&mut slots[p], item);
+    (g, p)
+}
+
+/// A collective's 16-byte slot written as an I.
+#[inline(always)]
+fn slot_put<I: Copy>(slot: &mut u128, v: I) {
+    assert!(core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16, "erlcuda_kernel: a collective's item over 16 bytes");
+    // SAFETY: 16 bytes, 16-aligned, hold an I of at most that.
+    unsafe { core::ptr::from_mut(slot).cast::<I>().write(v) }
+}
+
+/// A collective's 16-byte slot read as the I [`slot_put`] wrote.
+#[inline(always)]
+fn slot_get<I: Copy>(slot: &u128) -> I {
+    // SAFETY: as slot_put's.
+    unsafe { core::ptr::from_ref(slot).cast::<I>().read() }
 }
 
 /// Whether the running block is whole warps of at most 1,024 threads (one
@@ -380,31 +402,25 @@ pub fn whole_warps() -> bool {
 /// only ([`whole_warps`]); an item of at most 16 bytes.
 #[inline(always)]
 pub fn block_collective<I: Copy>(item: I, site: Site, all: impl FnOnce(&[I], &mut [I])) -> I {
-    assert!(core::mem::size_of::<I>() <= 16 && core::mem::align_of::<I>() <= 16, "erlcuda_kernel: a block collective's item over 16 bytes");
     let b = block();
     let t = b.cur as usize;
-    let g = b.bcoll_gen[t];
-    b.bcoll_gen[t] = g.wrapping_add(1);
-    let p = (g & 1) as usize;
-    // SAFETY (every access below): a 16-byte, 16-aligned slot holds an I.
-    unsafe { core::ptr::from_mut(&mut b.bcoll_in[t][p]).cast::<I>().write(item) };
+    let (g, p) = give(&mut b.bcoll_gen[t], &mut b.bcoll_in[t], item);
     barrier(site);
     let b = block();
     if b.bcoll_done[p] != g {
         let n = b.bcoll_in.len();
-        let items: Vec<I> = (0..n).map(|i| unsafe { core::ptr::from_ref(&b.bcoll_in[i][p]).cast::<I>().read() }).collect();
+        let items: Vec<I> = (0..n).map(|i| slot_get(&b.bcoll_in[i][p])).collect();
         let mut out = items.clone();
         all(&items, &mut out);
         // `all` may have used device functions (shared memory): the block
         // again, for its own slots.
         let b = block();
         for (i, r) in out.into_iter().enumerate() {
-            unsafe { core::ptr::from_mut(&mut b.bcoll_out[i][p]).cast::<I>().write(r) };
+            slot_put(&mut b.bcoll_out[i][p], r);
         }
         b.bcoll_done[p] = g;
     }
-    let b = block();
-    unsafe { core::ptr::from_ref(&b.bcoll_out[t][p]).cast::<I>().read() }
+    slot_get(&block().bcoll_out[t][p])
 }
 
 /// Stops the running thread, and so its block, with fault `r`: it is never
