@@ -65,10 +65,9 @@ where
     R::Item: Lanes,
 {
     #[cfg(not(target_arch = "nvptx64"))]
-    if let Some(r) = at_once(op, v, |parts_of, out| {
-        // Lane 0's butterfly per warp, then the slots' butterfly in every warp.
-        let (x, _) = parts_of(&|lanes| warp::butterfly_all(op, lanes)[0]);
-        let r = warp::butterfly_all(op, &x);
+    if let Some(r) = at_once(op, v, warp::butterfly_all, 0, |x, _, out| {
+        // The slots' butterfly, in every warp.
+        let r = warp::butterfly_all(op, x);
         for (t, o) in out.iter_mut().enumerate() {
             *o = r[t % 32];
         }
@@ -85,9 +84,8 @@ where
     R::Item: Lanes,
 {
     #[cfg(not(target_arch = "nvptx64"))]
-    if let Some(r) = at_once(op, v, |parts_of, out| {
-        let (x, incs) = parts_of(&|lanes| warp::hillis_steele_all(op, lanes)[31]);
-        let before = exclusive_of_slots(op, &x);
+    if let Some(r) = at_once(op, v, warp::hillis_steele_all, 31, |x, incs, out| {
+        let before = exclusive_of_slots(op, x);
         for (t, o) in out.iter_mut().enumerate() {
             *o = op.combine(before[t / 32], incs[t / 32][t % 32]);
         }
@@ -107,9 +105,8 @@ where
     R::Item: Lanes,
 {
     #[cfg(not(target_arch = "nvptx64"))]
-    if let Some(r) = at_once(op, v, |parts_of, out| {
-        let (x, incs) = parts_of(&|lanes| warp::hillis_steele_all(op, lanes)[31]);
-        let before = exclusive_of_slots(op, &x);
+    if let Some(r) = at_once(op, v, warp::hillis_steele_all, 31, |x, incs, out| {
+        let before = exclusive_of_slots(op, x);
         for (t, o) in out.iter_mut().enumerate() {
             let (w, l) = (t / 32, t % 32);
             *o = if l == 0 { before[w] } else { op.combine(before[w], incs[w][l - 1]) };
@@ -129,22 +126,24 @@ where
 
 // ------------------------------------------- the host: one wait a block
 
-/// The per-warp parts and the slots the across-warps step reads, on the
-/// CPU: `parts_of(part)` gives the slots' items (`part` of each warp's
-/// lanes in slot `w`, the identity past the last warp; also written to
-/// the scratch slots as [`across_warps`] writes them) and each warp's
-/// inclusive scan of its lanes.
-#[cfg(not(target_arch = "nvptx64"))]
-type PartsOf<'a, I> = &'a dyn Fn(&dyn Fn(&[I; 32]) -> I) -> ([I; 32], std::vec::Vec<[I; 32]>);
-
 /// A block reduction or scan on the CPU in one wait of the block
 /// ([`crate::emu::block_collective`]) instead of its barriers and
-/// shuffles, `all(parts_of, results)` computing every thread's result as
-/// they do. None (the barriers and shuffles then) unless the block is
-/// whole warps and the item at most 16 bytes.
+/// shuffles: each warp's lanes through `warp_all` (the warp step, every
+/// lane's result), lane `src_lane`'s result of warp `w` into slot `w` (the
+/// identity past the last warp; the scratch slots written as
+/// [`across_warps`] writes them), then `finish(slots, warps' results,
+/// results)` computing every thread's result as the shuffles do. None (the
+/// barriers and shuffles then) unless the block is whole warps and the
+/// item at most 16 bytes.
 #[cfg(not(target_arch = "nvptx64"))]
 #[track_caller]
-fn at_once<R: ReduceOp>(op: R, v: R::Item, all: impl FnOnce(PartsOf<'_, R::Item>, &mut [R::Item])) -> Option<R::Item>
+fn at_once<R: ReduceOp>(
+    op: R,
+    v: R::Item,
+    warp_all: fn(R, &[R::Item; 32]) -> [R::Item; 32],
+    src_lane: usize,
+    finish: impl FnOnce(&[R::Item; 32], &[[R::Item; 32]], &mut [R::Item]),
+) -> Option<R::Item>
 where
     R::Item: Lanes,
 {
@@ -153,18 +152,14 @@ where
         return None;
     }
     Some(crate::emu::block_collective(v, core::panic::Location::caller(), |items, out| {
-        let parts_of = |part: &dyn Fn(&[R::Item; 32]) -> R::Item| {
-            let mut x = [op.identity(); 32];
-            let mut incs = std::vec::Vec::new();
-            for (w, lanes) in items.chunks_exact(32).enumerate() {
-                let lanes: &[R::Item; 32] = lanes.try_into().expect("32 lanes");
-                x[w] = part(lanes);
-                unsafe { slot::<R::Item>(w as u32).write(x[w]) };
-                incs.push(warp::hillis_steele_all(op, lanes));
-            }
-            (x, incs)
-        };
-        all(&parts_of, out)
+        let warps: std::vec::Vec<[R::Item; 32]> =
+            items.chunks_exact(32).map(|lanes| warp_all(op, lanes.try_into().expect("32 lanes"))).collect();
+        let mut x = [op.identity(); 32];
+        for (w, r) in warps.iter().enumerate() {
+            x[w] = r[src_lane];
+            unsafe { slot::<R::Item>(w as u32).write(x[w]) };
+        }
+        finish(&x, &warps, out)
     }))
 }
 
